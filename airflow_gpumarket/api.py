@@ -1,0 +1,722 @@
+"""The service's API contract as code: paths, enums, limits, request validation and response parsing.
+
+Every fact of ``api-reference.md`` that the client needs is written once, here. Pure functions only: no Airflow,
+no transport. The sync hook, the async hook, the operators (for parse-time validation) and the tests use it.
+The simulator imports the path and limit constants only; it implements the server's rules on its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from airflow_gpumarket.exceptions import (
+    GpuMarketAuthError,
+    GpuMarketError,
+    GpuMarketNotFoundError,
+    GpuMarketOfferUnavailableError,
+    GpuMarketRateLimitError,
+    GpuMarketServerError,
+    GpuMarketTransportError,
+    GpuMarketValidationError,
+)
+
+# --- Paths (mind the trailing slashes: they are part of the contract) ------------------------------------
+API_PREFIX = "/api/v0"
+PATH_SEARCH_OFFERS = f"{API_PREFIX}/bundles/"
+PATH_CREATE_INSTANCE = f"{API_PREFIX}/asks/{{offer_id}}/"
+PATH_INSTANCES = f"{API_PREFIX}/instances/"
+PATH_INSTANCE = f"{API_PREFIX}/instances/{{instance_id}}/"
+PATH_VOLUMES = f"{API_PREFIX}/volumes"
+PATH_ENDPOINTS = f"{API_PREFIX}/endptjobs"
+PATH_REGEN_BACKUP_CODES = f"{API_PREFIX}/tfa/regen-backup-codes"
+PATH_DEPLOYMENTS = f"{API_PREFIX}/deployments"
+PATH_PENDING_PRICE_INCREASES = f"{API_PREFIX}/instances/pending-price-increases"
+PATH_API_KEYS = f"{API_PREFIX}/auth/apikeys"
+PATH_CLOUD_INTEGRATIONS = f"{API_PREFIX}/users/cloud_integrations"
+
+# --- Enums ---------------------------------------------------------------------------------------------------
+RUNTYPES = ("ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args")
+#: Runtypes whose service entrypoint runs the ``onstart`` script (all but ``args``).
+ONSTART_RUNTYPES = tuple(r for r in RUNTYPES if r != "args")
+TARGET_STATES = ("running", "stopped")
+OFFER_TYPES = ("ondemand", "on-demand", "bid")
+#: Filter operators the spec names; the complete list is "not shown", so other lowercase names are let through.
+FILTER_OPERATORS = ("eq", "gte", "in")
+FILTER_FIELDS = ("gpu_name", "num_gpus", "gpu_ram", "reliability", "verified", "rentable", "direct_port_count")
+ORDER_DIRECTIONS = ("asc", "desc")
+ENDPOINT_STATES = ("active", "suspended", "stopped")
+TFA_METHODS = ("sms", "totp", "email")
+TFA_METHODS_NEEDING_SECRET = ("sms", "email")
+
+# Instance actual_status values. None means "being provisioned".
+STATUS_LOADING = "loading"
+STATUS_RUNNING = "running"
+#: Statuses that, per the spec, never become running: destroy and retry elsewhere.
+FAILED_STATUSES = ("exited", "unknown", "offline")
+BOOTING_STATUSES = (None, STATUS_LOADING)
+
+# --- Limits --------------------------------------------------------------------------------------------------
+ONSTART_MAX_CHARS = 4048
+DEFAULT_DISK_GB = 8
+POLL_INTERVAL_SECONDS = 10
+BACKUP_CODES_PER_REGENERATION = 10
+TYPICAL_BOOT_SECONDS = (60, 300)
+
+_PORT_KEY = re.compile(r"^-p (\d{1,5}):(\d{1,5})$")
+_OPERATOR_NAME = re.compile(r"^[a-z_]+$")
+
+
+# --- Typed results (plain dicts on the wire, so they go to XCom unchanged) ---------------------------------
+class Offer(TypedDict, total=False):
+    id: int
+    num_gpus: int
+    gpu_name: str
+    gpu_ram: float
+    dph_total: float
+    reliability: float
+    verified: bool
+    rentable: bool
+    direct_port_count: int
+    dlperf_per_dphtotal: float
+
+
+class Instance(TypedDict, total=False):
+    id: int
+    actual_status: str | None
+    label: str
+    ssh_host: str
+    ssh_port: int
+
+
+class CreateInstanceResult(TypedDict, total=False):
+    success: bool
+    new_contract: int
+    instance_api_key: str | None
+
+
+class VolumeListingResult(TypedDict, total=False):
+    success: bool
+    you_sent: dict
+    results: list[dict]
+
+
+class EndpointResult(TypedDict):
+    success: bool
+    result: int
+
+
+class DeleteDeploymentsResult(TypedDict):
+    success: bool
+    count: int
+
+
+class BackupCodesResult(TypedDict):
+    msg: str
+    backup_codes: list[str]
+
+
+class PendingPriceIncreases(TypedDict, total=False):
+    success: bool
+    count: int
+    pending_price_increases: list[dict]
+    truncated: bool
+
+
+# --- Status helpers ------------------------------------------------------------------------------------------
+def is_booting(status: str | None) -> bool:
+    """True while the instance may still become running (provisioning or loading)."""
+    return status in BOOTING_STATUSES
+
+
+def will_never_run(status: str | None) -> bool:
+    """True for statuses that will not become running.
+
+    The spec lists exited, unknown and offline; anything else it does not name (for instance the status after a
+    stop, which is "not shown") is treated the same way, so a waiter never hangs on a status it cannot know.
+    """
+    return not is_booting(status) and status != STATUS_RUNNING
+
+
+# --- Small validators (each names the field and says how to fix it) ----------------------------------------
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def require_positive_number(field: str, value: Any) -> None:
+    if not _is_number(value) or value <= 0:
+        raise GpuMarketValidationError(field, f"must be a number greater than 0, got {value!r}")
+
+
+def require_non_negative_number(field: str, value: Any) -> None:
+    if not _is_number(value) or value < 0:
+        raise GpuMarketValidationError(field, f"must be a number of at least 0, got {value!r}")
+
+
+def require_positive_int(field: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise GpuMarketValidationError(field, f"must be a positive integer, got {value!r}")
+
+
+def require_non_negative_int(field: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise GpuMarketValidationError(field, f"must be an integer of at least 0, got {value!r}")
+
+
+def require_bool(field: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise GpuMarketValidationError(field, f"must be true or false, got {value!r}")
+
+
+def require_text(field: str, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise GpuMarketValidationError(field, f"must be a non-empty string, got {value!r}")
+
+
+def require_choice(field: str, value: Any, choices: Iterable[str]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise GpuMarketValidationError(field, f"{value!r} is not one of {', '.join(choices)}")
+
+
+def _drop_none(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Only the fields the caller gave are sent; nothing goes on the wire as null."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+# --- env, port mappings, onstart ---------------------------------------------------------------------------
+def port_mappings(*ports: int) -> dict[str, str]:
+    """Build the env entries that open ports: ``port_mappings(8080, 22)`` -> ``{"-p 8080:8080": "1", ...}``."""
+    for port in ports:
+        _require_port("port_mappings", port)
+    return {f"-p {port}:{port}": "1" for port in ports}
+
+
+def _require_port(field: str, port: Any) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise GpuMarketValidationError(field, f"port must be an integer from 1 to 65535, got {port!r}")
+
+
+def validate_env(env: Any, field: str = "env") -> None:
+    """env is a JSON object of string keys to string values; port mappings are ``"-p N:N": "1"``."""
+    if not isinstance(env, Mapping):
+        raise GpuMarketValidationError(
+            field,
+            f"must be an object of NAME: value pairs (a dict), got {type(env).__name__}; "
+            "the '-e NAME=value -p 8080:8080' flag string is only for templates",
+        )
+    for key, value in env.items():
+        if not isinstance(key, str) or not key:
+            raise GpuMarketValidationError(field, f"keys must be non-empty strings, got {key!r}")
+        if key.startswith("-"):
+            match = _PORT_KEY.match(key)
+            if not match:
+                raise GpuMarketValidationError(
+                    field, f"{key!r} is not a port mapping; write it as '-p 8080:8080' (see port_mappings())"
+                )
+            _require_port(f"{field}[{key!r}]", int(match.group(1)))
+            _require_port(f"{field}[{key!r}]", int(match.group(2)))
+            if value != "1":
+                raise GpuMarketValidationError(
+                    f"{field}[{key!r}]", f'a port mapping takes the string value "1", got {value!r}'
+                )
+        elif not isinstance(value, str):
+            raise GpuMarketValidationError(
+                f"{field}[{key!r}]", f"environment values must be strings, got {type(value).__name__}; quote it"
+            )
+
+
+def env_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment variables of an env object, without its port mappings."""
+    return {k: v for k, v in env.items() if not k.startswith("-p ")}
+
+
+def pack_onstart(script: str) -> str:
+    """Return ``script`` unchanged when it fits the onstart limit, else a gzip+base64 self-unpacking form.
+
+    :raises GpuMarketValidationError: when even the packed form exceeds 4048 characters.
+    """
+    if len(script) <= ONSTART_MAX_CHARS:
+        return script
+    payload = base64.b64encode(gzip.compress(script.encode(), compresslevel=9, mtime=0)).decode()
+    packed = (
+        "#!/bin/sh\n# packed by airflow-provider-gpumarket: gzip+base64 of the original script\n"
+        f"echo '{payload}' | base64 -d | gunzip > /tmp/.gpumarket_onstart.sh && exec sh /tmp/.gpumarket_onstart.sh\n"
+    )
+    if len(packed) > ONSTART_MAX_CHARS:
+        raise GpuMarketValidationError(
+            "onstart",
+            f"the script is {len(script)} characters and still {len(packed)} after gzip+base64 packing, over "
+            f"the service's {ONSTART_MAX_CHARS}-character limit; ship the code in the image or download it "
+            "from the script instead",
+        )
+    return packed
+
+
+def validate_onstart(onstart: Any) -> None:
+    if not isinstance(onstart, str):
+        raise GpuMarketValidationError("onstart", f"must be a string of shell commands, got {onstart!r}")
+    if len(onstart) > ONSTART_MAX_CHARS:
+        raise GpuMarketValidationError(
+            "onstart",
+            f"is {len(onstart)} characters, over the service's limit of {ONSTART_MAX_CHARS}; "
+            "pack it with airflow_gpumarket.api.pack_onstart() (gzip+base64)",
+        )
+
+
+# --- Request bodies --------------------------------------------------------------------------------------
+def build_search_body(
+    filters: Mapping[str, Any] | None = None,
+    *,
+    offer_type: str = "ondemand",
+    limit: int | None = None,
+    order: list | None = None,
+) -> dict[str, Any]:
+    """Body of ``POST /bundles/``: filter objects plus ``type``, ``limit`` and ``order``."""
+    body: dict[str, Any] = {}
+    for name, condition in (filters or {}).items():
+        if name in ("type", "limit", "order"):
+            raise GpuMarketValidationError(
+                "filters", f"{name!r} is not a filter field; pass it as the {name} argument instead"
+            )
+        if not isinstance(condition, Mapping) or len(condition) != 1:
+            raise GpuMarketValidationError(
+                f"filters[{name!r}]",
+                f"must be an object with one operator key, like {{'eq': value}}, got {condition!r}",
+            )
+        ((operator, value),) = condition.items()
+        if not isinstance(operator, str) or not _OPERATOR_NAME.match(operator):
+            raise GpuMarketValidationError(
+                f"filters[{name!r}]", f"operator {operator!r} is not valid; use one of {', '.join(FILTER_OPERATORS)}"
+            )
+        if operator == "in" and not isinstance(value, list | tuple):
+            raise GpuMarketValidationError(f"filters[{name!r}]", f"'in' takes a list of values, got {value!r}")
+        body[name] = {operator: list(value) if operator == "in" else value}
+    require_choice("offer_type", offer_type, OFFER_TYPES)
+    body["type"] = offer_type
+    if limit is not None:
+        require_positive_int("limit", limit)
+        body["limit"] = limit
+    if order is not None:
+        body["order"] = _validate_order(order)
+    return body
+
+
+def _validate_order(order: Any) -> list[list[str]]:
+    if not isinstance(order, list | tuple):
+        raise GpuMarketValidationError("order", f"must be a list of [field, direction] pairs, got {order!r}")
+    pairs = []
+    for pair in order:
+        if not isinstance(pair, list | tuple) or len(pair) != 2 or not isinstance(pair[0], str):
+            raise GpuMarketValidationError(
+                "order", f"each entry must be a [field, direction] pair like ['dph_total', 'asc'], got {pair!r}"
+            )
+        require_choice(f"order[{pair[0]!r}]", pair[1], ORDER_DIRECTIONS)
+        pairs.append([pair[0], pair[1]])
+    return pairs
+
+
+class OfferQuery:
+    """A small typed builder for offer filters.
+
+    ``OfferQuery().eq("gpu_name", "RTX 4090").gte("num_gpus", 1).is_in("gpu_name", [...]).filters``
+    """
+
+    def __init__(self) -> None:
+        self.filters: dict[str, dict[str, Any]] = {}
+
+    def eq(self, field: str, value: Any) -> OfferQuery:
+        self.filters[field] = {"eq": value}
+        return self
+
+    def gte(self, field: str, value: Any) -> OfferQuery:
+        self.filters[field] = {"gte": value}
+        return self
+
+    def is_in(self, field: str, values: Iterable[Any]) -> OfferQuery:
+        self.filters[field] = {"in": list(values)}
+        return self
+
+
+_IMAGE_LOGIN = re.compile(r"^-u \S+ -p \S+ \S+$")
+
+
+def build_create_instance_body(
+    *,
+    image: str | None = None,
+    template_hash_id: str | None = None,
+    label: str | None = None,
+    disk: float | None = None,
+    runtype: str | None = None,
+    target_state: str | None = None,
+    price: float | None = None,
+    env: Mapping[str, str] | None = None,
+    onstart: str | None = None,
+    args_str: str | None = None,
+    use_jupyter_lab: bool | None = None,
+    jupyter_dir: str | None = None,
+    python_utf8: bool | None = None,
+    lang_utf8: bool | None = None,
+    image_login: str | None = None,
+    cancel_unavail: bool | None = None,
+    vm: bool | None = None,
+    volume_info: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Validate the creation fields against every rule of the spec and return the request body."""
+    if image is None and template_hash_id is None:
+        raise GpuMarketValidationError(
+            "image", "is required unless template_hash_id is given; name a container image or a template"
+        )
+    if image is not None:
+        require_text("image", image)
+    if template_hash_id is not None:
+        require_text("template_hash_id", template_hash_id)
+    if label is not None and not isinstance(label, str):
+        raise GpuMarketValidationError("label", f"must be a string, got {label!r}")
+    if disk is not None:
+        require_positive_number("disk", disk)
+    if runtype is not None:
+        require_choice("runtype", runtype, RUNTYPES)
+    if target_state is not None:
+        require_choice("target_state", target_state, TARGET_STATES)
+    if price is not None and (not _is_number(price) or price <= 0):
+        raise GpuMarketValidationError(
+            "price",
+            f"must be a bid in dollars per hour greater than 0, got {price!r}; "
+            "omit it for an on-demand (not interruptible) instance",
+        )
+    if env is not None:
+        validate_env(env)
+    if onstart is not None:
+        validate_onstart(onstart)
+        if runtype == "args":
+            raise GpuMarketValidationError(
+                "onstart", "only runs with the ssh and jupyter runtypes; with runtype 'args' it would be ignored"
+            )
+    if args_str is not None:
+        if not isinstance(args_str, str):
+            raise GpuMarketValidationError("args_str", f"must be a string, got {args_str!r}")
+        if runtype != "args":
+            raise GpuMarketValidationError(
+                "args_str", f"is only used with runtype 'args' (runtype is {runtype!r}); it would be ignored"
+            )
+    for name, flag in (
+        ("use_jupyter_lab", use_jupyter_lab),
+        ("python_utf8", python_utf8),
+        ("lang_utf8", lang_utf8),
+        ("cancel_unavail", cancel_unavail),
+        ("vm", vm),
+    ):
+        if flag is not None:
+            require_bool(name, flag)
+    if jupyter_dir is not None:
+        require_text("jupyter_dir", jupyter_dir)
+    if image_login is not None and (not isinstance(image_login, str) or not _IMAGE_LOGIN.match(image_login)):
+        # The value holds a registry token: never echo it.
+        raise GpuMarketValidationError(
+            "image_login", "must have the form '-u <user> -p <access_token> <registry_host>' (value not shown)"
+        )
+    if volume_info is not None:
+        _validate_volume_info(volume_info)
+    return _drop_none(
+        {
+            "image": image,
+            "template_hash_id": template_hash_id,
+            "label": label,
+            "disk": disk,
+            "runtype": runtype,
+            "target_state": target_state,
+            "price": price,
+            "env": dict(env) if env is not None else None,
+            "onstart": onstart,
+            "args_str": args_str,
+            "use_jupyter_lab": use_jupyter_lab,
+            "jupyter_dir": jupyter_dir,
+            "python_utf8": python_utf8,
+            "lang_utf8": lang_utf8,
+            "image_login": image_login,
+            "cancel_unavail": cancel_unavail,
+            "vm": vm,
+            "volume_info": dict(volume_info) if volume_info is not None else None,
+        }
+    )
+
+
+def _validate_volume_info(volume_info: Any) -> None:
+    if not isinstance(volume_info, Mapping):
+        raise GpuMarketValidationError(
+            "volume_info", f"must be an object {{'volume_id': int, 'mount_path': str}}, got {volume_info!r}"
+        )
+    unknown = set(volume_info) - {"volume_id", "mount_path"}
+    if unknown:
+        raise GpuMarketValidationError(
+            "volume_info", f"unknown keys {sorted(unknown)}; only volume_id and mount_path are allowed"
+        )
+    require_positive_int("volume_info.volume_id", volume_info.get("volume_id"))
+    mount_path = volume_info.get("mount_path")
+    if not isinstance(mount_path, str) or not mount_path.startswith("/"):
+        raise GpuMarketValidationError(
+            "volume_info.mount_path", f"must be an absolute path like '/workspace/data', got {mount_path!r}"
+        )
+
+
+def build_volume_listing_body(
+    *, machine: int | None = None, machines: list[int] | None = None, hidden_listing: bool | None = None
+) -> dict[str, Any]:
+    if machine is None and not machines:
+        raise GpuMarketValidationError("machine", "one of machine or machines (a non-empty list) is required")
+    if machine is not None:
+        require_positive_int("machine", machine)
+    if machines is not None:
+        if not isinstance(machines, list | tuple) or not machines:
+            raise GpuMarketValidationError("machines", f"must be a non-empty list of machine ids, got {machines!r}")
+        for m in machines:
+            require_positive_int("machines[]", m)
+    if hidden_listing is not None:
+        require_bool("hidden_listing", hidden_listing)
+    return _drop_none(
+        {"hidden_listing": hidden_listing, "machine": machine, "machines": list(machines) if machines else None}
+    )
+
+
+ENDPOINT_NUMBER_FIELDS = (
+    "min_load",
+    "min_cold_load",
+    "target_util",
+    "cold_mult",
+    "max_queue_time",
+    "target_queue_time",
+    "inactivity_timeout",
+    "overrecruit_ratio",
+)
+ENDPOINT_INT_FIELDS = ("cold_workers", "max_workers")
+ENDPOINT_TEXT_FIELDS = ("autoscaler_instance", "endpoint_state", "endpoint_name")
+ENDPOINT_FIELDS = ENDPOINT_NUMBER_FIELDS + ENDPOINT_INT_FIELDS + ENDPOINT_TEXT_FIELDS
+
+
+def build_endpoint_body(**fields: Any) -> dict[str, Any]:
+    """Body of ``POST /endptjobs``. Bounds are "not shown" in the spec: numbers must be finite and >= 0."""
+    unknown = set(fields) - set(ENDPOINT_FIELDS)
+    if unknown:
+        raise GpuMarketValidationError(
+            sorted(unknown)[0], f"is not an endpoint field; allowed: {', '.join(ENDPOINT_FIELDS)}"
+        )
+    body = _drop_none(fields)
+    for name in ENDPOINT_NUMBER_FIELDS:
+        if name in body:
+            require_non_negative_number(name, body[name])
+    for name in ENDPOINT_INT_FIELDS:
+        if name in body:
+            require_non_negative_int(name, body[name])
+    for name in ("autoscaler_instance", "endpoint_name"):
+        if name in body:
+            require_text(name, body[name])
+    if "endpoint_state" in body:
+        require_choice("endpoint_state", body["endpoint_state"], ENDPOINT_STATES)
+    if "target_queue_time" in body and "max_queue_time" in body and body["target_queue_time"] > body["max_queue_time"]:
+        raise GpuMarketValidationError(
+            "target_queue_time",
+            f"({body['target_queue_time']}) must be less than or equal to max_queue_time ({body['max_queue_time']})",
+        )
+    return body
+
+
+def build_delete_deployments_body(name: str, tag: str | None = None) -> dict[str, Any]:
+    require_text("name", name)
+    if tag is not None:
+        require_text("tag", tag)
+    return _drop_none({"name": name, "tag": tag})
+
+
+def build_regen_backup_codes_body(
+    *,
+    tfa_method: str | None = None,
+    code: str | None = None,
+    secret: str | None = None,
+    tfa_method_id: int | None = None,
+    backup_code: str | None = None,
+) -> dict[str, Any]:
+    """Body of ``PUT /tfa/regen-backup-codes``. Values are secrets: messages never echo them."""
+    if tfa_method is not None:
+        require_choice("tfa_method", tfa_method, TFA_METHODS)
+    if tfa_method_id is not None:
+        require_positive_int("tfa_method_id", tfa_method_id)
+    for name, value in (("code", code), ("secret", secret), ("backup_code", backup_code)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise GpuMarketValidationError(name, "must be a non-empty string (value not shown)")
+    if code is None and backup_code is None:
+        raise GpuMarketValidationError(
+            "code", "a verification code (with tfa_method or tfa_method_id) or an existing backup_code is required"
+        )
+    if code is not None and tfa_method is None and tfa_method_id is None:
+        raise GpuMarketValidationError("tfa_method", "is required with code: one of sms, totp, email")
+    if code is not None and tfa_method in TFA_METHODS_NEEDING_SECRET and secret is None:
+        raise GpuMarketValidationError(
+            "secret", f"is required for the {tfa_method} method: pass the tfa_secret returned by the send step"
+        )
+    return _drop_none(
+        {
+            "tfa_method_id": tfa_method_id,
+            "code": code,
+            "secret": secret,
+            "tfa_method": tfa_method,
+            "backup_code": backup_code,
+        }
+    )
+
+
+# --- Responses -----------------------------------------------------------------------------------------------
+def decode_body(content: bytes | str | None) -> Any:
+    """JSON body, or the raw text when the body is not JSON (some proxies answer HTML)."""
+    if not content:
+        return None
+    text = content.decode("utf-8", "replace") if isinstance(content, bytes) else content
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def redact(text: str, secrets: Iterable[str | None]) -> str:
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the delta-seconds form; an HTTP date is ignored)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+_UNAVAILABLE_WORDS = ("unavail", "not available", "no longer", "rented", "taken", "no_such_ask")
+
+
+def raise_for_response(
+    operation: str,
+    status_code: int,
+    body: Any,
+    *,
+    retry_after: str | None = None,
+    secrets: Iterable[str | None] = (),
+) -> Any:
+    """Return the decoded body of a successful response, or raise the exception a person can act on.
+
+    The server's ``error`` and ``msg`` are kept on the exception and quoted in its message, with any secret
+    (``secrets``: the API key) replaced by ``***``.
+    """
+    secrets = tuple(secrets)
+    error = body.get("error") if isinstance(body, dict) else None
+    msg = body.get("msg") if isinstance(body, dict) else None
+    error = redact(str(error), secrets) if error is not None else None
+    msg = redact(str(msg), secrets) if msg is not None else None
+    words = ": ".join(p for p in (error, msg) if p)
+    if not words and isinstance(body, str) and body.strip():
+        words = redact(body.strip()[:200], secrets)
+    said = f" Server said: {words}" if words else ""
+    kwargs: dict[str, Any] = {"status_code": status_code, "error": error, "msg": msg, "operation": operation}
+    if 200 <= status_code < 300:
+        if isinstance(body, dict) and body.get("success") is False:
+            raise GpuMarketError(f"{operation} failed: the service answered success=false.{said}", **kwargs)
+        return body
+    if status_code in (401, 403):
+        raise GpuMarketAuthError(
+            f"{operation} was refused (HTTP {status_code}): the API key is missing, wrong, revoked or not allowed "
+            f"to do this. Check the password of the gpumarket connection.{said}",
+            **kwargs,
+        )
+    if status_code == 429:
+        seconds = parse_retry_after(retry_after)
+        hint = f" The server asked to wait {seconds:g} s." if seconds is not None else ""
+        raise GpuMarketRateLimitError(
+            f"{operation} was rate limited (HTTP 429).{hint}{said}", retry_after=seconds, **kwargs
+        )
+    if operation == "create_instance" and _offer_unavailable(status_code, error, msg):
+        raise GpuMarketOfferUnavailableError(
+            f"create_instance: the offer is no longer available (HTTP {status_code}); it was probably rented by "
+            f"someone else after the search. Search again and pick another offer.{said}",
+            **kwargs,
+        )
+    if status_code == 404:
+        raise GpuMarketNotFoundError(f"{operation}: not found (HTTP 404).{said}", **kwargs)
+    if status_code >= 500:
+        raise GpuMarketServerError(
+            f"{operation}: the service failed (HTTP {status_code}); retrying may help.{said}", **kwargs
+        )
+    raise GpuMarketError(f"{operation} was rejected (HTTP {status_code}).{said}", **kwargs)
+
+
+def _offer_unavailable(status_code: int, error: Any, msg: Any) -> bool:
+    if status_code in (404, 409, 410):
+        return True
+    words = f"{error or ''} {msg or ''}".lower()
+    return 400 <= status_code < 500 and any(w in words for w in _UNAVAILABLE_WORDS)
+
+
+def unwrap_instance(body: Any) -> Instance:
+    """``GET /instances/{id}/`` answers ``{"instances": {...}}``; return the inner object."""
+    inner = body.get("instances") if isinstance(body, dict) else None
+    if isinstance(inner, list):  # tolerate a one-element list
+        inner = inner[0] if inner else None
+    if not isinstance(inner, dict):
+        raise GpuMarketNotFoundError("get_instance: the service returned no instance object", operation="get_instance")
+    return inner  # type: ignore[return-value]
+
+
+def find_by_label(instances: Iterable[Mapping[str, Any]], label: str) -> Instance | None:
+    """The newest instance carrying ``label`` (highest id), or None."""
+    matches = [i for i in instances if i.get("label") == label]
+    return max(matches, key=lambda i: i.get("id") or 0) if matches else None  # type: ignore[return-value]
+
+
+# --- Retry decisions (shared by the sync and async hooks; tenacity does the looping) ---------------------
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How failed calls are retried. Read from the connection's extras (see ``get_provider_info``)."""
+
+    max_retries: int = 5
+    min_wait: float = 1.0
+    max_wait: float = 60.0
+    #: A Retry-After header is honoured up to this many seconds.
+    max_retry_after: float = 300.0
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """429, 5xx and transport failures are worth another try (for idempotent calls)."""
+    return isinstance(exc, GpuMarketRateLimitError | GpuMarketServerError | GpuMarketTransportError)
+
+
+def create_surely_not_processed(exc: BaseException) -> bool:
+    """True when a failed create certainly made no instance, so it may be re-sent as is.
+
+    429 and 503 are answered before any work; a connection that was never established carried nothing. A timeout,
+    a dropped connection, 500, 502 or 504 may come after the instance was made: those are ambiguous.
+    """
+    if isinstance(exc, GpuMarketRateLimitError):
+        return True
+    if isinstance(exc, GpuMarketServerError):
+        return exc.status_code == 503
+    if isinstance(exc, GpuMarketTransportError):
+        return not exc.request_sent
+    return False
+
+
+def retry_wait_seconds(exc: BaseException | None, attempt: int, policy: RetryPolicy, jitter: float) -> float:
+    """Seconds to wait before try ``attempt + 1``: Retry-After when the server sent one, else exponential
+    backoff from ``min_wait`` capped at ``max_wait``, scaled by ``jitter`` (0..1) into its upper half."""
+    if isinstance(exc, GpuMarketRateLimitError) and exc.retry_after is not None:
+        return min(exc.retry_after, policy.max_retry_after)
+    base = min(policy.max_wait, policy.min_wait * 2 ** max(0, attempt - 1))
+    return base * (0.5 + 0.5 * jitter)

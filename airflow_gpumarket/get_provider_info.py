@@ -1,0 +1,66 @@
+"""Provider registration, read by Airflow through the ``apache_airflow_provider`` entry point.
+
+Plain data only (no imports of hooks or operators), so ``airflow providers list`` stays cheap. The connection
+form is declared here (``conn-fields``/``ui-field-behaviour``, the Airflow 3.2+ way) rather than in hook methods.
+"""
+
+from __future__ import annotations
+
+from airflow_gpumarket import __version__
+
+
+def get_provider_info() -> dict:
+    return {
+        "package-name": "airflow-provider-gpumarket",
+        "name": "GPU Market",
+        "description": "Rent GPU machines on a GPU marketplace from Airflow: run work through the instance's "
+        "onstart script, with destroy guaranteed when anything fails.",
+        "versions": [__version__],
+        "hooks": [
+            {
+                "integration-name": "GPU Market",
+                "python-modules": ["airflow_gpumarket.hooks.gpumarket"],
+            }
+        ],
+        "connection-types": [
+            {
+                "connection-type": "gpumarket",
+                "hook-class-name": "airflow_gpumarket.hooks.gpumarket.GpuMarketHook",
+                "hook-name": "GPU Market",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "login", "port", "extra"],
+                    "relabeling": {"host": "Base URL", "password": "API key"},
+                    "placeholders": {
+                        "host": "https://api.example.com (or http://127.0.0.1:PORT for the simulator)",
+                        "password": "API key from the web console",
+                    },
+                },
+                "conn-fields": {
+                    "timeout": {
+                        "label": "Request timeout (s)",
+                        "description": "Seconds to wait for each HTTP response.",
+                        "schema": {"type": ["number", "null"], "default": 30, "minimum": 1},
+                    },
+                    "max_retries": {
+                        "label": "Max retries",
+                        "description": "Retries of a failed read, stop or destroy (429, 5xx, connection errors).",
+                        "schema": {"type": ["integer", "null"], "default": 5, "minimum": 0},
+                    },
+                    "retry_min_wait": {
+                        "label": "First retry wait (s)",
+                        "description": "Backoff doubles from here, with jitter; a Retry-After header wins.",
+                        "schema": {"type": ["number", "null"], "default": 1, "minimum": 0},
+                    },
+                    "retry_max_wait": {
+                        "label": "Longest retry wait (s)",
+                        "schema": {"type": ["number", "null"], "default": 60, "minimum": 0},
+                    },
+                    "ca_bundle": {
+                        "label": "CA bundle path",
+                        "description": "Path to a CA bundle for TLS verification (verification is always on).",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                },
+            }
+        ],
+    }

@@ -1,0 +1,562 @@
+"""Hooks for the GPU marketplace API: ``GpuMarketHook`` (requests) and ``GpuMarketAsyncHook`` (httpx, for triggers).
+
+The two differ only in transport. Building and validating requests, mapping responses to results or exceptions
+and deciding whether to retry are pure functions in ``airflow_gpumarket.api``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+import tenacity
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
+
+from airflow_gpumarket import api
+from airflow_gpumarket._compat import BaseHook, mask_secret
+from airflow_gpumarket.exceptions import (
+    GpuMarketAmbiguousCreateError,
+    GpuMarketError,
+    GpuMarketNotFoundError,
+    GpuMarketTransportError,
+    GpuMarketValidationError,
+)
+
+if TYPE_CHECKING:
+    import httpx
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """What a hook needs from an Airflow connection. ``api_key`` is kept out of the repr."""
+
+    base_url: str
+    api_key: str = field(repr=False)
+    timeout: float = 30.0
+    retry: api.RetryPolicy = api.RetryPolicy()
+    verify: bool | str = True
+
+
+def _is_loopback(hostname: str) -> bool:
+    if hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        return False
+
+
+def _extra(extra: Mapping[str, Any], name: str) -> Any:
+    # The connection form stores plain names; older UIs used the extra__<conn_type>__ prefix.
+    value = extra.get(name, extra.get(f"extra__gpumarket__{name}"))
+    return None if value == "" else value
+
+
+def _extra_number(extra: Mapping[str, Any], name: str, default: float, conn_id: str) -> float:
+    value = _extra(extra, name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = -1.0
+    if number < 0:
+        raise GpuMarketValidationError(
+            f"connection {conn_id!r} extra {name!r}", f"must be a number of at least 0, got {value!r}"
+        )
+    return number
+
+
+def settings_from_connection(
+    conn_id: str, host: str | None, port: int | None, password: str | None, extra: Mapping[str, Any]
+) -> ConnectionSettings:
+    """Turn a connection's fields into settings, refusing anything that would leak the key or guess a host.
+
+    The host holds the base URL. A host without a scheme gets ``http`` when it is a loopback address (the
+    simulator) and ``https`` otherwise; plaintext ``http`` to any other host is refused.
+    """
+    where = f"connection {conn_id!r}"
+    if not host:
+        raise GpuMarketValidationError(
+            f"{where} host", "is empty; set it to the service's base URL, e.g. https://api.example.com"
+        )
+    if not password:
+        raise GpuMarketValidationError(
+            f"{where} password", "is empty; put the API key from the web console in the connection's password"
+        )
+    if "://" not in host:
+        bare = urlsplit(f"//{host}").hostname or ""
+        host = f"{'http' if _is_loopback(bare) else 'https'}://{host}"
+    parts = urlsplit(host)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise GpuMarketValidationError(
+            f"{where} host", f"{host!r} is not a base URL; write it as https://HOST[:PORT][/PREFIX]"
+        )
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        raise GpuMarketValidationError(
+            f"{where} host",
+            f"{host!r} uses plaintext http to a non-loopback host, which would expose the API key; use https://",
+        )
+    netloc = parts.netloc
+    if port and parts.port is None:
+        netloc = f"{netloc}:{port}"
+    base_url = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+    max_retries = int(_extra_number(extra, "max_retries", api.RetryPolicy.max_retries, conn_id))
+    policy = api.RetryPolicy(
+        max_retries=max_retries,
+        min_wait=_extra_number(extra, "retry_min_wait", api.RetryPolicy.min_wait, conn_id),
+        max_wait=_extra_number(extra, "retry_max_wait", api.RetryPolicy.max_wait, conn_id),
+    )
+    timeout = _extra_number(extra, "timeout", 30.0, conn_id) or 30.0
+    ca_bundle = _extra(extra, "ca_bundle")
+    return ConnectionSettings(base_url, password, timeout, policy, ca_bundle or True)
+
+
+class _BearerAuth(requests.auth.AuthBase):
+    """Bearer auth as an ``auth`` object, so a ~/.netrc entry can never replace it. Its repr hides the key."""
+
+    def __init__(self, api_key: str) -> None:
+        self._api_key = api_key
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["Authorization"] = f"Bearer {self._api_key}"
+        return request
+
+    def __repr__(self) -> str:
+        return "_BearerAuth(***)"
+
+
+class _GpuMarketHookBase(BaseHook):
+    """Connection handling, retry policy and logging shared by the sync and async hooks."""
+
+    conn_name_attr = "gpumarket_conn_id"
+    default_conn_name = "gpumarket_default"
+    conn_type = "gpumarket"
+    hook_name = "GPU Market"
+
+    def __init__(self, gpumarket_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gpumarket_conn_id = gpumarket_conn_id
+
+    def _settings_from(self, conn: Any) -> ConnectionSettings:
+        settings = settings_from_connection(
+            self.gpumarket_conn_id, conn.host, conn.port, conn.password, conn.extra_dejson or {}
+        )
+        mask_secret(settings.api_key)
+        return settings
+
+    def _wait(self, retry_state: tenacity.RetryCallState) -> float:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        return api.retry_wait_seconds(exc, retry_state.attempt_number, self.settings.retry, random.random())
+
+    def _log_retry(self, retry_state: tenacity.RetryCallState) -> None:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        wait = retry_state.next_action.sleep if retry_state.next_action else 0
+        self.log.warning("Try %d failed (%s); retrying in %.1f s", retry_state.attempt_number, exc, wait)
+
+    def _retry_kwargs(self, retry: Any) -> dict[str, Any]:
+        return {
+            "stop": tenacity.stop_after_attempt(self.settings.retry.max_retries + 1),
+            "wait": self._wait,
+            "retry": retry,
+            "before_sleep": self._log_retry,
+            "reraise": True,
+        }
+
+    @cached_property
+    def settings(self) -> ConnectionSettings:
+        return self._settings_from(self.get_connection(self.gpumarket_conn_id))
+
+    def _mask_instance_key(self, result: Mapping[str, Any]) -> None:
+        key = result.get("instance_api_key")
+        if isinstance(key, str) and key:
+            mask_secret(key)
+
+
+class GpuMarketHook(_GpuMarketHookBase):
+    """Talks to the GPU marketplace REST API, one method per endpoint.
+
+    :param gpumarket_conn_id: connection of type ``gpumarket``: host = base URL, password = API key, extras =
+        ``timeout``, ``max_retries``, ``retry_min_wait``, ``retry_max_wait``, ``ca_bundle``.
+
+    Reads, stop and destroy are retried on 429 (honouring Retry-After), 5xx and connection errors. Creating an
+    instance is never re-sent blindly: see :meth:`create_instance`. Results are plain JSON dicts and lists.
+    """
+
+    @cached_property
+    def session(self) -> requests.Session:
+        session = requests.Session()
+        session.auth = _BearerAuth(self.settings.api_key)
+        session.verify = self.settings.verify
+        session.headers["Accept"] = "application/json"
+        return session
+
+    # --- transport -------------------------------------------------------------------------------------
+    def _send(self, operation: str, method: str, path: str, body: Any = None) -> Any:
+        """One HTTP exchange, mapped to a result or a ``GpuMarketError``. No retry here."""
+        settings = self.settings
+        url = settings.base_url + path
+        try:
+            response = self.session.request(
+                method,
+                url,
+                json=body,
+                timeout=(min(10.0, settings.timeout), settings.timeout),
+            )
+        except requests.RequestException as exc:
+            raise _transport_error(operation, method, path, exc) from None
+        self.log.debug("%s %s -> HTTP %s", method, path, response.status_code)
+        return api.raise_for_response(
+            operation,
+            response.status_code,
+            api.decode_body(response.content),
+            retry_after=response.headers.get("Retry-After"),
+            secrets=(settings.api_key,),
+        )
+
+    def _call(self, operation: str, method: str, path: str, body: Any = None) -> Any:
+        """``_send`` with retries: only for idempotent calls (reads, stop, destroy, account listings)."""
+        for attempt in tenacity.Retrying(**self._retry_kwargs(tenacity.retry_if_exception(api.is_retryable))):
+            with attempt:
+                return self._send(operation, method, path, body)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    # --- offers and instances ---------------------------------------------------------------------------
+    def search_offers(
+        self,
+        filters: Mapping[str, Any] | None = None,
+        *,
+        offer_type: str = "ondemand",
+        limit: int | None = None,
+        order: list | None = None,
+    ) -> list[api.Offer]:
+        """Search offers. ``filters``: ``{"gpu_name": {"eq": "RTX 4090"}, "num_gpus": {"gte": 1}}``
+        (``in`` takes a list; :class:`airflow_gpumarket.api.OfferQuery` builds them); ``order``:
+        ``[["dph_total", "asc"]]``; ``offer_type``: ondemand, on-demand or bid."""
+        body = api.build_search_body(filters, offer_type=offer_type, limit=limit, order=order)
+        result = self._call("search_offers", "POST", api.PATH_SEARCH_OFFERS, body)
+        return list(result.get("offers") or []) if isinstance(result, dict) else []
+
+    def create_instance(
+        self,
+        offer_id: int,
+        *,
+        image: str | None = None,
+        template_hash_id: str | None = None,
+        label: str | None = None,
+        disk: float | None = None,
+        runtype: str | None = None,
+        target_state: str | None = None,
+        price: float | None = None,
+        env: Mapping[str, str] | None = None,
+        onstart: str | None = None,
+        args_str: str | None = None,
+        use_jupyter_lab: bool | None = None,
+        jupyter_dir: str | None = None,
+        python_utf8: bool | None = None,
+        lang_utf8: bool | None = None,
+        image_login: str | None = None,
+        cancel_unavail: bool | None = None,
+        vm: bool | None = None,
+        volume_info: Mapping[str, Any] | None = None,
+    ) -> api.CreateInstanceResult:
+        """Rent offer ``offer_id``; returns ``success``, ``new_contract`` (the instance id), ``instance_api_key``.
+
+        Every argument is validated before anything is sent. Creation is not idempotent on the wire, so a
+        failure is re-sent only when it surely made nothing (429, 503, connection never established). After an
+        ambiguous failure (timeout, dropped connection, 500/502/504) the hook looks for an instance carrying
+        ``label`` and returns it (with ``instance_api_key`` None) instead of renting twice; without a label it
+        raises :class:`GpuMarketAmbiguousCreateError`.
+        """
+        api.require_positive_int("offer_id", offer_id)
+        body = api.build_create_instance_body(
+            image=image,
+            template_hash_id=template_hash_id,
+            label=label,
+            disk=disk,
+            runtype=runtype,
+            target_state=target_state,
+            price=price,
+            env=env,
+            onstart=onstart,
+            args_str=args_str,
+            use_jupyter_lab=use_jupyter_lab,
+            jupyter_dir=jupyter_dir,
+            python_utf8=python_utf8,
+            lang_utf8=lang_utf8,
+            image_login=image_login,
+            cancel_unavail=cancel_unavail,
+            vm=vm,
+            volume_info=volume_info,
+        )
+        path = api.PATH_CREATE_INSTANCE.format(offer_id=offer_id)
+        look_first = False
+        for attempt in tenacity.Retrying(**self._retry_kwargs(tenacity.retry_if_exception(api.is_retryable))):
+            with attempt:
+                if look_first and label is not None:
+                    found = api.find_by_label(self.list_instances(), label)
+                    if found is not None:
+                        self.log.warning(
+                            "Found instance %s with label %r after the ambiguous failure: using it, not renting again",
+                            found.get("id"),
+                            label,
+                        )
+                        return {"success": True, "new_contract": int(found["id"]), "instance_api_key": None}
+                try:
+                    result = self._send("create_instance", "PUT", path, body)
+                except GpuMarketError as exc:
+                    if not api.is_retryable(exc) or api.create_surely_not_processed(exc):
+                        raise
+                    if label is None:
+                        raise GpuMarketAmbiguousCreateError(
+                            f"create_instance on offer {offer_id} failed ambiguously ({exc}); an instance may "
+                            "have been created. It was not re-sent, to avoid renting twice: check list_instances() "
+                            "and destroy any instance you do not want. Pass a label so the hook can check itself.",
+                            status_code=exc.status_code,
+                            operation="create_instance",
+                        ) from exc
+                    self.log.warning(
+                        "create_instance on offer %s failed ambiguously (%s); will look for label %r before "
+                        "deciding to send it again",
+                        offer_id,
+                        exc,
+                        label,
+                    )
+                    look_first = True
+                    raise
+                self._mask_instance_key(result)
+                return result
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    def list_instances(self) -> list[api.Instance]:
+        result = self._call("list_instances", "GET", api.PATH_INSTANCES)
+        return list(result.get("instances") or []) if isinstance(result, dict) else []
+
+    def get_instance(self, instance_id: int) -> api.Instance:
+        """The instance object (unwrapped from ``instances``). Raises GpuMarketNotFoundError when gone."""
+        api.require_positive_int("instance_id", instance_id)
+        return api.unwrap_instance(self._call("get_instance", "GET", api.PATH_INSTANCE.format(instance_id=instance_id)))
+
+    def stop_instance(self, instance_id: int) -> dict[str, Any]:
+        """Stop: compute billing halts, disk charges continue."""
+        api.require_positive_int("instance_id", instance_id)
+        path = api.PATH_INSTANCE.format(instance_id=instance_id)
+        return self._call("stop_instance", "PUT", path, {"state": "stopped"})
+
+    def destroy_instance(self, instance_id: int) -> dict[str, Any]:
+        """Destroy: all billing stops. Idempotent: an instance that is already gone counts as success
+        (the result then carries ``already_gone: True``)."""
+        api.require_positive_int("instance_id", instance_id)
+        try:
+            return self._call("destroy_instance", "DELETE", api.PATH_INSTANCE.format(instance_id=instance_id))
+        except GpuMarketNotFoundError:
+            return {"success": True, "already_gone": True}
+
+    # --- host, serverless and account -------------------------------------------------------------------
+    def create_volume_listings(
+        self, *, machine: int | None = None, machines: list[int] | None = None, hidden_listing: bool | None = None
+    ) -> api.VolumeListingResult:
+        body = api.build_volume_listing_body(machine=machine, machines=machines, hidden_listing=hidden_listing)
+        return self._call("create_volume_listings", "POST", api.PATH_VOLUMES, body)
+
+    def create_endpoint(
+        self,
+        *,
+        min_load: float | None = None,
+        min_cold_load: float | None = None,
+        target_util: float | None = None,
+        cold_mult: float | None = None,
+        cold_workers: int | None = None,
+        max_workers: int | None = None,
+        max_queue_time: float | None = None,
+        target_queue_time: float | None = None,
+        autoscaler_instance: str | None = None,
+        endpoint_state: str | None = None,
+        endpoint_name: str | None = None,
+        inactivity_timeout: float | None = None,
+        overrecruit_ratio: float | None = None,
+    ) -> api.EndpointResult:
+        """Create a serverless endpoint; ``result`` is the new endpoint's id. Not retried after it may have
+        been processed (5xx, timeouts): creating is not idempotent."""
+        body = api.build_endpoint_body(
+            min_load=min_load,
+            min_cold_load=min_cold_load,
+            target_util=target_util,
+            cold_mult=cold_mult,
+            cold_workers=cold_workers,
+            max_workers=max_workers,
+            max_queue_time=max_queue_time,
+            target_queue_time=target_queue_time,
+            autoscaler_instance=autoscaler_instance,
+            endpoint_state=endpoint_state,
+            endpoint_name=endpoint_name,
+            inactivity_timeout=inactivity_timeout,
+            overrecruit_ratio=overrecruit_ratio,
+        )
+        retry = tenacity.retry_if_exception(api.create_surely_not_processed)
+        for attempt in tenacity.Retrying(**self._retry_kwargs(retry)):
+            with attempt:
+                return self._send("create_endpoint", "POST", api.PATH_ENDPOINTS, body)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    def delete_deployments(self, name: str, tag: str | None = None) -> api.DeleteDeploymentsResult:
+        """Soft-delete every deployment called ``name`` (and ``tag``), cascading to endpoints and workers."""
+        body = api.build_delete_deployments_body(name, tag)
+        return self._call("delete_deployments", "DELETE", api.PATH_DEPLOYMENTS, body)
+
+    def regenerate_backup_codes(
+        self,
+        *,
+        tfa_method: str | None = None,
+        code: str | None = None,
+        secret: str | None = None,
+        tfa_method_id: int | None = None,
+        backup_code: str | None = None,
+    ) -> api.BackupCodesResult:
+        """Regenerate the ten two-factor backup codes. The codes are masked in logs; never push them to XCom.
+        Not retried once it may have been processed: the old codes stop working."""
+        body = api.build_regen_backup_codes_body(
+            tfa_method=tfa_method, code=code, secret=secret, tfa_method_id=tfa_method_id, backup_code=backup_code
+        )
+        retry = tenacity.retry_if_exception(api.create_surely_not_processed)
+        for attempt in tenacity.Retrying(**self._retry_kwargs(retry)):
+            with attempt:
+                result = self._send("regenerate_backup_codes", "PUT", api.PATH_REGEN_BACKUP_CODES, body)
+                for backup in result.get("backup_codes") or []:
+                    mask_secret(backup)
+                return result
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    def list_pending_price_increases(self) -> api.PendingPriceIncreases:
+        """The whole response: ``pending_price_increases``, ``count`` and ``truncated`` (the list was cut)."""
+        return self._call("list_pending_price_increases", "GET", api.PATH_PENDING_PRICE_INCREASES)
+
+    def list_api_keys(self) -> list[dict[str, Any]]:
+        result = self._call("list_api_keys", "GET", api.PATH_API_KEYS)
+        return list(result.get("apikeys") or []) if isinstance(result, dict) else []
+
+    def list_cloud_integrations(self) -> list[dict[str, Any]]:
+        result = self._call("list_cloud_integrations", "GET", api.PATH_CLOUD_INTEGRATIONS)
+        return list(result) if isinstance(result, list) else []
+
+    # --- Airflow connection test ---------------------------------------------------------------------
+    def test_connection(self) -> tuple[bool, str]:
+        """One cheap authenticated call (list instances), not retried, reported in a sentence."""
+        try:
+            result = self._send("test_connection", "GET", api.PATH_INSTANCES)
+        except GpuMarketError as exc:  # messages are built without the key (see api.raise_for_response)
+            return False, str(exc)
+        count = len(result.get("instances") or []) if isinstance(result, dict) else 0
+        return True, f"Connected to {self.settings.base_url}: the API key works ({count} instance(s) visible)."
+
+
+def _transport_error(operation: str, method: str, path: str, exc: BaseException) -> GpuMarketTransportError:
+    """Wrap a requests/httpx failure; ``request_sent`` is False only when no connection was ever made."""
+    never_connected = _never_connected(exc)
+    kind = type(exc).__name__
+    return GpuMarketTransportError(
+        f"{operation}: {method} {path} got no response ({kind}); "
+        + ("the connection could not be opened." if never_connected else "the request may have reached the server."),
+        request_sent=not never_connected,
+        operation=operation,
+    )
+
+
+def _never_connected(exc: BaseException) -> bool:
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, NewConnectionError | ConnectTimeoutError | ConnectionRefusedError):
+            return True
+        reason = getattr(seen, "reason", None)
+        if isinstance(reason, BaseException) and reason is not seen:
+            seen = reason
+            continue
+        args = getattr(seen, "args", ())
+        nested = args[0] if args and isinstance(args[0], BaseException) else None
+        seen = nested or seen.__cause__ or seen.__context__
+    type_name = type(exc).__name__
+    return type_name in ("ConnectError", "ConnectTimeout")  # httpx names
+
+
+class GpuMarketAsyncHook(_GpuMarketHookBase):
+    """The async twin used by triggers (httpx). Same connection, same retry rules, same results."""
+
+    async def asettings(self) -> ConnectionSettings:
+        if "settings" not in self.__dict__:
+            getter = getattr(BaseHook, "aget_connection", None)
+            if getter is not None:
+                conn = await getter(self.gpumarket_conn_id)
+            else:  # Airflow 2.x
+                from asgiref.sync import sync_to_async
+
+                conn = await sync_to_async(BaseHook.get_connection)(self.gpumarket_conn_id)
+            self.__dict__["settings"] = self._settings_from(conn)
+        return self.settings
+
+    @cached_property
+    def client(self) -> httpx.AsyncClient:
+        import httpx
+
+        settings = self.settings
+        return httpx.AsyncClient(
+            base_url=settings.base_url,
+            headers={"Authorization": f"Bearer {settings.api_key}", "Accept": "application/json"},
+            timeout=httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout)),
+            verify=settings.verify,
+            trust_env=False,
+        )
+
+    async def aclose(self) -> None:
+        if "client" in self.__dict__:
+            await self.client.aclose()
+            del self.__dict__["client"]
+
+    async def _send(self, operation: str, method: str, path: str, body: Any = None) -> Any:
+        import httpx
+
+        settings = await self.asettings()
+        try:
+            response = await self.client.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise _transport_error(operation, method, path, exc) from None
+        return api.raise_for_response(
+            operation,
+            response.status_code,
+            api.decode_body(response.content),
+            retry_after=response.headers.get("Retry-After"),
+            secrets=(settings.api_key,),
+        )
+
+    async def _call(self, operation: str, method: str, path: str, body: Any = None) -> Any:
+        await self.asettings()
+        retrying = tenacity.AsyncRetrying(**self._retry_kwargs(tenacity.retry_if_exception(api.is_retryable)))
+        async for attempt in retrying:
+            with attempt:
+                return await self._send(operation, method, path, body)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    async def get_instance(self, instance_id: int) -> api.Instance:
+        return api.unwrap_instance(
+            await self._call("get_instance", "GET", api.PATH_INSTANCE.format(instance_id=instance_id))
+        )
+
+    async def list_instances(self) -> list[api.Instance]:
+        result = await self._call("list_instances", "GET", api.PATH_INSTANCES)
+        return list(result.get("instances") or []) if isinstance(result, dict) else []
+
+    async def destroy_instance(self, instance_id: int) -> dict[str, Any]:
+        try:
+            return await self._call("destroy_instance", "DELETE", api.PATH_INSTANCE.format(instance_id=instance_id))
+        except GpuMarketNotFoundError:
+            return {"success": True, "already_gone": True}
+
+    async def list_pending_price_increases(self) -> api.PendingPriceIncreases:
+        return await self._call("list_pending_price_increases", "GET", api.PATH_PENDING_PRICE_INCREASES)
