@@ -7,8 +7,10 @@ from __future__ import annotations
 
 try:
     from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
     from airflow.sdk.log import mask_secret
 except ImportError:  # Airflow 2.11
+    from airflow.exceptions import AirflowException, AirflowFailException, TaskDeferred  # type: ignore
     from airflow.hooks.base import BaseHook  # type: ignore
     from airflow.models import BaseOperator  # type: ignore
     from airflow.sensors.base import BaseSensorOperator  # type: ignore
@@ -16,4 +18,14 @@ except ImportError:  # Airflow 2.11
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-__all__ = ["BaseHook", "BaseOperator", "BaseSensorOperator", "BaseTrigger", "TriggerEvent", "mask_secret"]
+__all__ = [
+    "AirflowException",
+    "AirflowFailException",
+    "TaskDeferred",
+    "BaseHook",
+    "BaseOperator",
+    "BaseSensorOperator",
+    "BaseTrigger",
+    "TriggerEvent",
+    "mask_secret",
+]

@@ -22,6 +22,24 @@ def get_provider_info() -> dict:
                 "python-modules": ["airflow_gpumarket.hooks.gpumarket"],
             }
         ],
+        "operators": [
+            {
+                "integration-name": "GPU Market",
+                "python-modules": ["airflow_gpumarket.operators.instances"],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": "GPU Market",
+                "python-modules": ["airflow_gpumarket.sensors.instances"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "GPU Market",
+                "python-modules": ["airflow_gpumarket.triggers.instances"],
+            }
+        ],
         "connection-types": [
             {
                 "connection-type": "gpumarket",

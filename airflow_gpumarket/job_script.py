@@ -1,0 +1,95 @@
+"""The completion protocol: wrap a job command into an onstart script that ends its own billing.
+
+The service emits no events, but every instance gets a restricted key (``CONTAINER_API_KEY``) that may stop or
+destroy that one instance. The wrapper runs the user's command, then:
+
+- exit status 0 -> destroys its own instance (all billing stops at once);
+- any other status -> stops its own instance (compute billing stops; the disk is kept for inspection until the
+  operator destroys it).
+
+The operator only has to read the outcome: gone = succeeded, stopped = failed. The wrapper keeps the command's
+exit status as its own, needs only ``sh`` plus one of curl, python3 or wget, and retries its callback. It assumes
+the instance exposes ``CONTAINER_API_KEY`` (stated by the spec) and ``CONTAINER_ID`` (its own id; assumed, not in
+the spec) to the onstart script. The API key of the account never appears in the script.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterable
+
+from airflow_gpumarket import api
+from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# {url}, {delimiter}, {command} and {export_env} are filled in; everything else is literal shell.
+_TEMPLATE = """#!/bin/sh
+# airflow-provider-gpumarket job wrapper: run the command, then end billing from inside the instance.
+# exit 0 -> destroy this instance; other exit status -> stop it (disk kept for inspection).
+GPM_URL='{url}'"$CONTAINER_ID/"
+GPM_JOB="${{TMPDIR:-/tmp}}/gpumarket-job-$$.sh"
+cat > "$GPM_JOB" <<'{delimiter}'
+{command}
+{delimiter}
+{export_env}echo "gpumarket: job started"
+sh "$GPM_JOB"
+rc=$?
+echo "gpumarket: job exited with status $rc"
+if [ "$rc" -eq 0 ]; then m=DELETE; b=''; else m=PUT; b='{{"state":"stopped"}}'; fi
+gpm_call() {{
+  if command -v curl >/dev/null 2>&1; then
+    if [ -n "$b" ]; then set -- -d "$b"; else set --; fi
+    curl -fsS -o /dev/null -X "$m" -H "Authorization: Bearer $CONTAINER_API_KEY" \\
+      -H 'Content-Type: application/json' "$@" "$GPM_URL"
+  elif command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import os,sys,urllib.request as u
+u.urlopen(u.Request(sys.argv[1],data=sys.argv[3].encode() or None,method=sys.argv[2],headers={{"Authorization":"Bearer "+os.environ["CONTAINER_API_KEY"],"Content-Type":"application/json"}}),timeout=30)' "$GPM_URL" "$m" "$b"
+  else
+    if [ -n "$b" ]; then set -- --body-data="$b"; else set --; fi
+    wget -q -O /dev/null --method="$m" --header="Authorization: Bearer $CONTAINER_API_KEY" \\
+      --header='Content-Type: application/json' "$@" "$GPM_URL"
+  fi
+}}
+i=0
+until gpm_call; do
+  i=$((i+1)); [ "$i" -ge 6 ] && echo "gpumarket: could not end billing ($m); the operator will" && break
+  sleep $((i*i))
+done
+exit "$rc"
+"""
+
+
+def build_job_onstart(command: str, *, base_url: str, export_env: Iterable[str] = ()) -> str:
+    """The onstart script for ``command``; packed with gzip+base64 when over the 4048-character limit.
+
+    :param command: shell commands to run on the instance.
+    :param base_url: the service's base URL as the instance reaches it (the connection's host).
+    :param export_env: names of env variables to append to ``/etc/environment`` (``$GPUMARKET_ENV_FILE``
+        when set) so SSH sessions see them; the spec says env is not visible there otherwise.
+    :raises GpuMarketValidationError: empty command, or too long even when packed.
+    """
+    if not isinstance(command, str) or not command.strip():
+        raise GpuMarketValidationError("command", "must be a non-empty string of shell commands")
+    names = list(export_env)
+    for name in names:
+        if not _ENV_NAME.match(name):
+            raise GpuMarketValidationError("env", f"{name!r} is not a valid environment variable name to export")
+    delimiter = f"GPUMARKET_JOB_{secrets.token_hex(4).upper()}"
+    while delimiter in command:
+        delimiter = f"GPUMARKET_JOB_{secrets.token_hex(4).upper()}"
+    export = "".join(
+        f'printf "%s=%s\\n" {name} "${name}" >> "${{GPUMARKET_ENV_FILE:-/etc/environment}}" 2>/dev/null || true\n'
+        for name in names
+    )
+    script = _TEMPLATE.format(
+        url=f"{base_url.rstrip('/')}{api.API_PREFIX}/instances/",
+        delimiter=delimiter,
+        command=command.rstrip("\n"),
+        export_env=export,
+    )
+    try:
+        return api.pack_onstart(script)
+    except GpuMarketValidationError as exc:
+        raise GpuMarketValidationError("command", exc.problem) from None

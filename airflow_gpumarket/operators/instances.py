@@ -1,0 +1,794 @@
+"""Operators that search offers, rent instances, run jobs on them, and stop or destroy them.
+
+Every operator that rents goes through ``GpuMarketRentingBaseOperator``: one mechanism that picks offers, fails
+over, labels each rental deterministically, and destroys what it made on every failure path (exception in the
+task, SIGTERM and ``execution_timeout`` through ``on_kill``, a user killing the deferred task through the
+trigger's ``on_kill``, a retry after the worker died through the label).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket._compat import AirflowException, BaseOperator, TaskDeferred
+from airflow_gpumarket.exceptions import (
+    GpuMarketError,
+    GpuMarketNotFoundError,
+    GpuMarketOfferUnavailableError,
+    GpuMarketValidationError,
+)
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+CREATION_FIELDS = (
+    "image",
+    "template_hash_id",
+    "disk",
+    "runtype",
+    "target_state",
+    "price",
+    "env",
+    "onstart",
+    "args_str",
+    "use_jupyter_lab",
+    "jupyter_dir",
+    "python_utf8",
+    "lang_utf8",
+    "image_login",
+    "cancel_unavail",
+    "vm",
+    "volume_info",
+)
+# Fields whose templated (Jinja) value cannot be checked before rendering; strings like image or env values can.
+_TYPED_FIELDS = {"disk", "runtype", "target_state", "price", "env", "volume_info", "use_jupyter_lab", "python_utf8"}
+_TYPED_FIELDS |= {"lang_utf8", "cancel_unavail", "vm", "onstart", "args_str", "image_login"}
+
+
+def _templated(value: Any) -> bool:
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, Mapping):
+        return any(_templated(v) for v in value.values())
+    return False
+
+
+def _seconds(name: str, value: timedelta | float) -> float:
+    """A positive duration given as timedelta or seconds; refused at parse time otherwise."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    api.require_positive_number(name, seconds)
+    return float(seconds)
+
+
+def _default_deferrable() -> bool:
+    from airflow.configuration import conf
+
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
+
+
+def instance_id_from(value: Any) -> int | None:
+    """Accept an id, a numeric string, or the dict a renting operator returns; None/"None"/"" mean nothing."""
+    if isinstance(value, Mapping):
+        value = value.get("instance_id")
+    if value is None or (isinstance(value, str) and value.strip() in ("", "None", "null")):
+        return None
+    try:
+        instance_id = int(value)
+    except (TypeError, ValueError):
+        raise GpuMarketValidationError("instance_id", f"must be an instance id (integer), got {value!r}") from None
+    api.require_positive_int("instance_id", instance_id)
+    return instance_id
+
+
+class _GpuMarketBaseOperator(BaseOperator):
+    """Connection handling shared by every operator of this provider."""
+
+    def __init__(self, *, gpumarket_conn_id: str = "gpumarket_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gpumarket_conn_id = gpumarket_conn_id
+
+    @cached_property
+    def hook(self) -> GpuMarketHook:
+        from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+        return GpuMarketHook(self.gpumarket_conn_id)
+
+
+class GpuMarketSearchOffersOperator(_GpuMarketBaseOperator):
+    """Search offers and push them to XCom.
+
+    :param offer_filters: the spec's filter object, e.g. ``{"gpu_name": {"eq": "RTX 4090"}}``.
+    :param offer_type: ``ondemand`` (default), ``on-demand`` or ``bid``.
+    :param offer_order: list of ``[field, direction]`` pairs, e.g. ``[["dph_total", "asc"]]``.
+    :param limit: maximum number of offers.
+    :param max_dph: drop offers dearer than this many dollars per hour.
+    """
+
+    template_fields: Sequence[str] = ("offer_filters", "offer_type", "offer_order", "limit", "max_dph")
+
+    def __init__(
+        self,
+        *,
+        offer_filters: Mapping[str, Any] | None = None,
+        offer_type: str = "ondemand",
+        offer_order: list | None = None,
+        limit: int | None = None,
+        max_dph: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.offer_filters = offer_filters
+        self.offer_type = offer_type
+        self.offer_order = offer_order
+        self.limit = limit
+        self.max_dph = max_dph
+        if not any(_templated(v) for v in (offer_filters, offer_type, offer_order, limit, max_dph)):
+            self._validate()
+
+    def _validate(self) -> None:
+        api.build_search_body(self.offer_filters, offer_type=self.offer_type, limit=self.limit, order=self.offer_order)
+        if self.max_dph is not None:
+            api.require_positive_number("max_dph", self.max_dph)
+
+    def execute(self, context: Any) -> list[api.Offer]:
+        self._validate()
+        offers = self.hook.search_offers(
+            self.offer_filters, offer_type=self.offer_type, limit=self.limit, order=self.offer_order
+        )
+        if self.max_dph is not None:
+            offers = [o for o in offers if (o.get("dph_total") or 0) <= self.max_dph]
+        self.log.info("Found %d offer(s)", len(offers))
+        for offer in offers[:10]:
+            self.log.info(
+                "  offer %s: %sx %s at $%s/h, reliability %s",
+                offer.get("id"),
+                offer.get("num_gpus"),
+                offer.get("gpu_name"),
+                offer.get("dph_total"),
+                offer.get("reliability"),
+            )
+        return offers
+
+
+class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
+    """The one renting mechanism: offer choice, failover, labels, waiting, and destroy on every failure path.
+
+    :param offer_id: rent exactly this offer (no failover to others).
+    :param offer_filters: or pick the cheapest matching offer (ordered by ``offer_order``, default price
+        ascending) whose price is at most ``max_dph``.
+    :param offer_order: ``[field, direction]`` pairs for the search.
+    :param offer_type: ``ondemand`` (default), ``on-demand`` or ``bid``.
+    :param max_dph: highest acceptable price in dollars per hour.
+    :param max_offer_attempts: offers tried at most (an offer taken by someone else, a host that ends in
+        exited/unknown/offline, a boot that times out all move on to the next offer; an offer is never tried twice).
+    :param boot_timeout: time allowed from creation to running (default 15 minutes).
+    :param poll_interval: seconds between status reads (default 10, as the spec recommends).
+    :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``).
+    :param image, template_hash_id, disk, runtype, target_state, price, env, onstart, args_str, use_jupyter_lab,
+        jupyter_dir, python_utf8, lang_utf8, image_login, cancel_unavail, vm, volume_info: the spec's creation
+        fields, sent as given (``cancel_unavail`` defaults to True so a taken offer fails fast and the next is
+        tried). The label is written by the operator (see ``airflow_gpumarket.lifecycle``).
+    """
+
+    template_fields: Sequence[str] = (
+        "offer_id",
+        "offer_filters",
+        "offer_order",
+        "max_dph",
+        "command",
+        *CREATION_FIELDS,
+    )
+    template_fields_renderers = {"env": "json", "offer_filters": "json", "onstart": "bash", "command": "bash"}
+    ui_color = "#c9e7ff"
+    _wait_for = lifecycle.WAIT_STATUS
+
+    def __init__(
+        self,
+        *,
+        offer_id: int | None = None,
+        offer_filters: Mapping[str, Any] | None = None,
+        offer_order: list | None = None,
+        offer_type: str = "ondemand",
+        max_dph: float | None = None,
+        max_offer_attempts: int = 3,
+        boot_timeout: timedelta | float = timedelta(minutes=15),
+        poll_interval: float = api.POLL_INTERVAL_SECONDS,
+        deferrable: bool | None = None,
+        image: str | None = None,
+        template_hash_id: str | None = None,
+        disk: float | None = None,
+        runtype: str | None = None,
+        target_state: str | None = None,
+        price: float | None = None,
+        env: Mapping[str, str] | None = None,
+        onstart: str | None = None,
+        args_str: str | None = None,
+        use_jupyter_lab: bool | None = None,
+        jupyter_dir: str | None = None,
+        python_utf8: bool | None = None,
+        lang_utf8: bool | None = None,
+        image_login: str | None = None,
+        cancel_unavail: bool | None = True,
+        vm: bool | None = None,
+        volume_info: Mapping[str, Any] | None = None,
+        command: str | None = None,
+        export_env_to_ssh: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.command = command
+        self.export_env_to_ssh = export_env_to_ssh
+        if command is not None and onstart is not None:
+            raise GpuMarketValidationError("onstart", "give command (wrapped by the provider) or onstart, not both")
+        if command is not None and runtype is None:
+            runtype = "ssh_proxy"
+        self.offer_id = offer_id
+        self.offer_filters = offer_filters
+        self.offer_order = offer_order
+        self.offer_type = offer_type
+        self.max_dph = max_dph
+        self.max_offer_attempts = max_offer_attempts
+        self.boot_timeout = _seconds("boot_timeout", boot_timeout)
+        self.poll_interval = _seconds("poll_interval", poll_interval)
+        self.deferrable = _default_deferrable() if deferrable is None else deferrable
+        self.image = image
+        self.template_hash_id = template_hash_id
+        self.disk = disk
+        self.runtype = runtype
+        self.target_state = target_state
+        self.price = price
+        self.env = env
+        self.onstart = onstart
+        self.args_str = args_str
+        self.use_jupyter_lab = use_jupyter_lab
+        self.jupyter_dir = jupyter_dir
+        self.python_utf8 = python_utf8
+        self.lang_utf8 = lang_utf8
+        self.image_login = image_login
+        self.cancel_unavail = cancel_unavail
+        self.vm = vm
+        self.volume_info = volume_info
+        self._instance_id: int | None = None
+        self._creating_label: str | None = None
+        self._killed = False
+        api.require_positive_int("max_offer_attempts", max_offer_attempts)
+        if offer_id is None and offer_filters is None:
+            raise GpuMarketValidationError(
+                "offer_id", "give offer_id (one offer) or offer_filters (pick the cheapest match); neither was given"
+            )
+        self._validate(parse_time=True)
+
+    # --- validation ------------------------------------------------------------------------------------
+    def _creation_fields(self, base_url: str | None = None) -> dict[str, Any]:
+        fields = {name: getattr(self, name) for name in CREATION_FIELDS}
+        if self.command is not None:
+            fields["onstart"] = self._job_script(base_url or "https://api.example.invalid")
+        return fields
+
+    def _job_script(self, base_url: str) -> str | None:
+        from airflow_gpumarket.job_script import build_job_onstart
+
+        if _templated(self.command) or _templated(self.env):
+            return None  # checked after rendering, before anything is rented
+        names = sorted(api.env_variables(self.env or {})) if self.export_env_to_ssh else []
+        return build_job_onstart(self.command, base_url=base_url, export_env=names)  # type: ignore[arg-type]
+
+    def _validate(self, *, parse_time: bool = False) -> None:
+        """Every rule that can be checked. At parse time, fields still holding Jinja are checked after rendering
+        (in ``execute``, before anything billable is sent)."""
+        if self.command is not None:
+            if self.runtype == "args":
+                raise GpuMarketValidationError(
+                    "runtype", "'args' does not run the onstart script, so the command would never start; use ssh"
+                )
+            if not (parse_time and _templated(self.command)) and (
+                not isinstance(self.command, str) or not self.command.strip()
+            ):
+                raise GpuMarketValidationError("command", "must be a non-empty string of shell commands")
+        fields = self._creation_fields()
+        deferred = parse_time and any(_templated(fields[name]) for name in _TYPED_FIELDS)
+        if not deferred:
+            self._creation_body(label=lifecycle.make_label("0" * 12, 0), base_url=None)
+        if parse_time and _templated(self.offer_id):
+            return
+        if self.offer_id is not None:
+            api.require_positive_int("offer_id", self._offer_id_int())
+        if self.offer_filters is not None and not (parse_time and _templated(self.offer_filters)):
+            api.build_search_body(self.offer_filters, offer_type=self.offer_type, order=self.offer_order)
+        if self.max_dph is not None and not (parse_time and _templated(self.max_dph)):
+            api.require_positive_number("max_dph", self.max_dph)
+
+    def _offer_id_int(self) -> int:
+        try:
+            return int(self.offer_id)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise GpuMarketValidationError(
+                "offer_id", f"must be an offer id (integer), got {self.offer_id!r}"
+            ) from None
+
+    def _creation_body(self, *, label: str, base_url: str | None) -> dict[str, Any]:
+        return api.build_create_instance_body(label=label, **self._creation_fields(base_url))
+
+    # --- offers ----------------------------------------------------------------------------------------
+    def _next_offer(self, tried: list[int]) -> Mapping[str, Any] | None:
+        if self.offer_id is not None:
+            offer_id = self._offer_id_int()
+            return None if offer_id in tried else {"id": offer_id}
+        offers = self.hook.search_offers(
+            self.offer_filters,
+            offer_type=self.offer_type,
+            order=self.offer_order or [["dph_total", "asc"]],
+            limit=len(tried) + 10,
+        )
+        for offer in offers:
+            if offer.get("id") in tried or offer.get("rentable") is False:
+                continue
+            if self.max_dph is not None and (offer.get("dph_total") or 0) > self.max_dph:
+                continue
+            return offer
+        return None
+
+    # --- the guarded rental ------------------------------------------------------------------------------
+    def execute(self, context: Any) -> Any:
+        self._validate()
+        with self._destroy_on_failure():
+            rental = self._adopt_earlier_rental(context)
+            if rental is not None:
+                return self._wait_and_finish(context, rental, tried=[rental["offer_id"]], reasons=[])
+            return self._rent(context, tried=[], reasons=[])
+
+    def execute_complete(
+        self, context: Any, event: dict[str, Any], rental: dict[str, Any], tried: list[int], reasons: list[str]
+    ) -> Any:
+        self._instance_id = rental["instance_id"]
+        with self._destroy_on_failure():
+            if not isinstance(event, Mapping) or event.get("instance_id") != rental["instance_id"]:
+                raise AirflowException(f"Unexpected trigger event for instance {rental['instance_id']}: {event!r}")
+            return self._finish(context, rental, dict(event), tried, reasons)
+
+    def _rent(self, context: Any, *, tried: list[int], reasons: list[str]) -> Any:
+        """Create on the next untried offer and wait, failing over until max_offer_attempts offers were tried."""
+        while len(tried) < self.max_offer_attempts:
+            offer = self._next_offer(tried)
+            if offer is None:
+                reasons.append("no further matching offer")
+                break
+            tried.append(int(offer["id"]))
+            rental = self._create(context, offer)
+            if rental is None:
+                reasons.append(f"offer {offer['id']} was taken before creation")
+                continue
+            return self._wait_and_finish(context, rental, tried, reasons)
+        raise AirflowException(
+            f"Could not get a working instance after trying {len(tried)} offer(s) (max_offer_attempts="
+            f"{self.max_offer_attempts}): {'; '.join(reasons) or 'no offer matched'}. Nothing is left running."
+        )
+
+    def _create(self, context: Any, offer: Mapping[str, Any]) -> dict[str, Any] | None:
+        key = self._rental_key(context)
+        created_at = time.time()
+        label = lifecycle.make_label(key, created_at + self._lease_seconds())
+        body = self._creation_body(label=label, base_url=self.hook.settings.base_url)
+        self.log.info(
+            "Renting offer %s (%s x %s at $%s/h) with label %s",
+            offer["id"],
+            offer.get("num_gpus", "?"),
+            offer.get("gpu_name", "?"),
+            offer.get("dph_total", "?"),
+            label,
+        )
+        self._creating_label = label
+        try:
+            result = self.hook.create_instance(int(offer["id"]), **body)
+        except GpuMarketOfferUnavailableError as exc:
+            self.log.warning("Offer %s is no longer available (%s); trying the next one", offer["id"], exc.msg or exc)
+            return None
+        finally:
+            self._creating_label = None
+        self._instance_id = int(result["new_contract"])
+        self.log.info("Created instance %s on offer %s", self._instance_id, offer["id"])
+        return {
+            "instance_id": self._instance_id,
+            "offer_id": int(offer["id"]),
+            "dph_total": offer.get("dph_total"),
+            "gpu_name": offer.get("gpu_name"),
+            "label": label,
+            "created_at": created_at,
+        }
+
+    def _wait_and_finish(self, context: Any, rental: dict[str, Any], tried: list[int], reasons: list[str]) -> Any:
+        if not self._should_wait():
+            return self._summary(rental, None)
+        deadlines = self._deadlines(rental)
+        if self.deferrable:
+            from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
+
+            self.defer(
+                trigger=GpuMarketInstanceStatusTrigger(
+                    instance_id=rental["instance_id"],
+                    gpumarket_conn_id=self.gpumarket_conn_id,
+                    wait_for=self._wait_for,
+                    poll_interval=self.poll_interval,
+                    destroy_on_kill=True,
+                    dph_total=rental.get("dph_total"),
+                    boot_deadline=deadlines["boot_deadline"],
+                    deadline=deadlines["deadline"],
+                ),
+                method_name="execute_complete",
+                kwargs={"rental": rental, "tried": tried, "reasons": reasons},
+            )
+        return self._finish(context, rental, self._poll(rental, **deadlines), tried, reasons)
+
+    def _poll(self, rental: dict[str, Any], *, boot_deadline: float | None, deadline: float | None) -> dict:
+        """The synchronous twin of the trigger's loop, with cost-so-far logging."""
+        instance_id = rental["instance_id"]
+        seen_running, last = False, "?"
+        while True:
+            if self._killed:
+                raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
+            gone, status = False, None
+            try:
+                instance = self.hook.get_instance(instance_id)
+                status = instance.get("actual_status")
+                rental.setdefault("ssh_host", instance.get("ssh_host"))
+            except GpuMarketNotFoundError:
+                gone = True
+            except GpuMarketError as exc:
+                if not api.is_retryable(exc):
+                    raise
+                self.log.warning("Reading instance %s failed after retries (%s); still polling", instance_id, exc)
+                status = last if last != "?" else None
+            seen_running = seen_running or status == api.STATUS_RUNNING
+            elapsed = time.time() - rental["created_at"]
+            shown = "gone" if gone else repr(status)
+            if shown != last:
+                self.log.info("Instance %s: status %s", instance_id, shown)
+            self.log.info(
+                "Instance %s: %s after %s, cost so far about $%s",
+                instance_id,
+                shown,
+                lifecycle.format_duration(elapsed),
+                lifecycle.estimated_cost(rental.get("dph_total"), elapsed),
+            )
+            last = shown
+            event = lifecycle.evaluate(
+                wait_for=self._wait_for,
+                status=status,
+                gone=gone,
+                now=time.time(),
+                seen_running=seen_running,
+                boot_deadline=boot_deadline,
+                deadline=deadline,
+            )
+            if event is not None:
+                event["instance_id"] = instance_id
+                return event
+            time.sleep(self.poll_interval)  # type: ignore[arg-type]
+
+    def _finish(
+        self, context: Any, rental: dict[str, Any], event: dict[str, Any], tried: list[int], reasons: list[str]
+    ) -> Any:
+        instance_id = rental["instance_id"]
+        kind = event.get("status")
+        sentence = lifecycle.describe_event(event, instance_id)
+        if kind in (lifecycle.NEVER_RUNS, lifecycle.BOOT_TIMEOUT):
+            self.log.warning("Failover: %s", sentence)
+            self._destroy(instance_id)
+            reasons.append(sentence)
+            return self._rent(context, tried=tried, reasons=reasons)
+        return self._complete(context, rental, event, sentence)
+
+    def _complete(self, context: Any, rental: dict[str, Any], event: dict[str, Any], sentence: str) -> Any:
+        if event.get("status") == lifecycle.REACHED:
+            self.log.info("%s", sentence)
+            return self._summary(rental, event.get("actual_status"))
+        raise AirflowException(sentence)
+
+    # --- destroy on every failure path -----------------------------------------------------------------
+    @contextmanager
+    def _destroy_on_failure(self) -> Iterator[None]:
+        """Destroy what this task rented when anything fails; deferring is not a failure."""
+        try:
+            yield
+        except TaskDeferred:
+            raise
+        except BaseException as exc:
+            self._cleanup_after_failure(exc)
+            raise
+
+    def _cleanup_after_failure(self, exc: BaseException) -> None:
+        instance_id = self._instance_id or self._find_in_flight()
+        if instance_id is not None:
+            self.log.warning("Task failed (%s): destroying instance %s so it stops billing", exc, instance_id)
+            self._destroy(instance_id)
+
+    def _find_in_flight(self) -> int | None:
+        """A create whose answer never came may still have made an instance: look for its label."""
+        if self._creating_label is None:
+            return None
+        try:
+            found = api.find_by_label(self.hook.list_instances(), self._creating_label)
+        except GpuMarketError as exc:
+            self.log.error("Could not check for an instance labelled %s: %s", self._creating_label, exc)
+            return None
+        return int(found["id"]) if found else None
+
+    def _destroy(self, instance_id: int) -> None:
+        """Destroy with the hook's retries; if it still fails, fail loudly with the id (it is still billing)."""
+        try:
+            result = self.hook.destroy_instance(instance_id)
+        except GpuMarketError as exc:
+            raise AirflowException(
+                f"DESTROY FAILED for instance {instance_id}: it may still be billing. Destroy it by hand "
+                f"(DELETE /api/v0/instances/{instance_id}/) or let the reaper DAG do it. Cause: {exc}"
+            ) from exc
+        self.log.info(
+            "Destroyed instance %s%s", instance_id, " (it was already gone)" if result.get("already_gone") else ""
+        )
+        if self._instance_id == instance_id:
+            self._instance_id = None
+
+    def on_kill(self) -> None:
+        """SIGTERM or execution_timeout: destroy now (the process may be killed for good any moment)."""
+        self._killed = True
+        instance_id = self._instance_id or self._find_in_flight()
+        if instance_id is None:
+            return
+        try:
+            self._destroy(instance_id)
+            self.log.warning("Task killed: destroyed instance %s", instance_id)
+        except Exception as exc:  # on_kill must not raise; the message names the instance
+            self.log.error("Task killed: %s", exc)
+
+    # --- retries of a task whose worker died -------------------------------------------------------------
+    def _adopt_earlier_rental(self, context: Any) -> dict[str, Any] | None:
+        """On a retry, find what earlier tries of this task instance rented: keep one that may still work,
+        destroy the rest. The first try skips this (nothing can exist yet), saving an API call."""
+        ti = context.get("ti") if isinstance(context, Mapping) else None
+        if ti is None or (getattr(ti, "try_number", 1) or 1) <= 1:
+            return None
+        earlier = lifecycle.rentals_of(self.hook.list_instances(), self._rental_key(context))
+        adopted = None
+        for instance in reversed(earlier):
+            if adopted is None and self._may_adopt(instance):
+                adopted = instance
+            else:
+                self.log.warning("Destroying instance %s left by an earlier try", instance.get("id"))
+                self._destroy(int(instance["id"]))
+        if adopted is None:
+            return None
+        self._instance_id = int(adopted["id"])
+        self.log.warning(
+            "Retry: adopting instance %s (status %r) rented by an earlier try instead of renting again",
+            adopted["id"],
+            adopted.get("actual_status"),
+        )
+        return {
+            "instance_id": self._instance_id,
+            "offer_id": adopted.get("offer_id"),
+            "dph_total": adopted.get("dph_total"),
+            "gpu_name": adopted.get("gpu_name"),
+            "label": adopted.get("label"),
+            "created_at": time.time(),
+        }
+
+    def _may_adopt(self, instance: Mapping[str, Any]) -> bool:
+        status = instance.get("actual_status")
+        return api.is_booting(status) or status == api.STATUS_RUNNING
+
+    # --- per-operator choices --------------------------------------------------------------------------
+    def _rental_key(self, context: Any) -> str:
+        ti = context.get("ti") if isinstance(context, Mapping) else None
+        run_id = context.get("run_id") if isinstance(context, Mapping) else None
+        map_index = getattr(ti, "map_index", -1) if ti is not None else -1
+        return lifecycle.rental_key(self.dag_id or "", str(run_id), self.task_id, map_index)
+
+    def _should_wait(self) -> bool:
+        return True
+
+    def _lease_seconds(self) -> float:
+        raise NotImplementedError
+
+    def _deadlines(self, rental: dict[str, Any]) -> dict[str, float | None]:
+        return {"boot_deadline": rental["created_at"] + self.boot_timeout, "deadline": None}
+
+    def _summary(self, rental: dict[str, Any], status: str | None) -> dict[str, Any]:
+        elapsed = time.time() - rental["created_at"]
+        return {
+            "instance_id": rental["instance_id"],
+            "offer_id": rental.get("offer_id"),
+            "dph_total": rental.get("dph_total"),
+            "gpu_name": rental.get("gpu_name"),
+            "label": rental.get("label"),
+            "actual_status": status,
+            "ssh_host": rental.get("ssh_host"),
+            "elapsed_seconds": round(elapsed, 3),
+            "estimated_cost": lifecycle.estimated_cost(rental.get("dph_total"), elapsed),
+        }
+
+
+class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
+    """Rent an instance and (by default) wait until it is running; returns the instance, never its key.
+
+    Made to be a setup task: pair it with ``GpuMarketDestroyInstanceOperator(...).as_teardown(setups=...)``.
+    If anything fails before the instance is running, it destroys what it made and tries the next offer.
+
+    :param wait_for_running: wait until running (default True); False returns right after creation.
+    :param lease: how long the instance may live before ``GpuMarketReapOrphansOperator`` destroys it should the
+        teardown never run (default 6 hours); written into the label.
+    (Other parameters: see ``GpuMarketRentingBaseOperator``.)
+    """
+
+    def __init__(
+        self, *, wait_for_running: bool = True, lease: timedelta | float = timedelta(hours=6), **kwargs: Any
+    ) -> None:
+        self.wait_for_running = wait_for_running
+        self.lease = _seconds("lease", lease)
+        super().__init__(**kwargs)
+
+    def _should_wait(self) -> bool:
+        return self.wait_for_running
+
+    def _lease_seconds(self) -> float:
+        return self.lease  # type: ignore[return-value]
+
+    def _summary(self, rental: dict[str, Any], status: str | None) -> dict[str, Any]:
+        summary = super()._summary(rental, status)
+        if status == api.STATUS_RUNNING:
+            try:
+                instance = self.hook.get_instance(rental["instance_id"])
+                summary["ssh_host"], summary["ssh_port"] = instance.get("ssh_host"), instance.get("ssh_port")
+            except GpuMarketError as exc:
+                self.log.warning("Could not read the SSH address of instance %s: %s", rental["instance_id"], exc)
+        self._instance_id = None  # success: the instance is handed over to the DAG (and its teardown)
+        return summary
+
+
+class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
+    """The whole lifecycle in one task: rent, run ``command`` through onstart, wait for it, destroy.
+
+    The command is wrapped (``airflow_gpumarket.job_script``) so the instance ends its own billing when the
+    command exits: destroyed on exit 0 (the task succeeds), stopped otherwise (the task fails). The instance is
+    destroyed in every case before the task ends.
+
+    :param command: shell commands to run on the instance (templated; required).
+    :param max_runtime: time allowed to the job after the boot deadline (default 6 hours).
+    (Other parameters: see ``GpuMarketRentingBaseOperator``; runtype defaults to ``ssh_proxy``.)
+    """
+
+    _wait_for = lifecycle.WAIT_JOB
+
+    def __init__(self, *, command: str, max_runtime: timedelta | float = timedelta(hours=6), **kwargs: Any) -> None:
+        if "onstart" in kwargs:
+            raise GpuMarketValidationError("onstart", "is built from command by GpuMarketRunJobOperator; pass command")
+        if command is None:
+            raise GpuMarketValidationError("command", "is required: the shell commands the job runs")
+        self.max_runtime = _seconds("max_runtime", max_runtime)
+        super().__init__(command=command, **kwargs)
+
+    def _lease_seconds(self) -> float:
+        return self.boot_timeout + self.max_runtime + 15 * 60
+
+    def _deadlines(self, rental: dict[str, Any]) -> dict[str, float | None]:
+        boot_deadline = rental["created_at"] + self.boot_timeout
+        return {"boot_deadline": boot_deadline, "deadline": boot_deadline + self.max_runtime}
+
+    def _complete(self, context: Any, rental: dict[str, Any], event: dict[str, Any], sentence: str) -> Any:
+        instance_id = rental["instance_id"]
+        self._destroy(instance_id)  # idempotent: after success the instance already destroyed itself
+        summary = self._summary(rental, event.get("actual_status"))
+        summary["job_status"] = "succeeded" if event.get("status") == lifecycle.JOB_SUCCEEDED else "failed"
+        self.log.info(
+            "Job on instance %s %s after %s; compute cost about $%s (at $%s/h)",
+            instance_id,
+            summary["job_status"],
+            lifecycle.format_duration(summary["elapsed_seconds"]),
+            summary["estimated_cost"],
+            rental.get("dph_total"),
+        )
+        if summary["job_status"] != "succeeded":
+            raise AirflowException(sentence)
+        return summary
+
+
+class GpuMarketStopInstanceOperator(_GpuMarketBaseOperator):
+    """Stop an instance: compute billing halts, disk charges continue (destroy to stop those too).
+
+    :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated).
+    """
+
+    template_fields: Sequence[str] = ("instance_id",)
+
+    def __init__(self, *, instance_id: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.instance_id = instance_id
+        if not _templated(instance_id) and not hasattr(instance_id, "operator"):
+            instance_id_from(instance_id)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        instance_id = instance_id_from(self.instance_id)
+        if instance_id is None:
+            raise GpuMarketValidationError("instance_id", "is empty: there is no instance to stop")
+        result = self.hook.stop_instance(instance_id)
+        self.log.info("Stopped instance %s (disk charges continue until it is destroyed)", instance_id)
+        return result
+
+
+class GpuMarketDestroyInstanceOperator(_GpuMarketBaseOperator):
+    """Destroy an instance; idempotent (already gone is success), so it is made to be a teardown task.
+
+    :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated). When it is
+        empty (the setup task failed before returning, having destroyed what it made), there is nothing to do.
+    """
+
+    template_fields: Sequence[str] = ("instance_id",)
+    ui_color = "#ffd6d6"
+
+    def __init__(self, *, instance_id: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.instance_id = instance_id
+        if not _templated(instance_id) and not hasattr(instance_id, "operator"):
+            instance_id_from(instance_id)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        instance_id = instance_id_from(self.instance_id)
+        if instance_id is None:
+            self.log.info("No instance id: nothing to destroy")
+            return {"success": True, "destroyed": None}
+        result = self.hook.destroy_instance(instance_id)
+        self.log.info("Destroyed instance %s%s", instance_id, " (already gone)" if result.get("already_gone") else "")
+        return {"success": True, "destroyed": instance_id, "already_gone": bool(result.get("already_gone"))}
+
+
+class GpuMarketReapOrphansOperator(_GpuMarketBaseOperator):
+    """Destroy instances this provider rented whose lease (in their label) has expired.
+
+    For an hourly maintenance DAG: the last line of defence when a worker vanished and no teardown ran.
+    Instances without this provider's label are never touched.
+
+    :param report_only: only report what would be destroyed.
+    :param grace: extra time past the lease before destroying (default 0).
+    """
+
+    template_fields: Sequence[str] = ("report_only",)
+
+    def __init__(self, *, report_only: bool = False, grace: timedelta | float = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.report_only = report_only
+        self.grace: float = grace.total_seconds() if isinstance(grace, timedelta) else grace
+        api.require_non_negative_number("grace", self.grace)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        now = time.time()
+        expired = []
+        for instance in self.hook.list_instances():
+            parsed = lifecycle.parse_label(instance.get("label"))
+            if parsed and parsed[1] + self.grace < now:
+                expired.append(instance)
+        destroyed, per_hour = [], 0.0
+        for instance in expired:
+            instance_id = int(instance["id"])
+            overdue = lifecycle.format_duration(now - lifecycle.parse_label(instance["label"])[1])  # type: ignore[index]
+            if not self.report_only:
+                self.hook.destroy_instance(instance_id)
+            destroyed.append(instance_id)
+            per_hour += float(instance.get("dph_total") or 0)  # type: ignore[arg-type]
+            self.log.warning(
+                "%s instance %s (label %s, lease expired %s ago, status %r, $%s/h)",
+                "Would destroy" if self.report_only else "Destroyed",
+                instance_id,
+                instance.get("label"),
+                overdue,
+                instance.get("actual_status"),
+                instance.get("dph_total", "?"),
+            )
+        self.log.info(
+            "Reaped %d orphan(s); that stops about $%.4f per hour of compute billing", len(destroyed), per_hour
+        )
+        return {"destroyed": destroyed, "report_only": self.report_only, "dollars_per_hour_saved": round(per_hour, 4)}

@@ -1,0 +1,132 @@
+"""Sensor that waits for an instance status, or for the job run through onstart to finish."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket._compat import AirflowFailException, BaseSensorOperator
+from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketValidationError
+from airflow_gpumarket.operators.instances import _default_deferrable, _templated, instance_id_from
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+
+class GpuMarketInstanceStatusSensor(BaseSensorOperator):
+    """Wait until an instance reaches ``target_status`` (default running), or until its job ends.
+
+    Fails fast, naming the status, when the instance ends in exited, unknown or offline (those never become
+    running) or disappears. With ``wait_for_job=True`` it waits through boot and the job started by the
+    provider's onstart wrapper (see ``GpuMarketRunJobOperator``): the instance gone means the job exited 0
+    (success), stopped means it failed (the task fails).
+
+    :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated).
+    :param target_status: status to wait for (default running).
+    :param wait_for_job: wait for the onstart job's outcome instead of a status.
+    :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``).
+    :param poke_interval: seconds between reads (default 10, as the spec recommends).
+    """
+
+    template_fields: Sequence[str] = ("instance_id", "target_status")
+
+    def __init__(
+        self,
+        *,
+        instance_id: Any,
+        target_status: str = api.STATUS_RUNNING,
+        wait_for_job: bool = False,
+        gpumarket_conn_id: str = "gpumarket_default",
+        deferrable: bool | None = None,
+        poke_interval: timedelta | float = api.POLL_INTERVAL_SECONDS,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        self.instance_id = instance_id
+        self.target_status = target_status
+        self.wait_for_job = wait_for_job
+        self.gpumarket_conn_id = gpumarket_conn_id
+        self.deferrable = _default_deferrable() if deferrable is None else deferrable
+        self._seen_running = False
+        api.require_positive_number("poke_interval", self.poke_interval)
+        if not _templated(instance_id) and not hasattr(instance_id, "operator"):
+            instance_id_from(instance_id)
+        if not isinstance(target_status, str) or not target_status:
+            raise GpuMarketValidationError(
+                "target_status", f"must be a status name such as 'running', got {target_status!r}"
+            )
+
+    @cached_property
+    def hook(self) -> GpuMarketHook:
+        from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+        return GpuMarketHook(self.gpumarket_conn_id)
+
+    @property
+    def _wait_for(self) -> str:
+        return lifecycle.WAIT_JOB if self.wait_for_job else lifecycle.WAIT_STATUS
+
+    def _instance(self) -> int:
+        instance_id = instance_id_from(self.instance_id)
+        if instance_id is None:
+            raise GpuMarketValidationError("instance_id", "is empty: the task that should provide it returned nothing")
+        return instance_id
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
+
+        self.defer(
+            trigger=GpuMarketInstanceStatusTrigger(
+                instance_id=self._instance(),
+                gpumarket_conn_id=self.gpumarket_conn_id,
+                wait_for=self._wait_for,
+                target_status=self.target_status,
+                poll_interval=float(self.poke_interval),  # type: ignore[arg-type]
+                deadline=time.time() + float(self.timeout) if self.timeout else None,  # type: ignore[arg-type]
+            ),
+            method_name="execute_complete",
+        )
+
+    def poke(self, context: Any) -> bool:
+        instance_id = self._instance()
+        gone, status = False, None
+        try:
+            status = self.hook.get_instance(instance_id).get("actual_status")
+        except GpuMarketNotFoundError:
+            gone = True
+        except GpuMarketError as exc:
+            if api.is_retryable(exc):
+                self.log.warning("Reading instance %s failed (%s); will poke again", instance_id, exc)
+                return False
+            raise
+        self._seen_running = self._seen_running or status == api.STATUS_RUNNING
+        self.log.info("Instance %s: %s", instance_id, "gone" if gone else f"status {status!r}")
+        event = lifecycle.evaluate(
+            wait_for=self._wait_for,
+            status=status,
+            gone=gone,
+            now=time.time(),
+            seen_running=self._seen_running,
+            target_status=self.target_status,
+        )
+        if event is None:
+            return False
+        event["instance_id"] = instance_id
+        return self._conclude(event)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        return self._conclude(event)
+
+    def _conclude(self, event: dict[str, Any]) -> bool:
+        instance_id = event.get("instance_id")
+        sentence = lifecycle.describe_event(event, instance_id)  # type: ignore[arg-type]
+        if event.get("status") in (lifecycle.REACHED, lifecycle.JOB_SUCCEEDED):
+            self.log.info("%s", sentence)
+            return True
+        raise AirflowFailException(sentence)

@@ -1,0 +1,142 @@
+"""Trigger that waits for an instance in the triggerer, holding no worker slot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
+from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError
+
+
+class GpuMarketInstanceStatusTrigger(BaseTrigger):
+    """Poll one instance until a status is reached, it can never be reached, or the job on it ends.
+
+    :param instance_id: the instance to watch.
+    :param gpumarket_conn_id: connection of type ``gpumarket``.
+    :param wait_for: ``"status"`` (until ``target_status``) or ``"job"`` (through boot and the onstart job:
+        gone = the job succeeded, stopped = it failed; see ``airflow_gpumarket.job_script``).
+    :param target_status: status to wait for in ``"status"`` mode (default running).
+    :param poll_interval: seconds between reads (the spec recommends 10).
+    :param boot_deadline: epoch seconds after which a still-booting instance is given up.
+    :param deadline: epoch seconds after which waiting stops whatever the status.
+    :param destroy_on_kill: destroy the instance when a user marks the deferred task failed or clears it
+        (Airflow 3.3+ calls ``on_kill``); True for operators that rented the instance, False for sensors.
+    :param dph_total: the offer's price, only to log the cost so far.
+
+    Events carry ``status`` (one of the ``airflow_gpumarket.lifecycle`` event kinds), ``instance_id`` and, when
+    known, ``actual_status``. 429 answers are retried by the hook, honouring Retry-After; transient failures
+    left after those retries are logged and polling goes on until a deadline.
+    """
+
+    def __init__(
+        self,
+        *,
+        instance_id: int,
+        gpumarket_conn_id: str = "gpumarket_default",
+        wait_for: str = lifecycle.WAIT_STATUS,
+        target_status: str = api.STATUS_RUNNING,
+        poll_interval: float = api.POLL_INTERVAL_SECONDS,
+        boot_deadline: float | None = None,
+        deadline: float | None = None,
+        destroy_on_kill: bool = False,
+        dph_total: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.instance_id = instance_id
+        self.gpumarket_conn_id = gpumarket_conn_id
+        self.wait_for = wait_for
+        self.target_status = target_status
+        self.poll_interval = poll_interval
+        self.boot_deadline = boot_deadline
+        self.deadline = deadline
+        self.destroy_on_kill = destroy_on_kill
+        self.dph_total = dph_total
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "instance_id": self.instance_id,
+                "gpumarket_conn_id": self.gpumarket_conn_id,
+                "wait_for": self.wait_for,
+                "target_status": self.target_status,
+                "poll_interval": self.poll_interval,
+                "boot_deadline": self.boot_deadline,
+                "deadline": self.deadline,
+                "destroy_on_kill": self.destroy_on_kill,
+                "dph_total": self.dph_total,
+            },
+        )
+
+    def _hook(self):
+        from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
+
+        return GpuMarketAsyncHook(self.gpumarket_conn_id)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = self._hook()
+        started = time.time()
+        seen_running = False
+        last: Any = object()
+        try:
+            while True:
+                gone, status = False, None
+                try:
+                    status = (await hook.get_instance(self.instance_id)).get("actual_status")
+                except GpuMarketNotFoundError:
+                    gone = True
+                except GpuMarketError as exc:
+                    if not api.is_retryable(exc):
+                        yield self._event({"status": lifecycle.ERROR, "message": str(exc)})
+                        return
+                    self.log.warning(
+                        "Reading instance %s failed after retries (%s); still polling", self.instance_id, exc
+                    )
+                    status = last if isinstance(last, str) or last is None else None
+                seen_running = seen_running or status == api.STATUS_RUNNING
+                if status != last or gone:
+                    self.log.info(
+                        "Instance %s: status %s after %s",
+                        self.instance_id,
+                        "gone" if gone else repr(status),
+                        lifecycle.format_duration(time.time() - started),
+                    )
+                    last = status
+                event = lifecycle.evaluate(
+                    wait_for=self.wait_for,
+                    status=status,
+                    gone=gone,
+                    now=time.time(),
+                    seen_running=seen_running,
+                    target_status=self.target_status,
+                    boot_deadline=self.boot_deadline,
+                    deadline=self.deadline,
+                )
+                if event is not None:
+                    yield self._event(event)
+                    return
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            await hook.aclose()
+
+    def _event(self, event: dict[str, Any]) -> TriggerEvent:
+        event["instance_id"] = self.instance_id
+        self.log.info("%s", lifecycle.describe_event(event, self.instance_id))
+        return TriggerEvent(event)
+
+    async def on_kill(self) -> None:
+        """A user marked the deferred task failed or cleared it: stop the billing of what the task rented."""
+        if not self.destroy_on_kill:
+            return
+        hook = self._hook()
+        try:
+            await hook.destroy_instance(self.instance_id)
+            self.log.warning("Task killed while deferred: destroyed instance %s", self.instance_id)
+        except Exception as exc:  # best effort: the reaper is the last line of defence
+            self.log.error("Task killed while deferred, and destroying instance %s failed: %s", self.instance_id, exc)
+        finally:
+            await hook.aclose()
