@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check airflow_gpumarket tests example_dags bench
+	$(BIN)/ruff check airflow_gpumarket tests example_dags bench scripts
 
 typecheck: install
 	$(BIN)/mypy airflow_gpumarket
@@ -25,7 +25,7 @@ test: lint typecheck
 	$(BIN)/pytest
 
 demo: install
-	$(BIN)/python -m airflow_gpumarket.demo
+	$(BIN)/python scripts/demo.py
 
 clean:
 	rm -rf $(VENV) .airflow .pytest_cache .mypy_cache .ruff_cache

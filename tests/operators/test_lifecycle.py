@@ -1,0 +1,109 @@
+"""The rental's life as pure rules: labels, leases, and what each observed status means."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_gpumarket import lifecycle as lc
+
+
+def test_rental_key_is_the_same_for_every_try_and_differs_per_task_instance():
+    key = lc.rental_key("dag", "run1", "task", -1)
+    assert key == lc.rental_key("dag", "run1", "task", -1)
+    assert len({key, lc.rental_key("dag", "run2", "task", -1), lc.rental_key("dag", "run1", "task", 0)}) == 3
+
+
+def test_label_round_trips_and_is_short():
+    label = lc.make_label(lc.rental_key("d", "r", "t", 3), 1_800_000_000.7)
+    assert len(label) <= 28
+    assert lc.parse_label(label) == (lc.rental_key("d", "r", "t", 3), 1_800_000_000)
+
+
+@pytest.mark.parametrize("label", [None, "", "my-training-box", "afgm-xyz-1", "afgm-0123456789ab-", 42])
+def test_labels_not_written_by_the_provider_are_ignored(label):
+    assert lc.parse_label(label) is None
+
+
+def test_rentals_of_finds_every_try_of_one_task_instance_oldest_first():
+    key = lc.rental_key("d", "r", "t", -1)
+    instances = [
+        {"id": 9, "label": lc.make_label(key, 200)},
+        {"id": 3, "label": lc.make_label(key, 100)},
+        {"id": 5, "label": lc.make_label(lc.rental_key("d", "r", "other", -1), 100)},
+        {"id": 7, "label": "hand-made"},
+    ]
+    assert [i["id"] for i in lc.rentals_of(instances, key)] == [3, 9]
+
+
+def _status(status, **kw):
+    return lc.evaluate(wait_for=lc.WAIT_STATUS, status=status, gone=False, now=0, seen_running=False, **kw)
+
+
+@pytest.mark.parametrize("status", [None, "loading"])
+def test_provisioning_and_loading_keep_waiting(status):
+    assert _status(status) is None
+
+
+def test_running_is_reached():
+    assert _status("running") == {"status": lc.REACHED, "actual_status": "running"}
+
+
+@pytest.mark.parametrize("status", ["exited", "unknown", "offline"])
+def test_rule_exited_unknown_offline_never_become_running(status):
+    assert _status(status) == {"status": lc.NEVER_RUNS, "actual_status": status}
+
+
+def test_a_status_the_spec_does_not_name_is_treated_as_not_going_to_run():
+    assert _status("stopped")["status"] == lc.NEVER_RUNS
+
+
+def test_other_target_status_is_waited_for():
+    assert _status("running", target_status="stopped") is None
+    assert _status("stopped", target_status="stopped")["status"] == lc.REACHED
+
+
+def test_gone_while_waiting_for_a_status_is_reported():
+    event = lc.evaluate(wait_for=lc.WAIT_STATUS, status=None, gone=True, now=0, seen_running=False)
+    assert event == {"status": lc.GONE}
+
+
+def test_boot_deadline_applies_only_while_booting():
+    assert _status("loading", boot_deadline=0)["status"] == lc.BOOT_TIMEOUT
+    assert _status("loading", boot_deadline=1) is None
+    assert _status("running", boot_deadline=0)["status"] == lc.REACHED
+
+
+def _job(status, *, gone=False, seen_running=False, **kw):
+    return lc.evaluate(wait_for=lc.WAIT_JOB, status=status, gone=gone, now=0, seen_running=seen_running, **kw)
+
+
+def test_job_gone_means_the_command_exited_zero():
+    assert _job(None, gone=True) == {"status": lc.JOB_SUCCEEDED}
+
+
+def test_job_stopped_means_the_command_failed():
+    assert _job("stopped", seen_running=True) == {"status": lc.JOB_FAILED, "actual_status": "stopped"}
+
+
+def test_job_running_and_booting_keep_waiting():
+    assert _job("running", seen_running=True) is None
+    assert _job("loading") is None
+
+
+def test_job_host_failure_before_running_fails_over_and_after_running_fails_the_job():
+    assert _job("exited")["status"] == lc.NEVER_RUNS
+    assert _job("offline", seen_running=True)["status"] == lc.JOB_FAILED
+
+
+def test_job_deadline_stops_waiting():
+    assert _job("running", seen_running=True, deadline=0)["status"] == lc.TIMEOUT
+
+
+def test_every_event_has_a_sentence_naming_the_instance():
+    for kind in (lc.REACHED, lc.NEVER_RUNS, lc.GONE, lc.JOB_SUCCEEDED, lc.JOB_FAILED, lc.BOOT_TIMEOUT, lc.TIMEOUT):
+        assert "instance 42" in lc.describe_event({"status": kind, "actual_status": "x"}, 42)
+
+
+def test_estimated_cost_is_price_times_hours():
+    assert lc.estimated_cost(0.5, 7200) == 1.0
+    assert lc.estimated_cost(None, 10) is None
