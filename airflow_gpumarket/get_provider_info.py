@@ -25,19 +25,29 @@ def get_provider_info() -> dict:
         "operators": [
             {
                 "integration-name": "GPU Market",
-                "python-modules": ["airflow_gpumarket.operators.instances"],
+                "python-modules": [
+                    "airflow_gpumarket.operators.instances",
+                    "airflow_gpumarket.operators.serverless",
+                    "airflow_gpumarket.operators.volumes",
+                ],
             }
         ],
         "sensors": [
             {
                 "integration-name": "GPU Market",
-                "python-modules": ["airflow_gpumarket.sensors.instances"],
+                "python-modules": [
+                    "airflow_gpumarket.sensors.instances",
+                    "airflow_gpumarket.sensors.price_increases",
+                ],
             }
         ],
         "triggers": [
             {
                 "integration-name": "GPU Market",
-                "python-modules": ["airflow_gpumarket.triggers.instances"],
+                "python-modules": [
+                    "airflow_gpumarket.triggers.instances",
+                    "airflow_gpumarket.triggers.price_increases",
+                ],
             }
         ],
         "connection-types": [

@@ -1,0 +1,110 @@
+"""Operators for serverless endpoints and deployments."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_gpumarket import api
+from airflow_gpumarket._compat import AirflowException
+from airflow_gpumarket.operators.instances import _GpuMarketBaseOperator, _templated
+
+
+class GpuMarketCreateEndpointOperator(_GpuMarketBaseOperator):
+    """Create a serverless endpoint; returns the new endpoint's id (the response's ``result``).
+
+    Every argument is one of the spec's 13 endpoint fields, templated, and only those given are sent. The
+    endpoint_state enum and ``target_queue_time <= max_queue_time`` are checked when the DAG is parsed.
+    Creating is not idempotent: the call is not re-sent after a failure that may have been processed.
+
+    :param endpoint_name: name of the endpoint.
+    :param endpoint_state: active, suspended or stopped.
+    :param min_load, min_cold_load, target_util, cold_mult, cold_workers, max_workers, max_queue_time,
+        target_queue_time, autoscaler_instance, inactivity_timeout, overrecruit_ratio: see the spec.
+    """
+
+    template_fields: Sequence[str] = api.ENDPOINT_FIELDS
+
+    def __init__(
+        self,
+        *,
+        endpoint_name: str | None = None,
+        endpoint_state: str | None = None,
+        min_load: float | None = None,
+        min_cold_load: float | None = None,
+        target_util: float | None = None,
+        cold_mult: float | None = None,
+        cold_workers: int | None = None,
+        max_workers: int | None = None,
+        max_queue_time: float | None = None,
+        target_queue_time: float | None = None,
+        autoscaler_instance: str | None = None,
+        inactivity_timeout: float | None = None,
+        overrecruit_ratio: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.endpoint_name = endpoint_name
+        self.endpoint_state = endpoint_state
+        self.min_load = min_load
+        self.min_cold_load = min_cold_load
+        self.target_util = target_util
+        self.cold_mult = cold_mult
+        self.cold_workers = cold_workers
+        self.max_workers = max_workers
+        self.max_queue_time = max_queue_time
+        self.target_queue_time = target_queue_time
+        self.autoscaler_instance = autoscaler_instance
+        self.inactivity_timeout = inactivity_timeout
+        self.overrecruit_ratio = overrecruit_ratio
+        fields = self._fields()
+        if not any(_templated(v) for v in fields.values()):
+            api.build_endpoint_body(**fields)
+
+    def _fields(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in api.ENDPOINT_FIELDS}
+
+    def execute(self, context: Any) -> int:
+        fields = self._fields()
+        api.build_endpoint_body(**fields)  # after rendering, before sending
+        result = self.hook.create_endpoint(**fields)
+        endpoint_id = result.get("result")
+        self.log.info("Created endpoint %r: id %s", self.endpoint_name, endpoint_id)
+        return endpoint_id  # type: ignore[return-value]
+
+
+class GpuMarketDeleteDeploymentOperator(_GpuMarketBaseOperator):
+    """Soft-delete every deployment called ``name`` (and ``tag``), cascading to its endpoints and workers.
+
+    Returns the number of deployments affected. A count of 0 succeeds by default, so the operator is safe as a
+    teardown task and when re-run; set ``fail_if_none=True`` to make "nothing matched" a failure (a typo in the
+    name then shows up as a failed task instead of a silent no-op).
+
+    :param name: deployment name.
+    :param tag: optional tag; without it, every deployment with that name is deleted.
+    :param fail_if_none: fail when no deployment matched (default False).
+    """
+
+    template_fields: Sequence[str] = ("name", "tag")
+    ui_color = "#ffd6d6"
+
+    def __init__(self, *, name: str, tag: str | None = None, fail_if_none: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.name = name
+        self.tag = tag
+        self.fail_if_none = fail_if_none
+        if not _templated(name) and not _templated(tag):
+            api.build_delete_deployments_body(name, tag)
+
+    def execute(self, context: Any) -> int:
+        result = self.hook.delete_deployments(self.name, self.tag)
+        count = int(result.get("count") or 0)
+        target = f"name {self.name!r}" + (f" and tag {self.tag!r}" if self.tag else "")
+        if count == 0:
+            message = f"No deployment matched {target}: nothing was deleted"
+            if self.fail_if_none:
+                raise AirflowException(f"{message} (fail_if_none=True). Check the name and tag.")
+            self.log.warning("%s", message)
+        else:
+            self.log.info("Deleted %d deployment(s) matching %s, with their endpoints and workers", count, target)
+        return count
