@@ -279,11 +279,16 @@ def build_search_body(
     order: list | None = None,
 ) -> dict[str, Any]:
     """Body of ``POST /bundles/``: filter objects plus ``type``, ``limit`` and ``order``."""
+    if filters is not None and not isinstance(filters, Mapping):
+        raise GpuMarketValidationError(
+            "filters", f"must be an object of field: {{operator: value}} pairs (a dict), got {type(filters).__name__}"
+        )
     body: dict[str, Any] = {}
     for name, condition in (filters or {}).items():
         if name in ("type", "limit", "order"):
+            argument = "offer_type" if name == "type" else name
             raise GpuMarketValidationError(
-                "filters", f"{name!r} is not a filter field; pass it as the {name} argument instead"
+                "filters", f"{name!r} is not a filter field; pass it as the {argument} argument instead"
             )
         if not isinstance(condition, Mapping) or len(condition) != 1:
             raise GpuMarketValidationError(
@@ -663,6 +668,26 @@ def _offer_unavailable(status_code: int, error: Any, msg: Any) -> bool:
         return True
     words = f"{error or ''} {msg or ''}".lower()
     return 400 <= status_code < 500 and any(w in words for w in _UNAVAILABLE_WORDS)
+
+
+def expect_list(operation: str, body: Any, key: str | None) -> list[Any]:
+    """The list a listing endpoint answers (under ``key``, or the body itself when ``key`` is None).
+
+    A 200 whose body has no such list is an error, not an empty list: after an ambiguous create, reading an empty
+    list would wrongly prove that no instance exists and lead to renting twice.
+    """
+    value = body.get(key) if isinstance(body, dict) and key is not None else body
+    if key is not None and isinstance(body, dict) and key not in body:
+        value = None
+    if isinstance(value, list):
+        return value
+    where = f"a list under {key!r}" if key else "a list"
+    raise GpuMarketError(
+        f"{operation}: the service answered HTTP 200 without {where}; it may be misconfigured or a proxy answered "
+        f"instead. Got: {str(body)[:200]!r}",
+        status_code=200,
+        operation=operation,
+    )
 
 
 def unwrap_instance(body: Any) -> Instance:

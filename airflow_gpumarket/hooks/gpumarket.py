@@ -7,6 +7,7 @@ and deciding whether to retry are pure functions in ``airflow_gpumarket.api``.
 from __future__ import annotations
 
 import ipaddress
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ def _extra_number(extra: Mapping[str, Any], name: str, default: float, conn_id: 
         number = float(value)
     except (TypeError, ValueError):
         number = -1.0
-    if number < 0:
+    if not math.isfinite(number) or number < 0:
         raise GpuMarketValidationError(
             f"connection {conn_id!r} extra {name!r}", f"must be a number of at least 0, got {value!r}"
         )
@@ -208,6 +209,8 @@ class GpuMarketHook(_GpuMarketHookBase):
                 url,
                 json=body,
                 timeout=(min(10.0, settings.timeout), settings.timeout),
+                # A redirect is not part of the contract (and would turn a PUT into a GET): surface it instead.
+                allow_redirects=False,
             )
         except requests.RequestException as exc:
             raise _transport_error(operation, method, path, exc) from None
@@ -241,7 +244,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         ``[["dph_total", "asc"]]``; ``offer_type``: ondemand, on-demand or bid."""
         body = api.build_search_body(filters, offer_type=offer_type, limit=limit, order=order)
         result = self._call("search_offers", "POST", api.PATH_SEARCH_OFFERS, body)
-        return list(result.get("offers") or []) if isinstance(result, dict) else []
+        return api.expect_list("search_offers", result, "offers")
 
     def create_instance(
         self,
@@ -336,7 +339,7 @@ class GpuMarketHook(_GpuMarketHookBase):
 
     def list_instances(self) -> list[api.Instance]:
         result = self._call("list_instances", "GET", api.PATH_INSTANCES)
-        return list(result.get("instances") or []) if isinstance(result, dict) else []
+        return api.expect_list("list_instances", result, "instances")
 
     def get_instance(self, instance_id: int) -> api.Instance:
         """The instance object (unwrapped from ``instances``). Raises GpuMarketNotFoundError when gone."""
@@ -428,7 +431,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         for attempt in tenacity.Retrying(**self._retry_kwargs(retry)):
             with attempt:
                 result = self._send("regenerate_backup_codes", "PUT", api.PATH_REGEN_BACKUP_CODES, body)
-                for backup in result.get("backup_codes") or []:
+                for backup in api.expect_list("regenerate_backup_codes", result, "backup_codes"):
                     mask_secret(backup)
                 return result
         raise AssertionError("unreachable: tenacity re-raises the last error")
@@ -439,11 +442,11 @@ class GpuMarketHook(_GpuMarketHookBase):
 
     def list_api_keys(self) -> list[dict[str, Any]]:
         result = self._call("list_api_keys", "GET", api.PATH_API_KEYS)
-        return list(result.get("apikeys") or []) if isinstance(result, dict) else []
+        return api.expect_list("list_api_keys", result, "apikeys")
 
     def list_cloud_integrations(self) -> list[dict[str, Any]]:
         result = self._call("list_cloud_integrations", "GET", api.PATH_CLOUD_INTEGRATIONS)
-        return list(result) if isinstance(result, list) else []
+        return api.expect_list("list_cloud_integrations", result, None)
 
     # --- Airflow connection test ---------------------------------------------------------------------
     def test_connection(self) -> tuple[bool, str]:
@@ -544,15 +547,17 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     async def get_instance(self, instance_id: int) -> api.Instance:
+        api.require_positive_int("instance_id", instance_id)
         return api.unwrap_instance(
             await self._call("get_instance", "GET", api.PATH_INSTANCE.format(instance_id=instance_id))
         )
 
     async def list_instances(self) -> list[api.Instance]:
         result = await self._call("list_instances", "GET", api.PATH_INSTANCES)
-        return list(result.get("instances") or []) if isinstance(result, dict) else []
+        return api.expect_list("list_instances", result, "instances")
 
     async def destroy_instance(self, instance_id: int) -> dict[str, Any]:
+        api.require_positive_int("instance_id", instance_id)
         try:
             return await self._call("destroy_instance", "DELETE", api.PATH_INSTANCE.format(instance_id=instance_id))
         except GpuMarketNotFoundError:

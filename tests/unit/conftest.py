@@ -1,0 +1,80 @@
+"""Shared set-up of the unit tests: an isolated Airflow home, the gpumarket connection, a hook whose logs
+caplog can see, and recorders for retry sleeps and ``mask_secret`` calls.
+
+No test here touches the network (requests-mock / httpx.MockTransport) or really sleeps.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+
+# Airflow reads these when it is first imported, so they are set at collection time, before any test module
+# imports the provider. If a plugin already imported Airflow, its home is left alone.
+if "airflow" not in sys.modules:
+    _airflow_home = tempfile.mkdtemp(prefix="gpumarket-unit-airflow-")
+    atexit.register(shutil.rmtree, _airflow_home, ignore_errors=True)
+    os.environ["AIRFLOW_HOME"] = _airflow_home
+os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+
+import pytest  # noqa: E402
+import requests_mock as requests_mock_lib  # noqa: E402
+
+from .helpers import CONN_ENV, conn_json, use_stdlib_logger  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def gpumarket_conn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default connection: https://api.example.com, key API_KEY, instant retries, 3 retries."""
+    monkeypatch.setenv(CONN_ENV, conn_json())
+
+
+@pytest.fixture
+def set_conn(monkeypatch: pytest.MonkeyPatch):
+    """Replace the default connection: ``set_conn(host=..., password=..., extra=..., port=...)``."""
+
+    def _set(**kwargs) -> None:
+        monkeypatch.setenv(CONN_ENV, conn_json(**kwargs))
+
+    return _set
+
+
+@pytest.fixture(autouse=True)
+def masked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every value the hook hands to ``mask_secret``.
+
+    Replacing the real masker also means no test passes because Airflow's masker hid a leak: what the tests see
+    is what the hook itself wrote.
+    """
+    calls: list[str] = []
+    monkeypatch.setattr("airflow_gpumarket.hooks.gpumarket.mask_secret", calls.append)
+    return calls
+
+
+@pytest.fixture(autouse=True)
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The waits tenacity asks for between tries (recorded, never slept: no test really sleeps)."""
+    import tenacity
+
+    recorded: list[float] = []
+    monkeypatch.setattr(tenacity.nap.time, "sleep", recorded.append)
+    return recorded
+
+
+@pytest.fixture
+def hook():
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    return use_stdlib_logger(GpuMarketHook())
+
+
+@pytest.fixture
+def wire(requests_mock: requests_mock_lib.Mocker) -> requests_mock_lib.Mocker:
+    """requests-mock with a catch-all that answers 200 {"success": true}: any request sent is recorded (and
+    succeeds), so a validation test that expects nothing to be sent fails if something is."""
+    requests_mock.register_uri(requests_mock_lib.ANY, requests_mock_lib.ANY, json={"success": True})
+    return requests_mock

@@ -1,0 +1,121 @@
+"""Provider registration: get_provider_info() is valid for Airflow and matches the hook."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Iterator, Mapping
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import airflow
+import jsonschema
+import pytest
+
+from airflow_gpumarket import __version__
+from airflow_gpumarket.get_provider_info import get_provider_info
+from airflow_gpumarket.hooks.gpumarket import GpuMarketHook, settings_from_connection
+
+AIRFLOW_DIR = Path(airflow.__file__).parent
+
+
+def _gpumarket_connection_type(info: dict) -> dict:
+    (conn_type,) = [c for c in info["connection-types"] if c["connection-type"] == "gpumarket"]
+    return conn_type
+
+
+def test_provider_info_validates_against_airflow_provider_info_schema():
+    schema = json.loads((AIRFLOW_DIR / "provider_info.schema.json").read_text())
+
+    jsonschema.validate(get_provider_info(), schema)
+
+
+def test_connection_types_validate_against_airflow_provider_yaml_schema():
+    """provider_info.schema.json does not describe conn-fields/ui-field-behaviour; provider.yaml's schema does."""
+    schema = json.loads((AIRFLOW_DIR / "provider.yaml.schema.json").read_text())
+
+    jsonschema.validate(get_provider_info()["connection-types"], schema["properties"]["connection-types"])
+
+
+def test_provider_info_names_package_and_version():
+    info = get_provider_info()
+    assert info["package-name"] == "airflow-provider-gpumarket"
+    assert info["versions"][0] == __version__
+    assert info["name"] and info["description"]
+
+
+def test_provider_info_names_the_hook_class_which_is_importable():
+    conn_type = _gpumarket_connection_type(get_provider_info())
+    module_name, _, class_name = conn_type["hook-class-name"].rpartition(".")
+
+    hook_class = getattr(importlib.import_module(module_name), class_name)
+
+    assert hook_class is GpuMarketHook
+    assert hook_class.conn_type == conn_type["connection-type"]
+    assert hook_class.hook_name == conn_type["hook-name"]
+
+
+def test_provider_info_hook_modules_are_importable():
+    modules = [m for h in get_provider_info()["hooks"] for m in h["python-modules"]]
+    assert "airflow_gpumarket.hooks.gpumarket" in modules
+    for module in modules:
+        importlib.import_module(module)
+
+
+def test_entry_point_points_at_get_provider_info():
+    (ep,) = [e for e in entry_points(group="apache_airflow_provider") if e.value.startswith("airflow_gpumarket")]
+    assert ep.load() is get_provider_info
+
+
+class _RecordingExtra(Mapping):
+    """An empty extras mapping that records every name the hook looks up."""
+
+    def __init__(self) -> None:
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return default
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def test_conn_fields_keys_match_what_the_hook_reads():
+    extra = _RecordingExtra()
+
+    settings_from_connection("gpumarket_default", "https://api.example.com", None, "key", extra)
+
+    plain = {name for name in extra.read if not name.startswith("extra__")}
+    prefixed = {name.removeprefix("extra__gpumarket__") for name in extra.read if name.startswith("extra__")}
+    conn_fields = set(_gpumarket_connection_type(get_provider_info())["conn-fields"])
+    assert plain == conn_fields
+    assert prefixed == conn_fields
+
+
+@pytest.mark.parametrize("name", ["timeout", "max_retries", "retry_min_wait", "retry_max_wait"])
+def test_conn_field_defaults_match_the_hook_defaults(name):
+    field = _gpumarket_connection_type(get_provider_info())["conn-fields"][name]
+    settings = settings_from_connection("c", "https://api.example.com", None, "key", {})
+    actual = {
+        "timeout": settings.timeout,
+        "max_retries": settings.retry.max_retries,
+        "retry_min_wait": settings.retry.min_wait,
+        "retry_max_wait": settings.retry.max_wait,
+    }[name]
+
+    assert field["schema"]["default"] == actual
+
+
+def test_ui_field_behaviour_labels_host_and_password():
+    behaviour = _gpumarket_connection_type(get_provider_info())["ui-field-behaviour"]
+    assert behaviour["relabeling"] == {"host": "Base URL", "password": "API key"}
+    assert "host" not in behaviour["hidden-fields"]
+    assert "password" not in behaviour["hidden-fields"]
