@@ -17,7 +17,7 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     schedule=None,
     catchup=False,
-    params={"endpoint_name": "llm-chat", "previous_deployment": "llm-chat", "previous_tag": "v1"},
+    params={"endpoint_name": "llm-serve-v3", "previous_deployment": "llm-serve", "previous_tag": "v1"},
     tags=["gpumarket", "example"],
 ) as dag:
     create = GpuMarketCreateEndpointOperator(

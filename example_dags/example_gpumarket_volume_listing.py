@@ -13,7 +13,7 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     schedule=None,
     catchup=False,
-    params={"machines": [101, 102]},
+    params={"machines": [9001, 9002]},  # the simulator host's machines; pass yours when triggering
     render_template_as_native_obj=True,
     tags=["gpumarket", "example", "host"],
 ) as dag:

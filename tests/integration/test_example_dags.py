@@ -1,0 +1,95 @@
+"""Every example DAG runs end to end with dag.test() against the simulator, and leaves nothing alive."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from airflow_gpumarket import lifecycle
+
+from .conftest import alive, rented_offers, task_states
+
+
+def test_training_pipeline_in_explicit_steps(example_dag, sim):
+    run = example_dag("example_gpumarket_training").test()
+    assert run.state == "success", task_states(run)
+    assert alive(sim) == []
+    (instance,) = sim.state()["instances"]
+    output = sim.onstart_result(instance["id"])
+    assert output["exit_code"] == 0 and "model saved" in output["output"]
+    assert lifecycle.parse_label(instance["label"]) is not None
+
+
+def test_batch_job_mapped_over_inputs(example_dag, sim):
+    run = example_dag("example_gpumarket_batch").test()
+    assert run.state == "success", task_states(run)
+    assert alive(sim) == []
+    offers = rented_offers(sim)
+    assert len(offers) == 3 and max(Counter(offers).values()) == 1  # three rentals, no offer rented twice
+    outputs = [sim.onstart_result(i["id"])["output"] for i in sim.state()["instances"]]
+    assert sorted(line for out in outputs for line in out.splitlines() if line.startswith("embedding")) == [
+        "embedding shard-000",
+        "embedding shard-001",
+        "embedding shard-002",
+    ]
+
+
+def test_hourly_reaper_destroys_expired_leases_only(example_dag, sim):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    hook = GpuMarketHook()
+    offers = hook.search_offers({"rentable": {"eq": True}}, order=[["dph_total", "asc"]], limit=3)
+    expired = lifecycle.make_label(lifecycle.rental_key("d", "r", "t", -1), 1_000_000_000)
+    leased = lifecycle.make_label(lifecycle.rental_key("d", "r", "u", -1), 4_000_000_000)
+    made = {}
+    for offer, label in zip(offers, [expired, leased, "made-by-hand"], strict=True):
+        made[label] = hook.create_instance(offer["id"], image="img", label=label)["new_contract"]
+
+    run = example_dag("example_gpumarket_reaper").test()
+    assert run.state == "success", task_states(run)
+    still_alive = {i["id"] for i in alive(sim)}
+    assert made[expired] not in still_alive
+    assert {made[leased], made["made-by-hand"]} <= still_alive
+    for instance_id in still_alive:
+        hook.destroy_instance(instance_id)
+
+
+def test_serverless_rollout_creates_the_endpoint_and_retires_the_previous_deployment(example_dag, sim):
+    run = example_dag("example_gpumarket_serverless").test()
+    assert run.state == "success", task_states(run)
+    state = sim.state()
+    assert any(e.get("endpoint_name") == "llm-serve-v3" for e in state["endpoints"])
+    deleted = {(d["name"], d["tag"]): d["deleted"] for d in state["deployments"]}
+    assert deleted[("llm-serve", "v1")] is True and deleted[("llm-serve", "v2")] is False
+
+
+def test_host_volume_listing_across_several_machines(example_dag, sim):
+    run = example_dag("example_gpumarket_volume_listing").test()
+    assert run.state == "success", task_states(run)
+    xcom = run.get_task_instance("list_volumes").xcom_pull(task_ids="list_volumes")
+    assert [r["machine_id"] for r in xcom["results"]] == [9001, 9002]
+
+
+def test_host_volume_listing_on_an_offline_machine_fails_saying_so(example_dag, sim):
+    run = example_dag("example_gpumarket_volume_listing").test(run_conf={"machines": [9003]})
+    assert run.state == "failed"
+
+
+def test_daily_price_increase_check_alerts_when_increases_are_pending(example_dag, sim):
+    assert sim.state()["pending_price_increases"], "the simulator's default world has pending increases"
+    assert example_dag("example_gpumarket_price_increases").test().state == "failed"
+
+
+def test_daily_price_increase_check_is_quiet_when_none_concern_our_contracts(sim):
+    from airflow_gpumarket.sensors.price_increases import GpuMarketPendingPriceIncreaseSensor
+
+    sensor = GpuMarketPendingPriceIncreaseSensor(task_id="t", mode="alert", check_once=True, contract_ids=[1])
+    assert sensor.poke({}).xcom_value == []
+
+
+def test_price_increase_sensor_warns_when_the_server_truncates_the_list(sim, capsys):
+    from airflow_gpumarket.sensors.price_increases import GpuMarketPendingPriceIncreaseSensor
+
+    sim.set_list_limit(1)
+    result = GpuMarketPendingPriceIncreaseSensor(task_id="t", deferrable=False).poke({})
+    assert len(result.xcom_value) == 1
+    assert "truncated the pending price increase list" in capsys.readouterr().out
