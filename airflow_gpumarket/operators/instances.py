@@ -343,14 +343,19 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 return self._wait_and_finish(context, rental, tried=[rental["offer_id"]], reasons=[])
             return self._rent(context, tried=[], reasons=[])
 
-    def execute_complete(
-        self, context: Any, event: dict[str, Any], rental: dict[str, Any], tried: list[int], reasons: list[str]
-    ) -> Any:
+    def execute_complete(self, context: Any, event: dict[str, Any], **resume: Any) -> Any:
+        """Resume after the trigger fired; the rental state comes in the defer kwargs or, under ``dag.test()``
+        (which drops those), in the event itself."""
+        state = resume or (event.get("resume") if isinstance(event, Mapping) else None) or {}
+        rental = state.get("rental")
+        if not isinstance(rental, Mapping) or not isinstance(event, Mapping):
+            raise AirflowException(f"Cannot resume: the trigger event carries no rental state: {event!r}")
+        rental = dict(rental)
         self._instance_id = rental["instance_id"]
         with self._destroy_on_failure():
-            if not isinstance(event, Mapping) or event.get("instance_id") != rental["instance_id"]:
+            if event.get("instance_id") != rental["instance_id"]:
                 raise AirflowException(f"Unexpected trigger event for instance {rental['instance_id']}: {event!r}")
-            return self._finish(context, rental, dict(event), tried, reasons)
+            return self._finish(context, rental, dict(event), list(state["tried"]), list(state["reasons"]))
 
     def _rent(self, context: Any, *, tried: list[int], reasons: list[str]) -> Any:
         """Create on the next untried offer and wait, failing over until max_offer_attempts offers were tried."""
@@ -407,6 +412,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             return self._summary(rental, None)
         deadlines = self._deadlines(rental)
         if self.deferrable:
+            resume = {"rental": rental, "tried": tried, "reasons": reasons}
             from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
             self.defer(
@@ -419,16 +425,17 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                     dph_total=rental.get("dph_total"),
                     boot_deadline=deadlines["boot_deadline"],
                     deadline=deadlines["deadline"],
+                    resume=resume,
                 ),
                 method_name="execute_complete",
-                kwargs={"rental": rental, "tried": tried, "reasons": reasons},
+                kwargs=resume,
             )
         return self._finish(context, rental, self._poll(rental, **deadlines), tried, reasons)
 
     def _poll(self, rental: dict[str, Any], *, boot_deadline: float | None, deadline: float | None) -> dict:
         """The synchronous twin of the trigger's loop, with cost-so-far logging."""
         instance_id = rental["instance_id"]
-        seen_running, last = False, "?"
+        seen_running, last_status, last_shown = False, None, ""
         while True:
             if self._killed:
                 raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
@@ -443,11 +450,11 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 if not api.is_retryable(exc):
                     raise
                 self.log.warning("Reading instance %s failed after retries (%s); still polling", instance_id, exc)
-                status = last if last != "?" else None
+                status = last_status  # nothing new was learnt: judge by the last status read
             seen_running = seen_running or status == api.STATUS_RUNNING
             elapsed = time.time() - rental["created_at"]
             shown = "gone" if gone else repr(status)
-            if shown != last:
+            if shown != last_shown:
                 self.log.info("Instance %s: status %s", instance_id, shown)
             self.log.info(
                 "Instance %s: %s after %s, cost so far about $%s",
@@ -456,7 +463,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 lifecycle.format_duration(elapsed),
                 lifecycle.estimated_cost(rental.get("dph_total"), elapsed),
             )
-            last = shown
+            last_status, last_shown = status, shown
             event = lifecycle.evaluate(
                 wait_for=self._wait_for,
                 status=status,

@@ -26,6 +26,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     :param destroy_on_kill: destroy the instance when a user marks the deferred task failed or clears it
         (Airflow 3.3+ calls ``on_kill``); True for operators that rented the instance, False for sensors.
     :param dph_total: the offer's price, only to log the cost so far.
+    :param resume: state the deferring operator needs back, returned unchanged in every event under ``resume``
+        (Airflow also passes the defer kwargs, but ``dag.test()`` drops them; carrying the state in the event
+        works under both).
 
     Events carry ``status`` (one of the ``airflow_gpumarket.lifecycle`` event kinds), ``instance_id`` and, when
     known, ``actual_status``. 429 answers are retried by the hook, honouring Retry-After; transient failures
@@ -44,6 +47,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         deadline: float | None = None,
         destroy_on_kill: bool = False,
         dph_total: float | None = None,
+        resume: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.instance_id = instance_id
@@ -55,6 +59,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.deadline = deadline
         self.destroy_on_kill = destroy_on_kill
         self.dph_total = dph_total
+        self.resume = resume
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -69,6 +74,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 "deadline": self.deadline,
                 "destroy_on_kill": self.destroy_on_kill,
                 "dph_total": self.dph_total,
+                "resume": self.resume,
             },
         )
 
@@ -80,8 +86,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
         started = time.time()
-        seen_running = False
-        last: Any = object()
+        seen_running, last_status, last_shown = False, None, ""
         try:
             while True:
                 gone, status = False, None
@@ -96,16 +101,17 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                     self.log.warning(
                         "Reading instance %s failed after retries (%s); still polling", self.instance_id, exc
                     )
-                    status = last if isinstance(last, str) or last is None else None
+                    status = last_status  # nothing new was learnt: judge by the last status read
                 seen_running = seen_running or status == api.STATUS_RUNNING
-                if status != last or gone:
+                shown = "gone" if gone else repr(status)
+                if shown != last_shown:
                     self.log.info(
                         "Instance %s: status %s after %s",
                         self.instance_id,
-                        "gone" if gone else repr(status),
+                        shown,
                         lifecycle.format_duration(time.time() - started),
                     )
-                    last = status
+                last_status, last_shown = status, shown
                 event = lifecycle.evaluate(
                     wait_for=self.wait_for,
                     status=status,
@@ -125,6 +131,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
 
     def _event(self, event: dict[str, Any]) -> TriggerEvent:
         event["instance_id"] = self.instance_id
+        if self.resume is not None:
+            event["resume"] = self.resume
         self.log.info("%s", lifecycle.describe_event(event, self.instance_id))
         return TriggerEvent(event)
 

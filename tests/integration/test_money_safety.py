@@ -1,0 +1,260 @@
+"""The failure matrix: whatever fails, no instance is left alive and none is rented twice.
+
+Each test drives the real operators against the simulator (onstart scripts really run) and ends by reading the
+simulator's ledger. Waiting for a condition (an instance to appear, a job to start) uses a bounded loop; time
+itself is driven through the simulator's clock speed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket._compat import AirflowException
+from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
+
+from .conftest import POLL, alive, task_states
+
+FILTERS = {"num_gpus": {"gte": 1}}
+
+
+def context(try_number: int = 1, run_id: str = "run-1") -> dict:
+    return {"run_id": run_id, "ti": SimpleNamespace(try_number=try_number, map_index=-1)}
+
+
+def job(**kwargs) -> GpuMarketRunJobOperator:
+    kwargs.setdefault("offer_filters", FILTERS)
+    kwargs.setdefault("command", "echo ok")
+    return GpuMarketRunJobOperator(task_id="job", image="img", poll_interval=POLL, deferrable=False, **kwargs)
+
+
+def cheapest_offers(n: int, filters=FILTERS) -> list[dict]:
+    return GpuMarketHook().search_offers(filters, order=[["dph_total", "asc"]], limit=n)
+
+
+@pytest.fixture(autouse=True)
+def healthy_market(sim):
+    """The world seeds some failing hosts among the cheap offers; each test here sets its own failures."""
+    for offer in cheapest_offers(12):
+        sim.set_offer_fate(offer["id"], "running")
+
+
+def wait_until(predicate, timeout: float = 20.0):
+    """Bounded wait for a condition another thread brings about."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not reached in time")
+
+
+def assert_no_double_rental(sim) -> None:
+    offers = Counter(i["offer_id"] for i in sim.state()["instances"])
+    assert max(offers.values(), default=0) == 1, offers
+
+
+def test_job_exiting_non_zero_fails_the_task_and_destroys_the_instance(sim):
+    with pytest.raises(AirflowException, match="failed: the instance is in status 'stopped'"):
+        job(command="echo about to fail; exit 7").execute(context())
+    (instance,) = sim.state()["instances"]
+    assert sim.onstart_result(instance["id"])["exit_code"] == 7
+    assert alive(sim) == []
+
+
+def test_job_exiting_zero_ends_billing_from_inside_the_instance(sim):
+    result = job(command="echo done").execute(context())
+    assert result["job_status"] == "succeeded"
+    # The instance destroyed itself with its own key; the operator's destroy then found it already gone.
+    destroys = [r for r in sim.requests() if r["method"] == "DELETE" and r["status"] == 200]
+    assert destroys and destroys[0]["key"] == "instance"
+    assert alive(sim) == []
+
+
+@pytest.mark.parametrize("fate", ["exited", "unknown", "offline"])
+def test_rule_failed_host_destroys_and_fails_over_to_the_next_offer(sim, fate):
+    first, second = cheapest_offers(2)
+    sim.set_offer_fate(first["id"], fate)
+    result = job().execute(context())
+    assert result["offer_id"] == second["id"] and result["job_status"] == "succeeded"
+    instances = sim.state()["instances"]
+    assert [i["offer_id"] for i in instances] == [first["id"], second["id"]]
+    assert alive(sim) == []
+
+
+def test_all_offers_failing_fails_the_task_cleanly(sim):
+    offers = cheapest_offers(3)
+    for offer in offers:
+        sim.set_offer_fate(offer["id"], "exited")
+    with pytest.raises(AirflowException, match="after trying 3 offer"):
+        job(max_offer_attempts=3).execute(context())
+    assert [i["offer_id"] for i in sim.state()["instances"]] == [o["id"] for o in offers]
+    assert alive(sim) == []
+
+
+def test_offer_taken_between_search_and_create_moves_to_the_next_offer(sim):
+    stale = cheapest_offers(3)
+    sim.vanish_offer(stale[0]["id"])  # someone else rents it after our search
+    op = job()
+    op.hook.search_offers = lambda *args, **kwargs: stale  # type: ignore[method-assign]
+    result = op.execute(context())
+    assert result["offer_id"] == stale[1]["id"]
+    assert [i["offer_id"] for i in sim.state()["instances"]] == [stale[1]["id"]]
+    assert alive(sim) == []
+
+
+def test_create_dropped_after_processing_finds_the_instance_by_label_instead_of_renting_again(sim):
+    sim.set_faults([{"endpoint": "create_instance", "kind": "drop", "times": 1, "after": True}])
+    assert job().execute(context())["job_status"] == "succeeded"
+    assert len(sim.state()["instances"]) == 1
+    assert alive(sim) == []
+
+
+def test_5xx_and_429_storms_during_create_polling_and_destroy(sim):
+    sim.set_faults(
+        [
+            {"endpoint": "create_instance", "kind": "status", "status": 429, "times": 2, "retry_after": 0},
+            {"endpoint": "create_instance", "kind": "status", "status": 502, "times": 1},
+            {"endpoint": "search_offers", "kind": "status", "status": 503, "times": 2},
+            {"endpoint": "get_instance", "kind": "status", "status": 503, "probability": 0.4},
+            {"endpoint": "get_instance", "kind": "status", "status": 429, "probability": 0.2},
+            {"endpoint": "destroy_instance", "kind": "status", "status": 500, "times": 2},
+        ]
+    )
+    result = job(command="echo storm").execute(context())
+    assert result["job_status"] == "succeeded"
+    assert len(sim.state()["instances"]) == 1
+    assert_no_double_rental(sim)
+    assert alive(sim) == []
+
+
+def test_destroy_that_keeps_failing_fails_loudly_with_the_instance_id(sim):
+    sim.set_faults([{"endpoint": "destroy_instance", "kind": "status", "status": 500, "probability": 1.0}])
+    with pytest.raises(AirflowException, match=r"DESTROY FAILED for instance \d+"):
+        job(command="exit 1").execute(context())
+    sim.clear_faults()
+    (instance,) = alive(sim)
+    GpuMarketHook().destroy_instance(instance["id"])
+    assert alive(sim) == []
+
+
+def _run_in_thread(op, ctx):
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["result"] = op.execute(ctx)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects whatever ended the task
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_on_kill_mid_boot_destroys_the_instance(sim):
+    sim.set_speed(5)  # a 60-300 s boot now takes 12-60 s: long enough to kill it mid-boot
+    try:
+        op = job()
+        thread, outcome = _run_in_thread(op, context())
+        instance = wait_until(lambda: sim.state()["instances"])[0]
+        assert instance["actual_status"] in (None, "loading")
+        op.on_kill()
+        thread.join(timeout=20)
+        assert not thread.is_alive() and "killed" in str(outcome.get("error"))
+    finally:
+        sim.set_speed(600)
+    assert alive(sim) == []
+
+
+def test_on_kill_mid_job_destroys_the_instance_and_stops_the_job(sim):
+    op = job(command="echo started; sleep 60")
+    thread, outcome = _run_in_thread(op, context())
+    instance = wait_until(lambda: sim.state()["instances"])[0]
+    wait_until(lambda: (sim.onstart_result(instance["id"]) or {}).get("running"))
+    op.on_kill()
+    thread.join(timeout=20)
+    assert not thread.is_alive() and "error" in outcome
+    assert alive(sim) == []
+    wait_until(lambda: not sim.onstart_result(instance["id"])["running"])  # the job process is killed too
+
+
+def test_retry_after_the_worker_died_adopts_the_earlier_instance_instead_of_renting_again(sim):
+    ctx = context(try_number=2)
+    first = job(command="echo adopted")
+    key = first._rental_key(ctx)
+    offer = cheapest_offers(1)[0]
+    # What try 1 made before its worker vanished: same label key, same job script.
+    label = lifecycle.make_label(key, time.time() + 3600)
+    body = first._creation_body(label=label, base_url=first.hook.settings.base_url)
+    made = first.hook.create_instance(offer["id"], **body)["new_contract"]
+
+    result = job(command="echo adopted").execute(ctx)
+    assert result["instance_id"] == made and result["job_status"] == "succeeded"
+    assert [i["id"] for i in sim.state()["instances"]] == [made]
+    assert alive(sim) == []
+
+
+def test_retry_destroys_an_earlier_instance_that_will_never_run_and_rents_anew(sim):
+    ctx = context(try_number=2)
+    op = job()
+    first_offer, _ = cheapest_offers(2)
+    sim.set_offer_fate(first_offer["id"], "offline")
+    label = lifecycle.make_label(op._rental_key(ctx), time.time() + 3600)
+    made = op.hook.create_instance(first_offer["id"], image="img", label=label)["new_contract"]
+    sim.advance(600)  # the earlier instance has ended offline by now
+    result = job().execute(ctx)
+    assert result["instance_id"] != made and result["job_status"] == "succeeded"
+    assert alive(sim) == []
+
+
+def test_create_instance_operator_hands_over_a_running_instance_and_teardown_destroys_it(sim):
+    from airflow_gpumarket.operators.instances import GpuMarketDestroyInstanceOperator
+
+    created = GpuMarketCreateInstanceOperator(
+        task_id="create", offer_filters=FILTERS, image="img", poll_interval=POLL, deferrable=False
+    ).execute(context())
+    assert created["actual_status"] == "running" and created["ssh_port"]
+    assert "instance_api_key" not in created
+    assert [i["id"] for i in alive(sim)] == [created["instance_id"]]
+    GpuMarketDestroyInstanceOperator(task_id="destroy", instance_id=created).execute(context())
+    assert GpuMarketDestroyInstanceOperator(task_id="again", instance_id=created).execute(context())["already_gone"]
+    assert alive(sim) == []
+
+
+def test_deferred_tasks_trigger_killed_by_a_user_destroys_the_instance(sim):
+    import asyncio
+
+    from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
+
+    offer = cheapest_offers(1)[0]
+    made = GpuMarketHook().create_instance(offer["id"], image="img", label="afgm-0123456789ab-9999999999")
+    trigger = GpuMarketInstanceStatusTrigger(instance_id=made["new_contract"], destroy_on_kill=True)
+    asyncio.run(trigger.on_kill())
+    assert alive(sim) == []
+
+
+def test_deferrable_job_succeeds_through_the_trigger(example_dag, sim):
+    run = example_dag("gpm_deferred_job_ok").test()
+    assert run.state == "success", task_states(run)
+    assert alive(sim) == []
+
+
+def test_deferrable_job_failure_fails_the_task_and_destroys(example_dag, sim):
+    run = example_dag("gpm_deferred_job_fails").test()
+    assert run.state == "failed"
+    assert len(sim.state()["instances"]) == 1
+    assert alive(sim) == []
+
+
+def test_execution_timeout_destroys_the_instance(example_dag, sim):
+    run = example_dag("gpm_job_execution_timeout").test()
+    assert run.state == "failed"
+    assert alive(sim) == []
