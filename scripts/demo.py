@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -22,6 +23,8 @@ BIN = Path(sys.executable).parent
 AIRFLOW_HOME = ROOT / ".airflow"
 DAG_ID = "example_gpumarket_training"
 SPEED = "60"  # simulated seconds per real second: a 1-5 minute boot takes 1-5 seconds
+# A task log line: "2026-01-01T00:00:00.000000Z [info     ] message [logger] loc=..."
+LOG_LINE = re.compile(r"T(?P<time>\d\d:\d\d:\d\d)\.\d+Z \[(?P<level>\w+)\s*\] (?P<message>.*?) \[airflow")
 
 
 def airflow_env(conn_uri: str | None = None) -> dict[str, str]:
@@ -78,10 +81,11 @@ def main() -> int:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        interesting = ("Renting offer", "Created instance", "status", "job", "Destroyed", "ERROR", "Failover")
+        interesting = ("Renting offer", "Created instance", "status", "job", "Destroyed", "Failover", "rror")
         for line in log_path.read_text().splitlines():
-            if any(word in line for word in interesting) and "DEBUG" not in line:
-                print("    " + line.strip()[:160])
+            match = LOG_LINE.search(line)
+            if match and match["level"] != "debug" and any(word in match["message"] for word in interesting):
+                print(f"    {match['time']}  {match['message']}")
         summary(url, result.returncode, started, log_path)
         alive = [i for i in get_json(f"{url}/_sim/state")["instances"] if not i.get("destroyed")]
         return 0 if result.returncode == 0 and not alive else 1
