@@ -10,6 +10,7 @@ from typing import Any
 from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError
+from airflow_gpumarket.triggers.poller import Observation, poller_for
 
 
 class GpuMarketInstanceStatusTrigger(BaseTrigger):
@@ -26,6 +27,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     :param destroy_on_kill: destroy the instance when a user marks the deferred task failed or clears it
         (Airflow 3.3+ calls ``on_kill``); True for operators that rented the instance, False for sensors.
     :param dph_total: the offer's price, only to log the cost so far.
+    :param shared_poller: share one poller per connection with the other triggers of this triggerer process (one
+        list call per round for all of them, see ``airflow_gpumarket.triggers.poller``); False reads this
+        instance on its own every interval.
     :param resume: state the deferring operator needs back, returned unchanged in every event under ``resume``
         (Airflow also passes the defer kwargs, but ``dag.test()`` drops them; carrying the state in the event
         works under both).
@@ -47,6 +51,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         deadline: float | None = None,
         destroy_on_kill: bool = False,
         dph_total: float | None = None,
+        shared_poller: bool = True,
         resume: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -59,6 +64,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.deadline = deadline
         self.destroy_on_kill = destroy_on_kill
         self.dph_total = dph_total
+        self.shared_poller = shared_poller
         self.resume = resume
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -74,6 +80,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 "deadline": self.deadline,
                 "destroy_on_kill": self.destroy_on_kill,
                 "dph_total": self.dph_total,
+                "shared_poller": self.shared_poller,
                 "resume": self.resume,
             },
         )
@@ -83,27 +90,43 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
 
         return GpuMarketAsyncHook(self.gpumarket_conn_id)
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def _own_reads(self) -> AsyncIterator[Observation]:
+        """The naive pattern: this trigger reads its own instance every interval."""
         hook = self._hook()
-        started = time.time()
-        seen_running, last_status, last_shown = False, None, ""
         try:
             while True:
-                gone, status = False, None
                 try:
-                    status = (await hook.get_instance(self.instance_id)).get("actual_status")
+                    yield Observation(status=(await hook.get_instance(self.instance_id)).get("actual_status"))
                 except GpuMarketNotFoundError:
-                    gone = True
+                    yield Observation(gone=True)
                 except GpuMarketError as exc:
-                    if not api.is_retryable(exc):
-                        yield self._event({"status": lifecycle.ERROR, "message": str(exc)})
+                    yield Observation(error=exc)
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            await hook.aclose()
+
+    def _observations(self) -> AsyncIterator[Observation]:
+        if self.shared_poller:
+            return poller_for(self.gpumarket_conn_id, self._hook).watch(self.instance_id, self.poll_interval)
+        return self._own_reads()
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        started = time.time()
+        seen_running, last_status, last_shown = False, None, ""
+        observations = self._observations()
+        try:
+            async for seen in observations:
+                status = seen.status
+                if seen.error is not None:
+                    if not api.is_retryable(seen.error):
+                        yield self._event({"status": lifecycle.ERROR, "message": str(seen.error)})
                         return
                     self.log.warning(
-                        "Reading instance %s failed after retries (%s); still polling", self.instance_id, exc
+                        "Reading instance %s failed after retries (%s); still polling", self.instance_id, seen.error
                     )
                     status = last_status  # nothing new was learnt: judge by the last status read
                 seen_running = seen_running or status == api.STATUS_RUNNING
-                shown = "gone" if gone else repr(status)
+                shown = "gone" if seen.gone else repr(status)
                 if shown != last_shown:
                     self.log.info(
                         "Instance %s: status %s after %s",
@@ -115,7 +138,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 event = lifecycle.evaluate(
                     wait_for=self.wait_for,
                     status=status,
-                    gone=gone,
+                    gone=seen.gone,
                     now=time.time(),
                     seen_running=seen_running,
                     target_status=self.target_status,
@@ -125,9 +148,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 if event is not None:
                     yield self._event(event)
                     return
-                await asyncio.sleep(self.poll_interval)
         finally:
-            await hook.aclose()
+            await observations.aclose()  # type: ignore[attr-defined]
 
     def _event(self, event: dict[str, Any]) -> TriggerEvent:
         event["instance_id"] = self.instance_id

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+from contextlib import aclosing
 
 import pytest
 
@@ -15,20 +16,42 @@ from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
 
 class FakeAsyncHook:
-    """Answers get_instance from a script of statuses (an exception instance is raised)."""
+    """Answers from a script of statuses, one per round (an exception instance is raised).
+
+    The naive trigger reads with get_instance; the shared poller lists, and confirms a missing instance with
+    get_instance.
+    """
 
     def __init__(self, script):
         self.script = list(script)
         self.reads = 0
+        self.lists = 0
         self.destroyed: list[int] = []
         self.closed = False
+        self._confirming: Exception | None = None
+
+    def _next(self):
+        self.reads += 1
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
 
     async def get_instance(self, instance_id):
-        self.reads += 1
-        item = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if self._confirming is not None:
+            item, self._confirming = self._confirming, None
+        else:
+            item = self._next()
         if isinstance(item, Exception):
             raise item
         return {"id": instance_id, "actual_status": item}
+
+    async def list_instances(self):
+        self.lists += 1
+        item = self._next()
+        if isinstance(item, GpuMarketNotFoundError):
+            self._confirming = item
+            return []
+        if isinstance(item, Exception):
+            raise item
+        return [{"id": 7, "actual_status": item}, {"id": 8, "actual_status": "running"}]
 
     async def destroy_instance(self, instance_id):
         self.destroyed.append(instance_id)
@@ -42,16 +65,27 @@ def _run(trigger, hook, monkeypatch):
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
 
     async def first_event():
-        async for event in trigger.run():
-            return event.payload
+        async with aclosing(trigger.run()) as events:  # the triggerer closes a trigger once it fired
+            async for event in events:
+                return event.payload
 
     return asyncio.run(first_event())
 
 
-def _trigger(**kw):
-    kw.setdefault("instance_id", 7)
-    kw.setdefault("poll_interval", 0)
-    return GpuMarketInstanceStatusTrigger(**kw)
+@pytest.fixture(params=[True, False], ids=["shared-poller", "naive"])
+def shared(request):
+    return request.param
+
+
+@pytest.fixture
+def make_trigger(shared):
+    def make(**kw):
+        kw.setdefault("instance_id", 7)
+        kw.setdefault("poll_interval", 0)
+        kw.setdefault("shared_poller", shared)
+        return GpuMarketInstanceStatusTrigger(**kw)
+
+    return make
 
 
 def test_serialize_round_trip_mirrors_init():
@@ -65,6 +99,8 @@ def test_serialize_round_trip_mirrors_init():
         deadline=200.0,
         destroy_on_kill=True,
         dph_total=0.4,
+        shared_poller=False,
+        resume={"rental": {"instance_id": 7}},
     )
     path, kwargs = trigger.serialize()
     module, _, name = path.rpartition(".")
@@ -73,57 +109,107 @@ def test_serialize_round_trip_mirrors_init():
     assert set(kwargs) == set(inspect.signature(GpuMarketInstanceStatusTrigger.__init__).parameters) - {"self"}
 
 
-def test_waits_through_provisioning_and_loading_until_running(monkeypatch):
+def test_waits_through_provisioning_and_loading_until_running(make_trigger, monkeypatch):
     hook = FakeAsyncHook([None, "loading", "loading", "running"])
-    event = _run(_trigger(), hook, monkeypatch)
+    event = _run(make_trigger(), hook, monkeypatch)
     assert event == {"status": lifecycle.REACHED, "actual_status": "running", "instance_id": 7}
-    assert hook.reads == 4 and hook.closed
+    assert hook.reads == 4
 
 
 @pytest.mark.parametrize("status", ["exited", "unknown", "offline"])
-def test_fails_fast_on_statuses_that_never_run(monkeypatch, status):
-    event = _run(_trigger(), FakeAsyncHook([None, status]), monkeypatch)
+def test_fails_fast_on_statuses_that_never_run(make_trigger, monkeypatch, status):
+    event = _run(make_trigger(), FakeAsyncHook([None, status]), monkeypatch)
     assert event["status"] == lifecycle.NEVER_RUNS and event["actual_status"] == status
 
 
-def test_job_mode_gone_is_success_and_stopped_is_failure(monkeypatch):
+def test_job_mode_gone_is_success_and_stopped_is_failure(make_trigger, monkeypatch):
     ok = _run(
-        _trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", GpuMarketNotFoundError("x")]), monkeypatch
+        make_trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", GpuMarketNotFoundError("x")]), monkeypatch
     )
     assert ok["status"] == lifecycle.JOB_SUCCEEDED
-    bad = _run(_trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", "stopped"]), monkeypatch)
+    bad = _run(make_trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", "stopped"]), monkeypatch)
     assert bad == {"status": lifecycle.JOB_FAILED, "actual_status": "stopped", "instance_id": 7}
 
 
-def test_transient_errors_after_the_hooks_retries_keep_polling(monkeypatch):
+def test_transient_errors_after_the_hooks_retries_keep_polling(make_trigger, monkeypatch):
     hook = FakeAsyncHook(["loading", GpuMarketServerError("503", status_code=503), "running"])
-    assert _run(_trigger(), hook, monkeypatch)["status"] == lifecycle.REACHED
+    assert _run(make_trigger(), hook, monkeypatch)["status"] == lifecycle.REACHED
     assert hook.reads == 3
 
 
-def test_non_retryable_error_ends_with_an_error_event(monkeypatch):
-    event = _run(_trigger(), FakeAsyncHook([GpuMarketAuthError("refused", status_code=401)]), monkeypatch)
+def test_non_retryable_error_ends_with_an_error_event(make_trigger, monkeypatch):
+    event = _run(make_trigger(), FakeAsyncHook([GpuMarketAuthError("refused", status_code=401)]), monkeypatch)
     assert event["status"] == lifecycle.ERROR and "refused" in event["message"]
 
 
-def test_deadline_ends_waiting(monkeypatch):
-    event = _run(_trigger(deadline=0.0), FakeAsyncHook(["running"]), monkeypatch)
+def test_deadline_ends_waiting(make_trigger, monkeypatch):
+    event = _run(make_trigger(deadline=0.0), FakeAsyncHook(["running"]), monkeypatch)
     assert event["status"] == lifecycle.REACHED  # reaching the target wins over a deadline in the same read
-    event = _run(_trigger(boot_deadline=0.0), FakeAsyncHook(["loading"]), monkeypatch)
+    event = _run(make_trigger(boot_deadline=0.0), FakeAsyncHook(["loading"]), monkeypatch)
     assert event["status"] == lifecycle.BOOT_TIMEOUT
 
 
-def test_on_kill_destroys_the_rented_instance(monkeypatch):
+def test_on_kill_destroys_the_rented_instance(make_trigger, monkeypatch):
     hook = FakeAsyncHook(["running"])
-    trigger = _trigger(destroy_on_kill=True)
+    trigger = make_trigger(destroy_on_kill=True)
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
     asyncio.run(trigger.on_kill())
     assert hook.destroyed == [7] and hook.closed
 
 
-def test_on_kill_of_a_sensor_trigger_leaves_the_instance_alone(monkeypatch):
+def test_on_kill_of_a_sensor_trigger_leaves_the_instance_alone(make_trigger, monkeypatch):
     hook = FakeAsyncHook(["running"])
-    trigger = _trigger(destroy_on_kill=False)
+    trigger = make_trigger(destroy_on_kill=False)
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
     asyncio.run(trigger.on_kill())
     assert hook.destroyed == []
+
+
+def test_resume_state_is_returned_in_every_event(make_trigger, monkeypatch):
+    event = _run(make_trigger(resume={"rental": {"instance_id": 7}}), FakeAsyncHook(["running"]), monkeypatch)
+    assert event["resume"] == {"rental": {"instance_id": 7}}
+
+
+def test_shared_poller_makes_one_list_call_per_round_for_many_triggers(monkeypatch):
+    """Three triggers of one process, one list call per round between them (the naive pattern makes three)."""
+    hook = FakeAsyncHook(["loading", "loading", "running"])
+    hook.list_instances = _list_of_three(hook)  # type: ignore[method-assign]
+
+    async def all_three():
+        triggers = [
+            GpuMarketInstanceStatusTrigger(instance_id=i, poll_interval=0, gpumarket_conn_id="p") for i in (1, 2, 3)
+        ]
+        for trigger in triggers:
+            monkeypatch.setattr(trigger, "_hook", lambda: hook)
+
+        async def first(trigger):
+            async with aclosing(trigger.run()) as events:
+                async for event in events:
+                    return event.payload
+
+        return await asyncio.gather(*(first(t) for t in triggers))
+
+    events = asyncio.run(all_three())
+    assert [e["status"] for e in events] == [lifecycle.REACHED] * 3
+    assert hook.lists == 3  # rounds, not triggers x rounds
+
+
+def _list_of_three(hook):
+    async def list_instances():
+        hook.lists += 1
+        status = hook._next()
+        return [{"id": i, "actual_status": status} for i in (1, 2, 3)]
+
+    return list_instances
+
+
+def test_shared_poller_confirms_a_missing_instance_before_reporting_it_gone(monkeypatch):
+    hook = FakeAsyncHook(["running"])
+
+    async def list_without_it():
+        hook.lists += 1
+        return []  # cut short by the server: the instance still exists
+
+    hook.list_instances = list_without_it  # type: ignore[method-assign]
+    trigger = GpuMarketInstanceStatusTrigger(instance_id=7, poll_interval=0, gpumarket_conn_id="q")
+    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.REACHED
