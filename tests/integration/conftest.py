@@ -59,3 +59,47 @@ def example_dag(airflow_db, sim):
 
 def task_states(dag_run) -> dict[str, str]:
     return {f"{ti.task_id}[{ti.map_index}]": str(ti.state) for ti in dag_run.get_task_instances()}
+
+
+def _stored_texts() -> list[str]:
+    """Every XCom value and rendered template field Airflow stored during the run."""
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        xcoms = [str(v) for v in session.scalars(select(XComModel.value))]
+        rendered = [str(v) for v in session.scalars(select(RenderedTaskInstanceFields.rendered_fields))]
+    return xcoms + rendered
+
+
+@pytest.fixture(autouse=True)
+def no_secret_leaks(request, capsys, caplog, job_sim_server):
+    """R3: after each test, the account key, every instance key and every backup code are looked for in
+    everything a person or a downstream task could see: task logs (stdout/stderr and log records), XCom values
+    and rendered template fields. Goal: none found."""
+    yield
+    if "sim" not in request.fixturenames:
+        return
+    sim = job_sim_server  # the per-test fixture is torn down by now; its server is not (and not yet reset)
+    world = sim._market.world  # the in-process simulator knows every key it handed out
+    secrets = {sim.api_key}
+    secrets |= {inst.api_key for inst in world.instances.values()}
+    secrets |= set(sim.state()["tfa"]["backup_codes"])
+    captured = capsys.readouterr()
+    texts = [captured.out, captured.err, caplog.text]
+    if "airflow_db" in request.fixturenames:
+        texts += _stored_texts()
+    leaked = leaks(texts, secrets, account_key=sim.api_key)
+    assert not leaked, f"secrets visible in logs, XCom or rendered fields: {leaked}"
+
+
+def leaks(texts: list[str], secrets: set[str], *, account_key: str) -> list[str]:
+    """Which kinds of secret appear in any of the texts."""
+    found = {
+        "account key" if secret == account_key else "instance key or backup code"
+        for secret in secrets
+        if secret and any(secret in text for text in texts)
+    }
+    return sorted(found)

@@ -93,3 +93,25 @@ def test_price_increase_sensor_warns_when_the_server_truncates_the_list(sim, cap
     result = GpuMarketPendingPriceIncreaseSensor(task_id="t", deferrable=False).poke({})
     assert len(result.xcom_value) == 1
     assert "truncated the pending price increase list" in capsys.readouterr().out
+
+
+def test_backup_codes_regenerated_through_the_hook_are_never_logged(sim):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    tfa = sim.state()["tfa"]
+    result = GpuMarketHook().regenerate_backup_codes(tfa_method="totp", code=tfa["totp_code"])
+    assert len(result["backup_codes"]) == 10
+    assert result["backup_codes"] == sim.state()["tfa"]["backup_codes"]  # scanned after the test (R3)
+
+
+def test_r3_scan_finds_a_key_planted_in_real_task_output(example_dag, sim, capsys):
+    from .conftest import leaks
+
+    run = example_dag("example_gpumarket_batch").test()
+    output = capsys.readouterr().out
+    assert "embed_shard" in output  # the scan reads the real task log stream
+    keys = {inst.api_key for inst in sim._market.world.instances.values()}
+    assert len(keys) == 3 and run.state == "success"
+    assert leaks([output], keys | {sim.api_key}, account_key=sim.api_key) == []
+    planted = output + f"oops {sorted(keys)[0]}"
+    assert leaks([planted], keys | {sim.api_key}, account_key=sim.api_key) == ["instance key or backup code"]
