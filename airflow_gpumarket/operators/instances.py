@@ -437,6 +437,8 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
         instance_id = rental["instance_id"]
         seen_running, last_status, last_shown = False, None, ""
         while True:
+            # Wait first: right after creating (or a read) the answer cannot have changed yet.
+            time.sleep(self.poll_interval)
             if self._killed:
                 raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
             gone, status = False, None
@@ -475,8 +477,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             )
             if event is not None:
                 event["instance_id"] = instance_id
-                return event
-            time.sleep(self.poll_interval)  # type: ignore[arg-type]
+                return event  # type: ignore[arg-type]
 
     def _finish(
         self, context: Any, rental: dict[str, Any], event: dict[str, Any], tried: list[int], reasons: list[str]
@@ -688,7 +689,10 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
 
     def _complete(self, context: Any, rental: dict[str, Any], event: dict[str, Any], sentence: str) -> Any:
         instance_id = rental["instance_id"]
-        self._destroy(instance_id)  # idempotent: after success the instance already destroyed itself
+        if event.get("status") == lifecycle.JOB_SUCCEEDED:
+            self._instance_id = None  # a 404 proved it: the instance destroyed itself, billing has ended
+        else:
+            self._destroy(instance_id)
         summary = self._summary(rental, event.get("actual_status"))
         summary["job_status"] = "succeeded" if event.get("status") == lifecycle.JOB_SUCCEEDED else "failed"
         self.log.info(

@@ -1,0 +1,142 @@
+"""P1 triggerer scale: N instance triggers in one asyncio event loop, as in one triggerer process.
+
+For N = 1, 100, 1000, the shared poller (default) and the naive pattern (one GET per trigger per interval, as
+official providers' triggers do) are measured side by side against the simulator, which runs in its own process
+(so CPU and memory are the triggers' own) and enforces a per-key rate limit on instance reads. Instances boot at
+spread-out times (the simulator draws 60-300 simulated seconds each).
+
+Prints per case: requests per poll interval, 429s received, detection delay of the running transition (p50/p99,
+seconds after the instance became running), CPU seconds, peak RSS growth. Each case runs in a fresh process.
+
+    python bench/bench_triggerer.py            # all cases
+    python bench/bench_triggerer.py --case 1000 shared
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import aclosing
+from pathlib import Path
+
+import requests
+
+SPEED = 60.0  # a 60-300 s boot takes 1-5 real seconds
+POLL = 1.0  # seconds between polls (the spec recommends 10; scaled with the clock)
+RATE = 50.0  # the simulator's per-key budget for instance reads, requests per second
+CAPACITY = 50
+SIZES = (1, 100, 1000)
+
+
+def start_simulator(n: int) -> tuple[subprocess.Popen, str, str]:
+    world = {"offers": [{"id": i + 1, "gpu_name": "RTX 4090", "dph_total": 0.5} for i in range(n)]}
+    path = Path(tempfile.mkdtemp(prefix="gpm-bench-")) / "world.json"
+    path.write_text(json.dumps(world))
+    cmd = [sys.executable, "-m", "airflow_gpumarket.simulator.cli", "--port", "0", "--speed", str(SPEED), "--world"]
+    process = subprocess.Popen([*cmd, str(path)], stdout=subprocess.PIPE, text=True)
+    line = process.stdout.readline() if process.stdout else ""
+    url = next(word for word in line.split() if word.startswith("http://"))
+    key = line.split("gpumarket://:", 1)[1].split("@", 1)[0]
+    return process, url, key
+
+
+def rss_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1])
+    return 0
+
+
+def run_case(n: int, mode: str) -> dict:
+    process, url, key = start_simulator(n)
+    try:
+        os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = json.dumps(
+            {"conn_type": "gpumarket", "host": url, "password": key, "extra": {"max_retries": 8}}
+        )
+        session = requests.Session()
+        session.headers["Authorization"] = f"Bearer {key}"
+        ids = [
+            session.put(f"{url}/api/v0/asks/{i + 1}/", json={"image": "bench", "label": f"b{i}"}).json()["new_contract"]
+            for i in range(n)
+        ]
+        rule = {"endpoint": "*", "kind": "rate_limit", "capacity": CAPACITY, "per_second": RATE, "retry_after": True}
+        session.post(f"{url}/_sim/faults", json={"rules": [rule]})
+        sim_t0, real_t0 = session.get(f"{url}/_sim/state").json()["now"], time.time()
+        log_start = len(session.get(f"{url}/_sim/state").json()["requests"])
+
+        from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
+
+        seen: dict[int, float] = {}
+
+        async def watch(instance_id: int) -> None:
+            trigger = GpuMarketInstanceStatusTrigger(
+                instance_id=instance_id, poll_interval=POLL, shared_poller=(mode == "shared")
+            )
+            async with aclosing(trigger.run()) as events:
+                async for _event in events:
+                    seen[instance_id] = time.time()
+                    return
+
+        rss_before = rss_kb("VmRSS")
+        cpu_before = resource.getrusage(resource.RUSAGE_SELF)
+        started = time.time()
+        async def all_triggers() -> None:
+            await asyncio.wait_for(asyncio.gather(*(watch(i) for i in ids)), timeout=300)
+
+        asyncio.run(all_triggers())
+        elapsed = time.time() - started
+        cpu_after = resource.getrusage(resource.RUSAGE_SELF)
+        state = session.get(f"{url}/_sim/state").json()
+        reads = [r for r in state["requests"][log_start:] if r["path"].startswith("/api/v0/instances")]
+        running_at = {i["id"]: i["first_running_at"] for i in state["instances"]}
+        delays = sorted(seen[i] - (real_t0 + (running_at[i] - sim_t0) / SPEED) for i in ids)
+        return {
+            "n": n,
+            "mode": mode,
+            "requests_per_interval": len(reads) / (elapsed / POLL),
+            "429s": sum(1 for r in reads if r["status"] == 429),
+            "p50": statistics.median(delays),
+            "p99": delays[min(len(delays) - 1, int(len(delays) * 0.99))],
+            "cpu_s": (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime),
+            "rss_growth_mb": (rss_kb("VmHWM") - rss_before) / 1024,
+            "elapsed_s": elapsed,
+        }
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", nargs=2, metavar=("N", "MODE"))
+    args = parser.parse_args()
+    if args.case:
+        print(json.dumps(run_case(int(args.case[0]), args.case[1])))
+        return 0
+    print(f"# P1: poll interval {POLL:g} s, rate limit {RATE:g} reads/s per key, clock {SPEED:g}x, one process each")
+    for n in SIZES:
+        for mode in ("shared", "naive"):
+            out = subprocess.run([sys.executable, __file__, "--case", str(n), mode], capture_output=True, text=True)
+            if out.returncode:
+                print(f"P1 triggers N={n} {mode}: FAILED ({out.stderr.strip().splitlines()[-1:]})")
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            bound = POLL + n / RATE
+            print(
+                f"P1 triggers N={n} {mode}: {r['requests_per_interval']:.1f} requests/interval, {r['429s']} 429s, "
+                f"detection p50 {r['p50']:.2f} s p99 {r['p99']:.2f} s, CPU {r['cpu_s']:.2f} s, "
+                f"RSS +{r['rss_growth_mb']:.1f} MB (goal at N=1000: 0 429s, p99 <= {bound:g} s, RSS <= +100 MB)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
