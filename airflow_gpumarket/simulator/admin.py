@@ -1,0 +1,158 @@
+"""The /_sim/ admin surface: read the whole state, drive the clock, inject faults, force outcomes.
+
+No authentication (the wire layer refuses non-loopback clients). Every route is a thin shell over a
+``Market`` method, the same one ``MarketSimulator`` calls from Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from airflow_gpumarket.simulator import rules
+from airflow_gpumarket.simulator.errors import ApiError, bad_request
+from airflow_gpumarket.simulator.market import Market
+
+Handler = Callable[[Request], Awaitable[Any]]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _path_id(request: Request, name: str) -> int:
+    try:
+        return int(request.path_params[name])
+    except ValueError:
+        raise ApiError(404, "not_found", f"{name} must be an integer") from None
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    return rules.require_object(rules.parse_json(await request.body(), required=False))
+
+
+def _number(body: dict[str, Any], name: str) -> float:
+    value: Any = body.get(name)
+    if not rules.is_number(value) or value < 0:
+        raise bad_request(f"{name} must be a number >= 0")
+    return float(value)
+
+
+class AdminRoutes:
+    def __init__(self, market: Market) -> None:
+        self.market = market
+
+    def routes(self) -> list[tuple[str, list[str], Endpoint]]:
+        w = self._endpoint
+        return [
+            ("/_sim/state", ["GET"], w(self.state)),
+            ("/_sim/clock", ["GET"], w(self.clock)),
+            ("/_sim/advance", ["POST"], w(self.advance)),
+            ("/_sim/speed", ["PUT"], w(self.speed)),
+            ("/_sim/reset", ["POST"], w(self.reset)),
+            ("/_sim/faults", ["GET"], w(self.get_faults)),
+            ("/_sim/faults", ["PUT"], w(self.set_faults)),
+            ("/_sim/faults", ["DELETE"], w(self.clear_faults)),
+            ("/_sim/requests", ["GET"], w(self.requests)),
+            ("/_sim/alive-instances", ["GET"], w(self.alive_instances)),
+            ("/_sim/instances/{instance_id}/status", ["POST"], w(self.force_status)),
+            ("/_sim/instances/{instance_id}/onstart", ["GET"], w(self.onstart)),
+            ("/_sim/offers/{offer_id}/fate", ["POST"], w(self.offer_fate)),
+            ("/_sim/offers/{offer_id}/vanish", ["POST"], w(self.vanish_offer)),
+            ("/_sim/machines/{machine_id}/online", ["POST"], w(self.machine_online)),
+            ("/_sim/pending-price-increases", ["POST"], w(self.add_pending)),
+            ("/_sim/list-limit", ["PUT"], w(self.list_limit)),
+        ]
+
+    def _endpoint(self, handler: Handler) -> Endpoint:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return JSONResponse(await handler(request))
+            except ApiError as exc:
+                return JSONResponse(exc.body(), status_code=exc.status)
+            except KeyError as exc:
+                return JSONResponse({"error": "not_found", "msg": f"no such id: {exc}"}, status_code=404)
+            except ValueError as exc:
+                return JSONResponse({"error": "invalid_args", "msg": str(exc)}, status_code=400)
+
+        return endpoint
+
+    async def state(self, request: Request) -> Any:
+        return self.market.state()
+
+    async def clock(self, request: Request) -> Any:
+        return {"now": self.market.now(), "speed": self.market.clock.speed}
+
+    async def advance(self, request: Request) -> Any:
+        return {"now": self.market.advance(_number(await _body(request), "seconds"))}
+
+    async def speed(self, request: Request) -> Any:
+        self.market.set_speed(_number(await _body(request), "speed"))
+        return await self.clock(request)
+
+    async def reset(self, request: Request) -> Any:
+        seed = (await _body(request)).get("seed")
+        if seed is not None and not rules.is_int(seed):
+            raise bad_request("seed must be an integer")
+        self.market.reset(seed)
+        return {"now": self.market.now(), "seed": self.market.seed}
+
+    async def get_faults(self, request: Request) -> Any:
+        return {"rules": self.market.faults.view()}
+
+    async def set_faults(self, request: Request) -> Any:
+        body = rules.parse_json(await request.body())
+        # Both {"rules": [...]} and a bare list are accepted.
+        self.market.faults.set_rules(body.get("rules") if isinstance(body, dict) else body)
+        return {"rules": self.market.faults.view()}
+
+    async def clear_faults(self, request: Request) -> Any:
+        self.market.faults.clear()
+        return {"rules": []}
+
+    async def requests(self, request: Request) -> Any:
+        return {"requests": list(self.market.requests)}
+
+    async def alive_instances(self, request: Request) -> Any:
+        return {"instances": self.market.alive_instances()}
+
+    async def force_status(self, request: Request) -> Any:
+        body = await _body(request)
+        if "status" not in body:
+            raise bad_request(
+                "status is required (null, loading, running, stopped, exited, unknown, offline)"
+            )
+        self.market.force_status(_path_id(request, "instance_id"), body["status"])
+        return {"success": True}
+
+    async def onstart(self, request: Request) -> Any:
+        result = self.market.onstart_result(_path_id(request, "instance_id"))
+        if result is None:
+            raise ApiError(404, "not_found", "no onstart script ran for this instance")
+        return result
+
+    async def offer_fate(self, request: Request) -> Any:
+        fate: Any = (await _body(request)).get("fate")
+        self.market.set_offer_fate(_path_id(request, "offer_id"), fate)
+        return {"success": True}
+
+    async def vanish_offer(self, request: Request) -> Any:
+        self.market.vanish_offer(_path_id(request, "offer_id"))
+        return {"success": True}
+
+    async def machine_online(self, request: Request) -> Any:
+        online = (await _body(request)).get("online")
+        if not isinstance(online, bool):
+            raise bad_request("online must be true or false")
+        self.market.set_machine_online(_path_id(request, "machine_id"), online)
+        return {"success": True}
+
+    async def add_pending(self, request: Request) -> Any:
+        body = await _body(request)
+        added = self.market.add_pending_price_increases(body.get("n", 1), body.get("contract_id"))
+        return {"added": added}
+
+    async def list_limit(self, request: Request) -> Any:
+        limit: Any = (await _body(request)).get("limit")
+        self.market.set_list_limit(limit)
+        return {"limit": self.market.world.list_limit}

@@ -1,0 +1,199 @@
+"""The service's REST routes under /api/v0, and the assembly of the whole ASGI application.
+
+Handlers are plain ``Request -> JSONResponse`` functions (no pydantic, no dependency injection): the
+simulator must serve well over a thousand requests a second on a small machine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from airflow_gpumarket.api import (
+    PATH_API_KEYS,
+    PATH_CLOUD_INTEGRATIONS,
+    PATH_CREATE_INSTANCE,
+    PATH_DEPLOYMENTS,
+    PATH_ENDPOINTS,
+    PATH_INSTANCE,
+    PATH_INSTANCES,
+    PATH_PENDING_PRICE_INCREASES,
+    PATH_REGEN_BACKUP_CODES,
+    PATH_SEARCH_OFFERS,
+    PATH_VOLUMES,
+)
+from airflow_gpumarket.simulator import rules
+from airflow_gpumarket.simulator.admin import AdminRoutes
+from airflow_gpumarket.simulator.errors import ApiError
+from airflow_gpumarket.simulator.market import Market
+from airflow_gpumarket.simulator.wire import AUTH_SCOPE_KEY, WireLayer
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Request], Awaitable[Any]]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def build_app(market: Market) -> WireLayer:
+    # Exact paths only: a missing trailing slash is a client bug the simulator should surface, not redirect.
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
+    app.add_exception_handler(StarletteHTTPException, _routing_error)  # type: ignore[arg-type]
+    for path, methods, endpoint in ApiRoutes(market).routes() + AdminRoutes(market).routes():
+        app.add_route(path, endpoint, methods=methods, include_in_schema=False)
+    return WireLayer(app, market)
+
+
+async def _routing_error(request: Request, exc: StarletteHTTPException) -> Response:
+    if exc.status_code == 404:
+        msg = f"No such path: {request.url.path} (paths are exact; mind the trailing slash)"
+        return JSONResponse({"error": "not_found", "msg": msg}, status_code=404)
+    if exc.status_code == 405:
+        msg = f"{request.method} is not allowed on {request.url.path}"
+        return JSONResponse({"error": "method_not_allowed", "msg": msg}, status_code=405, headers=exc.headers)
+    return JSONResponse({"error": "http_error", "msg": str(exc.detail)}, status_code=exc.status_code)
+
+
+def _path_int(request: Request, name: str, error: str, what: str) -> int:
+    raw = request.path_params[name]
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(404, error, f"{what} {raw!r} does not exist (ids are integers)") from None
+    if value <= 0:
+        raise ApiError(404, error, f"{what} {raw!r} does not exist")
+    return value
+
+
+class ApiRoutes:
+    def __init__(self, market: Market) -> None:
+        self.market = market
+
+    def routes(self) -> list[tuple[str, list[str], Endpoint]]:
+        w = self._endpoint
+        return [
+            (PATH_SEARCH_OFFERS, ["POST"], w(self.search_offers)),
+            (PATH_CREATE_INSTANCE, ["PUT", "POST"], w(self.create_instance)),
+            (PATH_INSTANCES, ["GET"], w(self.list_instances)),
+            (PATH_PENDING_PRICE_INCREASES, ["GET"], w(self.list_pending_price_increases)),
+            (PATH_INSTANCE, ["GET"], w(self.get_instance)),
+            (PATH_INSTANCE, ["PUT"], w(self.change_state, instance_key_ok=True)),
+            (PATH_INSTANCE, ["DELETE"], w(self.destroy_instance, instance_key_ok=True)),
+            (PATH_VOLUMES, ["POST"], w(self.create_volume_listings)),
+            (PATH_ENDPOINTS, ["POST"], w(self.create_endpoint)),
+            (PATH_REGEN_BACKUP_CODES, ["PUT"], w(self.regenerate_backup_codes)),
+            (PATH_DEPLOYMENTS, ["DELETE"], w(self.delete_deployments)),
+            (PATH_API_KEYS, ["GET"], w(self.list_api_keys)),
+            (PATH_CLOUD_INTEGRATIONS, ["GET"], w(self.list_cloud_integrations)),
+        ]
+
+    def _endpoint(self, handler: Handler, *, instance_key_ok: bool = False) -> Endpoint:
+        market = self.market
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                kind, own_instance, _ = request.scope[AUTH_SCOPE_KEY]
+                if kind == "none":
+                    raise ApiError(401, "unauthorized", "Send the API key as 'Authorization: Bearer <key>'")
+                if kind == "invalid":
+                    raise ApiError(403, "invalid_api_key", "The API key is not valid")
+                if kind == "instance" and not (
+                    instance_key_ok
+                    and _path_int(request, "instance_id", "no_such_instance", "Instance") == own_instance
+                ):
+                    raise ApiError(
+                        403,
+                        "forbidden",
+                        "An instance API key may only start, stop or destroy its own instance",
+                    )
+                return JSONResponse(await handler(request))
+            except ApiError as exc:
+                return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
+            except Exception:
+                # Only a bug in the simulator gets here; bad input is always answered with a 4xx above.
+                log.exception("gpumarket-sim: unexpected error on %s %s", request.method, request.url.path)
+                market.note_internal_error()
+                return JSONResponse(
+                    {"error": "internal_error", "msg": "The simulator failed; see its log"}, status_code=500
+                )
+
+        return endpoint
+
+    # --- offers and instances ----------------------------------------------------------------------------
+    async def search_offers(self, request: Request) -> Any:
+        query = rules.validate_search(rules.parse_json(await request.body(), required=False))
+        with self.market.transaction() as (world, _):
+            return {"offers": world.search(query)}
+
+    async def create_instance(self, request: Request) -> Any:
+        offer_id = _path_int(request, "offer_id", "no_such_ask", "Offer")
+        fields = rules.validate_create(rules.parse_json(await request.body()))
+        market = self.market
+        with market.transaction() as (world, now):
+            inst = world.create_instance(
+                offer_id, fields, now, new_id=market.next_instance_id, api_key=market.new_instance_key()
+            )
+            return {"success": True, "new_contract": inst.id, "instance_api_key": inst.api_key}
+
+    async def list_instances(self, request: Request) -> Any:
+        with self.market.transaction() as (world, _):
+            instances = [i.api_view() for i in sorted(world.live.values(), key=lambda i: i.id)]
+        return {"instances_found": len(instances), "instances": instances}
+
+    async def get_instance(self, request: Request) -> Any:
+        instance_id = _path_int(request, "instance_id", "no_such_instance", "Instance")
+        with self.market.transaction() as (world, _):
+            return {"instances": world.live_instance(instance_id).api_view()}
+
+    async def change_state(self, request: Request) -> Any:
+        instance_id = _path_int(request, "instance_id", "no_such_instance", "Instance")
+        raw = await request.body()
+        with self.market.transaction() as (world, now):
+            inst = world.live_instance(instance_id)
+            world.set_state(inst, rules.validate_state_change(rules.parse_json(raw)), now)
+        return {"success": True}
+
+    async def destroy_instance(self, request: Request) -> Any:
+        instance_id = _path_int(request, "instance_id", "no_such_instance", "Instance")
+        with self.market.transaction() as (world, now):
+            world.destroy(world.live_instance(instance_id), now)
+        return {"success": True}
+
+    # --- host, serverless, account --------------------------------------------------------------------------
+    async def create_volume_listings(self, request: Request) -> Any:
+        body = rules.parse_json(await request.body())
+        machine_ids, hidden = rules.validate_volume_listing(body)
+        with self.market.transaction() as (world, _):
+            return world.create_volume_listings(machine_ids, hidden, body)
+
+    async def create_endpoint(self, request: Request) -> Any:
+        fields = rules.validate_endpoint(rules.parse_json(await request.body()))
+        with self.market.transaction() as (world, now):
+            return {"success": True, "result": world.create_endpoint(fields, now)}
+
+    async def delete_deployments(self, request: Request) -> Any:
+        name, tag = rules.validate_delete_deployments(rules.parse_json(await request.body()))
+        with self.market.transaction() as (world, now):
+            return {"success": True, "count": world.delete_deployments(name, tag, now)}
+
+    async def regenerate_backup_codes(self, request: Request) -> Any:
+        fields = rules.validate_tfa(rules.parse_json(await request.body()))
+        with self.market.transaction() as (world, now):
+            return world.regen_backup_codes(fields, now)
+
+    async def list_pending_price_increases(self, request: Request) -> Any:
+        with self.market.transaction() as (world, _):
+            return world.list_pending_price_increases()
+
+    async def list_api_keys(self, request: Request) -> Any:
+        with self.market.transaction() as (world, _):
+            return {"apikeys": [{**k, "key": None} for k in world.api_keys]}
+
+    async def list_cloud_integrations(self, request: Request) -> Any:
+        with self.market.transaction() as (world, _):
+            return [dict(c) for c in world.cloud_integrations]

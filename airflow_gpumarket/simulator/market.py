@@ -1,0 +1,233 @@
+"""The simulator's core: world, clock, faults, onstart runner and request log behind one lock.
+
+Both the HTTP routes and the Python API (``MarketSimulator``) go through this object, so they see the same
+state and the same rules. States are brought up to date lazily on every access, and by a ticker thread so
+that onstart scripts start even when nobody polls.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import itertools
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from airflow_gpumarket.simulator.clock import SimClock
+from airflow_gpumarket.simulator.faults import Faults
+from airflow_gpumarket.simulator.onstart import OnstartRunner
+from airflow_gpumarket.simulator.world import World
+from airflow_gpumarket.simulator.worldgen import build_world
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.05
+REQUEST_LOG_SIZE = 10_000
+FIRST_INSTANCE_ID = 12_000_001
+
+
+def default_api_key(seed: int) -> str:
+    """The account key when none is given: derived from the seed, so a CLI user can predict it."""
+    return hashlib.sha256(f"gpumarket-sim-account-{seed}".encode()).hexdigest()[:40]
+
+
+class Market:
+    def __init__(
+        self,
+        *,
+        speed: float = 60.0,
+        seed: int = 0,
+        api_key: str | None = None,
+        execute_onstart: bool = False,
+        world: dict[str, Any] | None = None,
+    ) -> None:
+        self.lock = threading.RLock()
+        self.seed = seed
+        self.api_key = api_key or default_api_key(seed)
+        self._initial_speed = float(speed)
+        self._overrides = world
+        # The clock starts at the wall-clock time of start-up (or the world file's start_time); a reset
+        # rewinds it to that same instant, so a reset world is the same world.
+        self._start_time = float(int(time.time()))
+        self.world: World = build_world(seed, self._start_time, world)
+        self.clock = SimClock(speed, self.world.start_time)
+        self.faults = Faults(seed)
+        self.runner = OnstartRunner(execute_onstart)
+        self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=REQUEST_LOG_SIZE)
+        self.internal_errors = 0
+        # Instance ids are never reused, not even across resets: a script left over from an earlier test
+        # must not be able to reach a newer instance.
+        self._instance_ids = itertools.count(FIRST_INSTANCE_ID)
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    # --- life cycle ----------------------------------------------------------------------------------------
+    def start_ticker(self) -> None:
+        if self._ticker is None:
+            self._ticker = threading.Thread(
+                target=self._tick_forever, name="gpumarket-sim-ticker", daemon=True
+            )
+            self._ticker.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=2)
+        self.runner.close()
+
+    def _tick_forever(self) -> None:
+        while not self._stop.wait(TICK_SECONDS):
+            try:
+                if self.clock.speed > 0:
+                    with self.transaction():
+                        pass
+            except Exception:  # the ticker must survive a bug; requests still update lazily
+                log.exception("gpumarket-sim ticker failed")
+
+    @contextmanager
+    def transaction(self) -> Iterator[tuple[World, float]]:
+        """Hold the lock with the world brought up to now; carry out the resulting side effects afterwards."""
+        with self.lock:
+            try:
+                now = self.clock.now()
+                self.world.update(now)
+                yield self.world, now
+            finally:
+                events, self.world.events = self.world.events, []
+                starts = [self._onstart_job(iid) for kind, iid in events if kind == "first_running"]
+        for kind, iid in events:
+            if kind == "halt":
+                self.runner.halt(iid)
+        for job in starts:
+            if job is not None:
+                self.runner.start(*job)
+
+    def _onstart_job(self, instance_id: int) -> tuple[int, str, dict[str, str]] | None:
+        inst = self.world.instances[instance_id]
+        script = inst.config.get("onstart")
+        # The service's entrypoint runs onstart for the SSH and Jupyter runtypes only (spec: onstart field).
+        if not self.runner.enabled or not script or inst.config["runtype"] == "args":
+            return None
+        env = {k: v for k, v in inst.config["env"].items() if not k.startswith("-p ")}
+        env["CONTAINER_API_KEY"] = inst.api_key
+        return instance_id, script, env
+
+    def next_instance_id(self) -> int:
+        return next(self._instance_ids)
+
+    # --- auth and request log -------------------------------------------------------------------------------
+    def principal(self, key: str | None) -> tuple[str, int | None]:
+        """("account", None), ("instance", id), ("none", None) for no key, or ("invalid", None)."""
+        if key is None:
+            return "none", None
+        if hmac.compare_digest(key.encode(), self.api_key.encode()):
+            return "account", None
+        instance_id = self.world.instance_keys.get(key)
+        if instance_id is not None:
+            return "instance", instance_id
+        return "invalid", None
+
+    def log_request(
+        self, method: str, path: str, status: int | None, key: str, op: str | None, *, dropped: bool = False
+    ) -> None:
+        self.requests.append(
+            {
+                "t": self.clock.now(),
+                "method": method,
+                "path": path,
+                "status": status,
+                "key": key,
+                "op": op,
+                "dropped": dropped,
+            }
+        )
+
+    def note_internal_error(self) -> None:
+        with self.lock:
+            self.internal_errors += 1
+
+    # --- admin operations (used by both the /_sim/ routes and MarketSimulator) ------------------------------
+    def now(self) -> float:
+        return self.clock.now()
+
+    def state(self) -> dict[str, Any]:
+        with self.transaction() as (world, now):
+            state = world.state(now)
+            state["speed"] = self.clock.speed
+            state["faults"] = self.faults.view()
+            state["internal_errors"] = self.internal_errors
+            state["requests"] = list(self.requests)
+        return state
+
+    def advance(self, seconds: float) -> float:
+        with self.transaction():
+            self.clock.advance(seconds)
+        with self.transaction() as (_, now):
+            return now
+
+    def set_speed(self, speed: float) -> None:
+        with self.transaction():
+            self.clock.set_speed(speed)
+
+    def reset(self, seed: int | None = None) -> None:
+        with self.lock:
+            if seed is not None:
+                self.seed = seed
+            self.runner.reset()
+            self.world = build_world(self.seed, self._start_time, self._overrides)
+            self.clock.reset(self._initial_speed, self.world.start_time)
+            self.faults.clear(self.seed)
+            self.requests.clear()
+            self.internal_errors = 0
+
+    def force_status(self, instance_id: int, status: str | None) -> None:
+        with self.transaction() as (world, now):
+            world.force_status(instance_id, status, now)
+
+    def set_offer_fate(self, offer_id: int, fate: str) -> None:
+        with self.transaction() as (world, _):
+            world.set_offer_fate(offer_id, fate)
+
+    def vanish_offer(self, offer_id: int) -> None:
+        with self.transaction() as (world, _):
+            world.vanish_offer(offer_id)
+
+    def set_machine_online(self, machine_id: int, online: bool) -> None:
+        with self.transaction() as (world, now):
+            world.set_machine_online(machine_id, online, now)
+
+    def alive_instances(self) -> list[dict[str, Any]]:
+        with self.transaction() as (world, _):
+            return [world.instance_admin_view(i) for i in world.live.values()]
+
+    def onstart_result(self, instance_id: int) -> dict[str, Any] | None:
+        with self.transaction():
+            pass
+        return self.runner.result(instance_id)
+
+    def add_pending_price_increases(self, n: int, contract_id: int | None = None) -> list[dict[str, Any]]:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError("n must be an integer >= 0")
+        if contract_id is not None and (isinstance(contract_id, bool) or not isinstance(contract_id, int)):
+            raise ValueError("contract_id must be an integer or null")
+        with self.transaction() as (world, now):
+            return world.add_pending_price_increases(n, contract_id, now)
+
+    def set_list_limit(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError("the list limit must be an integer >= 0")
+        with self.lock:
+            self.world.list_limit = limit
+
+    def new_instance_key(self) -> str:
+        return secrets.token_hex(24)
+
+    def run(self, fn: Callable[[World, float], Any]) -> Any:
+        with self.transaction() as (world, now):
+            return fn(world, now)

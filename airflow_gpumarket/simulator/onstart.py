@@ -1,0 +1,165 @@
+"""Runs an instance's onstart script as a local process, as a host would run it inside the container."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Variables taken from the simulator's own environment. They win over the request's env: a container's PATH
+#: (say /opt/conda/bin) means nothing on this machine and would leave the script without a shell toolbox.
+INHERITED_VARIABLES = ("PATH", "HOME", "LANG")
+#: After a stop or destroy the script gets this long (real seconds) before SIGTERM, so that a script that
+#: stopped or destroyed its own instance receives the answer to that request first.
+HALT_GRACE_SECONDS = 0.5
+KILL_AFTER_TERM_SECONDS = 2.0
+MAX_OUTPUT_BYTES = 1 << 20
+#: A script that left children holding its output open is reported finished this long after it exits.
+DRAIN_SECONDS = 0.5
+
+
+@dataclass
+class _Run:
+    process: subprocess.Popen[bytes]
+    workdir: str
+    output: bytearray = field(default_factory=bytearray)
+    halting: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    drained: threading.Event = field(default_factory=threading.Event)
+    exited_at: float | None = None
+
+    def finished(self) -> bool:
+        """The script exited and its output was read to the end (or its children kept the pipe too long)."""
+        if self.exited_at is None:
+            return False
+        return self.drained.is_set() or time.monotonic() - self.exited_at > DRAIN_SECONDS
+
+
+class OnstartRunner:
+    """One process group per instance, started at most once; combined stdout/stderr and exit code are kept."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        self._runs: dict[int, _Run] = {}
+        self._base: str | None = None
+
+    def start(self, instance_id: int, script: str, env: dict[str, str]) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            if instance_id in self._runs:
+                return
+            if self._base is None:
+                self._base = tempfile.mkdtemp(prefix="gpumarket-sim-onstart-")
+            workdir = tempfile.mkdtemp(prefix=f"instance-{instance_id}-", dir=self._base)
+            path = os.path.join(workdir, "onstart.sh")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(script)
+            full_env = dict(env)
+            full_env.update({k: os.environ[k] for k in INHERITED_VARIABLES if k in os.environ})
+            full_env["CONTAINER_ID"] = str(instance_id)
+            process = subprocess.Popen(
+                [shutil.which("sh") or "/bin/sh", path],
+                cwd=workdir,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so a kill also reaches its children
+            )
+            run = _Run(process=process, workdir=workdir)
+            self._runs[instance_id] = run
+        threading.Thread(
+            target=self._collect, args=(run,), name=f"onstart-out-{instance_id}", daemon=True
+        ).start()
+        threading.Thread(
+            target=self._wait, args=(run,), name=f"onstart-wait-{instance_id}", daemon=True
+        ).start()
+
+    @staticmethod
+    def _wait(run: _Run) -> None:
+        run.process.wait()
+        run.exited_at = time.monotonic()
+
+    @staticmethod
+    def _collect(run: _Run) -> None:
+        stream = run.process.stdout
+        assert stream is not None
+        fd = stream.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            with run.lock:
+                run.output += chunk
+                if len(run.output) > MAX_OUTPUT_BYTES:
+                    del run.output[: len(run.output) - MAX_OUTPUT_BYTES]
+        stream.close()
+        run.drained.set()
+
+    def halt(self, instance_id: int, grace: float = HALT_GRACE_SECONDS) -> None:
+        """The instance stopped running (stop, destroy, failure): end its script as the container would."""
+        with self._lock:
+            run = self._runs.get(instance_id)
+        # Even when the script itself has ended, children it left in the background are ended too.
+        if run is None or run.halting:
+            return
+        run.halting = True
+        timer = threading.Timer(grace, self._terminate, args=(run,))
+        timer.daemon = True
+        timer.start()
+
+    def _terminate(self, run: _Run) -> None:
+        _signal_group(run.process, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            run.process.wait(timeout=KILL_AFTER_TERM_SECONDS)
+        _signal_group(run.process, signal.SIGKILL)
+
+    def result(self, instance_id: int) -> dict[str, Any] | None:
+        with self._lock:
+            run = self._runs.get(instance_id)
+        if run is None:
+            return None
+        finished = run.finished()
+        with run.lock:
+            output = run.output.decode("utf-8", "replace")
+        return {
+            "exit_code": run.process.returncode if finished else None,
+            "output": output,
+            "running": not finished,
+        }
+
+    def reset(self) -> None:
+        """Kill every script now and forget them (their scratch directories go too)."""
+        with self._lock:
+            runs = list(self._runs.values())
+            self._runs.clear()
+        for run in runs:
+            _signal_group(run.process, signal.SIGKILL)
+        for run in runs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.process.wait(timeout=5)
+            shutil.rmtree(run.workdir, ignore_errors=True)
+
+    def close(self) -> None:
+        self.reset()
+        with self._lock:
+            base, self._base = self._base, None
+        if base:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)

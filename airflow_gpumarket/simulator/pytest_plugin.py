@@ -1,0 +1,90 @@
+"""pytest plugin (registered through the ``pytest11`` entry point): the ``gpumarket_sim`` fixture.
+
+Every pytest run of anyone who installs the package loads this module, so it imports nothing heavy: the
+simulator starts (and FastAPI/uvicorn are imported) only when a test asks for the fixture.
+
+- ``gpumarket_sim_server`` (session): one simulator for the whole run.
+- ``gpumarket_sim`` (function): that simulator, freshly reset, with ``AIRFLOW_CONN_GPUMARKET_DEFAULT`` set for
+  the test. ``@pytest.mark.gpumarket_sim(speed=..., seed=..., execute_onstart=..., world=...)`` gives the test
+  a dedicated simulator with those settings instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.simulator.server import MarketSimulator
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gpumarket", "gpumarket simulator")
+    group.addoption(
+        "--gpumarket-sim-speed",
+        type=float,
+        default=None,
+        help="simulated seconds per real second of the gpumarket_sim fixture (default 60)",
+    )
+    group.addoption(
+        "--gpumarket-sim-seed", type=int, default=None, help="world seed of gpumarket_sim (default 0)"
+    )
+    group.addoption(
+        "--gpumarket-sim-execute-onstart",
+        action="store_true",
+        default=False,
+        help="let gpumarket_sim run onstart scripts as local processes",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "gpumarket_sim(**kwargs): give this test its own simulator, built with MarketSimulator(**kwargs)",
+    )
+
+
+def _options(config: pytest.Config) -> dict[str, Any]:
+    speed = config.getoption("--gpumarket-sim-speed")
+    seed = config.getoption("--gpumarket-sim-seed")
+    return {
+        "speed": 60.0 if speed is None else speed,
+        "seed": 0 if seed is None else seed,
+        "execute_onstart": bool(config.getoption("--gpumarket-sim-execute-onstart")),
+    }
+
+
+@pytest.fixture(scope="session")
+def gpumarket_sim_server(request: pytest.FixtureRequest) -> Iterator[MarketSimulator]:
+    from airflow_gpumarket.simulator.server import MarketSimulator
+
+    sim = MarketSimulator(**_options(request.config)).start()
+    try:
+        yield sim
+    finally:
+        sim.close()
+
+
+@pytest.fixture
+def gpumarket_sim(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[MarketSimulator]:
+    marker = request.node.get_closest_marker("gpumarket_sim")
+    if marker is not None and marker.kwargs:
+        from airflow_gpumarket.simulator.server import MarketSimulator
+
+        sim = MarketSimulator(**{**_options(request.config), **marker.kwargs}).start()
+        owned = True
+    else:
+        sim = request.getfixturevalue("gpumarket_sim_server")
+        sim.reset()
+        owned = False
+    for name, value in sim.connection_env().items():
+        monkeypatch.setenv(name, value)
+    try:
+        yield sim
+    finally:
+        if owned:
+            sim.close()

@@ -1,0 +1,479 @@
+"""The simulated server's own rules for request bodies: what it accepts, and the 4xx it answers otherwise.
+
+These are written from the server's side of ``api-reference.md`` on purpose, independently of the client's
+validation in ``airflow_gpumarket.api``: if both sides shared one reading of the spec, a misreading would
+never show up in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_gpumarket.api import ONSTART_MAX_CHARS
+from airflow_gpumarket.simulator.errors import ApiError, bad_request
+
+RUNTYPES = frozenset({"ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args"})
+DIRECT_RUNTYPES = frozenset({"ssh_direct", "jupyter_direct"})
+TARGET_STATES = frozenset({"running", "stopped"})
+OFFER_TYPES = frozenset({"ondemand", "on-demand", "bid"})
+ENDPOINT_STATES = frozenset({"active", "suspended", "stopped"})
+TFA_METHODS = frozenset({"sms", "totp", "email"})
+
+#: Offer fields a search may filter and sort on, with the JSON kind their operands must have.
+OFFER_FIELD_KINDS: dict[str, str] = {
+    "id": "number",
+    "num_gpus": "number",
+    "gpu_name": "string",
+    "gpu_ram": "number",
+    "dph_total": "number",
+    "reliability": "number",
+    "verified": "bool",
+    "rentable": "bool",
+    "direct_port_count": "number",
+    "dlperf_per_dphtotal": "number",
+    "machine_id": "number",
+    "host_id": "number",
+}
+EQUALITY_OPERATORS = frozenset({"eq", "neq"})
+ORDER_OPERATORS = frozenset({"gte", "gt", "lte", "lt"})
+LIST_OPERATORS = frozenset({"in", "notin"})
+OPERATORS = EQUALITY_OPERATORS | ORDER_OPERATORS | LIST_OPERATORS
+SEARCH_CONTROL_KEYS = frozenset({"type", "limit", "order"})
+
+#: A disk this large cannot exist on one host; the cap also keeps the ledger's arithmetic finite.
+MAX_DISK_GB = 100_000
+
+_PORT_KEY = re.compile(r"^-p (\d{1,5}):(\d{1,5})(/(tcp|udp))?$")
+_IMAGE_LOGIN = re.compile(r"^-u (\S+) -p (\S+) (\S+)$")
+
+ENDPOINT_NUMBER_FIELDS = (
+    "min_load",
+    "min_cold_load",
+    "target_util",
+    "cold_mult",
+    "max_queue_time",
+    "target_queue_time",
+    "inactivity_timeout",
+    "overrecruit_ratio",
+)
+ENDPOINT_INT_FIELDS = ("cold_workers", "max_workers")
+ENDPOINT_TEXT_FIELDS = ("autoscaler_instance", "endpoint_name")
+
+
+# --- JSON ---------------------------------------------------------------------------------------------------
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes, *, required: bool = True) -> Any:
+    """Decode a request body; malformed JSON (including NaN/Infinity, which Python would accept) is a 400."""
+    if not raw.strip():
+        if required:
+            raise bad_request("a JSON body is required", "invalid_json")
+        return {}
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}", "invalid_json") from None
+
+
+def require_object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request(f"the body must be a JSON object, got {_kind(body)}")
+    return body
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def is_number(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def one_of(value: Any, choices: frozenset[str] | dict[str, Any]) -> bool:
+    """Membership that cannot raise: JSON arrays and objects are unhashable."""
+    return isinstance(value, str) and value in choices
+
+
+def _present(body: dict[str, Any], name: str) -> bool:
+    """Optional fields sent as null count as not sent."""
+    return body.get(name) is not None
+
+
+# --- Create instance ----------------------------------------------------------------------------------------
+def validate_create(body: Any) -> dict[str, Any]:
+    """Check the creation request fields; return only the fields that were given (nulls dropped)."""
+    body = require_object(body)
+    out: dict[str, Any] = {}
+    for name in ("image", "template_hash_id"):
+        if _present(body, name):
+            value = body[name]
+            if not isinstance(value, str) or not value.strip():
+                raise bad_request(f"{name} must be a non-empty string")
+            out[name] = value
+    if "image" not in out and "template_hash_id" not in out:
+        raise bad_request("image is required unless template_hash_id is given", "missing_image")
+    for name in ("label", "args_str", "jupyter_dir", "onstart"):
+        if _present(body, name):
+            if not isinstance(body[name], str):
+                raise bad_request(f"{name} must be a string, got {_kind(body[name])}")
+            out[name] = body[name]
+    if "onstart" in out and len(out["onstart"]) > ONSTART_MAX_CHARS:
+        raise bad_request(
+            f"onstart is {len(out['onstart'])} characters; the limit is {ONSTART_MAX_CHARS}",
+            "onstart_too_long",
+        )
+    if _present(body, "disk"):
+        disk = body["disk"]
+        if not is_number(disk) or disk <= 0 or disk > MAX_DISK_GB:
+            raise bad_request(f"disk must be a number of GB greater than 0 and at most {MAX_DISK_GB}")
+        out["disk"] = disk
+    if _present(body, "price"):
+        if not is_number(body["price"]) or body["price"] <= 0:
+            raise bad_request("price must be a positive number of dollars per hour")
+        out["price"] = body["price"]
+    if _present(body, "runtype"):
+        if not one_of(body["runtype"], RUNTYPES):
+            raise bad_request(f"runtype must be one of {', '.join(sorted(RUNTYPES))}")
+        out["runtype"] = body["runtype"]
+    if _present(body, "target_state"):
+        if not one_of(body["target_state"], TARGET_STATES):
+            raise bad_request("target_state must be running or stopped")
+        out["target_state"] = body["target_state"]
+    for name in ("use_jupyter_lab", "python_utf8", "lang_utf8", "cancel_unavail", "vm"):
+        if _present(body, name):
+            if not isinstance(body[name], bool):
+                raise bad_request(f"{name} must be true or false, got {_kind(body[name])}")
+            out[name] = body[name]
+    if _present(body, "env"):
+        out["env"] = validate_env(body["env"])
+    if _present(body, "image_login"):
+        out["image_login"] = parse_image_login(body["image_login"])
+    if _present(body, "volume_info"):
+        out["volume_info"] = validate_volume_info(body["volume_info"])
+    return out
+
+
+def validate_env(env: Any) -> dict[str, str]:
+    """env is an object of variables plus ``"-p N:N": "1"`` port mappings (rule 1 of the spec)."""
+    if not isinstance(env, dict):
+        raise bad_request(
+            f"env must be a JSON object of NAME: value pairs, got {_kind(env)}; "
+            "the '-e NAME=value -p 8080:8080' flag string is only for templates"
+        )
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        if not key or "=" in key or "\x00" in key:
+            raise bad_request(f"env key {key!r} is not a valid variable name")
+        if key.startswith("-"):
+            match = _PORT_KEY.match(key)
+            if not match or not all(1 <= int(match.group(i)) <= 65535 for i in (1, 2)):
+                raise bad_request(f"env key {key!r} is neither a variable nor a '-p N:N' port mapping")
+            if value != "1":
+                raise bad_request(f'the port mapping {key!r} takes the string value "1"')
+            out[key] = value
+            continue
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise bad_request(f"env value of {key} contains a NUL character")
+            out[key] = value
+        elif is_number(value):
+            out[key] = str(value)
+        else:
+            raise bad_request(f"env value of {key} must be a string, got {_kind(value)}")
+    return out
+
+
+def parse_template_env(env: Any) -> dict[str, str]:
+    """A template's env: the flag-string form templates use (``-e A=1 -p 22:22``) or an object."""
+    if env is None:
+        return {}
+    if isinstance(env, dict):
+        return validate_env(env)
+    if not isinstance(env, str):
+        raise ValueError(f"template env must be a flag string or an object, got {_kind(env)}")
+    out: dict[str, str] = {}
+    words = shlex.split(env)
+    i = 0
+    while i < len(words):
+        flag = words[i]
+        if flag in ("-e", "-p") and i + 1 < len(words):
+            arg = words[i + 1]
+            if flag == "-e":
+                name, _, value = arg.partition("=")
+                out[name] = value
+            else:
+                out[f"-p {arg}"] = "1"
+            i += 2
+        else:
+            raise ValueError(f"cannot read template env flag {flag!r}; use -e NAME=value or -p N:N")
+    return validate_env(out)
+
+
+def parse_image_login(value: Any) -> dict[str, str]:
+    """``-u <user> -p <token> <registry>`` -> the ``docker_login_*`` fields a template would carry."""
+    match = _IMAGE_LOGIN.match(value) if isinstance(value, str) else None
+    if not match:
+        # The value holds a registry token: never echo it.
+        raise bad_request("image_login must have the form '-u <user> -p <access_token> <registry_host>'")
+    return {
+        "docker_login_user": match.group(1),
+        "docker_login_pass": match.group(2),
+        "docker_login_repo": match.group(3),
+    }
+
+
+def validate_volume_info(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad_request("volume_info must be an object with volume_id and mount_path")
+    unknown = set(value) - {"volume_id", "mount_path"}
+    if unknown:
+        raise bad_request(f"volume_info has unknown keys: {', '.join(sorted(unknown))}")
+    if not is_int(value.get("volume_id")) or value["volume_id"] <= 0:
+        raise bad_request("volume_info.volume_id must be a positive integer")
+    mount = value.get("mount_path")
+    if not isinstance(mount, str) or not mount.startswith("/"):
+        raise bad_request("volume_info.mount_path must be an absolute path")
+    return {"volume_id": value["volume_id"], "mount_path": mount}
+
+
+def validate_state_change(body: Any) -> str:
+    body = require_object(body)
+    state = body.get("state")
+    if not one_of(state, TARGET_STATES):
+        raise bad_request("state must be stopped or running")
+    return str(state)
+
+
+# --- Search -------------------------------------------------------------------------------------------------
+@dataclass
+class SearchQuery:
+    filters: list[tuple[str, str, Any]] = field(default_factory=list)
+    offer_type: str = "ondemand"
+    limit: int | None = None
+    order: list[tuple[str, bool]] = field(default_factory=list)  # (field, descending)
+
+    @property
+    def filters_rentable(self) -> bool:
+        return any(name == "rentable" for name, _, _ in self.filters)
+
+
+def validate_search(body: Any) -> SearchQuery:
+    body = require_object(body)
+    query = SearchQuery()
+    for name, condition in body.items():
+        if name == "type":
+            if not one_of(condition, OFFER_TYPES):
+                raise bad_request("type must be ondemand, on-demand or bid")
+            query.offer_type = condition
+        elif name == "limit":
+            if not is_int(condition) or condition < 1:
+                raise bad_request("limit must be a positive integer")
+            query.limit = condition
+        elif name == "order":
+            query.order = _validate_order(condition)
+        elif name in OFFER_FIELD_KINDS:
+            if not isinstance(condition, dict) or not condition:
+                raise bad_request(
+                    f'the filter on {name} must be an object like {{"eq": value}}', "invalid_filter"
+                )
+            for operator, operand in condition.items():
+                _check_operand(name, operator, operand)
+                query.filters.append((name, operator, operand))
+        else:
+            raise bad_request(
+                f"{name!r} is not a filterable offer field; use one of {', '.join(OFFER_FIELD_KINDS)}",
+                "invalid_filter",
+            )
+    return query
+
+
+def _check_operand(name: str, operator: str, operand: Any) -> None:
+    if not one_of(operator, OPERATORS):
+        raise bad_request(
+            f"unknown operator {operator!r} on {name}; use one of {', '.join(sorted(OPERATORS))}",
+            "invalid_filter",
+        )
+    kind = OFFER_FIELD_KINDS[name]
+    if operator in LIST_OPERATORS:
+        if not isinstance(operand, list):
+            raise bad_request(f"{operator!r} on {name} takes an array of values", "invalid_filter")
+        values = operand
+    elif operator in ORDER_OPERATORS and kind == "bool":
+        raise bad_request(f"{name} is a boolean: use eq, neq or in", "invalid_filter")
+    else:
+        values = [operand]
+    for value in values:
+        ok = (
+            (kind == "number" and is_number(value))
+            or (kind == "string" and isinstance(value, str))
+            or (kind == "bool" and isinstance(value, bool))
+        )
+        if not ok:
+            raise bad_request(f"{name} compares with a {kind}, got {_kind(value)}", "invalid_filter")
+
+
+def _validate_order(order: Any) -> list[tuple[str, bool]]:
+    if not isinstance(order, list):
+        raise bad_request('order must be an array of [field, "asc"|"desc"] pairs')
+    out = []
+    for pair in order:
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not one_of(pair[0], OFFER_FIELD_KINDS)
+            or pair[1] not in ("asc", "desc")
+        ):
+            raise bad_request(f'each order entry must be [offer field, "asc"|"desc"], got {pair!r}')
+        out.append((pair[0], pair[1] == "desc"))
+    return out
+
+
+def offer_matches(offer: dict[str, Any], filters: list[tuple[str, str, Any]]) -> bool:
+    for name, operator, operand in filters:
+        value = offer.get(name)
+        if operator == "eq":
+            ok = value == operand
+        elif operator == "neq":
+            ok = value != operand
+        elif operator == "in":
+            ok = value in operand
+        elif operator == "notin":
+            ok = value not in operand
+        elif value is None:
+            ok = False
+        elif operator == "gte":
+            ok = value >= operand
+        elif operator == "gt":
+            ok = value > operand
+        elif operator == "lte":
+            ok = value <= operand
+        else:
+            ok = value < operand
+        if not ok:
+            return False
+    return True
+
+
+# --- Volume listings ----------------------------------------------------------------------------------------
+def validate_volume_listing(body: Any) -> tuple[list[int], bool | None]:
+    """Machine ids (``machines`` overrides ``machine``) and hidden_listing, with the spec's 400 and 422."""
+    body = require_object(body)
+    if _present(body, "machines"):
+        machines = body["machines"]
+        if not isinstance(machines, list) or not machines or not all(_is_id(m) for m in machines):
+            raise bad_request("Invalid machine id")
+        ids = list(dict.fromkeys(machines))
+    elif _present(body, "machine"):
+        if not _is_id(body["machine"]):
+            raise bad_request("Invalid machine id")
+        ids = [body["machine"]]
+    else:
+        raise bad_request("Invalid machine id")
+    hidden = body.get("hidden_listing")
+    if hidden is not None and not isinstance(hidden, bool):
+        raise ApiError(422, "invalid_args", "Disk ask creation failed: hidden_listing must be a boolean")
+    return ids, hidden
+
+
+def _is_id(value: Any) -> bool:
+    return is_int(value) and value > 0
+
+
+# --- Serverless endpoints and deployments -------------------------------------------------------------------
+def validate_endpoint(body: Any) -> dict[str, Any]:
+    """Every field is optional (defaults fill the rest); types, states and the queue-time rule are checked."""
+    body = require_object(body)
+    out: dict[str, Any] = {}
+    for name in ENDPOINT_NUMBER_FIELDS:
+        if _present(body, name):
+            if not is_number(body[name]) or body[name] < 0:
+                raise bad_request(f"{name} must be a number of at least 0")
+            out[name] = body[name]
+    for name in ENDPOINT_INT_FIELDS:
+        if _present(body, name):
+            if not is_int(body[name]) or body[name] < 0:
+                raise bad_request(f"{name} must be an integer of at least 0")
+            out[name] = body[name]
+    for name in ENDPOINT_TEXT_FIELDS:
+        if _present(body, name):
+            if not isinstance(body[name], str) or not body[name].strip():
+                raise bad_request(f"{name} must be a non-empty string")
+            out[name] = body[name]
+    if _present(body, "endpoint_state"):
+        if not one_of(body["endpoint_state"], ENDPOINT_STATES):
+            raise bad_request("endpoint_state must be active, suspended or stopped", "invalid_endpoint_state")
+        out["endpoint_state"] = body["endpoint_state"]
+    if (
+        "target_queue_time" in out
+        and "max_queue_time" in out
+        and out["target_queue_time"] > out["max_queue_time"]
+    ):
+        raise bad_request(
+            f"target_queue_time ({out['target_queue_time']}) must be less than or equal to "
+            f"max_queue_time ({out['max_queue_time']})",
+            "invalid_queue_time",
+        )
+    return out
+
+
+def validate_delete_deployments(body: Any) -> tuple[str, str | None]:
+    body = require_object(body)
+    name = body.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise bad_request("name is required: the name of the deployments to delete")
+    tag = body.get("tag")
+    if tag is not None and not isinstance(tag, str):
+        raise bad_request("tag must be a string")
+    return name, tag
+
+
+# --- Two-factor backup codes --------------------------------------------------------------------------------
+def validate_tfa(body: Any) -> dict[str, Any]:
+    body = require_object(body)
+    out: dict[str, Any] = {}
+    for name in ("code", "secret", "backup_code"):
+        if _present(body, name):
+            if not isinstance(body[name], str) or not body[name].strip():
+                raise bad_request(f"{name} must be a non-empty string")
+            out[name] = body[name].strip()
+    if _present(body, "tfa_method"):
+        if not one_of(body["tfa_method"], TFA_METHODS):
+            raise bad_request("tfa_method must be sms, totp or email")
+        out["tfa_method"] = body["tfa_method"]
+    if _present(body, "tfa_method_id"):
+        if not _is_id(body["tfa_method_id"]):
+            raise bad_request("tfa_method_id must be a positive integer")
+        out["tfa_method_id"] = body["tfa_method_id"]
+    if "code" not in out and "backup_code" not in out:
+        raise bad_request(
+            "a verification code (with tfa_method or tfa_method_id) or a backup_code is required"
+        )
+    if "backup_code" not in out and "tfa_method" not in out and "tfa_method_id" not in out:
+        raise bad_request("tfa_method or tfa_method_id is required with code")
+    return out

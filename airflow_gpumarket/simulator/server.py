@@ -1,0 +1,186 @@
+"""``MarketSimulator``: the simulator as a context manager, served by uvicorn in a background thread."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from airflow_gpumarket.simulator.market import Market
+from airflow_gpumarket.simulator.worldgen import load_world_file
+
+CONNECTION_ENV = "AIRFLOW_CONN_GPUMARKET_DEFAULT"
+STARTUP_TIMEOUT_SECONDS = 10.0
+
+
+class MarketSimulator:
+    """A running simulated marketplace on a loopback port.
+
+    ``with MarketSimulator(speed=600) as sim: ...`` gives ``sim.url``, ``sim.api_key``, ``sim.conn_uri`` and
+    the admin methods below. ``speed`` is simulated seconds per real second (0 freezes the clock: only
+    :meth:`advance` moves it). ``world`` is a world file path or an already loaded dict (see
+    docs/simulator.md). Every method is thread-safe.
+    """
+
+    def __init__(
+        self,
+        speed: float = 60.0,
+        seed: int = 0,
+        api_key: str | None = None,
+        execute_onstart: bool = False,
+        world: str | os.PathLike[str] | dict[str, Any] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        overrides = load_world_file(world) if isinstance(world, str | Path | os.PathLike) else world
+        self._market = Market(
+            speed=speed, seed=seed, api_key=api_key, execute_onstart=execute_onstart, world=overrides
+        )
+        self.host = host
+        self._requested_port = port
+        self.port: int | None = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+
+    # --- life cycle -----------------------------------------------------------------------------------------
+    def start(self) -> MarketSimulator:
+        if self._thread is not None:
+            return self
+        import uvicorn
+
+        from airflow_gpumarket.simulator.app import build_app
+
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self._requested_port))
+        except OSError:
+            sock.close()
+            raise
+        self._socket = sock
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            build_app(self._market),
+            log_config=None,  # leave the host process's logging configuration alone
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            proxy_headers=False,  # the loopback check must see the real peer, not a header
+            server_header=False,
+            date_header=False,
+            timeout_graceful_shutdown=2,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="gpumarket-sim-server", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("gpumarket-sim did not start; see the log above")
+            time.sleep(0.002)
+        self._market.start_ticker()
+        return self
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._market.close()
+        if self._socket is not None:
+            self._socket.close()
+        self._thread = None
+        self._server = None
+        self._socket = None
+
+    def __enter__(self) -> MarketSimulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- how to reach it ------------------------------------------------------------------------------------
+    @property
+    def _netloc(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the simulator is not started; use it as a context manager or call start()")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._netloc}"
+
+    @property
+    def api_key(self) -> str:
+        return self._market.api_key
+
+    @property
+    def conn_uri(self) -> str:
+        """Airflow connection URI; the key is the password, the host has no scheme (plain http implied)."""
+        return f"gpumarket://:{quote(self.api_key, safe='')}@{self._netloc}"
+
+    def connection_env(self) -> dict[str, str]:
+        connection = {"conn_type": "gpumarket", "host": self.url, "password": self.api_key}
+        return {CONNECTION_ENV: json.dumps(connection)}
+
+    # --- admin ----------------------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The same document as ``GET /_sim/state`` (a JSON round trip, so it is a copy)."""
+        return json.loads(json.dumps(self._market.state()))
+
+    def now(self) -> float:
+        return self._market.now()
+
+    def advance(self, seconds: float) -> float:
+        return self._market.advance(seconds)
+
+    def set_speed(self, speed: float) -> None:
+        self._market.set_speed(speed)
+
+    def reset(self, seed: int | None = None) -> None:
+        self._market.reset(seed)
+
+    def set_faults(self, rules: list[dict[str, Any]]) -> None:
+        self._market.faults.set_rules(rules)
+
+    def clear_faults(self) -> None:
+        self._market.faults.clear()
+
+    def force_status(self, instance_id: int, status: str | None) -> None:
+        self._market.force_status(instance_id, status)
+
+    def set_offer_fate(self, offer_id: int, fate: str) -> None:
+        self._market.set_offer_fate(offer_id, fate)
+
+    def vanish_offer(self, offer_id: int) -> None:
+        self._market.vanish_offer(offer_id)
+
+    def set_machine_online(self, machine_id: int, online: bool) -> None:
+        self._market.set_machine_online(machine_id, online)
+
+    def alive_instances(self) -> list[dict[str, Any]]:
+        return json.loads(json.dumps(self._market.alive_instances()))
+
+    def onstart_result(self, instance_id: int) -> dict[str, Any] | None:
+        return self._market.onstart_result(instance_id)
+
+    def add_pending_price_increases(self, n: int, contract_id: int | None = None) -> list[dict[str, Any]]:
+        return self._market.add_pending_price_increases(n, contract_id)
+
+    def set_list_limit(self, n: int) -> None:
+        self._market.set_list_limit(n)
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The request log of the API (not of /_sim/), oldest first."""
+        return list(self._market.requests)

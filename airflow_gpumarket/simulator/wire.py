@@ -1,0 +1,177 @@
+"""The ASGI layer in front of the routes: what happens on the wire before and after the service's logic.
+
+It names the operation of each API request, reads the bearer key, applies the fault rules (latency, dropped
+connections, injected statuses, rate limits), keeps the request log, and keeps the admin surface for loopback
+clients. Dropping a connection needs the server's transport, which only the outermost ASGI callable can
+reach: that is why faults live here and not in the routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from airflow_gpumarket.api import (
+    PATH_API_KEYS,
+    PATH_CLOUD_INTEGRATIONS,
+    PATH_CREATE_INSTANCE,
+    PATH_DEPLOYMENTS,
+    PATH_ENDPOINTS,
+    PATH_INSTANCE,
+    PATH_INSTANCES,
+    PATH_PENDING_PRICE_INCREASES,
+    PATH_REGEN_BACKUP_CODES,
+    PATH_SEARCH_OFFERS,
+    PATH_VOLUMES,
+)
+from airflow_gpumarket.simulator.market import Market
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+ADMIN_PREFIX = "/_sim"
+#: Scope key under which the routes find ``(key kind, instance id or None, raw key or None)``.
+AUTH_SCOPE_KEY = "gpumarket.auth"
+
+_EXACT_OPERATIONS = {
+    ("POST", PATH_SEARCH_OFFERS): "search_offers",
+    ("GET", PATH_INSTANCES): "list_instances",
+    ("POST", PATH_VOLUMES): "create_volume_listings",
+    ("POST", PATH_ENDPOINTS): "create_endpoint",
+    ("PUT", PATH_REGEN_BACKUP_CODES): "regenerate_backup_codes",
+    ("DELETE", PATH_DEPLOYMENTS): "delete_deployments",
+    ("GET", PATH_PENDING_PRICE_INCREASES): "list_pending_price_increases",
+    ("GET", PATH_API_KEYS): "list_api_keys",
+    ("GET", PATH_CLOUD_INTEGRATIONS): "list_cloud_integrations",
+}
+
+
+def _path_pattern(template: str, name: str) -> re.Pattern[str]:
+    return re.compile("^" + re.escape(template).replace(re.escape("{" + name + "}"), "[^/]+") + "$")
+
+
+_ASK_PATH = _path_pattern(PATH_CREATE_INSTANCE, "offer_id")
+_INSTANCE_PATH = _path_pattern(PATH_INSTANCE, "instance_id")
+_INSTANCE_OPERATIONS = {"GET": "get_instance", "PUT": "stop_instance", "DELETE": "destroy_instance"}
+
+
+def classify(method: str, path: str) -> str | None:
+    """The operation name of an API request (the names fault rules use), or None for other paths."""
+    op = _EXACT_OPERATIONS.get((method, path))
+    if op is not None:
+        return op
+    if method in _INSTANCE_OPERATIONS and _INSTANCE_PATH.match(path):
+        return _INSTANCE_OPERATIONS[method]
+    if method in ("PUT", "POST") and _ASK_PATH.match(path):
+        return "create_instance"
+    return None
+
+
+def bearer_key(scope: Scope) -> str | None:
+    """The key of a well-formed ``Authorization: Bearer <key>`` header, else None."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, key = value.decode("latin-1").strip().partition(" ")
+            key = key.strip()
+            if scheme.lower() == "bearer" and key and " " not in key:
+                return key
+            return None
+    return None
+
+
+def is_loopback(client: Any) -> bool:
+    if not client:
+        return False
+    host = client[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def send_json(send: Send, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def drop_connection(send: Send) -> None:
+    """Close the TCP connection at once, without a response, as a crashed proxy or a network cut would."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if transport is None:
+        raise RuntimeError("this server does not expose its transport; cannot drop the connection")
+    transport.abort()
+    # Let the server notice the lost connection, so it does not complain that no response was started.
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+
+class WireLayer:
+    def __init__(self, app: ASGIApp, market: Market) -> None:
+        self.app = app
+        self.market = market
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
+            if not is_loopback(scope.get("client")):
+                await send_json(
+                    send, 403, {"error": "forbidden", "msg": "the /_sim/ admin surface is loopback-only"}
+                )
+                return
+            await self.app(scope, receive, send)
+            return
+
+        market = self.market
+        method: str = scope["method"]
+        op = classify(method, path)
+        key = bearer_key(scope)
+        kind, instance_id = market.principal(key)
+        scope[AUTH_SCOPE_KEY] = (kind, instance_id, key)
+        status: list[int | None] = [None]
+
+        decision = market.faults.decide(op, key or "") if op is not None and market.faults.active else None
+        if decision is not None:
+            if decision.delay:
+                await asyncio.sleep(decision.delay)
+            if decision.drop_before:
+                market.log_request(method, path, None, kind, op, dropped=True)
+                await drop_connection(send)
+                return
+            if decision.status is not None:
+                market.log_request(method, path, decision.status, kind, op)
+                body = {"error": decision.error, "msg": decision.msg}
+                await send_json(send, decision.status, body, decision.headers)
+                return
+            if decision.drop_after:
+
+                async def swallow(message: Message) -> None:
+                    if message["type"] == "http.response.start":
+                        status[0] = message["status"]
+
+                await self.app(scope, receive, swallow)
+                market.log_request(method, path, status[0], kind, op, dropped=True)
+                await drop_connection(send)
+                return
+
+        async def record_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, record_status)
+        market.log_request(method, path, status[0], kind, op)

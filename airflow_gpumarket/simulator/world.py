@@ -1,0 +1,668 @@
+"""The simulated market's state and the service rules that change it.
+
+Offers, instances and their lifecycle, the billing ledger, volume asks, serverless endpoints, deployments,
+account items and two-factor codes. Every method takes the simulated time ``now`` from its caller and must be
+called with the market lock held (see ``market.py``); nothing here reads a clock, sleeps or starts a process.
+Side effects the outside world must carry out (starting or killing an onstart script) are queued in
+``events`` for the caller to drain.
+"""
+
+from __future__ import annotations
+
+import hmac
+import operator
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_gpumarket.api import DEFAULT_DISK_GB
+from airflow_gpumarket.simulator import totp
+from airflow_gpumarket.simulator.errors import ApiError, bad_request
+from airflow_gpumarket.simulator.rules import DIRECT_RUNTYPES, SearchQuery, offer_matches
+
+FAILED_STATUSES = ("exited", "unknown", "offline")
+#: What an offer's instances end up as after booting.
+FATES = ("running", *FAILED_STATUSES)
+#: Statuses the admin surface may force an instance into (None is "provisioning").
+FORCEABLE_STATUSES = (None, "loading", "running", "stopped", *FAILED_STATUSES)
+SECONDS_PER_MONTH = 30 * 86400
+BOOT_SECONDS = (60.0, 300.0)
+#: A restart finds the image already on the host, so it only goes through a (shorter) loading phase.
+RESTART_LOADING_SECONDS = (20.0, 120.0)
+BACKUP_CODES_PER_REGENERATION = 10
+
+_LOGIN_KEY = re.compile(r"^[a-z0-9]+_login_(repo|user|pass)$")
+#: Template fields that become instance configuration (rule 6: request values override them).
+TEMPLATE_CONFIG_KEYS = (
+    "image",
+    "runtype",
+    "onstart",
+    "disk",
+    "args_str",
+    "jupyter_dir",
+    "use_jupyter_lab",
+    "python_utf8",
+    "lang_utf8",
+    "vm",
+)
+ENDPOINT_DEFAULTS: dict[str, Any] = {
+    "min_load": 0.0,
+    "min_cold_load": 0.0,
+    "target_util": 0.9,
+    "cold_mult": 2.5,
+    "cold_workers": 5,
+    "max_workers": 20,
+    "max_queue_time": 30.0,
+    "target_queue_time": 10.0,
+    "autoscaler_instance": "prod",
+    "endpoint_state": "active",
+    "inactivity_timeout": None,
+    "overrecruit_ratio": 1.0,
+}
+
+
+@dataclass
+class Machine:
+    id: int
+    host_id: int
+    online: bool = True
+    owned: bool = False
+    public_ip: str = "198.51.100.1"
+    disk_gb: float = 1000.0
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "host_id": self.host_id,
+            "online": self.online,
+            "owned": self.owned,
+            "public_ip": self.public_ip,
+            "disk_gb": self.disk_gb,
+        }
+
+
+@dataclass
+class Offer:
+    id: int
+    machine_id: int
+    host_id: int
+    num_gpus: int
+    gpu_name: str
+    gpu_ram: float
+    dph_total: float
+    reliability: float
+    verified: bool
+    direct_port_count: int
+    dlperf_per_dphtotal: float
+    #: The host accepts rentals. The offer's ``rentable`` field also needs "not rented" and "machine online".
+    listed: bool = True
+    fate: str = "running"
+    #: None, the id of our instance, or "other" (rented by someone else).
+    rented_by: int | str | None = None
+
+    def view(self, machine_online: bool) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "num_gpus": self.num_gpus,
+            "gpu_name": self.gpu_name,
+            "gpu_ram": self.gpu_ram,
+            "dph_total": self.dph_total,
+            "reliability": self.reliability,
+            "verified": self.verified,
+            "rentable": self.listed and self.rented_by is None and machine_online,
+            "direct_port_count": self.direct_port_count,
+            "dlperf_per_dphtotal": self.dlperf_per_dphtotal,
+            "machine_id": self.machine_id,
+            "host_id": self.host_id,
+        }
+
+
+@dataclass
+class Instance:
+    id: int
+    offer: Offer
+    api_key: str
+    config: dict[str, Any]
+    logins: dict[str, str]
+    created_at: float
+    ssh_host: str
+    ssh_port: int
+    ports: dict[str, int]
+    fate: str
+    status: str | None = None
+    #: Future (time, status) steps of a boot, in order.
+    schedule: list[tuple[float, str | None]] = field(default_factory=list)
+    #: Once an instance has failed it never runs again, even if restarted (spec: States, rule 1).
+    doomed: str | None = None
+    provisioned: bool = False
+    first_running_at: float | None = None
+    destroyed_at: float | None = None
+    accounted_until: float = 0.0
+    compute_seconds: float = 0.0
+    storage_seconds: float = 0.0
+
+    @property
+    def destroyed(self) -> bool:
+        return self.destroyed_at is not None
+
+    def costs(self, disk_price_per_gb_month: float) -> tuple[float, float]:
+        compute = self.compute_seconds / 3600.0 * self.offer.dph_total
+        storage = (
+            self.storage_seconds / SECONDS_PER_MONTH * float(self.config["disk"]) * disk_price_per_gb_month
+        )
+        return compute, storage
+
+    def api_view(self) -> dict[str, Any]:
+        """The instance object of the public API: never the instance key or registry credentials."""
+        c = self.config
+        return {
+            "id": self.id,
+            "actual_status": self.status,
+            "intended_status": c["target_state"],
+            "label": c["label"],
+            "ssh_host": self.ssh_host,
+            "ssh_port": self.ssh_port,
+            "ports": dict(self.ports),
+            "offer_id": self.offer.id,
+            "machine_id": self.offer.machine_id,
+            "host_id": self.offer.host_id,
+            "gpu_name": self.offer.gpu_name,
+            "num_gpus": self.offer.num_gpus,
+            "gpu_ram": self.offer.gpu_ram,
+            "dph_total": self.offer.dph_total,
+            "disk_space": c["disk"],
+            "image": c.get("image"),
+            "env": dict(c["env"]),
+            "onstart": c.get("onstart"),
+            "args_str": c.get("args_str"),
+            "runtype": c["runtype"],
+            "template_hash_id": c.get("template_hash_id"),
+            "jupyter_dir": c.get("jupyter_dir"),
+            "use_jupyter_lab": c.get("use_jupyter_lab", False),
+            "python_utf8": c.get("python_utf8", False),
+            "lang_utf8": c.get("lang_utf8", False),
+            "vm": c.get("vm", False),
+            "volume_info": c.get("volume_info"),
+            "bid_price": c.get("price"),
+            "start_date": self.created_at,
+        }
+
+
+class World:
+    """All state of one simulated market. See the module docstring for the locking contract."""
+
+    def __init__(
+        self,
+        *,
+        seed: int,
+        start_time: float,
+        user_id: int,
+        machines: list[Machine],
+        offers: list[Offer],
+        templates: list[dict[str, Any]],
+        deployments: list[dict[str, Any]],
+        endpoints: list[dict[str, Any]],
+        pending_price_increases: list[dict[str, Any]],
+        api_keys: list[dict[str, Any]],
+        cloud_integrations: list[dict[str, Any]],
+        tfa: dict[str, Any],
+        list_limit: int,
+        disk_price_per_gb_month: float,
+    ) -> None:
+        self.seed = seed
+        self.start_time = start_time
+        self.user_id = user_id
+        self.machines = {m.id: m for m in machines}
+        self.offers = {o.id: o for o in offers}
+        self.templates = {t["hash_id"]: t for t in templates}
+        self.deployments = {d["id"]: d for d in deployments}
+        self.endpoints = {e["id"]: e for e in endpoints}
+        self.pending_price_increases = pending_price_increases
+        self.api_keys = api_keys
+        self.cloud_integrations = cloud_integrations
+        self.tfa = tfa
+        self.list_limit = list_limit
+        self.disk_price_per_gb_month = disk_price_per_gb_month
+        # Outcomes (boot times, ports, codes) draw from their own stream, so editing the world file does not
+        # change them, and the same sequence of requests always gets the same outcomes.
+        self.rng = random.Random(f"gpumarket-outcomes-{seed}")
+        self.instances: dict[int, Instance] = {}
+        self.live: dict[int, Instance] = {}
+        self.instance_keys: dict[str, int] = {}
+        self.volume_asks: dict[int, dict[str, Any]] = {}
+        self.events: list[tuple[str, int]] = []
+        self._last_update = start_time
+        self._next_ask_id = 5_000_001
+        self._next_endpoint_id = max(self.endpoints, default=100) + 1
+        self._next_ppi_id = (
+            max((p["pending_price_increase_id"] for p in pending_price_increases), default=0) + 1
+        )
+
+    # --- time -----------------------------------------------------------------------------------------------
+    def update(self, now: float) -> None:
+        """Bring every live instance's status and ledger up to ``now``."""
+        if now <= self._last_update:
+            return
+        self._last_update = now
+        for inst in list(self.live.values()):
+            self._advance(inst, now)
+
+    def _advance(self, inst: Instance, t: float) -> None:
+        while inst.schedule and inst.schedule[0][0] <= t:
+            at, status = inst.schedule.pop(0)
+            self._account(inst, at)
+            self._set_status(inst, status, at)
+        self._account(inst, t)
+
+    @staticmethod
+    def _account(inst: Instance, t: float) -> None:
+        if t > inst.accounted_until:
+            elapsed = t - inst.accounted_until
+            inst.storage_seconds += elapsed
+            if inst.status == "running":
+                inst.compute_seconds += elapsed
+            inst.accounted_until = t
+
+    def _set_status(self, inst: Instance, status: str | None, at: float) -> None:
+        if inst.status == "running" and status != "running":
+            self.events.append(("halt", inst.id))
+        if status in ("loading", "running"):
+            inst.provisioned = True
+        if status in FAILED_STATUSES:
+            inst.doomed = status
+        inst.status = status
+        if status == "running" and inst.first_running_at is None:
+            inst.first_running_at = at
+            self.events.append(("first_running", inst.id))
+
+    def _final_status(self, inst: Instance) -> str:
+        return inst.doomed or inst.fate
+
+    def _schedule_boot(self, inst: Instance, now: float, *, full: bool) -> None:
+        if full:
+            total = self.rng.uniform(*BOOT_SECONDS)
+            provisioning = total * self.rng.uniform(0.2, 0.4)
+            self._set_status(inst, None, now)
+            inst.schedule = [(now + provisioning, "loading"), (now + total, self._final_status(inst))]
+        else:
+            self._set_status(inst, "loading", now)
+            inst.schedule = [(now + self.rng.uniform(*RESTART_LOADING_SECONDS), self._final_status(inst))]
+
+    # --- offers ---------------------------------------------------------------------------------------------
+    def offer_view(self, offer: Offer) -> dict[str, Any]:
+        machine = self.machines.get(offer.machine_id)
+        return offer.view(machine.online if machine else True)
+
+    def search(self, query: SearchQuery) -> list[dict[str, Any]]:
+        views = [self.offer_view(o) for o in sorted(self.offers.values(), key=lambda o: o.id)]
+        if not query.filters_rentable:
+            views = [v for v in views if v["rentable"]]
+        views = [v for v in views if offer_matches(v, query.filters)]
+        # Stable sorts from the last key to the first give a multi-key order (ties keep the id order).
+        for name, descending in reversed(query.order or [("dph_total", False)]):
+            views.sort(key=operator.itemgetter(name), reverse=descending)
+        return views[: query.limit] if query.limit else views
+
+    def _unavailable_reason(self, offer: Offer) -> str | None:
+        machine = self.machines.get(offer.machine_id)
+        if offer.rented_by == "other":
+            return "it was rented by another user"
+        if offer.rented_by is not None:
+            return f"it is already rented (instance {offer.rented_by}); an offer can be rented once"
+        if not offer.listed:
+            return "the host is not accepting rentals on it"
+        if machine is not None and not machine.online:
+            return "its machine is offline"
+        return None
+
+    # --- instances ------------------------------------------------------------------------------------------
+    def create_instance(
+        self, offer_id: int, request: dict[str, Any], now: float, *, new_id: Callable[[], int], api_key: str
+    ) -> Instance:
+        self.update(now)
+        offer = self.offers.get(offer_id)
+        if offer is None:
+            raise ApiError(404, "no_such_ask", f"No offer (ask) with id {offer_id} exists")
+        reason = self._unavailable_reason(offer)
+        if reason:
+            raise ApiError(409, "offer_unavailable", f"Offer {offer_id} is no longer available: {reason}")
+        # Resolve the template before renting, so a bad request does not use the offer up.
+        config, logins = self._configure(request)
+        instance_id = new_id()
+        machine = self.machines.get(offer.machine_id)
+        direct = config["runtype"] in DIRECT_RUNTYPES
+        inst = Instance(
+            id=instance_id,
+            offer=offer,
+            api_key=api_key,
+            config=config,
+            logins=logins,
+            created_at=now,
+            ssh_host=(machine.public_ip if machine else "198.51.100.1")
+            if direct
+            else f"ssh{self.rng.randint(1, 9)}.gpumarket.test",
+            ssh_port=self.rng.randint(20000, 60000) if direct else 10000 + instance_id % 50000,
+            ports=self._ports(config),
+            fate=offer.fate,
+            accounted_until=now,
+        )
+        offer.rented_by = instance_id
+        self.instances[inst.id] = inst
+        self.live[inst.id] = inst
+        self.instance_keys[api_key] = inst.id
+        if config["target_state"] == "stopped":
+            self._set_status(inst, "stopped", now)
+        else:
+            self._schedule_boot(inst, now, full=True)
+        return inst
+
+    def _configure(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """Apply the template rules 1-6 of the spec: template as base, request values win, env merged."""
+        config: dict[str, Any] = {"env": {}}
+        logins: dict[str, str] = {}
+        hash_id = request.get("template_hash_id")
+        if hash_id is not None:
+            template = self.templates.get(hash_id)
+            if template is None:
+                raise bad_request(f"No template with hash_id {hash_id!r}", "no_such_template")
+            config.update({k: template[k] for k in TEMPLATE_CONFIG_KEYS if template.get(k) is not None})
+            config["env"] = dict(template.get("env") or {})
+            logins = {k: v for k, v in template.items() if _LOGIN_KEY.match(k)}
+            # A template's volume_info is only a hint for the web interface (rule 4): not copied.
+        for key, value in request.items():
+            if key == "env":
+                config["env"] = {**config["env"], **value}
+            elif key == "image_login":
+                logins = dict(value)
+            else:
+                config[key] = value
+        config.setdefault("disk", DEFAULT_DISK_GB)
+        config.setdefault("runtype", "ssh")
+        config.setdefault("target_state", "running")
+        config.setdefault("label", "")
+        return config, logins
+
+    def _ports(self, config: dict[str, Any]) -> dict[str, int]:
+        wanted = {"ssh_direct": ["22/tcp"], "jupyter_direct": ["22/tcp", "8080/tcp"]}.get(
+            config["runtype"], []
+        )
+        for key in config["env"]:
+            if key.startswith("-p "):
+                port, _, proto = key[3:].split(":", 1)[1].partition("/")
+                wanted.append(f"{port}/{proto or 'tcp'}")
+        return {name: self.rng.randint(20000, 60000) for name in dict.fromkeys(wanted)}
+
+    def live_instance(self, instance_id: int) -> Instance:
+        inst = self.live.get(instance_id)
+        if inst is None:
+            raise ApiError(404, "no_such_instance", f"Instance {instance_id} does not exist or was destroyed")
+        return inst
+
+    def set_state(self, inst: Instance, state: str, now: float) -> None:
+        """PUT state: stopped halts compute billing (disk continues); running boots it again."""
+        self.update(now)
+        inst.config["target_state"] = state
+        if state == "stopped":
+            if inst.status != "stopped":
+                inst.schedule = []
+                self._set_status(inst, "stopped", now)
+        elif inst.status == "stopped" or inst.status in FAILED_STATUSES:
+            self._schedule_boot(inst, now, full=not inst.provisioned)
+
+    def destroy(self, inst: Instance, now: float) -> None:
+        self.update(now)
+        if inst.status == "running":
+            self.events.append(("halt", inst.id))
+        inst.schedule = []
+        inst.destroyed_at = now
+        self.live.pop(inst.id, None)
+
+    def force_status(self, instance_id: int, status: str | None, now: float) -> None:
+        if status not in FORCEABLE_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(str(s) for s in FORCEABLE_STATUSES)}")
+        inst = self.live.get(instance_id)
+        if inst is None:
+            raise KeyError(instance_id)
+        self.update(now)
+        inst.schedule = []
+        if status == "running":
+            inst.doomed = None
+        if status is None:
+            self._schedule_boot(inst, now, full=True)
+        elif status == "loading":
+            self._schedule_boot(inst, now, full=False)
+        else:
+            self._set_status(inst, status, now)
+
+    def set_offer_fate(self, offer_id: int, fate: str) -> None:
+        if fate not in FATES:
+            raise ValueError(f"fate must be one of {', '.join(FATES)}")
+        self.offers[offer_id].fate = fate
+
+    def vanish_offer(self, offer_id: int) -> None:
+        offer = self.offers[offer_id]
+        if offer.rented_by is None:
+            offer.rented_by = "other"
+
+    def set_machine_online(self, machine_id: int, online: bool, now: float) -> None:
+        machine = self.machines[machine_id]
+        self.update(now)
+        machine.online = online
+        if not online:
+            # The host disconnected: its instances go offline and, per the spec, never run again.
+            for inst in list(self.live.values()):
+                if inst.offer.machine_id == machine_id:
+                    inst.schedule = []
+                    self._set_status(inst, "offline", now)
+
+    # --- host volume listings -------------------------------------------------------------------------------
+    def create_volume_listings(
+        self, machine_ids: list[int], hidden: bool | None, sent: dict[str, Any]
+    ) -> dict[str, Any]:
+        machines = [self.machines.get(i) for i in machine_ids]
+        if any(m is None or not m.owned for m in machines):
+            raise bad_request("No such machine(s) for your account", "no_such_machine")
+        offline = [m.id for m in machines if m is not None and not m.online]
+        if offline:
+            raise ApiError(
+                402,
+                "machine_offline",
+                f"Asks can only be created for an online machine; offline: {', '.join(map(str, offline))}",
+                extra={"success": False},
+            )
+        results = []
+        for machine in machines:
+            assert machine is not None
+            ask = self.volume_asks.get(machine.id)
+            new_contracts: list[dict[str, Any]] = []
+            upd_contracts: list[int] = []
+            if ask is None:
+                ask = {
+                    "id": self._next_ask_id,
+                    "machine_id": machine.id,
+                    "size": machine.disk_gb,
+                    "hidden": False,
+                }
+                self._next_ask_id += 1
+                self.volume_asks[machine.id] = ask
+                new_contracts.append({"id": ask["id"], "size": ask["size"]})
+            else:
+                upd_contracts.append(ask["id"])
+            if hidden is not None:
+                ask["hidden"] = hidden
+            results.append(
+                {
+                    "machine_id": machine.id,
+                    "user_id": self.user_id,
+                    "extended": sum(1 for i in self.live.values() if i.offer.machine_id == machine.id),
+                    "new_contracts": new_contracts,
+                    "upd_contracts": upd_contracts,
+                }
+            )
+        return {"success": True, "you_sent": sent, "results": results}
+
+    # --- serverless -----------------------------------------------------------------------------------------
+    def create_endpoint(self, fields: dict[str, Any], now: float) -> int:
+        endpoint_id = self._next_endpoint_id
+        self._next_endpoint_id += 1
+        self.endpoints[endpoint_id] = {
+            "id": endpoint_id,
+            **ENDPOINT_DEFAULTS,
+            "endpoint_name": f"endpoint-{endpoint_id}",
+            **fields,
+            "deployment_id": None,
+            "deleted": False,
+            "created_at": now,
+        }
+        return endpoint_id
+
+    def delete_deployments(self, name: str, tag: str | None, now: float) -> int:
+        matches = [
+            d
+            for d in self.deployments.values()
+            if d["name"] == name and (tag is None or d["tag"] == tag) and not d["deleted"]
+        ]
+        for deployment in matches:
+            deployment["deleted"] = True
+            deployment["deleted_at"] = now
+            for endpoint_id in deployment["endpoint_ids"]:
+                if endpoint_id in self.endpoints:
+                    self.endpoints[endpoint_id]["deleted"] = True
+            for worker in deployment["workers"]:
+                worker["deleted"] = True
+        return len(matches)
+
+    def deployment_view(self, deployment: dict[str, Any]) -> dict[str, Any]:
+        view = {k: v for k, v in deployment.items() if k not in ("endpoint_ids", "workers")}
+        view["endpoints"] = [
+            dict(self.endpoints[i]) for i in deployment["endpoint_ids"] if i in self.endpoints
+        ]
+        view["workers"] = [dict(w) for w in deployment["workers"]]
+        return view
+
+    # --- two-factor backup codes ----------------------------------------------------------------------------
+    def regen_backup_codes(self, request: dict[str, Any], now: float) -> dict[str, Any]:
+        tfa = self.tfa
+        if "backup_code" in request:
+            if request["backup_code"] not in tfa["backup_codes"]:
+                raise bad_request("The backup code is wrong or was already used", "invalid_backup_code")
+        else:
+            method = request.get("tfa_method")
+            if "tfa_method_id" in request:
+                known = {m["id"]: m["method"] for m in tfa["methods"]}
+                by_id = known.get(request["tfa_method_id"])
+                if by_id is None:
+                    raise bad_request(
+                        f"No two-factor method with id {request['tfa_method_id']}", "no_such_method"
+                    )
+                if method is not None and method != by_id:
+                    raise bad_request(
+                        f"tfa_method_id {request['tfa_method_id']} is a {by_id} method, not {method}"
+                    )
+                method = by_id
+            if method == "totp":
+                if not totp.verify(tfa["totp_secret"], request["code"], now):
+                    raise bad_request("The verification code is wrong or expired", "invalid_code")
+            else:
+                if "secret" not in request:
+                    raise bad_request(f"secret (the tfa_secret from the send step) is required for {method}")
+                if not (
+                    hmac.compare_digest(request["secret"], tfa["tfa_secret"])
+                    and hmac.compare_digest(request["code"], tfa["code"])
+                ):
+                    raise bad_request("The verification code or secret is wrong or expired", "invalid_code")
+                # A sent code works once: the next send step would issue a new one.
+                tfa["code"] = f"{self.rng.randrange(10**6):06d}"
+                tfa["tfa_secret"] = f"{self.rng.getrandbits(128):032x}"
+        codes = [f"{self.rng.getrandbits(40):010x}" for _ in range(BACKUP_CODES_PER_REGENERATION)]
+        tfa["backup_codes"] = codes
+        return {
+            "msg": "New backup codes generated; the previous codes no longer work.",
+            "backup_codes": list(codes),
+        }
+
+    # --- pending price increases ----------------------------------------------------------------------------
+    def list_pending_price_increases(self) -> dict[str, Any]:
+        items = [dict(p) for p in self.pending_price_increases[: self.list_limit]]
+        return {
+            "success": True,
+            "count": len(items),
+            "pending_price_increases": items,
+            "truncated": len(self.pending_price_increases) > self.list_limit,
+        }
+
+    def add_pending_price_increases(
+        self, n: int, contract_id: int | None, now: float
+    ) -> list[dict[str, Any]]:
+        added = []
+        for k in range(n):
+            inst = self.instances.get(contract_id) if contract_id is not None else None
+            old_gpu = round(self.rng.uniform(0.00005, 0.0008), 8)
+            old_disk = round(self.rng.uniform(0.0000001, 0.000002), 10)
+            end = now + self.rng.uniform(1, 30) * 86400
+            record = {
+                "pending_price_increase_id": self._next_ppi_id,
+                "contract_id": contract_id if contract_id is not None else 7_000_001 + self._next_ppi_id + k,
+                "host_id": inst.offer.host_id if inst else self.rng.randint(60000, 69999),
+                "new_gpu_costpersec": round(old_gpu * self.rng.uniform(1.05, 1.5), 8),
+                "new_disk_ram_costpersec": round(old_disk * self.rng.uniform(1.0, 1.3), 10),
+                "old_gpu_costpersec": old_gpu,
+                "old_disk_ram_costpersec": old_disk,
+                "contract_end_date": round(end, 3),
+                "ask_end_date": round(end + self.rng.uniform(0, 30) * 86400, 3),
+                "created_at": round(now - self.rng.uniform(0, 86400), 3),
+            }
+            self._next_ppi_id += 1
+            self.pending_price_increases.append(record)
+            added.append(record)
+        return added
+
+    # --- admin views ----------------------------------------------------------------------------------------
+    def instance_admin_view(self, inst: Instance) -> dict[str, Any]:
+        compute_cost, storage_cost = inst.costs(self.disk_price_per_gb_month)
+        return {
+            **inst.api_view(),
+            "destroyed": inst.destroyed,
+            "created_at": inst.created_at,
+            "destroyed_at": inst.destroyed_at,
+            "first_running_at": inst.first_running_at,
+            "fate": inst.fate,
+            "doomed": inst.doomed,
+            "cancel_unavail": inst.config.get("cancel_unavail", False),
+            "instance_api_key": inst.api_key,
+            **inst.logins,
+            "compute_seconds": inst.compute_seconds,
+            "storage_seconds": inst.storage_seconds,
+            "compute_cost": compute_cost,
+            "storage_cost": storage_cost,
+            "cost": compute_cost + storage_cost,
+        }
+
+    def state(self, now: float) -> dict[str, Any]:
+        return {
+            "now": now,
+            "seed": self.seed,
+            "start_time": self.start_time,
+            "user_id": self.user_id,
+            "disk_price_per_gb_month": self.disk_price_per_gb_month,
+            "list_limit": self.list_limit,
+            "machines": [m.view() for m in self.machines.values()],
+            "offers": [
+                {**self.offer_view(o), "fate": o.fate, "rented_by": o.rented_by} for o in self.offers.values()
+            ],
+            "templates": [dict(t) for t in self.templates.values()],
+            "instances": [self.instance_admin_view(i) for i in self.instances.values()],
+            "volume_asks": [dict(a) for a in self.volume_asks.values()],
+            "deployments": [self.deployment_view(d) for d in self.deployments.values()],
+            "endpoints": [dict(e) for e in self.endpoints.values()],
+            "pending_price_increases": [dict(p) for p in self.pending_price_increases],
+            "api_keys": [dict(k) for k in self.api_keys],
+            "cloud_integrations": [dict(c) for c in self.cloud_integrations],
+            "tfa": {
+                **{k: v for k, v in self.tfa.items() if k != "backup_codes"},
+                "totp_code": totp.totp(self.tfa["totp_secret"], now),
+                "backup_codes": list(self.tfa["backup_codes"]),
+            },
+        }

@@ -1,0 +1,30 @@
+"""Fixtures of the simulator's own tests: a frozen-clock simulator (time moves only through ``advance``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from airflow_gpumarket.simulator import MarketSimulator
+
+from .helpers import Api
+
+SEED = 0
+
+
+@pytest.fixture(scope="session")
+def sim_server() -> Iterator[MarketSimulator]:
+    with MarketSimulator(speed=0, seed=SEED) as sim:
+        yield sim
+
+
+@pytest.fixture
+def sim(sim_server: MarketSimulator) -> MarketSimulator:
+    sim_server.reset()
+    return sim_server
+
+
+@pytest.fixture
+def api(sim: MarketSimulator) -> Api:
+    return Api(sim, sim.api_key)

@@ -1,0 +1,190 @@
+"""--execute-onstart: the onstart script runs as a local process when its instance first reaches running."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_gpumarket.simulator import MarketSimulator
+
+from .helpers import Api, boot, finished_onstart, wait_for
+
+needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="the callback script uses curl")
+
+
+@pytest.fixture(scope="module")
+def onstart_server() -> Iterator[MarketSimulator]:
+    with MarketSimulator(speed=0, seed=0, execute_onstart=True) as sim:
+        yield sim
+
+
+@pytest.fixture
+def osim(onstart_server):
+    onstart_server.reset()
+    return onstart_server
+
+
+@pytest.fixture
+def oapi(osim):
+    return Api(osim, osim.api_key)
+
+
+def launch(api, onstart, **fields):
+    return api.create(body={"image": "ubuntu", "onstart": onstart, **fields})
+
+
+def test_onstart_does_not_run_before_running(osim, oapi):
+    instance_id = launch(oapi, "echo hi")["new_contract"]
+    osim.advance(30)
+    assert osim.onstart_result(instance_id) is None
+
+
+def test_onstart_runs_when_the_instance_reaches_running(osim, oapi):
+    instance_id = launch(oapi, "echo out; echo err >&2; exit 3")["new_contract"]
+    boot(osim)
+    result = finished_onstart(osim, instance_id)
+    assert result["exit_code"] == 3 and result["running"] is False
+    assert "out" in result["output"] and "err" in result["output"]
+
+
+def test_onstart_env_is_the_request_env_without_port_mappings(osim, oapi):
+    created = launch(oapi, "env", env={"FOO": "bar baz", "-p 8080:8080": "1"})
+    boot(osim)
+    lines = set(finished_onstart(osim, created["new_contract"])["output"].splitlines())
+    assert "FOO=bar baz" in lines
+    assert not any(line.startswith("-p") for line in lines)
+
+
+def test_onstart_env_has_container_api_key_and_container_id(osim, oapi):
+    created = launch(oapi, "env")
+    boot(osim)
+    lines = set(finished_onstart(osim, created["new_contract"])["output"].splitlines())
+    assert f"CONTAINER_API_KEY={created['instance_api_key']}" in lines
+    assert f"CONTAINER_ID={created['new_contract']}" in lines
+
+
+def test_onstart_env_has_path_home_and_nothing_else_from_the_simulator(osim, oapi, monkeypatch):
+    monkeypatch.setenv("GPUMARKET_TEST_SECRET", "leak")
+    created = launch(oapi, "env", env={"PATH": "/opt/conda/bin"})
+    boot(osim)
+    output = finished_onstart(osim, created["new_contract"])["output"]
+    assert "GPUMARKET_TEST_SECRET" not in output
+    assert "PATH=/opt/conda/bin\n" not in output and "PATH=" in output
+
+
+def test_onstart_runs_in_a_fresh_scratch_directory(osim, oapi):
+    offers = oapi.search({"limit": 2})
+    ids = [oapi.create(o["id"], {"image": "u", "onstart": "pwd; ls -A"})["new_contract"] for o in offers]
+    boot(osim)
+    outputs = [finished_onstart(osim, i)["output"].split() for i in ids]
+    assert outputs[0][0] != outputs[1][0]
+    assert all(out[1:] == ["onstart.sh"] for out in outputs)
+
+
+@needs_curl
+def test_onstart_can_destroy_its_own_instance_over_loopback(osim, oapi):
+    script = (
+        'curl -fsS -X DELETE -H "Authorization: Bearer $CONTAINER_API_KEY" '
+        f'"{osim.url}/api/v0/instances/$CONTAINER_ID/"; echo; echo done'
+    )
+    instance_id = launch(oapi, script)["new_contract"]
+    boot(osim)
+    result = finished_onstart(osim, instance_id)
+    assert result["exit_code"] == 0, result["output"]
+    assert '{"success":true}' in result["output"] and "done" in result["output"]
+    assert oapi.get(f"/api/v0/instances/{instance_id}/").status_code == 404
+
+
+@needs_curl
+def test_onstart_can_stop_its_own_instance_over_loopback(osim, oapi):
+    script = (
+        f'curl -fsS -X PUT -H "Authorization: Bearer $CONTAINER_API_KEY" -d \'{{"state": "stopped"}}\' '
+        f'"{osim.url}/api/v0/instances/$CONTAINER_ID/"'
+    )
+    instance_id = launch(oapi, script)["new_contract"]
+    boot(osim)
+    finished_onstart(osim, instance_id)
+    assert oapi.status(instance_id) == "stopped"
+
+
+def test_onstart_is_killed_when_the_instance_is_destroyed(osim, oapi):
+    instance_id = launch(oapi, "echo started; sleep 30; echo never")["new_contract"]
+    boot(osim)
+    wait_for(lambda: "started" in osim.onstart_result(instance_id)["output"])
+    oapi.delete(f"/api/v0/instances/{instance_id}/")
+    result = finished_onstart(osim, instance_id)
+    assert result["exit_code"] < 0 and "never" not in result["output"]
+
+
+def test_onstart_is_killed_when_the_instance_is_stopped(osim, oapi):
+    instance_id = launch(oapi, "echo started; sleep 30")["new_contract"]
+    boot(osim)
+    wait_for(lambda: "started" in osim.onstart_result(instance_id)["output"])
+    oapi.put(f"/api/v0/instances/{instance_id}/", {"state": "stopped"})
+    assert finished_onstart(osim, instance_id)["exit_code"] < 0
+
+
+def test_onstart_runs_only_once_per_instance(osim, oapi):
+    instance_id = launch(oapi, "echo run")["new_contract"]
+    boot(osim)
+    finished_onstart(osim, instance_id)
+    oapi.put(f"/api/v0/instances/{instance_id}/", {"state": "stopped"})
+    oapi.put(f"/api/v0/instances/{instance_id}/", {"state": "running"})
+    boot(osim)
+    assert oapi.status(instance_id) == "running"
+    assert finished_onstart(osim, instance_id)["output"].count("run") == 1
+
+
+def test_onstart_does_not_run_with_runtype_args(osim, oapi):
+    instance_id = launch(oapi, "echo hi", runtype="args", args_str="--x")["new_contract"]
+    boot(osim)
+    assert oapi.status(instance_id) == "running"
+    assert osim.onstart_result(instance_id) is None
+
+
+def test_onstart_does_not_run_on_a_failing_host(osim, oapi):
+    failing = next(o for o in osim.state()["offers"] if o["fate"] == "exited" and o["rentable"])
+    instance_id = oapi.create(failing["id"], {"image": "u", "onstart": "echo hi"})["new_contract"]
+    boot(osim)
+    assert osim.onstart_result(instance_id) is None
+
+
+def test_template_onstart_runs_with_the_merged_env(osim, oapi):
+    template = next(t for t in osim.state()["templates"] if t["name"] == "private-trainer")
+    body = {"template_hash_id": template["hash_id"], "onstart": "echo $MODE $EXTRA", "env": {"EXTRA": "x"}}
+    created = oapi.create(body=body)
+    boot(osim)
+    assert finished_onstart(osim, created["new_contract"])["output"].strip() == "train x"
+
+
+def test_onstart_output_is_visible_through_the_admin_surface(osim, oapi):
+    instance_id = launch(oapi, "echo visible")["new_contract"]
+    boot(osim)
+    finished_onstart(osim, instance_id)
+    body = oapi.get(f"/_sim/instances/{instance_id}/onstart", key=None).json()
+    assert body == {"exit_code": 0, "output": "visible\n", "running": False}
+
+
+def test_reset_kills_running_scripts(osim, oapi):
+    instance_id = launch(oapi, "sleep 30")["new_contract"]
+    boot(osim)
+    assert osim.onstart_result(instance_id)["running"] is True
+    osim.reset()
+    assert osim.onstart_result(instance_id) is None
+
+
+def test_onstart_is_not_run_without_execute_onstart(sim, api):
+    instance_id = api.create(body={"image": "u", "onstart": "echo hi"})["new_contract"]
+    boot(sim)
+    assert sim.onstart_result(instance_id) is None
+
+
+def test_ticker_starts_onstart_without_anyone_polling(tmp_path: Path):
+    marker = tmp_path / "ran"
+    with MarketSimulator(speed=100_000, execute_onstart=True) as sim:
+        api = Api(sim, sim.api_key)
+        api.create(body={"image": "u", "onstart": f"touch {marker}"})
+        wait_for(marker.exists, timeout=10)  # watches the file system only: no request reaches the simulator
