@@ -1,32 +1,41 @@
 """Airflow names imported in one place, so Airflow 2.11 support can be added here without touching the rest.
 
 Airflow 3 exposes the authoring interface under ``airflow.sdk``; 2.x keeps it in ``airflow.models``/``airflow.hooks``.
+Names resolve lazily (PEP 562): a DAG file that imports an operator does not pay for the trigger or hook bases.
 """
 
 from __future__ import annotations
 
-try:
-    from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator, PokeReturnValue
-    from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
-    from airflow.sdk.log import mask_secret
-except ImportError:  # Airflow 2.11
-    from airflow.exceptions import AirflowException, AirflowFailException, TaskDeferred  # type: ignore
-    from airflow.hooks.base import BaseHook  # type: ignore
-    from airflow.models import BaseOperator  # type: ignore
-    from airflow.sensors.base import BaseSensorOperator, PokeReturnValue  # type: ignore
-    from airflow.utils.log.secrets_masker import mask_secret  # type: ignore
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+# name -> (Airflow 3 module, Airflow 2.11 module)
+_WHERE = {
+    "BaseHook": ("airflow.sdk", "airflow.hooks.base"),
+    "BaseOperator": ("airflow.sdk", "airflow.models"),
+    "BaseSensorOperator": ("airflow.sdk", "airflow.sensors.base"),
+    "PokeReturnValue": ("airflow.sdk", "airflow.sensors.base"),
+    "AirflowException": ("airflow.sdk.exceptions", "airflow.exceptions"),
+    "AirflowFailException": ("airflow.sdk.exceptions", "airflow.exceptions"),
+    "TaskDeferred": ("airflow.sdk.exceptions", "airflow.exceptions"),
+    "mask_secret": ("airflow.sdk.log", "airflow.utils.log.secrets_masker"),
+    "BaseTrigger": ("airflow.triggers.base", "airflow.triggers.base"),
+    "TriggerEvent": ("airflow.triggers.base", "airflow.triggers.base"),
+}
 
-__all__ = [
-    "AirflowException",
-    "AirflowFailException",
-    "TaskDeferred",
-    "BaseHook",
-    "BaseOperator",
-    "BaseSensorOperator",
-    "PokeReturnValue",
-    "BaseTrigger",
-    "TriggerEvent",
-    "mask_secret",
-]
+__all__ = sorted(_WHERE)
+
+if TYPE_CHECKING:
+    pass
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    current, legacy = _WHERE[name]
+    try:
+        value = getattr(importlib.import_module(current), name)
+    except (ImportError, AttributeError):  # Airflow 2.11
+        value = getattr(importlib.import_module(legacy), name)
+    globals()[name] = value
+    return value

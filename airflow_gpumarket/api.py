@@ -14,7 +14,10 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.types import Instance
 
 from airflow_gpumarket.exceptions import (
     GpuMarketAuthError,
@@ -71,62 +74,6 @@ TYPICAL_BOOT_SECONDS = (60, 300)
 
 _PORT_KEY = re.compile(r"^-p (\d{1,5}):(\d{1,5})$")
 _OPERATOR_NAME = re.compile(r"^[a-z_]+$")
-
-
-# --- Typed results (plain dicts on the wire, so they go to XCom unchanged) ---------------------------------
-class Offer(TypedDict, total=False):
-    id: int
-    num_gpus: int
-    gpu_name: str
-    gpu_ram: float
-    dph_total: float
-    reliability: float
-    verified: bool
-    rentable: bool
-    direct_port_count: int
-    dlperf_per_dphtotal: float
-
-
-class Instance(TypedDict, total=False):
-    id: int
-    actual_status: str | None
-    label: str
-    ssh_host: str
-    ssh_port: int
-
-
-class CreateInstanceResult(TypedDict, total=False):
-    success: bool
-    new_contract: int
-    instance_api_key: str | None
-
-
-class VolumeListingResult(TypedDict, total=False):
-    success: bool
-    you_sent: dict
-    results: list[dict]
-
-
-class EndpointResult(TypedDict):
-    success: bool
-    result: int
-
-
-class DeleteDeploymentsResult(TypedDict):
-    success: bool
-    count: int
-
-
-class BackupCodesResult(TypedDict):
-    msg: str
-    backup_codes: list[str]
-
-
-class PendingPriceIncreases(TypedDict, total=False):
-    success: bool
-    count: int
-    pending_price_increases: list[dict]
-    truncated: bool
 
 
 # --- Status helpers ------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ and deciding whether to retry are pure functions in ``airflow_gpumarket.api``.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import math
 import random
@@ -19,7 +20,7 @@ import requests
 import tenacity
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
-from airflow_gpumarket import api
+from airflow_gpumarket import api, types
 from airflow_gpumarket._compat import BaseHook, mask_secret
 from airflow_gpumarket.exceptions import (
     GpuMarketAmbiguousCreateError,
@@ -152,23 +153,38 @@ class _GpuMarketHookBase(BaseHook):
         mask_secret(settings.api_key)
         return settings
 
-    def _wait(self, retry_state: tenacity.RetryCallState) -> float:
-        exc = retry_state.outcome.exception() if retry_state.outcome else None
-        return api.retry_wait_seconds(exc, retry_state.attempt_number, self.settings.retry, random.random())
+    def _retry_kwargs(self, retry: Any, *, tries_done: int = 0) -> dict[str, Any]:
+        """tenacity settings for the tries left after ``tries_done`` (attempt numbers count those too)."""
 
-    def _log_retry(self, retry_state: tenacity.RetryCallState) -> None:
-        exc = retry_state.outcome.exception() if retry_state.outcome else None
-        wait = retry_state.next_action.sleep if retry_state.next_action else 0
-        self.log.warning("Try %d failed (%s); retrying in %.1f s", retry_state.attempt_number, exc, wait)
+        def wait(state: tenacity.RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            return api.retry_wait_seconds(exc, state.attempt_number + tries_done, self.settings.retry, random.random())
 
-    def _retry_kwargs(self, retry: Any) -> dict[str, Any]:
+        def log_retry(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            seconds = state.next_action.sleep if state.next_action else 0
+            self.log.warning("Try %d failed (%s); retrying in %.1f s", state.attempt_number + tries_done, exc, seconds)
+
         return {
-            "stop": tenacity.stop_after_attempt(self.settings.retry.max_retries + 1),
-            "wait": self._wait,
+            "stop": tenacity.stop_after_attempt(self.settings.retry.max_retries + 1 - tries_done),
+            "wait": wait,
             "retry": retry,
-            "before_sleep": self._log_retry,
+            "before_sleep": log_retry,
             "reraise": True,
         }
+
+    def _first_retry_wait(self, exc: GpuMarketError) -> float | None:
+        """After a failed first try: seconds to wait before the second, or None when it must not be retried.
+
+        The first try of a retried call goes out without tenacity (most calls succeed at once, and building the
+        retry machinery per call cost about a tenth of a millisecond); tenacity takes over from the second try
+        with the same waits, stop rule and log lines as if it had made the first.
+        """
+        if not api.is_retryable(exc) or self.settings.retry.max_retries == 0:
+            return None
+        seconds = api.retry_wait_seconds(exc, 1, self.settings.retry, random.random())
+        self.log.warning("Try 1 failed (%s); retrying in %.1f s", exc, seconds)
+        return seconds
 
     @cached_property
     def settings(self) -> ConnectionSettings:
@@ -225,7 +241,15 @@ class GpuMarketHook(_GpuMarketHookBase):
 
     def _call(self, operation: str, method: str, path: str, body: Any = None) -> Any:
         """``_send`` with retries: only for idempotent calls (reads, stop, destroy, account listings)."""
-        for attempt in tenacity.Retrying(**self._retry_kwargs(tenacity.retry_if_exception(api.is_retryable))):
+        try:
+            return self._send(operation, method, path, body)
+        except GpuMarketError as exc:
+            seconds = self._first_retry_wait(exc)
+            if seconds is None:
+                raise
+        tenacity.nap.sleep(seconds)
+        retry = tenacity.retry_if_exception(api.is_retryable)
+        for attempt in tenacity.Retrying(**self._retry_kwargs(retry, tries_done=1)):
             with attempt:
                 return self._send(operation, method, path, body)
         raise AssertionError("unreachable: tenacity re-raises the last error")
@@ -238,7 +262,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         offer_type: str = "ondemand",
         limit: int | None = None,
         order: list | None = None,
-    ) -> list[api.Offer]:
+    ) -> list[types.Offer]:
         """Search offers. ``filters``: ``{"gpu_name": {"eq": "RTX 4090"}, "num_gpus": {"gte": 1}}``
         (``in`` takes a list; :class:`airflow_gpumarket.api.OfferQuery` builds them); ``order``:
         ``[["dph_total", "asc"]]``; ``offer_type``: ondemand, on-demand or bid."""
@@ -268,7 +292,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         cancel_unavail: bool | None = None,
         vm: bool | None = None,
         volume_info: Mapping[str, Any] | None = None,
-    ) -> api.CreateInstanceResult:
+    ) -> types.CreateInstanceResult:
         """Rent offer ``offer_id``; returns ``success``, ``new_contract`` (the instance id), ``instance_api_key``.
 
         Every argument is validated before anything is sent. Creation is not idempotent on the wire, so a
@@ -337,11 +361,11 @@ class GpuMarketHook(_GpuMarketHookBase):
                 return result
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
-    def list_instances(self) -> list[api.Instance]:
+    def list_instances(self) -> list[types.Instance]:
         result = self._call("list_instances", "GET", api.PATH_INSTANCES)
         return api.expect_list("list_instances", result, "instances")
 
-    def get_instance(self, instance_id: int) -> api.Instance:
+    def get_instance(self, instance_id: int) -> types.Instance:
         """The instance object (unwrapped from ``instances``). Raises GpuMarketNotFoundError when gone."""
         api.require_positive_int("instance_id", instance_id)
         return api.unwrap_instance(self._call("get_instance", "GET", api.PATH_INSTANCE.format(instance_id=instance_id)))
@@ -364,7 +388,7 @@ class GpuMarketHook(_GpuMarketHookBase):
     # --- host, serverless and account -------------------------------------------------------------------
     def create_volume_listings(
         self, *, machine: int | None = None, machines: list[int] | None = None, hidden_listing: bool | None = None
-    ) -> api.VolumeListingResult:
+    ) -> types.VolumeListingResult:
         body = api.build_volume_listing_body(machine=machine, machines=machines, hidden_listing=hidden_listing)
         return self._call("create_volume_listings", "POST", api.PATH_VOLUMES, body)
 
@@ -384,7 +408,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         endpoint_name: str | None = None,
         inactivity_timeout: float | None = None,
         overrecruit_ratio: float | None = None,
-    ) -> api.EndpointResult:
+    ) -> types.EndpointResult:
         """Create a serverless endpoint; ``result`` is the new endpoint's id. Not retried after it may have
         been processed (5xx, timeouts): creating is not idempotent."""
         body = api.build_endpoint_body(
@@ -408,7 +432,7 @@ class GpuMarketHook(_GpuMarketHookBase):
                 return self._send("create_endpoint", "POST", api.PATH_ENDPOINTS, body)
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
-    def delete_deployments(self, name: str, tag: str | None = None) -> api.DeleteDeploymentsResult:
+    def delete_deployments(self, name: str, tag: str | None = None) -> types.DeleteDeploymentsResult:
         """Soft-delete every deployment called ``name`` (and ``tag``), cascading to endpoints and workers."""
         body = api.build_delete_deployments_body(name, tag)
         return self._call("delete_deployments", "DELETE", api.PATH_DEPLOYMENTS, body)
@@ -421,7 +445,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         secret: str | None = None,
         tfa_method_id: int | None = None,
         backup_code: str | None = None,
-    ) -> api.BackupCodesResult:
+    ) -> types.BackupCodesResult:
         """Regenerate the ten two-factor backup codes. The codes are masked in logs; never push them to XCom.
         Not retried once it may have been processed: the old codes stop working."""
         body = api.build_regen_backup_codes_body(
@@ -436,7 +460,7 @@ class GpuMarketHook(_GpuMarketHookBase):
                 return result
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
-    def list_pending_price_increases(self) -> api.PendingPriceIncreases:
+    def list_pending_price_increases(self) -> types.PendingPriceIncreases:
         """The whole response: ``pending_price_increases``, ``count`` and ``truncated`` (the list was cut)."""
         return self._call("list_pending_price_increases", "GET", api.PATH_PENDING_PRICE_INCREASES)
 
@@ -539,20 +563,28 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         )
 
     async def _call(self, operation: str, method: str, path: str, body: Any = None) -> Any:
+        """Same rules as the sync hook's ``_call``: a plain first try, tenacity after a retryable failure."""
         await self.asettings()
-        retrying = tenacity.AsyncRetrying(**self._retry_kwargs(tenacity.retry_if_exception(api.is_retryable)))
-        async for attempt in retrying:
+        try:
+            return await self._send(operation, method, path, body)
+        except GpuMarketError as exc:
+            seconds = self._first_retry_wait(exc)
+            if seconds is None:
+                raise
+        await asyncio.sleep(seconds)
+        retry = tenacity.retry_if_exception(api.is_retryable)
+        async for attempt in tenacity.AsyncRetrying(**self._retry_kwargs(retry, tries_done=1)):
             with attempt:
                 return await self._send(operation, method, path, body)
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
-    async def get_instance(self, instance_id: int) -> api.Instance:
+    async def get_instance(self, instance_id: int) -> types.Instance:
         api.require_positive_int("instance_id", instance_id)
         return api.unwrap_instance(
             await self._call("get_instance", "GET", api.PATH_INSTANCE.format(instance_id=instance_id))
         )
 
-    async def list_instances(self) -> list[api.Instance]:
+    async def list_instances(self) -> list[types.Instance]:
         result = await self._call("list_instances", "GET", api.PATH_INSTANCES)
         return api.expect_list("list_instances", result, "instances")
 
@@ -563,5 +595,5 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         except GpuMarketNotFoundError:
             return {"success": True, "already_gone": True}
 
-    async def list_pending_price_increases(self) -> api.PendingPriceIncreases:
+    async def list_pending_price_increases(self) -> types.PendingPriceIncreases:
         return await self._call("list_pending_price_increases", "GET", api.PATH_PENDING_PRICE_INCREASES)

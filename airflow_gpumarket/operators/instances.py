@@ -26,6 +26,7 @@ from airflow_gpumarket.exceptions import (
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.types import Offer
 
 CREATION_FIELDS = (
     "image",
@@ -66,10 +67,14 @@ def _seconds(name: str, value: timedelta | float) -> float:
     return float(seconds)
 
 
-def _default_deferrable() -> bool:
+def _read_default_deferrable() -> bool:
     from airflow.configuration import conf
 
     return conf.getboolean("operators", "default_deferrable", fallback=False)
+
+
+#: ``[operators] default_deferrable``, read once per process like the official providers do.
+DEFAULT_DEFERRABLE = _read_default_deferrable()
 
 
 def instance_id_from(value: Any) -> int | None:
@@ -136,7 +141,7 @@ class GpuMarketSearchOffersOperator(_GpuMarketBaseOperator):
         if self.max_dph is not None:
             api.require_positive_number("max_dph", self.max_dph)
 
-    def execute(self, context: Any) -> list[api.Offer]:
+    def execute(self, context: Any) -> list[Offer]:
         self._validate()
         offers = self.hook.search_offers(
             self.offer_filters, offer_type=self.offer_type, limit=self.limit, order=self.offer_order
@@ -236,7 +241,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
         self.max_offer_attempts = max_offer_attempts
         self.boot_timeout = _seconds("boot_timeout", boot_timeout)
         self.poll_interval = _seconds("poll_interval", poll_interval)
-        self.deferrable = _default_deferrable() if deferrable is None else deferrable
+        self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
         self.image = image
         self.template_hash_id = template_hash_id
         self.disk = disk
@@ -291,8 +296,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 not isinstance(self.command, str) or not self.command.strip()
             ):
                 raise GpuMarketValidationError("command", "must be a non-empty string of shell commands")
-        fields = self._creation_fields()
-        deferred = parse_time and any(_templated(fields[name]) for name in _TYPED_FIELDS)
+        deferred = parse_time and any(_templated(getattr(self, name)) for name in _TYPED_FIELDS)
         if not deferred:
             self._creation_body(label=lifecycle.make_label("0" * 12, 0), base_url=None)
         if parse_time and _templated(self.offer_id):

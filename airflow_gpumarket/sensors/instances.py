@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket._compat import AirflowFailException, BaseSensorOperator
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketValidationError
-from airflow_gpumarket.operators.instances import _default_deferrable, _templated, instance_id_from
+from airflow_gpumarket.operators.instances import DEFAULT_DEFERRABLE, _templated, instance_id_from
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
@@ -50,7 +50,7 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         self.target_status = target_status
         self.wait_for_job = wait_for_job
         self.gpumarket_conn_id = gpumarket_conn_id
-        self.deferrable = _default_deferrable() if deferrable is None else deferrable
+        self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
         self._seen_running = False
         api.require_positive_number("poke_interval", self.poke_interval)
         if not _templated(instance_id) and not hasattr(instance_id, "operator"):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import api, price_increases
 from airflow_gpumarket._compat import AirflowException, AirflowFailException, BaseSensorOperator, PokeReturnValue
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.instances import _default_deferrable, _templated
+from airflow_gpumarket.operators.instances import DEFAULT_DEFERRABLE, _templated
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
@@ -55,7 +55,7 @@ class GpuMarketPendingPriceIncreaseSensor(BaseSensorOperator):
         self.alert = alert
         self.check_once = check_once
         self.gpumarket_conn_id = gpumarket_conn_id
-        self.deferrable = _default_deferrable() if deferrable is None else deferrable
+        self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
         api.require_positive_number("poke_interval", self.poke_interval)
         if contract_ids is not None and not _templated(contract_ids):
             self._contract_list()
