@@ -33,6 +33,7 @@ class CreateInstanceResult(TypedDict, total=False):
     success: bool
     new_contract: int
     instance_api_key: str | None
+    ambiguous: bool  # set by the hook when the result was reached after an ambiguous failure
 
 
 class VolumeListingResult(TypedDict, total=False):

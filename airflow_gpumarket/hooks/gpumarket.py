@@ -10,6 +10,7 @@ import asyncio
 import ipaddress
 import math
 import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -298,8 +299,11 @@ class GpuMarketHook(_GpuMarketHookBase):
         Every argument is validated before anything is sent. Creation is not idempotent on the wire, so a
         failure is re-sent only when it surely made nothing (429, 503, connection never established). After an
         ambiguous failure (timeout, dropped connection, 500/502/504) the hook looks for an instance carrying
-        ``label`` and returns it (with ``instance_api_key`` None) instead of renting twice; without a label it
-        raises :class:`GpuMarketAmbiguousCreateError`.
+        ``label`` (again after the request timeout, when the first look finds none) and returns it (with
+        ``instance_api_key`` None) instead of renting twice; without a label it raises
+        :class:`GpuMarketAmbiguousCreateError`. A result reached after an ambiguous failure carries
+        ``ambiguous: True``: a create delayed even longer could still land, so the caller should look for
+        duplicates of its label later (the operators do).
         """
         api.require_positive_int("offer_id", offer_id)
         body = api.build_create_instance_body(
@@ -323,18 +327,13 @@ class GpuMarketHook(_GpuMarketHookBase):
             volume_info=volume_info,
         )
         path = api.PATH_CREATE_INSTANCE.format(offer_id=offer_id)
-        look_first = False
+        failed_at: float | None = None  # monotonic time of the last ambiguous failure
         for attempt in tenacity.Retrying(**self._retry_kwargs(tenacity.retry_if_exception(api.is_retryable))):
             with attempt:
-                if look_first and label is not None:
-                    found = api.find_by_label(self.list_instances(), label)
+                if failed_at is not None and label is not None:
+                    found = self._find_after_ambiguous_create(label, failed_at)
                     if found is not None:
-                        self.log.warning(
-                            "Found instance %s with label %r after the ambiguous failure: using it, not renting again",
-                            found.get("id"),
-                            label,
-                        )
-                        return {"success": True, "new_contract": int(found["id"]), "instance_api_key": None}
+                        return {"success": True, "new_contract": found, "instance_api_key": None, "ambiguous": True}
                 try:
                     result = self._send("create_instance", "PUT", path, body)
                 except GpuMarketError as exc:
@@ -355,11 +354,35 @@ class GpuMarketHook(_GpuMarketHookBase):
                         exc,
                         label,
                     )
-                    look_first = True
+                    failed_at = time.monotonic()
                     raise
                 self._mask_instance_key(result)
+                if failed_at is not None:  # sent again after an ambiguous failure: a late duplicate is possible
+                    result = {**result, "ambiguous": True}
                 return result
         raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    def _find_after_ambiguous_create(self, label: str, failed_at: float) -> int | None:
+        """The id of the instance an ambiguous create made, if any.
+
+        Looked for at once (a quick job may finish and destroy its instance, which then no longer shows); if it
+        is not there, the server gets as long to finish the request as it had to answer it (the request
+        timeout), and a second look decides.
+        """
+        found = api.find_by_label(self.list_instances(), label)
+        remaining = failed_at + self.settings.timeout - time.monotonic()
+        if found is None and remaining > 0:
+            self.log.warning("No instance labelled %r yet; giving the request %.1f s more to land", label, remaining)
+            tenacity.nap.sleep(remaining)
+            found = api.find_by_label(self.list_instances(), label)
+        if found is None:
+            return None
+        self.log.warning(
+            "Found instance %s with label %r after the ambiguous failure: using it, not renting again",
+            found["id"],
+            label,
+        )
+        return int(found["id"])
 
     def list_instances(self) -> list[types.Instance]:
         result = self._call("list_instances", "GET", api.PATH_INSTANCES)

@@ -402,7 +402,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             self._creating_label = None
         self._instance_id = int(result["new_contract"])
         self.log.info("Created instance %s on offer %s", self._instance_id, offer["id"])
-        return {
+        rental = {
             "instance_id": self._instance_id,
             "offer_id": int(offer["id"]),
             "dph_total": offer.get("dph_total"),
@@ -410,6 +410,20 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             "label": label,
             "created_at": created_at,
         }
+        if result.get("ambiguous"):
+            rental["ambiguous"] = True
+            self._destroy_duplicates(rental)
+        return rental
+
+    def _destroy_duplicates(self, rental: Mapping[str, Any], *, keep: bool = True) -> None:
+        """After an ambiguous create, a request still in flight may have made a second instance with this
+        task's label key: destroy every instance of the key but this rental's (and it too unless ``keep``)."""
+        key = (lifecycle.parse_label(rental.get("label")) or ("",))[0]
+        for instance in lifecycle.rentals_of(self.hook.list_instances(), key):
+            if keep and instance.get("id") == rental["instance_id"]:
+                continue
+            self.log.warning("Destroying instance %s: a duplicate left by an ambiguous create", instance.get("id"))
+            self._destroy(int(instance["id"]))
 
     def _wait_and_finish(self, context: Any, rental: dict[str, Any], tried: list[int], reasons: list[str]) -> Any:
         if not self._should_wait():
@@ -486,6 +500,8 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
     def _finish(
         self, context: Any, rental: dict[str, Any], event: dict[str, Any], tried: list[int], reasons: list[str]
     ) -> Any:
+        if rental.get("ambiguous"):  # a create delayed past the first sweep may have landed since
+            self._destroy_duplicates(rental)
         instance_id = rental["instance_id"]
         kind = event.get("status")
         sentence = lifecycle.describe_event(event, instance_id)

@@ -29,7 +29,7 @@ def sim(job_sim_server, monkeypatch) -> Iterator:
     for name, value in job_sim_server.connection_env().items():
         # Retries wait milliseconds here, not seconds: fault storms stay fast and no test sleeps for timing.
         conn = json.loads(value)
-        conn["extra"] = {"retry_min_wait": 0.01, "retry_max_wait": 0.05, "max_retries": 6}
+        conn["extra"] = {"retry_min_wait": 0.01, "retry_max_wait": 0.05, "max_retries": 6, "timeout": 2}
         monkeypatch.setenv(name, json.dumps(conn))
     monkeypatch.setenv("GPUMARKET_POLL_INTERVAL", str(POLL))
     yield job_sim_server

@@ -51,9 +51,7 @@ class Api:
 
     def create(self, offer_id: int | None = None, body: dict[str, Any] | None = None) -> dict[str, Any]:
         offer_id = offer_id or self.cheapest()["id"]
-        response = self.put(
-            f"/api/v0/asks/{offer_id}/", body if body is not None else {"image": "ubuntu:22.04"}
-        )
+        response = self.put(f"/api/v0/asks/{offer_id}/", body if body is not None else {"image": "ubuntu:22.04"})
         assert response.status_code == 200, response.text
         return response.json()
 

@@ -55,9 +55,7 @@ def test_hidden_listing_is_recorded(api, sim, machines):
     assert [a["hidden"] for a in sim.state()["volume_asks"] if a["machine_id"] == machine] == [True]
 
 
-@pytest.mark.parametrize(
-    "body", [{}, {"machine": "abc"}, {"machine": -3}, {"machines": []}, {"machines": [1, "x"]}]
-)
+@pytest.mark.parametrize("body", [{}, {"machine": "abc"}, {"machine": -3}, {"machines": []}, {"machines": [1, "x"]}])
 def test_invalid_machine_id_is_400(api, body):
     response = api.post("/api/v0/volumes", body)
     assert response.status_code == 400 and response.json()["msg"] == "Invalid machine id"

@@ -112,9 +112,7 @@ def test_faults_get_put_delete(api, admin):
 
 def test_force_status_over_http(api, admin):
     instance_id = api.create()["new_contract"]
-    assert admin("POST", f"/_sim/instances/{instance_id}/status", {"status": "offline"}).json() == {
-        "success": True
-    }
+    assert admin("POST", f"/_sim/instances/{instance_id}/status", {"status": "offline"}).json() == {"success": True}
     assert api.status(instance_id) == "offline"
 
 

@@ -54,9 +54,7 @@ def test_unknown_key_is_403(api, method, path, body):
 
 
 def test_bearer_scheme_is_case_insensitive(api, sim):
-    response = api.call(
-        "GET", "/api/v0/instances/", key=None, headers={"Authorization": f"bearer {sim.api_key}"}
-    )
+    response = api.call("GET", "/api/v0/instances/", key=None, headers={"Authorization": f"bearer {sim.api_key}"})
     assert response.status_code == 200
 
 

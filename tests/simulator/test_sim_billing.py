@@ -27,9 +27,7 @@ def test_compute_is_billed_only_while_running(sim, api):
     sim.advance(301)
     record = ledger(sim, instance_id)
     assert 0 < record["compute_seconds"] <= 301 - 60
-    assert record["compute_seconds"] == pytest.approx(
-        301 - (record["first_running_at"] - record["created_at"])
-    )
+    assert record["compute_seconds"] == pytest.approx(301 - (record["first_running_at"] - record["created_at"]))
 
 
 def test_compute_is_billed_at_the_offer_dph_total(sim, api):

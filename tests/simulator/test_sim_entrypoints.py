@@ -38,9 +38,7 @@ def test_cli_first_line_has_the_url_and_a_ready_connection():
         url = first.split()[3]
         port = url.rsplit(":", 1)[1]
         assert f"AIRFLOW_CONN_GPUMARKET_DEFAULT=gpumarket://:k123@127.0.0.1:{port}" in first
-        response = requests.get(
-            f"{url}/api/v0/instances/", headers={"Authorization": "Bearer k123"}, timeout=5
-        )
+        response = requests.get(f"{url}/api/v0/instances/", headers={"Authorization": "Bearer k123"}, timeout=5)
         assert response.status_code == 200
         assert startup < 3  # the benchmark holds the real goal (< 1 s); CI machines vary
     finally:
@@ -67,15 +65,11 @@ def test_cli_default_key_is_derived_from_the_seed():
 
 def test_cli_loads_a_world_file(tmp_path):
     world = tmp_path / "world.json"
-    world.write_text(
-        json.dumps({"offers": [{"id": 77, "gpu_name": "B200", "dph_total": 5.0, "gpu_ram": 184320}]})
-    )
+    world.write_text(json.dumps({"offers": [{"id": 77, "gpu_name": "B200", "dph_total": 5.0, "gpu_ram": 184320}]}))
     process, first = start_cli("--world", str(world), "--api-key", "k")
     try:
         url = first.split()[3]
-        offers = requests.post(
-            f"{url}/api/v0/bundles/", json={}, headers={"Authorization": "Bearer k"}
-        ).json()
+        offers = requests.post(f"{url}/api/v0/bundles/", json={}, headers={"Authorization": "Bearer k"}).json()
         assert [o["id"] for o in offers["offers"]] == [77]
     finally:
         process.send_signal(signal.SIGTERM)
@@ -92,9 +86,7 @@ def test_cli_refuses_a_bad_world_file(tmp_path, content):
 
 def test_cli_refuses_a_port_in_use():
     with MarketSimulator() as sim:
-        result = subprocess.run(
-            sim_command("--port", str(sim.port)), capture_output=True, text=True, timeout=30
-        )
+        result = subprocess.run(sim_command("--port", str(sim.port)), capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
 
@@ -135,10 +127,7 @@ def test_airflow_reads_the_connection_env():
 def test_two_simulators_run_side_by_side():
     with MarketSimulator(api_key="a") as one, MarketSimulator(api_key="b") as two:
         assert one.port != two.port
-        assert (
-            requests.get(f"{two.url}/api/v0/instances/", headers={"Authorization": "Bearer a"}).status_code
-            == 403
-        )
+        assert requests.get(f"{two.url}/api/v0/instances/", headers={"Authorization": "Bearer a"}).status_code == 403
 
 
 def test_world_dict_and_state_dump_round_trip(tmp_path):
@@ -184,8 +173,7 @@ def test_world_file_offers_create_their_machines():
 # --- pytest plugin ------------------------------------------------------------------------------------------
 def test_plugin_fixture_sets_the_connection_env(gpumarket_sim):
     assert (
-        os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"]
-        == gpumarket_sim.connection_env()["AIRFLOW_CONN_GPUMARKET_DEFAULT"]
+        os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] == gpumarket_sim.connection_env()["AIRFLOW_CONN_GPUMARKET_DEFAULT"]
     )
     assert gpumarket_sim.state()["instances"] == []
 
@@ -193,9 +181,7 @@ def test_plugin_fixture_sets_the_connection_env(gpumarket_sim):
 def test_plugin_fixture_is_reset_for_each_test_part_one(gpumarket_sim):
     headers = {"Authorization": f"Bearer {gpumarket_sim.api_key}"}
     offers = requests.post(f"{gpumarket_sim.url}/api/v0/bundles/", json={"limit": 1}, headers=headers).json()
-    requests.put(
-        f"{gpumarket_sim.url}/api/v0/asks/{offers['offers'][0]['id']}/", json={"image": "u"}, headers=headers
-    )
+    requests.put(f"{gpumarket_sim.url}/api/v0/asks/{offers['offers'][0]['id']}/", json={"image": "u"}, headers=headers)
     assert len(gpumarket_sim.alive_instances()) == 1
 
 
@@ -216,9 +202,7 @@ def test_importing_the_plugin_and_package_is_cheap():
         "heavy = [m for m in ('fastapi', 'uvicorn', 'starlette', 'airflow') if m in sys.modules]; "
         "print(heavy)"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=REPO
-    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert result.stdout.strip() == "[]", result.stderr
 
 

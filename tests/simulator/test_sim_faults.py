@@ -35,9 +35,7 @@ def test_status_fault_on_every_operation(sim, api):
 
 
 def test_status_fault_with_retry_after(sim, api):
-    sim.set_faults(
-        [{"endpoint": "list_instances", "kind": "status", "status": 429, "times": 1, "retry_after": 2}]
-    )
+    sim.set_faults([{"endpoint": "list_instances", "kind": "status", "status": 429, "times": 1, "retry_after": 2}])
     response = api.get("/api/v0/instances/")
     assert response.status_code == 429 and response.headers["Retry-After"] == "2"
 
@@ -75,9 +73,7 @@ def test_rate_limit_buckets_are_per_api_key(sim, api):
     assert get_status(api) == 200
     assert get_status(api) == 429
     other = Api(sim, instance["instance_api_key"])
-    assert (
-        other.put(f"/api/v0/instances/{instance['new_contract']}/", {"state": "stopped"}).status_code == 200
-    )
+    assert other.put(f"/api/v0/instances/{instance['new_contract']}/", {"state": "stopped"}).status_code == 200
 
 
 def test_rate_limit_refills_in_real_time(sim, api):

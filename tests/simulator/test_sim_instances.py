@@ -299,9 +299,9 @@ def test_direct_runtypes_get_ports(api):
     offers = api.search({"direct_port_count": {"gte": 8}, "limit": 2})
     ssh = api.instance(api.create(offers[0]["id"], {"image": "u", "runtype": "ssh_direct"})["new_contract"])
     jupyter = api.instance(
-        api.create(
-            offers[1]["id"], {"image": "u", "runtype": "jupyter_direct", "env": {"-p 9000:9000": "1"}}
-        )["new_contract"]
+        api.create(offers[1]["id"], {"image": "u", "runtype": "jupyter_direct", "env": {"-p 9000:9000": "1"}})[
+            "new_contract"
+        ]
     )
     assert set(ssh["ports"]) == {"22/tcp"}
     assert set(jupyter["ports"]) == {"22/tcp", "8080/tcp", "9000/tcp"}

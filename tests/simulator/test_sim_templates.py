@@ -71,10 +71,7 @@ def test_template_volume_info_is_not_applied(api, templates):
 
 def test_request_volume_info_is_applied(api):
     volume = {"volume_id": 5, "mount_path": "/mnt/data"}
-    assert (
-        api.instance(create(api, {"template_hash_id": TRAINER, "volume_info": volume}))["volume_info"]
-        == volume
-    )
+    assert api.instance(create(api, {"template_hash_id": TRAINER, "volume_info": volume}))["volume_info"] == volume
 
 
 def test_template_login_fields_carry_over_to_the_instance(sim, api, templates):
@@ -86,10 +83,7 @@ def test_template_login_fields_carry_over_to_the_instance(sim, api, templates):
 
 def test_login_password_is_not_shown_in_the_api(api, templates):
     instance_id = create(api, {"template_hash_id": TRAINER})
-    assert (
-        templates["private-trainer"]["docker_login_pass"]
-        not in api.get(f"/api/v0/instances/{instance_id}/").text
-    )
+    assert templates["private-trainer"]["docker_login_pass"] not in api.get(f"/api/v0/instances/{instance_id}/").text
 
 
 def test_request_image_login_overrides_template_login(sim, api):

@@ -197,7 +197,7 @@ def test_create_502_with_label_found_in_the_list_returns_that_instance_without_r
 
     result = hook.create_instance(101, image="img", label="job-42")
 
-    assert result == {"success": True, "new_contract": 8123, "instance_api_key": None}
+    assert result == {"success": True, "new_contract": 8123, "instance_api_key": None, "ambiguous": True}
     assert methods_and_urls(requests_mock) == [("PUT", ASK), ("GET", INSTANCES)]
 
 
@@ -214,8 +214,9 @@ def test_create_502_with_label_not_found_is_re_sent_and_succeeds(requests_mock, 
 
     result = hook.create_instance(101, image="img", label="job-42")
 
-    assert result == CREATED
-    assert methods_and_urls(requests_mock) == [("PUT", ASK), ("GET", INSTANCES), ("PUT", ASK)]
+    assert result == {**CREATED, "ambiguous": True}  # re-sent: the caller should look for a late duplicate
+    # looked at once, and again once the request's timeout has passed, before sending again
+    assert methods_and_urls(requests_mock) == [("PUT", ASK), ("GET", INSTANCES), ("GET", INSTANCES), ("PUT", ASK)]
     assert [r.json() for r in requests_mock.request_history if r.method == "PUT"] == [
         {"image": "img", "label": "job-42"}
     ] * 2
@@ -230,6 +231,7 @@ def test_create_read_timeout_with_label_found_returns_that_instance(requests_moc
         "success": True,
         "new_contract": 8124,
         "instance_api_key": None,
+        "ambiguous": True,
     }
     assert [m for m, _ in methods_and_urls(requests_mock)] == ["PUT", "GET"]
 
@@ -387,3 +389,23 @@ def test_parse_retry_after(value, seconds):
 )
 def test_create_surely_not_processed(exc, surely_not_processed):
     assert api.create_surely_not_processed(exc) is surely_not_processed
+
+
+def test_after_an_ambiguous_create_the_label_is_looked_for_at_once(requests_mock, hook, sleeps):
+    # A quick job may destroy its instance soon after it boots: look before it can vanish.
+    requests_mock.put(ASK, [fail(502), ok(CREATED)])
+    requests_mock.get(INSTANCES, json={"instances": [{"id": 8123, "label": "job-44"}]})
+    assert hook.create_instance(101, image="img", label="job-44")["new_contract"] == 8123
+    assert len(sleeps) == 1 and sleeps[0] < hook.settings.timeout
+    assert [m for m, _ in methods_and_urls(requests_mock)] == ["PUT", "GET"]
+
+
+def test_an_ambiguous_create_not_found_at_once_gets_the_request_timeout_to_land_before_a_second_look(
+    requests_mock, hook, sleeps
+):
+    # A create still in flight on the server must be found by its label, not sent a second time.
+    requests_mock.put(ASK, [fail(502), ok(CREATED)])
+    requests_mock.get(INSTANCES, [{"json": {"instances": []}}, {"json": {"instances": [{"id": 8125, "label": "j"}]}}])
+    assert hook.create_instance(101, image="img", label="j")["new_contract"] == 8125
+    assert len(sleeps) == 2 and 0 < hook.settings.timeout - sleeps[1] < 1  # the rest of the timeout
+    assert [m for m, _ in methods_and_urls(requests_mock)] == ["PUT", "GET", "GET"]
