@@ -57,10 +57,8 @@ def p2_calls_per_lifecycle(runs: int) -> None:
                     poll_interval=interval,
                     deferrable=deferrable,
                 )
-                if deferrable:
-                    made = _run_deferred(op, context(f"p2-{run}"))
-                else:
-                    made = op.execute(context(f"p2-{run}"))
+                ctx = context(f"p2-{run}")
+                made = _run_deferred(op, ctx) if deferrable else op.execute(ctx)
                 instance = next(i for i in sim.state()["instances"] if i["id"] == made["instance_id"])
                 account_calls = [r for r in sim.requests() if r["key"] == "account"]
                 boot = (instance["first_running_at"] - instance["created_at"]) / speed
@@ -83,14 +81,16 @@ def _run_deferred(op, ctx: dict) -> dict:
 
     try:
         return op.execute(ctx)
-    except TaskDeferred as deferred:
+    except TaskDeferred as deferral:
+        deferred = deferral
+    trigger = deferred.trigger
 
-        async def first_event():
-            async for event in deferred.trigger.run():
-                return event.payload
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
 
-        event = asyncio.run(first_event())
-        return getattr(op, deferred.method_name)(ctx, event=event, **(deferred.kwargs or {}))
+    event = asyncio.run(first_event())
+    return getattr(op, deferred.method_name)(ctx, event=event, **(deferred.kwargs or {}))
 
 
 # --- P3 ----------------------------------------------------------------------------------------------------
@@ -253,7 +253,9 @@ def p5_hook_overhead(calls: int, runs: int) -> None:
         line = process.stdout.readline() if process.stdout else ""
         url = next(word for word in line.split() if word.startswith("http://"))
         key = line.split("gpumarket://:", 1)[1].split("@", 1)[0]
-        os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = json.dumps({"conn_type": "gpumarket", "host": url, "password": key})
+        os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = json.dumps(
+            {"conn_type": "gpumarket", "host": url, "password": key}
+        )
         raw = requests.Session()
         raw.headers["Authorization"] = f"Bearer {key}"
         offer = raw.post(f"{url}/api/v0/bundles/", json={"limit": 1}).json()["offers"][0]["id"]

@@ -118,13 +118,10 @@ def main() -> int:
     try:
         headers = {"Authorization": f"Bearer {API_KEY}"}
         offers = requests.post(f"{url}/api/v0/bundles/", json={"limit": 1}, headers=headers).json()["offers"]
-        created = requests.put(
-            f"{url}/api/v0/asks/{offers[0]['id']}/", json={"image": "bench"}, headers=headers
-        )
+        created = requests.put(f"{url}/api/v0/asks/{offers[0]['id']}/", json={"image": "bench"}, headers=headers)
         instance_id = created.json()["new_contract"]
         rates = [
-            measure_throughput(url, instance_id, args.seconds, args.threads)
-            for _ in range(max(3, args.runs // 2))
+            measure_throughput(url, instance_id, args.seconds, args.threads) for _ in range(max(3, args.runs // 2))
         ]
     finally:
         stop(process)

@@ -88,6 +88,7 @@ def run_case(n: int, mode: str) -> dict:
         rss_before = rss_kb("VmRSS")
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.time()
+
         async def all_triggers() -> None:
             await asyncio.wait_for(asyncio.gather(*(watch(i) for i in ids)), timeout=300)
 

@@ -70,9 +70,7 @@ class Market:
     # --- life cycle ----------------------------------------------------------------------------------------
     def start_ticker(self) -> None:
         if self._ticker is None:
-            self._ticker = threading.Thread(
-                target=self._tick_forever, name="gpumarket-sim-ticker", daemon=True
-            )
+            self._ticker = threading.Thread(target=self._tick_forever, name="gpumarket-sim-ticker", daemon=True)
             self._ticker.start()
 
     def close(self) -> None:
@@ -92,21 +90,29 @@ class Market:
 
     @contextmanager
     def transaction(self) -> Iterator[tuple[World, float]]:
-        """Hold the lock with the world brought up to now; carry out the resulting side effects afterwards."""
-        with self.lock:
-            try:
-                now = self.clock.now()
-                self.world.update(now)
-                yield self.world, now
-            finally:
-                events, self.world.events = self.world.events, []
-                starts = [self._onstart_job(iid) for kind, iid in events if kind == "first_running"]
-        for kind, iid in events:
-            if kind == "halt":
-                self.runner.halt(iid)
-        for job in starts:
-            if job is not None:
-                self.runner.start(*job)
+        """Hold the lock with the world brought up to now; carry out the resulting side effects afterwards.
+
+        The side effects (starting and halting onstart scripts) happen even when the request body raises: a 409
+        or 404 answered by the request that happened to bring an instance to running must not lose its script.
+        """
+        events: list[tuple[str, int]] = []
+        starts: list[tuple[int, str, dict[str, str]] | None] = []
+        try:
+            with self.lock:
+                try:
+                    now = self.clock.now()
+                    self.world.update(now)
+                    yield self.world, now
+                finally:
+                    events, self.world.events = self.world.events, []
+                    starts = [self._onstart_job(iid) for kind, iid in events if kind == "first_running"]
+        finally:
+            for kind, iid in events:
+                if kind == "halt":
+                    self.runner.halt(iid)
+            for job in starts:
+                if job is not None:
+                    self.runner.start(*job)
 
     def _onstart_job(self, instance_id: int) -> tuple[int, str, dict[str, str]] | None:
         inst = self.world.instances[instance_id]

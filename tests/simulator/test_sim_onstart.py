@@ -188,3 +188,26 @@ def test_ticker_starts_onstart_without_anyone_polling(tmp_path: Path):
         api = Api(sim, sim.api_key)
         api.create(body={"image": "u", "onstart": f"touch {marker}"})
         wait_for(marker.exists, timeout=10)  # watches the file system only: no request reaches the simulator
+
+
+def test_onstart_starts_even_when_the_request_that_brought_the_instance_to_running_fails():
+    """Regression: the request that updates the world may answer an error (here a 409 on a rented offer);
+    the instance it brought to running must still get its onstart script."""
+    import time as _time
+
+    import requests as _requests
+
+    from airflow_gpumarket.simulator import MarketSimulator
+
+    with MarketSimulator(speed=0, execute_onstart=True) as sim:  # frozen clock: only this test moves it
+        headers = {"Authorization": f"Bearer {sim.api_key}"}
+        offer = _requests.post(f"{sim.url}/api/v0/bundles/", json={"limit": 1}, headers=headers).json()["offers"][0]
+        body = {"image": "img", "runtype": "ssh", "onstart": "echo started"}
+        made = _requests.put(f"{sim.url}/api/v0/asks/{offer['id']}/", json=body, headers=headers).json()
+        sim._market.clock.advance(400)  # past any boot, without a transaction seeing it yet
+        again = _requests.put(f"{sim.url}/api/v0/asks/{offer['id']}/", json=body, headers=headers)
+        assert again.status_code == 409
+        deadline = _time.monotonic() + 10
+        while _time.monotonic() < deadline and not (sim.onstart_result(made["new_contract"]) or {}).get("output"):
+            _time.sleep(0.02)  # bounded wait for the subprocess, not for simulated time
+        assert "started" in sim.onstart_result(made["new_contract"])["output"]

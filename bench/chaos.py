@@ -1,0 +1,314 @@
+"""R1 chaos: rent-run-destroy lifecycles under injected faults, counting what is left alive.
+
+- 500 GpuMarketRunJobOperator lifecycles (8 at a time) against the simulator (its own process, clock 600x, onstart
+  scripts really run), with 5xx, 429, dropped connections (before and after the create was processed),
+  responses slower than the client's timeout, hosts ending exited/unknown/offline, offers rented away by
+  "someone else" in the background, and on_kill at random moments.
+- 20 real Airflow task runs (`airflow dags test`) killed with SIGTERM mid-boot or mid-job.
+
+Seeded: the same seed draws the same world, jobs, kill times and fault probabilities (thread timing still
+varies). Prints one line per figure; exits non-zero when an instance leaked, was rented twice, or billed after
+its operator finished.
+
+    python bench/chaos.py [--seed 7] [--lifecycles 500] [--sigterm-runs 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+GPUS = ["RTX 3090", "RTX 4090", "A100", "H100", "L40S"]
+FATES = ["running"] * 22 + ["exited", "unknown", "offline"]
+TIMEOUT = 1.0  # the client's request timeout; the slow-response fault exceeds it
+FAULTS = [
+    {"endpoint": ["get_instance", "list_instances"], "kind": "status", "status": 503, "probability": 0.05},
+    {
+        "endpoint": ["get_instance", "list_instances"],
+        "kind": "status",
+        "status": 429,
+        "probability": 0.05,
+        "retry_after": 0,
+    },
+    {"endpoint": "search_offers", "kind": "status", "status": 502, "probability": 0.05},
+    {"endpoint": "create_instance", "kind": "latency", "seconds": TIMEOUT + 0.3, "probability": 0.02},
+    {"endpoint": "create_instance", "kind": "status", "status": 500, "probability": 0.03},
+    {"endpoint": "create_instance", "kind": "status", "status": 429, "probability": 0.03, "retry_after": 0},
+    {"endpoint": "create_instance", "kind": "drop", "after": True, "probability": 0.03},
+    {"endpoint": "create_instance", "kind": "drop", "after": False, "probability": 0.02},
+    {"endpoint": "destroy_instance", "kind": "status", "status": 502, "probability": 0.05},
+    {"endpoint": "stop_instance", "kind": "status", "status": 503, "probability": 0.05},
+]
+
+
+class Simulator:
+    """gpumarket-sim in its own process, driven over its admin surface."""
+
+    def __init__(self, seed: int, offers: int) -> None:
+        rng = random.Random(f"chaos-world-{seed}")
+        world = {
+            "offers": [
+                {
+                    "id": 100_000 + i,
+                    "gpu_name": rng.choice(GPUS),
+                    "dph_total": round(rng.uniform(0.15, 3.0), 3),
+                    "reliability": round(rng.uniform(0.8, 1.0), 4),
+                    "fate": rng.choice(FATES),
+                }
+                for i in range(offers)
+            ]
+        }
+        path = Path(tempfile.mkdtemp(prefix="gpm-chaos-")) / "world.json"
+        path.write_text(json.dumps(world))
+        cmd = [str(BIN / "gpumarket-sim"), "--port", "0", "--speed", "600", "--seed", str(seed), "--execute-onstart"]
+        self.process = subprocess.Popen([*cmd, "--world", str(path)], stdout=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline() if self.process.stdout else ""
+        self.url = next(word for word in line.split() if word.startswith("http://"))
+        self.key = line.split("gpumarket://:", 1)[1].split("@", 1)[0]
+        self.session = requests.Session()
+        self.fates = Counter(o["fate"] for o in world["offers"])
+
+    def get(self, path: str):
+        return self.session.get(f"{self.url}{path}", timeout=30).json()
+
+    def alive(self) -> list[dict]:
+        return self.get("/_sim/alive-instances")["instances"]
+
+    def send(self, method: str, path: str, body=None):
+        return self.session.request(method, f"{self.url}{path}", json=body, timeout=30)
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def connection(sim: Simulator) -> str:
+    extra = {"timeout": TIMEOUT, "retry_min_wait": 0.02, "retry_max_wait": 0.2, "max_retries": 6}
+    return json.dumps({"conn_type": "gpumarket", "host": sim.url, "password": sim.key, "extra": extra})
+
+
+def count_client_faults(counter: Counter) -> None:
+    """Count what the hook receives, by kind, by wrapping its one HTTP exchange."""
+    from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketTransportError
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    send = GpuMarketHook._send
+    lock = threading.Lock()
+
+    def counted(self, operation, method, path, body=None):
+        try:
+            return send(self, operation, method, path, body)
+        except GpuMarketTransportError as exc:
+            kind = "timeout" if "Timeout" in str(exc) else "dropped connection"
+            with lock:
+                counter[kind] += 1
+            raise
+        except GpuMarketError as exc:
+            if exc.status_code in (429, 500, 502, 503):
+                with lock:
+                    counter["429" if exc.status_code == 429 else "5xx"] += 1
+            raise
+
+    GpuMarketHook._send = counted  # type: ignore[method-assign]
+
+
+def classify(exc: BaseException) -> str:
+    text = str(exc)
+    for words, reason in (
+        ("status 'stopped'", "job exited non-zero"),
+        ("killed", "killed (on_kill)"),
+        ("Could not get a working instance", "no working offer"),
+        ("DESTROY FAILED", "destroy failed"),
+        ("status 'exited'", "host failed mid-job"),
+        ("status 'unknown'", "host failed mid-job"),
+        ("status 'offline'", "host failed mid-job"),
+        ("hit its time limit", "time limit"),
+        ("HTTP", "API error after retries"),
+        ("no response", "API error after retries"),
+    ):
+        if words in text:
+            return reason
+    return f"UNCLEAR: {type(exc).__name__}: {text[:120]}"
+
+
+def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
+    from airflow_gpumarket import lifecycle as lc
+    from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+
+    rng = random.Random(f"chaos-{seed}-{i}")
+    command = rng.choices(["echo ok", "echo failing; exit 3", "sleep 0.3; echo done"], [0.7, 0.15, 0.15])[0]
+    op = GpuMarketRunJobOperator(
+        task_id=f"chaos_{i}",
+        offer_filters={"gpu_name": {"eq": rng.choice(GPUS)}},
+        offer_order=[[rng.choice(["dph_total", "reliability", "dlperf_per_dphtotal"]), rng.choice(["asc", "desc"])]],
+        image="chaos",
+        command=command,
+        poll_interval=0.05,
+        max_offer_attempts=4,
+        max_runtime=60,
+        deferrable=False,
+    )
+    ctx = {"run_id": f"chaos-{seed}-{i}", "ti": SimpleNamespace(try_number=1, map_index=-1)}
+    key = lc.rental_key(op.dag_id or "", ctx["run_id"], op.task_id, -1)
+    timer = None
+    if rng.random() < 0.12:
+        timer = threading.Timer(rng.uniform(0.05, 1.2), op.on_kill)
+        timer.start()
+        kills["on_kill scheduled"] += 1
+    try:
+        result = op.execute(ctx)
+        outcome = "succeeded" if result.get("job_status") == "succeeded" else "UNCLEAR: returned without success"
+    except BaseException as exc:  # noqa: BLE001 - every ending is classified
+        outcome = classify(exc)
+    finally:
+        if timer is not None:
+            timer.cancel()
+    alive_at_finish = [
+        inst for inst in sim.alive() if (lc.parse_label(inst.get("label")) or ("",))[0] == key
+    ]
+    return {"outcome": outcome, "key": key, "alive_at_finish": alive_at_finish, "command": command}
+
+
+def vanish_offers(sim: Simulator, stop: threading.Event, seed: int, counter: Counter) -> None:
+    """Someone else rents offers while the lifecycles search and create."""
+    rng = random.Random(f"chaos-vanish-{seed}")
+    offers = [o["id"] for o in sim.get("/_sim/state")["offers"]]
+    while not stop.wait(0.05):
+        if sim.send("POST", f"/_sim/offers/{rng.choice(offers)}/vanish").status_code == 200:
+            counter["offer rented by someone else"] += 1
+
+
+def sigterm_runs(sim: Simulator, runs: int, seed: int) -> tuple[int, int, int]:
+    """Real Airflow task runs killed with SIGTERM; returns (killed, leaked, stuck)."""
+    home = ROOT / ".airflow" / "chaos"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "bench" / "chaos_dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW_CONN_GPUMARKET_DEFAULT": connection(sim),
+    }
+    if not (home / "airflow.db").exists():
+        subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
+    sim.send("PUT", "/_sim/faults", {"rules": [r for r in FAULTS if r["kind"] == "status"]})
+    rng = random.Random(f"chaos-sigterm-{seed}")
+    killed = leaked = stuck = 0
+    for _ in range(runs):
+        before = max([i["id"] for i in sim.get("/_sim/state")["instances"]], default=0)
+        process = subprocess.Popen(
+            [str(BIN / "airflow"), "dags", "test", "chaos_sigterm"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(i["id"] > before for i in sim.alive()):
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 1.5))  # somewhere in boot or in the job
+        process.send_signal(signal.SIGTERM)
+        killed += 1
+        try:
+            process.wait(timeout=45)
+        except subprocess.TimeoutExpired:
+            stuck += 1
+            process.kill()
+            process.wait()
+        leaked += sum(1 for i in sim.alive() if i["id"] > before)
+    return killed, leaked, stuck
+
+
+def double_rentals(instances: list[dict]) -> int:
+    """Pairs of instances of one label key alive at the same time (a failover destroys before renting again)."""
+    from airflow_gpumarket import lifecycle as lc
+
+    by_key: dict[str, list[tuple[float, float]]] = {}
+    for inst in instances:
+        parsed = lc.parse_label(inst.get("label"))
+        if parsed:
+            end = inst["destroyed_at"] if inst["destroyed_at"] is not None else float("inf")
+            by_key.setdefault(parsed[0], []).append((inst["created_at"], end))
+    overlaps = 0
+    for spans in by_key.values():
+        spans.sort()
+        overlaps += sum(1 for (_, end), (start, _) in zip(spans, spans[1:], strict=False) if start < end)
+    return overlaps
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--lifecycles", type=int, default=500)
+    parser.add_argument("--sigterm-runs", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=8)
+    args = parser.parse_args()
+    started = time.time()
+    sim = Simulator(args.seed, offers=args.lifecycles * 8)
+    try:
+        os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = connection(sim)
+        faults: Counter = Counter()
+        count_client_faults(faults)
+        sim.send("PUT", "/_sim/faults", {"rules": FAULTS})
+        stop = threading.Event()
+        vanisher = threading.Thread(target=vanish_offers, args=(sim, stop, args.seed, faults), daemon=True)
+        vanisher.start()
+        with ThreadPoolExecutor(args.workers) as pool:
+            results = list(pool.map(lambda i: lifecycle(i, args.seed, sim, faults), range(args.lifecycles)))
+        stop.set()
+        vanisher.join()
+        sim.send("DELETE", "/_sim/faults")
+        killed, sigterm_leaked, stuck = sigterm_runs(sim, args.sigterm_runs, args.seed)
+
+        state = sim.get("/_sim/state")
+        instances = state["instances"]
+        hosts_failed = Counter(i["fate"] for i in instances if i["fate"] != "running")
+        for fate, count in hosts_failed.items():
+            faults[f"host ended {fate}"] = count
+        leaked = [i for i in instances if not i["destroyed"]]
+        late = {i["id"] for r in results for i in r["alive_at_finish"]}
+        billed_after = sum(i["cost"] for i in instances if i["id"] in late)  # everything they cost from then on
+        outcomes = Counter(r["outcome"] for r in results)
+        unclear = sum(n for o, n in outcomes.items() if o.startswith("UNCLEAR"))
+        succeeded = outcomes.pop("succeeded", 0)
+        doubles = double_rentals(instances)
+
+        print(f"R1 chaos seed {args.seed}: {len(results)} lifecycles + {killed} Airflow task runs killed with SIGTERM")
+        print(f"R1 faults injected: {', '.join(f'{k} {v}' for k, v in sorted(faults.items()))}")
+        print(f"R1 jobs succeeded: {succeeded}")
+        print(
+            f"R1 jobs failed with a clear reason: {len(results) - succeeded - unclear} "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(outcomes.items()) if not k.startswith('UNCLEAR'))}); "
+            f"unclear: {unclear} (goal: 0)"
+        )
+        for outcome in (o for o in outcomes if o.startswith("UNCLEAR")):
+            print(f"    {outcome}")
+        print(f"R1 leaked instances: {len(leaked) + sigterm_leaked} (goal: 0)")
+        print(f"R1 double rentals: {doubles} (goal: 0)")
+        print(
+            f"R1 dollars billed after the operator finished: {billed_after:.4f} over {len(late)} instance(s) (goal: 0)"
+        )
+        print(f"R1 SIGTERM runs that did not exit within 45 s: {stuck} (goal: 0)")
+        print(f"R1 wall-clock time: {time.time() - started:.0f} s (goal: < 600 s)")
+        return 1 if (leaked or sigterm_leaked or doubles or late or unclear or stuck) else 0
+    finally:
+        sim.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
