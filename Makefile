@@ -1,11 +1,13 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
 # Each creates what it needs (virtual environment, Airflow home, simulator) itself.
+SHELL  := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c  # a figure script that fails must fail the target, even behind a grep
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint typecheck test demo clean
+.PHONY: install lint typecheck test demo bench chaos clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +28,17 @@ test: lint typecheck
 
 demo: install
 	$(BIN)/python scripts/demo.py
+
+# Figures against the embedded simulator, one line each: NAME: value (goal: ...). Not part of `make test`.
+bench: install
+	@mkdir -p .airflow/bench
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_simulator.py
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_triggerer.py
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_provider.py 2>/dev/null | grep -E '^P[0-9]'
+
+chaos: install
+	@mkdir -p .airflow/chaos-client
+	AIRFLOW_HOME=$(CURDIR)/.airflow/chaos-client $(BIN)/python bench/chaos.py 2>/dev/null | grep -aE '^(R1|    )'
 
 clean:
 	rm -rf $(VENV) .airflow .pytest_cache .mypy_cache .ruff_cache
