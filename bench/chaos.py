@@ -207,7 +207,7 @@ def sigterm_runs(sim: Simulator, runs: int, seed: int) -> tuple[int, int, int]:
     }
     if not (home / "airflow.db").exists():
         subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
-    sim.send("PUT", "/_sim/faults", {"rules": [r for r in FAULTS if r["kind"] == "status"]})
+    sim.send("PUT", "/_sim/faults", {"rules": [r for r in FAULTS if r["kind"] == "status"]}).raise_for_status()
     rng = random.Random(f"chaos-sigterm-{seed}")
     killed = leaked = stuck = 0
     for _ in range(runs):
@@ -264,7 +264,7 @@ def main() -> int:
         os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = connection(sim)
         faults: Counter = Counter()
         count_client_faults(faults)
-        sim.send("PUT", "/_sim/faults", {"rules": FAULTS})
+        sim.send("PUT", "/_sim/faults", {"rules": FAULTS}).raise_for_status()
         stop = threading.Event()
         vanisher = threading.Thread(target=vanish_offers, args=(sim, stop, args.seed, faults), daemon=True)
         vanisher.start()
