@@ -255,6 +255,15 @@ class GpuMarketHook(_GpuMarketHookBase):
                 return self._send(operation, method, path, body)
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
+    def _call_unless_processed(self, operation: str, method: str, path: str, body: Any) -> Any:
+        """``_send`` for a call that must not be repeated once the server may have acted on it (creating an
+        endpoint, regenerating backup codes): retried only after failures that surely did nothing."""
+        retry = tenacity.retry_if_exception(api.create_surely_not_processed)
+        for attempt in tenacity.Retrying(**self._retry_kwargs(retry)):
+            with attempt:
+                return self._send(operation, method, path, body)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
     # --- offers and instances ---------------------------------------------------------------------------
     def search_offers(
         self,
@@ -449,11 +458,7 @@ class GpuMarketHook(_GpuMarketHookBase):
             inactivity_timeout=inactivity_timeout,
             overrecruit_ratio=overrecruit_ratio,
         )
-        retry = tenacity.retry_if_exception(api.create_surely_not_processed)
-        for attempt in tenacity.Retrying(**self._retry_kwargs(retry)):
-            with attempt:
-                return self._send("create_endpoint", "POST", api.PATH_ENDPOINTS, body)
-        raise AssertionError("unreachable: tenacity re-raises the last error")
+        return self._call_unless_processed("create_endpoint", "POST", api.PATH_ENDPOINTS, body)
 
     def delete_deployments(self, name: str, tag: str | None = None) -> types.DeleteDeploymentsResult:
         """Soft-delete every deployment called ``name`` (and ``tag``), cascading to endpoints and workers."""
@@ -474,14 +479,10 @@ class GpuMarketHook(_GpuMarketHookBase):
         body = api.build_regen_backup_codes_body(
             tfa_method=tfa_method, code=code, secret=secret, tfa_method_id=tfa_method_id, backup_code=backup_code
         )
-        retry = tenacity.retry_if_exception(api.create_surely_not_processed)
-        for attempt in tenacity.Retrying(**self._retry_kwargs(retry)):
-            with attempt:
-                result = self._send("regenerate_backup_codes", "PUT", api.PATH_REGEN_BACKUP_CODES, body)
-                for backup in api.expect_list("regenerate_backup_codes", result, "backup_codes"):
-                    mask_secret(backup)
-                return result
-        raise AssertionError("unreachable: tenacity re-raises the last error")
+        result = self._call_unless_processed("regenerate_backup_codes", "PUT", api.PATH_REGEN_BACKUP_CODES, body)
+        for backup in api.expect_list("regenerate_backup_codes", result, "backup_codes"):
+            mask_secret(backup)
+        return result
 
     def list_pending_price_increases(self) -> types.PendingPriceIncreases:
         """The whole response: ``pending_price_increases``, ``count`` and ``truncated`` (the list was cut)."""
