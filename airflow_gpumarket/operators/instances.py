@@ -91,6 +91,13 @@ def instance_id_from(value: Any) -> int | None:
     return instance_id
 
 
+def check_instance_id_argument(value: Any) -> None:
+    """Refuse a bad instance id when the DAG is parsed; a template or an upstream task's output (XComArg) is
+    checked when it is resolved."""
+    if not _templated(value) and not hasattr(value, "operator"):
+        instance_id_from(value)
+
+
 class _GpuMarketBaseOperator(BaseOperator):
     """Connection handling shared by every operator of this provider."""
 
@@ -739,8 +746,7 @@ class GpuMarketStopInstanceOperator(_GpuMarketBaseOperator):
     def __init__(self, *, instance_id: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.instance_id = instance_id
-        if not _templated(instance_id) and not hasattr(instance_id, "operator"):
-            instance_id_from(instance_id)
+        check_instance_id_argument(instance_id)
 
     def execute(self, context: Any) -> dict[str, Any]:
         instance_id = instance_id_from(self.instance_id)
@@ -764,8 +770,7 @@ class GpuMarketDestroyInstanceOperator(_GpuMarketBaseOperator):
     def __init__(self, *, instance_id: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.instance_id = instance_id
-        if not _templated(instance_id) and not hasattr(instance_id, "operator"):
-            instance_id_from(instance_id)
+        check_instance_id_argument(instance_id)
 
     def execute(self, context: Any) -> dict[str, Any]:
         instance_id = instance_id_from(self.instance_id)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket._compat import AirflowFailException, BaseSensorOperator
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketValidationError
-from airflow_gpumarket.operators.instances import DEFAULT_DEFERRABLE, _templated, instance_id_from
+from airflow_gpumarket.operators.instances import DEFAULT_DEFERRABLE, check_instance_id_argument, instance_id_from
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
@@ -53,8 +53,7 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
         self._seen_running = False
         api.require_positive_number("poke_interval", self.poke_interval)
-        if not _templated(instance_id) and not hasattr(instance_id, "operator"):
-            instance_id_from(instance_id)
+        check_instance_id_argument(instance_id)
         if not isinstance(target_status, str) or not target_status:
             raise GpuMarketValidationError(
                 "target_status", f"must be a status name such as 'running', got {target_status!r}"
