@@ -119,9 +119,7 @@ class AdminRoutes:
     async def force_status(self, request: Request) -> Any:
         body = await _body(request)
         if "status" not in body:
-            raise bad_request(
-                "status is required (null, loading, running, stopped, exited, unknown, offline)"
-            )
+            raise bad_request("status is required (null, loading, running, stopped, exited, unknown, offline)")
         self.market.force_status(_path_id(request, "instance_id"), body["status"])
         return {"success": True}
 

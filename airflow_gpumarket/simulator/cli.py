@@ -29,9 +29,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run onstart scripts as local processes (off by default)",
     )
-    parser.add_argument(
-        "--world", default=None, metavar="FILE", help="JSON world file replacing parts of the world"
-    )
+    parser.add_argument("--world", default=None, metavar="FILE", help="JSON world file replacing parts of the world")
     args = parser.parse_args(argv)
     if args.speed < 0:
         parser.error("--speed must be >= 0")

@@ -80,12 +80,7 @@ def parse_rules(rules: Any) -> list[Rule]:
 
 def _number(spec: dict[str, Any], name: str, where: str, *, minimum: float = 0.0) -> float:
     value = spec.get(name)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < minimum
-    ):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < minimum:
         raise ValueError(f"{where}: {name} must be a number >= {minimum:g}")
     return float(value)
 

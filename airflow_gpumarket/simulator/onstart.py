@@ -77,12 +77,8 @@ class OnstartRunner:
             )
             run = _Run(process=process, workdir=workdir)
             self._runs[instance_id] = run
-        threading.Thread(
-            target=self._collect, args=(run,), name=f"onstart-out-{instance_id}", daemon=True
-        ).start()
-        threading.Thread(
-            target=self._wait, args=(run,), name=f"onstart-wait-{instance_id}", daemon=True
-        ).start()
+        threading.Thread(target=self._collect, args=(run,), name=f"onstart-out-{instance_id}", daemon=True).start()
+        threading.Thread(target=self._wait, args=(run,), name=f"onstart-wait-{instance_id}", daemon=True).start()
 
     @staticmethod
     def _wait(run: _Run) -> None:

@@ -28,9 +28,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="simulated seconds per real second of the gpumarket_sim fixture (default 60)",
     )
-    group.addoption(
-        "--gpumarket-sim-seed", type=int, default=None, help="world seed of gpumarket_sim (default 0)"
-    )
+    group.addoption("--gpumarket-sim-seed", type=int, default=None, help="world seed of gpumarket_sim (default 0)")
     group.addoption(
         "--gpumarket-sim-execute-onstart",
         action="store_true",
@@ -68,9 +66,7 @@ def gpumarket_sim_server(request: pytest.FixtureRequest) -> Iterator[MarketSimul
 
 
 @pytest.fixture
-def gpumarket_sim(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[MarketSimulator]:
+def gpumarket_sim(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[MarketSimulator]:
     marker = request.node.get_closest_marker("gpumarket_sim")
     if marker is not None and marker.kwargs:
         from airflow_gpumarket.simulator.server import MarketSimulator

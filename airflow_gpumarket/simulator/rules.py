@@ -299,9 +299,7 @@ def validate_search(body: Any) -> SearchQuery:
             query.order = _validate_order(condition)
         elif name in OFFER_FIELD_KINDS:
             if not isinstance(condition, dict) or not condition:
-                raise bad_request(
-                    f'the filter on {name} must be an object like {{"eq": value}}', "invalid_filter"
-                )
+                raise bad_request(f'the filter on {name} must be an object like {{"eq": value}}', "invalid_filter")
             for operator, operand in condition.items():
                 _check_operand(name, operator, operand)
                 query.filters.append((name, operator, operand))
@@ -429,11 +427,7 @@ def validate_endpoint(body: Any) -> dict[str, Any]:
         if not one_of(body["endpoint_state"], ENDPOINT_STATES):
             raise bad_request("endpoint_state must be active, suspended or stopped", "invalid_endpoint_state")
         out["endpoint_state"] = body["endpoint_state"]
-    if (
-        "target_queue_time" in out
-        and "max_queue_time" in out
-        and out["target_queue_time"] > out["max_queue_time"]
-    ):
+    if "target_queue_time" in out and "max_queue_time" in out and out["target_queue_time"] > out["max_queue_time"]:
         raise bad_request(
             f"target_queue_time ({out['target_queue_time']}) must be less than or equal to "
             f"max_queue_time ({out['max_queue_time']})",
@@ -471,9 +465,7 @@ def validate_tfa(body: Any) -> dict[str, Any]:
             raise bad_request("tfa_method_id must be a positive integer")
         out["tfa_method_id"] = body["tfa_method_id"]
     if "code" not in out and "backup_code" not in out:
-        raise bad_request(
-            "a verification code (with tfa_method or tfa_method_id) or a backup_code is required"
-        )
+        raise bad_request("a verification code (with tfa_method or tfa_method_id) or a backup_code is required")
     if "backup_code" not in out and "tfa_method" not in out and "tfa_method_id" not in out:
         raise bad_request("tfa_method or tfa_method_id is required with code")
     return out

@@ -38,9 +38,7 @@ class MarketSimulator:
         port: int = 0,
     ) -> None:
         overrides = load_world_file(world) if isinstance(world, str | Path | os.PathLike) else world
-        self._market = Market(
-            speed=speed, seed=seed, api_key=api_key, execute_onstart=execute_onstart, world=overrides
-        )
+        self._market = Market(speed=speed, seed=seed, api_key=api_key, execute_onstart=execute_onstart, world=overrides)
         self.host = host
         self._requested_port = port
         self.port: int | None = None

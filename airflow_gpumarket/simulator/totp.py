@@ -25,6 +25,4 @@ def verify(secret_b32: str, code: str, at: float, window: int = 1) -> bool:
     """Accept the current step and ``window`` steps either side, as authenticator apps drift a little."""
     if not isinstance(code, str) or len(code) != DIGITS or not code.isdigit():
         return False
-    return any(
-        hmac.compare_digest(totp(secret_b32, at + k * STEP_SECONDS), code) for k in range(-window, window + 1)
-    )
+    return any(hmac.compare_digest(totp(secret_b32, at + k * STEP_SECONDS), code) for k in range(-window, window + 1))

@@ -129,9 +129,7 @@ class WireLayer:
         path: str = scope["path"]
         if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
             if not is_loopback(scope.get("client")):
-                await send_json(
-                    send, 403, {"error": "forbidden", "msg": "the /_sim/ admin surface is loopback-only"}
-                )
+                await send_json(send, 403, {"error": "forbidden", "msg": "the /_sim/ admin surface is loopback-only"})
                 return
             await self.app(scope, receive, send)
             return

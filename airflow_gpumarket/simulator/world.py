@@ -149,9 +149,7 @@ class Instance:
 
     def costs(self, disk_price_per_gb_month: float) -> tuple[float, float]:
         compute = self.compute_seconds / 3600.0 * self.offer.dph_total
-        storage = (
-            self.storage_seconds / SECONDS_PER_MONTH * float(self.config["disk"]) * disk_price_per_gb_month
-        )
+        storage = self.storage_seconds / SECONDS_PER_MONTH * float(self.config["disk"]) * disk_price_per_gb_month
         return compute, storage
 
     def api_view(self) -> dict[str, Any]:
@@ -236,9 +234,7 @@ class World:
         self._last_update = start_time
         self._next_ask_id = 5_000_001
         self._next_endpoint_id = max(self.endpoints, default=100) + 1
-        self._next_ppi_id = (
-            max((p["pending_price_increase_id"] for p in pending_price_increases), default=0) + 1
-        )
+        self._next_ppi_id = max((p["pending_price_increase_id"] for p in pending_price_increases), default=0) + 1
 
     # --- time -----------------------------------------------------------------------------------------------
     def update(self, now: float) -> None:
@@ -385,9 +381,7 @@ class World:
         return config, logins
 
     def _ports(self, config: dict[str, Any]) -> dict[str, int]:
-        wanted = {"ssh_direct": ["22/tcp"], "jupyter_direct": ["22/tcp", "8080/tcp"]}.get(
-            config["runtype"], []
-        )
+        wanted = {"ssh_direct": ["22/tcp"], "jupyter_direct": ["22/tcp", "8080/tcp"]}.get(config["runtype"], [])
         for key in config["env"]:
             if key.startswith("-p "):
                 port, _, proto = key[3:].split(":", 1)[1].partition("/")
@@ -536,9 +530,7 @@ class World:
 
     def deployment_view(self, deployment: dict[str, Any]) -> dict[str, Any]:
         view = {k: v for k, v in deployment.items() if k not in ("endpoint_ids", "workers")}
-        view["endpoints"] = [
-            dict(self.endpoints[i]) for i in deployment["endpoint_ids"] if i in self.endpoints
-        ]
+        view["endpoints"] = [dict(self.endpoints[i]) for i in deployment["endpoint_ids"] if i in self.endpoints]
         view["workers"] = [dict(w) for w in deployment["workers"]]
         return view
 
@@ -554,13 +546,9 @@ class World:
                 known = {m["id"]: m["method"] for m in tfa["methods"]}
                 by_id = known.get(request["tfa_method_id"])
                 if by_id is None:
-                    raise bad_request(
-                        f"No two-factor method with id {request['tfa_method_id']}", "no_such_method"
-                    )
+                    raise bad_request(f"No two-factor method with id {request['tfa_method_id']}", "no_such_method")
                 if method is not None and method != by_id:
-                    raise bad_request(
-                        f"tfa_method_id {request['tfa_method_id']} is a {by_id} method, not {method}"
-                    )
+                    raise bad_request(f"tfa_method_id {request['tfa_method_id']} is a {by_id} method, not {method}")
                 method = by_id
             if method == "totp":
                 if not totp.verify(tfa["totp_secret"], request["code"], now):
@@ -593,9 +581,7 @@ class World:
             "truncated": len(self.pending_price_increases) > self.list_limit,
         }
 
-    def add_pending_price_increases(
-        self, n: int, contract_id: int | None, now: float
-    ) -> list[dict[str, Any]]:
+    def add_pending_price_increases(self, n: int, contract_id: int | None, now: float) -> list[dict[str, Any]]:
         added = []
         for k in range(n):
             inst = self.instances.get(contract_id) if contract_id is not None else None
@@ -649,9 +635,7 @@ class World:
             "disk_price_per_gb_month": self.disk_price_per_gb_month,
             "list_limit": self.list_limit,
             "machines": [m.view() for m in self.machines.values()],
-            "offers": [
-                {**self.offer_view(o), "fate": o.fate, "rented_by": o.rented_by} for o in self.offers.values()
-            ],
+            "offers": [{**self.offer_view(o), "fate": o.fate, "rented_by": o.rented_by} for o in self.offers.values()],
             "templates": [dict(t) for t in self.templates.values()],
             "instances": [self.instance_admin_view(i) for i in self.instances.values()],
             "volume_asks": [dict(a) for a in self.volume_asks.values()],

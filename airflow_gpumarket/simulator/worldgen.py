@@ -122,9 +122,7 @@ def _generate(seed: int, start_time: float) -> dict[str, Any]:
                     dph_total=dph,
                     reliability=round(reliability, 4),
                     verified=verified,
-                    direct_port_count=rng.choice((16, 32, 64, 100))
-                    if slot == 0
-                    else rng.choice((0, 8, 32, 100)),
+                    direct_port_count=rng.choice((16, 32, 64, 100)) if slot == 0 else rng.choice((0, 8, 32, 100)),
                     dlperf_per_dphtotal=round(dlperf * num_gpus * rng.uniform(0.9, 1.05) / dph, 2),
                     listed=listed,
                     fate=fate,
@@ -267,9 +265,7 @@ def _default_serverless(start_time: float) -> tuple[list[dict[str, Any]], list[d
     deployments: list[dict[str, Any]] = []
     endpoints: list[dict[str, Any]] = []
     worker_id = 500
-    for deployment_id, (name, tag) in enumerate(
-        (("llm-serve", "v1"), ("llm-serve", "v2"), ("embedder", "prod")), 1
-    ):
+    for deployment_id, (name, tag) in enumerate((("llm-serve", "v1"), ("llm-serve", "v2"), ("embedder", "prod")), 1):
         endpoint_id = 100 + deployment_id
         endpoints.append(
             {
