@@ -368,6 +368,24 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 raise AirflowException(f"Unexpected trigger event for instance {rental['instance_id']}: {event!r}")
             return self._finish(context, rental, dict(event), list(state["tried"]), list(state["reasons"]))
 
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
+        """When the trigger timed out (``execution_timeout`` while deferred) or crashed, Airflow fails the task
+        through ``__fail__`` without calling ``execute_complete`` (and the trigger's ``on_kill`` does not run on a
+        timeout): destroy what this task rented, found by its label key, before the failure goes on."""
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except TaskDeferred:
+            raise
+        except BaseException as exc:
+            if next_method != "execute_complete":  # execute_complete has its own guard
+                self._destroy_rentals_of_this_task(context, exc)
+            raise
+
+    def _destroy_rentals_of_this_task(self, context: Any, exc: BaseException) -> None:
+        for instance in lifecycle.rentals_of(self.hook.list_instances(), self._rental_key(context)):
+            self.log.warning("Waiting failed (%s): destroying instance %s so it stops billing", exc, instance["id"])
+            self._destroy(int(instance["id"]))
+
     def _rent(self, context: Any, *, tried: list[int], reasons: list[str]) -> Any:
         """Create on the next untried offer and wait, failing over until max_offer_attempts offers were tried."""
         while len(tried) < self.max_offer_attempts:

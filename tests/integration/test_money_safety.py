@@ -31,7 +31,8 @@ def context(try_number: int = 1, run_id: str = "run-1") -> dict:
 def job(**kwargs) -> GpuMarketRunJobOperator:
     kwargs.setdefault("offer_filters", FILTERS)
     kwargs.setdefault("command", "echo ok")
-    return GpuMarketRunJobOperator(task_id="job", image="img", poll_interval=POLL, deferrable=False, **kwargs)
+    kwargs.setdefault("deferrable", False)
+    return GpuMarketRunJobOperator(task_id="job", image="img", poll_interval=POLL, **kwargs)
 
 
 def cheapest_offers(n: int, filters=FILTERS) -> list[dict]:
@@ -257,4 +258,25 @@ def test_deferrable_job_failure_fails_the_task_and_destroys(example_dag, sim):
 def test_execution_timeout_destroys_the_instance(example_dag, sim):
     run = example_dag("gpm_job_execution_timeout").test()
     assert run.state == "failed"
+    assert alive(sim) == []
+
+
+@pytest.mark.parametrize("error", ["timeout", "trigger crashed"])
+def test_deferred_task_whose_trigger_times_out_or_crashes_destroys_the_instance(sim, error):
+    """execution_timeout while deferred (or a crashed trigger) fails the task through __fail__, which never
+    reaches execute_complete; the renting operator must still destroy what it rented."""
+    from airflow.models.trigger import TRIGGER_FAIL_REPR, TriggerFailureReason
+    from airflow.sdk.exceptions import TaskDeferralError, TaskDeferralTimeout
+
+    from airflow_gpumarket._compat import TaskDeferred
+
+    ctx = context()
+    with pytest.raises(TaskDeferred):
+        job(command="sleep 60", deferrable=True).execute(ctx)
+    assert len(alive(sim)) == 1
+    reason = TriggerFailureReason.TRIGGER_TIMEOUT if error == "timeout" else "Trigger failure"
+    expected = TaskDeferralTimeout if error == "timeout" else TaskDeferralError
+    resumed = job(command="sleep 60", deferrable=True)  # Airflow resumes on a fresh operator object
+    with pytest.raises(expected):
+        resumed.resume_execution(TRIGGER_FAIL_REPR, {"error": reason}, ctx)
     assert alive(sim) == []
