@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 
 # Airflow reads these when it is first imported, so they are set at collection time, before any test module
 # imports the provider. If a plugin already imported Airflow, its home is left alone.
@@ -57,11 +58,23 @@ def masked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.fixture(autouse=True)
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The waits tenacity asks for between tries (recorded, never slept: no test really sleeps)."""
+    """The waits tenacity asks for between tries (recorded, never slept: no test really sleeps).
+
+    ``tenacity.nap.time`` is the ``time`` module itself, so only the main thread's sleeps are recorded; other
+    threads (a simulator server left running by an earlier test) keep real time instead of spinning.
+    """
     import tenacity
 
     recorded: list[float] = []
-    monkeypatch.setattr(tenacity.nap.time, "sleep", recorded.append)
+    real_sleep = tenacity.nap.time.sleep
+
+    def fake_sleep(seconds: float) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            real_sleep(seconds)
+            return
+        recorded.append(seconds)
+
+    monkeypatch.setattr(tenacity.nap.time, "sleep", fake_sleep)
     return recorded
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import httpx
 import pytest
@@ -53,8 +54,13 @@ def server(monkeypatch):
 @pytest.fixture
 def async_sleeps(monkeypatch) -> list[float]:
     recorded: list[float] = []
+    real_sleep = asyncio.sleep
 
     async def fake_sleep(seconds: float, *args, **kwargs) -> None:
+        # Only the test's own loop (main thread) is recorded; another thread's loop, such as a simulator server
+        # left running by an earlier test, keeps real time instead of spinning.
+        if threading.current_thread() is not threading.main_thread():
+            return await real_sleep(seconds, *args, **kwargs)
         recorded.append(seconds)
 
     monkeypatch.setattr(asyncio, "sleep", fake_sleep)
