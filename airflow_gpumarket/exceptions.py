@@ -83,13 +83,9 @@ class GpuMarketOfferUnavailableError(GpuMarketError):
 class GpuMarketAmbiguousCreateError(GpuMarketError):
     """Creating an instance failed in a way that leaves open whether the instance exists.
 
-    Raised only when the hook could not settle the question by itself (no label to look for). The message says
-    how to check; ``label`` is the label that was requested, when any.
+    Raised only when the hook could not settle the question by itself: the request carried no label to look
+    for. The message says how to check.
     """
-
-    def __init__(self, message: str, *, label: str | None = None, **kwargs) -> None:
-        super().__init__(message, **kwargs)
-        self.label = label
 
 
 class GpuMarketValidationError(GpuMarketError, ValueError):

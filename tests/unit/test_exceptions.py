@@ -54,7 +54,7 @@ def test_every_error_is_a_gpumarket_error(cls):
         GpuMarketServerError("m", status_code=503, error="e", msg="down", operation="o"),
         GpuMarketTransportError("m", request_sent=False, operation="o"),
         GpuMarketOfferUnavailableError("m", status_code=409, error="conflict", msg="rented", operation="o"),
-        GpuMarketAmbiguousCreateError("m", label="job-1", status_code=502, operation="create_instance"),
+        GpuMarketAmbiguousCreateError("m", status_code=502, operation="create_instance"),
         GpuMarketValidationError("price", "must be greater than 0"),
     ],
     ids=lambda e: type(e).__name__,
