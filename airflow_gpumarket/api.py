@@ -43,6 +43,10 @@ PATH_DEPLOYMENTS = f"{API_PREFIX}/deployments"
 PATH_PENDING_PRICE_INCREASES = f"{API_PREFIX}/instances/pending-price-increases"
 PATH_API_KEYS = f"{API_PREFIX}/auth/apikeys"
 PATH_CLOUD_INTEGRATIONS = f"{API_PREFIX}/users/cloud_integrations"
+# Not in the spec; the live service and its official CLI use them (see the README's "live service" section).
+API_V1_PREFIX = "/api/v1"
+PATH_INSTANCES_V1 = f"{API_V1_PREFIX}/instances/"
+PATH_CURRENT_USER = f"{API_PREFIX}/users/current"
 
 # --- Enums ---------------------------------------------------------------------------------------------------
 RUNTYPES = ("ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args")
