@@ -12,6 +12,7 @@ import gzip
 import json
 import math
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from airflow_gpumarket.exceptions import (
     GpuMarketError,
     GpuMarketNotFoundError,
     GpuMarketOfferUnavailableError,
+    GpuMarketQuotaExceededError,
     GpuMarketRateLimitError,
     GpuMarketServerError,
     GpuMarketTransportError,
@@ -557,6 +559,35 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
+#: An ``X-RateLimit-Reset`` above this is an epoch time, below it a number of seconds.
+_EPOCH_THRESHOLD = 1_000_000_000
+
+
+def parse_rate_limit_reset(value: str | None, now: float) -> float | None:
+    """``X-RateLimit-Reset`` as seconds from ``now``: servers send either epoch seconds or a delta."""
+    seconds = parse_retry_after(value)
+    if seconds is None:
+        return None
+    return max(0.0, seconds - now) if seconds > _EPOCH_THRESHOLD else seconds
+
+
+#: A wait the server asks for longer than this fails the call at once: a task must not sleep for hours on a
+#: quota that resets tomorrow (the live service's daily search quota points its Retry-After hours ahead).
+MAX_RETRY_AFTER_SECONDS = 300.0
+#: ``error`` values of a quota that no short wait will restore.
+QUOTA_ERRORS = ("search_quota_exceeded",)
+#: ``error`` values and ``msg`` phrases that mean a bad key whatever the status (the live service has been seen
+#: answering a revoked key with 404 ``auth_error``: read as "not found", a destroy would report "already gone").
+AUTH_ERRORS = ("auth_error", "invalid_api_key", "unauthorized")
+_AUTH_PHRASES = ("invalid user key", "invalid api key")
+_TEXT_EXCERPT_CHARS = 200
+
+
+def is_auth_error(error: str | None, msg: str | None) -> bool:
+    words = (msg or "").lower()
+    return (error or "").lower() in AUTH_ERRORS or any(p in words for p in _AUTH_PHRASES)
+
+
 _UNAVAILABLE_WORDS = ("unavail", "not available", "no longer", "rented", "taken", "no_such_ask")
 
 
@@ -566,12 +597,15 @@ def raise_for_response(
     body: Any,
     *,
     retry_after: str | None = None,
+    rate_limit_reset: str | None = None,
+    now: float | None = None,
     secrets: Iterable[str | None] = (),
 ) -> Any:
     """Return the decoded body of a successful response, or raise the exception a person can act on.
 
     The server's ``error`` and ``msg`` are kept on the exception and quoted in its message, with any secret
-    (``secrets``: the API key) replaced by ``***``.
+    (``secrets``: the API key) replaced by ``***``. ``retry_after`` and ``rate_limit_reset`` are the raw
+    ``Retry-After`` and ``X-RateLimit-Reset`` headers; ``now`` (epoch seconds) reads the latter when it is a time.
     """
     secrets = tuple(secrets)
     error = body.get("error") if isinstance(body, dict) else None
@@ -580,25 +614,19 @@ def raise_for_response(
     msg = redact(str(msg), secrets) if msg is not None else None
     words = ": ".join(p for p in (error, msg) if p)
     if not words and isinstance(body, str) and body.strip():
-        words = redact(body.strip()[:200], secrets)
+        words = redact(body.strip()[:_TEXT_EXCERPT_CHARS], secrets)
     said = f" Server said: {words}" if words else ""
     kwargs: dict[str, Any] = {"status_code": status_code, "error": error, "msg": msg, "operation": operation}
     if 200 <= status_code < 300:
         if isinstance(body, dict) and body.get("success") is False:
+            if is_auth_error(error, msg):
+                raise GpuMarketAuthError(_auth_sentence(operation, status_code, said), **kwargs)
             raise GpuMarketError(f"{operation} failed: the service answered success=false.{said}", **kwargs)
         return body
-    if status_code in (401, 403):
-        raise GpuMarketAuthError(
-            f"{operation} was refused (HTTP {status_code}): the API key is missing, wrong, revoked or not allowed "
-            f"to do this. Check the password of the gpumarket connection.{said}",
-            **kwargs,
-        )
+    if status_code in (401, 403) or is_auth_error(error, msg):
+        raise GpuMarketAuthError(_auth_sentence(operation, status_code, said), **kwargs)
     if status_code == 429:
-        seconds = parse_retry_after(retry_after)
-        hint = f" The server asked to wait {seconds:g} s." if seconds is not None else ""
-        raise GpuMarketRateLimitError(
-            f"{operation} was rate limited (HTTP 429).{hint}{said}", retry_after=seconds, **kwargs
-        )
+        _raise_rate_limited(operation, said, kwargs, retry_after, rate_limit_reset, now)
     if operation == "create_instance" and _offer_unavailable(status_code, error, msg):
         raise GpuMarketOfferUnavailableError(
             f"create_instance: the offer is no longer available (HTTP {status_code}); it was probably rented by "
@@ -606,12 +634,57 @@ def raise_for_response(
             **kwargs,
         )
     if status_code == 404:
+        if not isinstance(body, dict):
+            # The service answers its own 404s with an error object; anything else came from a proxy or a wrong
+            # base URL, and must not be read as "the instance is gone" (a destroy would then report success).
+            raise GpuMarketError(
+                f"{operation}: HTTP 404 without the service's error object; the connection's host (base URL) may "
+                f"point at the wrong server or path.{said}",
+                **kwargs,
+            )
         raise GpuMarketNotFoundError(f"{operation}: not found (HTTP 404).{said}", **kwargs)
     if status_code >= 500:
         raise GpuMarketServerError(
             f"{operation}: the service failed (HTTP {status_code}); retrying may help.{said}", **kwargs
         )
     raise GpuMarketError(f"{operation} was rejected (HTTP {status_code}).{said}", **kwargs)
+
+
+def _auth_sentence(operation: str, status_code: int, said: str) -> str:
+    return (
+        f"{operation} was refused (HTTP {status_code}): the API key is missing, wrong, revoked or not allowed "
+        f"to do this. Check the password of the gpumarket connection.{said}"
+    )
+
+
+def _raise_rate_limited(
+    operation: str,
+    said: str,
+    kwargs: dict[str, Any],
+    retry_after: str | None,
+    rate_limit_reset: str | None,
+    now: float | None,
+) -> None:
+    seconds = parse_retry_after(retry_after)
+    if seconds is None:
+        seconds = parse_rate_limit_reset(rate_limit_reset, time.time() if now is None else now)
+    if kwargs["error"] in QUOTA_ERRORS or (seconds is not None and seconds > MAX_RETRY_AFTER_SECONDS):
+        when = f" in about {_hours_and_minutes(seconds)}" if seconds is not None else ""
+        raise GpuMarketQuotaExceededError(
+            f"{operation}: a quota of the account is used up (HTTP 429) and resets{when or ' later'}. Failing now "
+            f"instead of sleeping that long: run the task again after the reset, or make fewer calls of this "
+            f"kind.{said}",
+            retry_after=seconds,
+            **kwargs,
+        )
+    hint = f" The server asked to wait {seconds:g} s." if seconds is not None else ""
+    message = f"{operation} was rate limited (HTTP 429).{hint}{said}"
+    raise GpuMarketRateLimitError(message, retry_after=seconds, **kwargs)
+
+
+def _hours_and_minutes(seconds: float) -> str:
+    minutes = math.ceil(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
 def _offer_unavailable(status_code: int, error: Any, msg: Any) -> bool:
@@ -641,20 +714,168 @@ def expect_list(operation: str, body: Any, key: str | None) -> list[Any]:
     )
 
 
-def unwrap_instance(body: Any) -> Instance:
-    """``GET /instances/{id}/`` answers ``{"instances": {...}}``; return the inner object."""
-    inner = body.get("instances") if isinstance(body, dict) else None
+def unwrap_instance(body: Any, instance_id: int | None = None) -> Instance:
+    """``GET /instances/{id}/`` answers ``{"instances": {...}}``; return the inner object.
+
+    ``{"instances": null}`` is how the live service answers for an instance that no longer exists (or is not
+    the caller's): not found. A body without ``instances`` at all is an error, not "gone".
+    """
+    if not isinstance(body, dict) or "instances" not in body:
+        raise GpuMarketError(
+            f"get_instance: the service answered HTTP 200 without an 'instances' object; it may be misconfigured "
+            f"or a proxy answered instead. Got: {str(body)[:_TEXT_EXCERPT_CHARS]!r}",
+            status_code=200,
+            operation="get_instance",
+        )
+    inner = body["instances"]
     if isinstance(inner, list):  # tolerate a one-element list
         inner = inner[0] if inner else None
     if not isinstance(inner, dict):
-        raise GpuMarketNotFoundError("get_instance: the service returned no instance object", operation="get_instance")
+        which = f"instance {instance_id}" if instance_id is not None else "the instance"
+        raise GpuMarketNotFoundError(
+            f"get_instance: {which} does not exist (the service returned no instance object)",
+            status_code=200,
+            operation="get_instance",
+        )
     return inner  # type: ignore[return-value]
+
+
+# --- Instance listing -------------------------------------------------------------------------------------
+#: Page size of ``GET /api/v1/instances/``: the live service's maximum (it reads a limit <= 0 as 5).
+LIST_PAGE_LIMIT = 25
+#: A walk through more pages than this fails instead of going on: 10,000 instances is far beyond any account
+#: this provider serves, so it means a server that keeps handing out tokens.
+MAX_LIST_PAGES = 400
+#: Requests per second the live service allows per key and client address on the instance list (its published
+#: figure; the buckets have no burst). Pages of one walk are spaced by this much.
+LIST_RATE_PER_SECOND = 0.5
+
+
+class InstanceListing:
+    """One walk through the instance list: which requests to send, in order, and what they found.
+
+    The live service lists instances through the paged ``GET /api/v1/instances/`` (its ``/api/v0/instances/``
+    answers 410); a server that follows the spec only has ``GET /api/v0/instances/``. Both hooks drive this
+    object the same way: :meth:`request` gives the next ``(path, query)`` or None when the walk is over,
+    :meth:`take` reads the answer, :attr:`instances` holds the result. ``label`` and ``ids`` are sent as
+    server-side filters (ids in chunks of one page) and applied again here, so a server that ignores a filter
+    costs pages, never wrong answers.
+    """
+
+    def __init__(
+        self,
+        *,
+        label: str | None = None,
+        ids: Iterable[int] | None = None,
+        v1: bool = True,
+        page_limit: int = LIST_PAGE_LIMIT,
+        max_pages: int | None = None,
+    ) -> None:
+        if label is not None:
+            require_text("label", label)
+        wanted: list[int] | None = None
+        if ids is not None:
+            wanted = sorted(set(ids))
+            for instance_id in wanted:
+                require_positive_int("ids", instance_id)
+        self.label = label
+        self.ids = frozenset(wanted) if wanted is not None else None
+        self.v1 = v1
+        self.page_limit = page_limit
+        self.max_pages = MAX_LIST_PAGES if max_pages is None else max_pages
+        self._by_id: dict[Any, Any] = {}
+        self._chunks: list[list[int] | None] = (
+            [None] if wanted is None else [wanted[i : i + page_limit] for i in range(0, len(wanted), page_limit)]
+        )
+        self._token: str | None = None
+        self._seen_tokens: set[str] = set()
+        self._pages = 0
+
+    @property
+    def instances(self) -> list[Instance]:
+        return list(self._by_id.values())
+
+    def request(self) -> tuple[str, dict[str, str] | None] | None:
+        if not self._chunks:
+            return None
+        if not self.v1:
+            return PATH_INSTANCES, None
+        params = {"limit": str(self.page_limit)}
+        filters: dict[str, Any] = {}
+        if self.label is not None:
+            filters["label"] = {"eq": self.label}
+        chunk = self._chunks[0]
+        if chunk is not None:
+            filters["id"] = {"in": chunk}
+        if filters:
+            params["select_filters"] = json.dumps(filters, separators=(",", ":"))
+        if self._token is not None:
+            params["after_token"] = self._token
+        return PATH_INSTANCES_V1, params
+
+    def take(self, body: Any) -> None:
+        page = expect_list("list_instances", body, "instances")
+        for instance in page:
+            if isinstance(instance, dict) and self._wanted(instance):
+                self._by_id[instance.get("id")] = instance  # a page boundary that moved may repeat one
+        self._pages += 1
+        token = body.get("next_token") if self.v1 and isinstance(body, dict) else None
+        if token is None or token == "":
+            self._chunks.pop(0)
+            self._token = None
+            return
+        token = str(token)
+        if token in self._seen_tokens or self._pages >= self.max_pages:
+            raise GpuMarketError(
+                f"list_instances: the service kept answering with more pages ({self._pages} read, "
+                f"next_token {token[:40]!r}); stopped so as not to loop forever. Try again later.",
+                status_code=200,
+                operation="list_instances",
+            )
+        self._seen_tokens.add(token)
+        self._token = token
+
+    def use_v0(self) -> None:
+        """Start again on the spec's single-page ``GET /api/v0/instances/``."""
+        self.v1 = False
+        self._by_id.clear()
+        self._chunks = [None]
+        self._token = None
+        self._pages = 0
+
+    def _wanted(self, instance: Mapping[str, Any]) -> bool:
+        if self.label is not None and instance.get("label") != self.label:
+            return False
+        return self.ids is None or instance.get("id") in self.ids
+
+
+def falls_back_to_v0(exc: GpuMarketError) -> bool:
+    """True when ``/api/v1/instances/`` does not exist on this server (an older or spec-only one)."""
+    return exc.status_code in (404, 405) and not isinstance(exc, GpuMarketAuthError)
+
+
+def listing_total(body: Any) -> int:
+    """How many instances a list answer says there are (v1's ``total_instances``, else its list's length)."""
+    if isinstance(body, dict):
+        total = body.get("total_instances", body.get("instances_found"))
+        if isinstance(total, int) and not isinstance(total, bool):
+            return total
+        if isinstance(body.get("instances"), list):
+            return len(body["instances"])
+    return 0
 
 
 def find_by_label(instances: Iterable[Mapping[str, Any]], label: str) -> Instance | None:
     """The newest instance carrying ``label`` (highest id), or None."""
     matches = [i for i in instances if i.get("label") == label]
     return max(matches, key=lambda i: i.get("id") or 0) if matches else None  # type: ignore[return-value]
+
+
+#: Longest backoff after a 429 that named no wait (the live service's buckets refill within seconds).
+RATE_LIMIT_BACKOFF_CAP_SECONDS = 16.0
+#: How long a destroy keeps trying through 429s: many mapped tasks failing at once share one per-key budget
+#: (0.33 destroys/s on the live service), and giving up would leave instances billing.
+DESTROY_RATE_LIMIT_PATIENCE_SECONDS = 900.0
 
 
 # --- Retry decisions (shared by the sync and async hooks; tenacity does the looping) ---------------------
@@ -665,12 +886,15 @@ class RetryPolicy:
     max_retries: int = 5
     min_wait: float = 1.0
     max_wait: float = 60.0
-    #: A Retry-After header is honoured up to this many seconds.
-    max_retry_after: float = 300.0
+    #: A Retry-After header is honoured up to this many seconds (a longer one fails the call at once).
+    max_retry_after: float = MAX_RETRY_AFTER_SECONDS
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """429, 5xx and transport failures are worth another try (for idempotent calls)."""
+    """429, 5xx and transport failures are worth another try (for idempotent calls); a quota that resets hours
+    ahead is not."""
+    if isinstance(exc, GpuMarketQuotaExceededError):
+        return False
     return isinstance(exc, GpuMarketRateLimitError | GpuMarketServerError | GpuMarketTransportError)
 
 
@@ -692,7 +916,12 @@ def create_surely_not_processed(exc: BaseException) -> bool:
 def retry_wait_seconds(exc: BaseException | None, attempt: int, policy: RetryPolicy, jitter: float) -> float:
     """Seconds to wait before try ``attempt + 1``: Retry-After when the server sent one, else exponential
     backoff from ``min_wait`` capped at ``max_wait``, scaled by ``jitter`` (0..1) into its upper half."""
-    if isinstance(exc, GpuMarketRateLimitError) and exc.retry_after is not None:
-        return min(exc.retry_after, policy.max_retry_after)
-    base = min(policy.max_wait, policy.min_wait * 2 ** max(0, attempt - 1))
+    cap = policy.max_wait
+    if isinstance(exc, GpuMarketRateLimitError):
+        if exc.retry_after is not None:
+            return min(exc.retry_after, policy.max_retry_after)
+        # A plain 429 of the live service comes from a token bucket that refills within seconds; backing off
+        # for a minute would only add billed time to a destroy.
+        cap = min(cap, RATE_LIMIT_BACKOFF_CAP_SECONDS)
+    base = min(cap, policy.min_wait * 2 ** max(0, attempt - 1))
     return base * (0.5 + 0.5 * jitter)

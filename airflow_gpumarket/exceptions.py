@@ -45,7 +45,8 @@ def _rebuild(cls: type[GpuMarketError], message: str, state: dict) -> GpuMarketE
 
 
 class GpuMarketAuthError(GpuMarketError):
-    """401/403: the API key is missing, wrong, revoked, or not allowed to do this."""
+    """401/403, or any status whose body says ``auth_error``: the API key is missing, wrong, revoked, or not
+    allowed to do this."""
 
 
 class GpuMarketNotFoundError(GpuMarketError):
@@ -58,6 +59,10 @@ class GpuMarketRateLimitError(GpuMarketError):
     def __init__(self, message: str, *, retry_after: float | None = None, **kwargs) -> None:
         super().__init__(message, **kwargs)
         self.retry_after = retry_after
+
+
+class GpuMarketQuotaExceededError(GpuMarketRateLimitError):
+    """429 for a quota that resets far ahead (a daily search quota): not retried; the message says when."""
 
 
 class GpuMarketServerError(GpuMarketError):

@@ -11,7 +11,7 @@ import ipaddress
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -27,12 +27,23 @@ from airflow_gpumarket.exceptions import (
     GpuMarketAmbiguousCreateError,
     GpuMarketError,
     GpuMarketNotFoundError,
+    GpuMarketRateLimitError,
     GpuMarketTransportError,
     GpuMarketValidationError,
 )
 
 if TYPE_CHECKING:
     import httpx
+
+
+#: Upper bound on the tries of a patient call, so a clock that does not move cannot make it loop forever.
+_PATIENT_MAX_TRIES = 200
+#: Seconds an idle pooled connection of the async client is kept. Below the idle timeout of the servers and load
+#: balancers in front of them (5 s for uvicorn's default, 60 s and more for common balancers): a connection the
+#: server closed while the client reused it shows up as ``RemoteProtocolError`` in trigger logs.
+CLIENT_KEEPALIVE_SECONDS = 4.0
+#: The connect timeout, at most: a server that does not accept a connection within this is down.
+CONNECT_TIMEOUT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +157,12 @@ class _GpuMarketHookBase(BaseHook):
     def __init__(self, gpumarket_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.gpumarket_conn_id = gpumarket_conn_id
+        #: Whether this server has the live service's paged v1 instance list; learnt from the first listing.
+        self._list_v1 = True
+
+    def _use_v0_listing(self, exc: GpuMarketError) -> None:
+        self._list_v1 = False
+        self.log.info("This server has no %s (%s); listing through %s", api.PATH_INSTANCES_V1, exc, api.PATH_INSTANCES)
 
     def _settings_from(self, conn: Any) -> ConnectionSettings:
         settings = settings_from_connection(
@@ -154,8 +171,21 @@ class _GpuMarketHookBase(BaseHook):
         mask_secret(settings.api_key)
         return settings
 
-    def _retry_kwargs(self, retry: Any, *, tries_done: int = 0) -> dict[str, Any]:
-        """tenacity settings for the tries left after ``tries_done`` (attempt numbers count those too)."""
+    def _retry_kwargs(self, retry: Any, *, tries_done: int = 0, patient: bool = False) -> dict[str, Any]:
+        """tenacity settings for the tries left after ``tries_done`` (attempt numbers count those too).
+
+        ``patient`` calls (destroy) keep trying through 429s for ``DESTROY_RATE_LIMIT_PATIENCE_SECONDS`` whatever
+        ``max_retries`` says: many tasks failing at once share one rate budget, and giving up leaves an instance
+        billing. Other failures still stop them after ``max_retries``.
+        """
+        max_attempts = self.settings.retry.max_retries + 1 - tries_done
+        patience = api.DESTROY_RATE_LIMIT_PATIENCE_SECONDS
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            exc = state.outcome.exception() if state.outcome else None
+            if patient and isinstance(exc, GpuMarketRateLimitError) and api.is_retryable(exc):
+                return (state.seconds_since_start or 0.0) >= patience or state.attempt_number >= _PATIENT_MAX_TRIES
+            return state.attempt_number >= max_attempts
 
         def wait(state: tenacity.RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None
@@ -167,21 +197,23 @@ class _GpuMarketHookBase(BaseHook):
             self.log.warning("Try %d failed (%s); retrying in %.1f s", state.attempt_number + tries_done, exc, seconds)
 
         return {
-            "stop": tenacity.stop_after_attempt(self.settings.retry.max_retries + 1 - tries_done),
+            "stop": stop,
             "wait": wait,
             "retry": retry,
             "before_sleep": log_retry,
             "reraise": True,
         }
 
-    def _first_retry_wait(self, exc: GpuMarketError) -> float | None:
+    def _first_retry_wait(self, exc: GpuMarketError, *, patient: bool = False) -> float | None:
         """After a failed first try: seconds to wait before the second, or None when it must not be retried.
 
         The first try of a retried call goes out without tenacity (most calls succeed at once, and building the
         retry machinery per call cost about a tenth of a millisecond); tenacity takes over from the second try
         with the same waits, stop rule and log lines as if it had made the first.
         """
-        if not api.is_retryable(exc) or self.settings.retry.max_retries == 0:
+        if not api.is_retryable(exc):
+            return None
+        if self.settings.retry.max_retries == 0 and not (patient and isinstance(exc, GpuMarketRateLimitError)):
             return None
         seconds = api.retry_wait_seconds(exc, 1, self.settings.retry, random.random())
         self.log.warning("Try 1 failed (%s); retrying in %.1f s", exc, seconds)
@@ -216,7 +248,9 @@ class GpuMarketHook(_GpuMarketHookBase):
         return session
 
     # --- transport -------------------------------------------------------------------------------------
-    def _send(self, operation: str, method: str, path: str, body: Any = None) -> Any:
+    def _send(
+        self, operation: str, method: str, path: str, body: Any = None, params: Mapping[str, str] | None = None
+    ) -> Any:
         """One HTTP exchange, mapped to a result or a ``GpuMarketError``. No retry here."""
         settings = self.settings
         url = settings.base_url + path
@@ -225,7 +259,8 @@ class GpuMarketHook(_GpuMarketHookBase):
                 method,
                 url,
                 json=body,
-                timeout=(min(10.0, settings.timeout), settings.timeout),
+                params=params,
+                timeout=(min(CONNECT_TIMEOUT_SECONDS, settings.timeout), settings.timeout),
                 # A redirect is not part of the contract (and would turn a PUT into a GET): surface it instead.
                 allow_redirects=False,
             )
@@ -237,22 +272,32 @@ class GpuMarketHook(_GpuMarketHookBase):
             response.status_code,
             api.decode_body(response.content),
             retry_after=response.headers.get("Retry-After"),
+            rate_limit_reset=response.headers.get("X-RateLimit-Reset"),
             secrets=(settings.api_key,),
         )
 
-    def _call(self, operation: str, method: str, path: str, body: Any = None) -> Any:
+    def _call(
+        self,
+        operation: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Mapping[str, str] | None = None,
+        patient: bool = False,
+    ) -> Any:
         """``_send`` with retries: only for idempotent calls (reads, stop, destroy, account listings)."""
         try:
-            return self._send(operation, method, path, body)
+            return self._send(operation, method, path, body, params)
         except GpuMarketError as exc:
-            seconds = self._first_retry_wait(exc)
+            seconds = self._first_retry_wait(exc, patient=patient)
             if seconds is None:
                 raise
         tenacity.nap.sleep(seconds)
         retry = tenacity.retry_if_exception(api.is_retryable)
-        for attempt in tenacity.Retrying(**self._retry_kwargs(retry, tries_done=1)):
+        for attempt in tenacity.Retrying(**self._retry_kwargs(retry, tries_done=1, patient=patient)):
             with attempt:
-                return self._send(operation, method, path, body)
+                return self._send(operation, method, path, body, params)
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     def _call_unless_processed(self, operation: str, method: str, path: str, body: Any) -> Any:
@@ -378,12 +423,12 @@ class GpuMarketHook(_GpuMarketHookBase):
         is not there, the server gets as long to finish the request as it had to answer it (the request
         timeout), and a second look decides.
         """
-        found = api.find_by_label(self.list_instances(), label)
+        found = api.find_by_label(self.list_instances(label=label), label)
         remaining = failed_at + self.settings.timeout - time.monotonic()
         if found is None and remaining > 0:
             self.log.warning("No instance labelled %r yet; giving the request %.1f s more to land", label, remaining)
             tenacity.nap.sleep(remaining)
-            found = api.find_by_label(self.list_instances(), label)
+            found = api.find_by_label(self.list_instances(label=label), label)
         if found is None:
             return None
         self.log.warning(
@@ -393,14 +438,60 @@ class GpuMarketHook(_GpuMarketHookBase):
         )
         return int(found["id"])
 
-    def list_instances(self) -> list[types.Instance]:
-        result = self._call("list_instances", "GET", api.PATH_INSTANCES)
-        return api.expect_list("list_instances", result, "instances")
+    def list_instances(self, *, label: str | None = None, ids: Iterable[int] | None = None) -> list[types.Instance]:
+        """Every instance of the account, following the pages of ``GET /api/v1/instances/`` to the end (spaced
+        at the live service's list rate); ``label`` and ``ids`` narrow it down on the server.
+
+        On a server without the v1 list (404/405: one that follows the spec only) it falls back to
+        ``GET /api/v0/instances/`` and remembers that for the hook's life.
+        """
+        listing = api.InstanceListing(label=label, ids=ids, v1=self._list_v1)
+        next_at = 0.0
+        while (request := listing.request()) is not None:
+            path, params = request
+            wait = next_at - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            next_at = time.monotonic() + 1.0 / api.LIST_RATE_PER_SECOND
+            try:
+                body = self._call("list_instances", "GET", path, params=params)
+            except GpuMarketError as exc:
+                if listing.v1 and api.falls_back_to_v0(exc):
+                    self._use_v0_listing(exc)
+                    listing.use_v0()
+                    continue
+                raise
+            listing.take(body)
+        return listing.instances
 
     def get_instance(self, instance_id: int) -> types.Instance:
-        """The instance object (unwrapped from ``instances``). Raises GpuMarketNotFoundError when gone."""
+        """The instance object (unwrapped from ``instances``). Raises GpuMarketNotFoundError when the service
+        says it does not exist (404, or the live service's ``{"instances": null}``); see :meth:`find_instance`."""
         api.require_positive_int("instance_id", instance_id)
-        return api.unwrap_instance(self._call("get_instance", "GET", api.PATH_INSTANCE.format(instance_id=instance_id)))
+        path = api.PATH_INSTANCE.format(instance_id=instance_id)
+        return api.unwrap_instance(self._call("get_instance", "GET", path), instance_id)
+
+    def find_instance(self, instance_id: int) -> types.Instance | None:
+        """The instance, or None only when it is surely gone: a read said "not found" and the list agrees.
+
+        A wait in job mode reads "gone" as success, so one answer is not enough to believe it.
+        """
+        try:
+            return self.get_instance(instance_id)
+        except GpuMarketNotFoundError as exc:
+            listed = self.list_instances(ids=[instance_id])
+            if listed:
+                self.log.warning("Instance %s was reported missing (%s) but is listed; still there", instance_id, exc)
+                return listed[0]
+            return None
+
+    def label_instance(self, instance_id: int, label: str) -> dict[str, Any]:
+        """Change an instance's label (``PUT /api/v0/instances/{id}/ {"label": ...}``, as the live service and
+        its CLI do; not in the spec)."""
+        api.require_positive_int("instance_id", instance_id)
+        api.require_text("label", label)
+        path = api.PATH_INSTANCE.format(instance_id=instance_id)
+        return self._call("label_instance", "PUT", path, {"label": label})
 
     def stop_instance(self, instance_id: int) -> dict[str, Any]:
         """Stop: compute billing halts, disk charges continue."""
@@ -412,8 +503,9 @@ class GpuMarketHook(_GpuMarketHookBase):
         """Destroy: all billing stops. Idempotent: an instance that is already gone counts as success
         (the result then carries ``already_gone: True``)."""
         api.require_positive_int("instance_id", instance_id)
+        path = api.PATH_INSTANCE.format(instance_id=instance_id)
         try:
-            return self._call("destroy_instance", "DELETE", api.PATH_INSTANCE.format(instance_id=instance_id))
+            return self._call("destroy_instance", "DELETE", path, patient=True)
         except GpuMarketNotFoundError:
             return {"success": True, "already_gone": True}
 
@@ -498,12 +590,23 @@ class GpuMarketHook(_GpuMarketHookBase):
 
     # --- Airflow connection test ---------------------------------------------------------------------
     def test_connection(self) -> tuple[bool, str]:
-        """One cheap authenticated call (list instances), not retried, reported in a sentence."""
+        """One cheap authenticated call (the first page of one instance), not retried, reported in a sentence.
+        Works against the live service (v1 list) and a spec-only server (v0 list)."""
+        listing = api.InstanceListing(v1=self._list_v1, page_limit=1)
         try:
-            result = self._send("test_connection", "GET", api.PATH_INSTANCES)
+            while True:
+                path, params = listing.request() or (api.PATH_INSTANCES, None)
+                try:
+                    result = self._send("test_connection", "GET", path, params=params)
+                    break
+                except GpuMarketError as exc:
+                    if not (listing.v1 and api.falls_back_to_v0(exc)):
+                        raise
+                    self._use_v0_listing(exc)
+                    listing.use_v0()
         except GpuMarketError as exc:  # messages are built without the key (see api.raise_for_response)
             return False, str(exc)
-        count = len(result.get("instances") or []) if isinstance(result, dict) else 0
+        count = api.listing_total(result)
         return True, f"Connected to {self.settings.base_url}: the API key works ({count} instance(s) visible)."
 
 
@@ -560,7 +663,8 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         return httpx.AsyncClient(
             base_url=settings.base_url,
             headers={"Authorization": f"Bearer {settings.api_key}", "Accept": "application/json"},
-            timeout=httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout)),
+            timeout=httpx.Timeout(settings.timeout, connect=min(CONNECT_TIMEOUT_SECONDS, settings.timeout)),
+            limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_SECONDS),
             verify=settings.verify,
             trust_env=False,
         )
@@ -570,12 +674,14 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
             await self.client.aclose()
             del self.__dict__["client"]
 
-    async def _send(self, operation: str, method: str, path: str, body: Any = None) -> Any:
+    async def _send(
+        self, operation: str, method: str, path: str, body: Any = None, params: Mapping[str, str] | None = None
+    ) -> Any:
         import httpx
 
         settings = await self.asettings()
         try:
-            response = await self.client.request(method, path, json=body)
+            response = await self.client.request(method, path, json=body, params=params)
         except httpx.HTTPError as exc:
             raise _transport_error(operation, method, path, exc) from None
         return api.raise_for_response(
@@ -583,39 +689,79 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
             response.status_code,
             api.decode_body(response.content),
             retry_after=response.headers.get("Retry-After"),
+            rate_limit_reset=response.headers.get("X-RateLimit-Reset"),
             secrets=(settings.api_key,),
         )
 
-    async def _call(self, operation: str, method: str, path: str, body: Any = None) -> Any:
+    async def _call(
+        self,
+        operation: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Mapping[str, str] | None = None,
+        patient: bool = False,
+    ) -> Any:
         """Same rules as the sync hook's ``_call``: a plain first try, tenacity after a retryable failure."""
         await self.asettings()
         try:
-            return await self._send(operation, method, path, body)
+            return await self._send(operation, method, path, body, params)
         except GpuMarketError as exc:
-            seconds = self._first_retry_wait(exc)
+            seconds = self._first_retry_wait(exc, patient=patient)
             if seconds is None:
                 raise
         await asyncio.sleep(seconds)
         retry = tenacity.retry_if_exception(api.is_retryable)
-        async for attempt in tenacity.AsyncRetrying(**self._retry_kwargs(retry, tries_done=1)):
+        async for attempt in tenacity.AsyncRetrying(**self._retry_kwargs(retry, tries_done=1, patient=patient)):
             with attempt:
-                return await self._send(operation, method, path, body)
+                return await self._send(operation, method, path, body, params)
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     async def get_instance(self, instance_id: int) -> types.Instance:
         api.require_positive_int("instance_id", instance_id)
-        return api.unwrap_instance(
-            await self._call("get_instance", "GET", api.PATH_INSTANCE.format(instance_id=instance_id))
-        )
+        path = api.PATH_INSTANCE.format(instance_id=instance_id)
+        return api.unwrap_instance(await self._call("get_instance", "GET", path), instance_id)
 
-    async def list_instances(self) -> list[types.Instance]:
-        result = await self._call("list_instances", "GET", api.PATH_INSTANCES)
-        return api.expect_list("list_instances", result, "instances")
+    async def find_instance(self, instance_id: int) -> types.Instance | None:
+        """The instance, or None only when a read and the list agree that it is gone (see the sync hook)."""
+        try:
+            return await self.get_instance(instance_id)
+        except GpuMarketNotFoundError as exc:
+            listed = await self.list_instances(ids=[instance_id])
+            if listed:
+                self.log.warning("Instance %s was reported missing (%s) but is listed; still there", instance_id, exc)
+                return listed[0]
+            return None
+
+    async def list_instances(
+        self, *, label: str | None = None, ids: Iterable[int] | None = None
+    ) -> list[types.Instance]:
+        """The async twin of :meth:`GpuMarketHook.list_instances`."""
+        listing = api.InstanceListing(label=label, ids=ids, v1=self._list_v1)
+        next_at = 0.0
+        while (request := listing.request()) is not None:
+            path, params = request
+            wait = next_at - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            next_at = time.monotonic() + 1.0 / api.LIST_RATE_PER_SECOND
+            try:
+                body = await self._call("list_instances", "GET", path, params=params)
+            except GpuMarketError as exc:
+                if listing.v1 and api.falls_back_to_v0(exc):
+                    self._use_v0_listing(exc)
+                    listing.use_v0()
+                    continue
+                raise
+            listing.take(body)
+        return listing.instances
 
     async def destroy_instance(self, instance_id: int) -> dict[str, Any]:
         api.require_positive_int("instance_id", instance_id)
+        path = api.PATH_INSTANCE.format(instance_id=instance_id)
         try:
-            return await self._call("destroy_instance", "DELETE", api.PATH_INSTANCE.format(instance_id=instance_id))
+            return await self._call("destroy_instance", "DELETE", path, patient=True)
         except GpuMarketNotFoundError:
             return {"success": True, "already_gone": True}
 

@@ -45,3 +45,8 @@ def url(path: str) -> str:
 def methods_and_urls(mocker) -> list[tuple[str, str]]:
     """(method, full URL) of every request requests-mock saw, in order."""
     return [(r.method, r.url) for r in mocker.request_history]
+
+
+def methods_and_paths(mocker) -> list[tuple[str, str]]:
+    """(method, full URL without its query) of every request requests-mock saw, in order."""
+    return [(r.method, r.url.split("?")[0]) for r in mocker.request_history]

@@ -125,7 +125,7 @@ def test_async_429_with_retry_after_then_200_is_retried_after_that_wait(server, 
 def test_async_503_then_200_is_retried(server, async_sleeps):
     server.add(
         "GET",
-        "/api/v0/instances/",
+        "/api/v1/instances/",
         httpx.Response(503),
         httpx.Response(200, json={"instances_found": 1, "instances": [INSTANCE]}),
     )
@@ -137,7 +137,7 @@ def test_async_503_then_200_is_retried(server, async_sleeps):
 def test_async_connect_error_then_200_is_retried(server, async_sleeps):
     server.add(
         "GET",
-        "/api/v0/instances/",
+        "/api/v1/instances/",
         httpx.ConnectError("refused"),
         httpx.Response(200, json={"instances": []}),
     )
@@ -147,7 +147,7 @@ def test_async_connect_error_then_200_is_retried(server, async_sleeps):
 
 
 def test_async_retries_exhausted_raise_the_last_error(server, async_sleeps):
-    server.add("GET", "/api/v0/instances/", httpx.Response(502, json={"msg": "gateway"}))
+    server.add("GET", "/api/v1/instances/", httpx.Response(502, json={"msg": "gateway"}))
 
     with pytest.raises(GpuMarketServerError, match="gateway"):
         run(lambda h: h.list_instances())
@@ -178,7 +178,7 @@ def test_async_get_instance_404_raises_not_found(server):
 
 
 def test_async_401_raises_auth_error_without_the_key(server):
-    server.add("GET", "/api/v0/instances/", httpx.Response(401, json={"msg": f"bad {API_KEY}"}))
+    server.add("GET", "/api/v1/instances/", httpx.Response(401, json={"msg": f"bad {API_KEY}"}))
 
     with pytest.raises(GpuMarketAuthError) as caught:
         run(lambda h: h.list_instances())
@@ -208,7 +208,7 @@ def test_async_hook_masks_the_key_when_reading_the_connection(masked):
 
 
 def test_async_json_body_is_not_sent_for_reads(server):
-    server.add("GET", "/api/v0/instances/", httpx.Response(200, content=json.dumps({"instances": []}).encode()))
+    server.add("GET", "/api/v1/instances/", httpx.Response(200, content=json.dumps({"instances": []}).encode()))
 
     run(lambda h: h.list_instances())
 

@@ -84,20 +84,20 @@ def test_host_that_is_not_a_base_url_is_refused(host):
 
 def test_loopback_simulator_url_is_used_for_requests(requests_mock, set_conn, hook):
     set_conn(host="http://127.0.0.1:8765")
-    requests_mock.get("http://127.0.0.1:8765/api/v0/instances/", json={"instances": []})
+    requests_mock.get("http://127.0.0.1:8765/api/v1/instances/", json={"instances": []})
 
     assert hook.list_instances() == []
-    assert requests_mock.last_request.url == "http://127.0.0.1:8765/api/v0/instances/"
+    assert requests_mock.last_request.url == "http://127.0.0.1:8765/api/v1/instances/?limit=25"
     assert requests_mock.last_request.headers["Authorization"] == AUTH_HEADER
 
 
 def test_host_path_prefix_is_kept_before_the_api_path(requests_mock, set_conn, hook):
     set_conn(host="https://gw.example.com/gpumarket/")
-    requests_mock.get("https://gw.example.com/gpumarket/api/v0/instances/", json={"instances": []})
+    requests_mock.get("https://gw.example.com/gpumarket/api/v1/instances/", json={"instances": []})
 
     hook.list_instances()
 
-    assert requests_mock.last_request.url == "https://gw.example.com/gpumarket/api/v0/instances/"
+    assert requests_mock.last_request.url == "https://gw.example.com/gpumarket/api/v1/instances/?limit=25"
 
 
 # --- Extras ------------------------------------------------------------------------------------------------
@@ -156,7 +156,7 @@ def test_bad_extra_value_is_a_clear_error(name, value):
 
 def test_timeout_extra_is_used_on_every_request(requests_mock, set_conn, hook):
     set_conn(extra={"timeout": 5, "max_retries": 0})
-    requests_mock.get(url("/api/v0/instances/"), json={"instances": []})
+    requests_mock.get(url("/api/v1/instances/"), json={"instances": []})
 
     hook.list_instances()
 
@@ -173,7 +173,7 @@ def test_hook_reads_the_named_connection(requests_mock, monkeypatch):
     from .helpers import conn_json
 
     monkeypatch.setenv("AIRFLOW_CONN_GPU_STAGING", conn_json(host="https://staging.example.com", password="k-stage-1"))
-    requests_mock.get("https://staging.example.com/api/v0/instances/", json={"instances": []})
+    requests_mock.get("https://staging.example.com/api/v1/instances/", json={"instances": []})
 
     GpuMarketHook(gpumarket_conn_id="gpu_staging").list_instances()
 
@@ -189,7 +189,7 @@ def test_hook_class_attributes_name_the_connection_type():
 
 # --- test_connection ---------------------------------------------------------------------------------------
 def test_test_connection_ok_on_200_names_the_base_url(requests_mock, hook):
-    requests_mock.get(url("/api/v0/instances/"), json={"instances_found": 2, "instances": [{"id": 1}, {"id": 2}]})
+    requests_mock.get(url("/api/v1/instances/"), json={"instances_found": 2, "instances": [{"id": 1}, {"id": 2}]})
 
     ok, message = hook.test_connection()
 
@@ -201,7 +201,7 @@ def test_test_connection_ok_on_200_names_the_base_url(requests_mock, hook):
 
 
 def test_test_connection_401_reports_failure_without_the_key(requests_mock, hook):
-    requests_mock.get(url("/api/v0/instances/"), status_code=401, json={"msg": f"bad key {API_KEY}"})
+    requests_mock.get(url("/api/v1/instances/"), status_code=401, json={"msg": f"bad key {API_KEY}"})
 
     ok, message = hook.test_connection()
 

@@ -27,7 +27,7 @@ def no_retries(set_conn):
 # --- Any endpoint: 401 or 403 ------------------------------------------------------------------------------
 @pytest.mark.parametrize("status", [401, 403])
 def test_invalid_api_key_401_or_403_raises_auth_error_without_retry(requests_mock, hook, status):
-    requests_mock.get(url("/api/v0/instances/"), status_code=status, json={"error": "auth_error", "msg": "Invalid key"})
+    requests_mock.get(url("/api/v1/instances/"), status_code=status, json={"error": "auth_error", "msg": "Invalid key"})
 
     with pytest.raises(GpuMarketAuthError) as caught:
         hook.list_instances()
@@ -102,7 +102,7 @@ def test_429_without_retry_after_has_retry_after_none(requests_mock, hook, no_re
 
 @pytest.mark.parametrize("status", [500, 502, 503, 504])
 def test_5xx_raises_server_error_with_server_message(requests_mock, hook, no_retries, status):
-    requests_mock.get(url("/api/v0/instances/"), status_code=status, json={"error": "server_error", "msg": "db down"})
+    requests_mock.get(url("/api/v1/instances/"), status_code=status, json={"error": "server_error", "msg": "db down"})
 
     with pytest.raises(GpuMarketServerError) as caught:
         hook.list_instances()
@@ -237,7 +237,7 @@ def test_regenerate_backup_codes_error_carries_server_words_not_the_code(request
 @pytest.mark.parametrize(
     ("method", "path", "call"),
     [
-        ("GET", api.PATH_INSTANCES, lambda h: h.list_instances()),
+        ("GET", api.PATH_INSTANCES_V1, lambda h: h.list_instances()),
         ("POST", api.PATH_SEARCH_OFFERS, lambda h: h.search_offers()),
         ("GET", api.PATH_API_KEYS, lambda h: h.list_api_keys()),
         ("GET", api.PATH_CLOUD_INTEGRATIONS, lambda h: h.list_cloud_integrations()),

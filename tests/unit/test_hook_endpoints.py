@@ -186,16 +186,16 @@ def test_get_instance_provisioning_status_null_is_returned_as_none(requests_mock
     assert hook.get_instance(7001) == {"id": 7001, "actual_status": None}
 
 
-def test_list_instances_gets_instances_with_trailing_slash_and_returns_the_list(requests_mock, hook):
+def test_list_instances_gets_the_v1_list_with_trailing_slash_and_returns_the_list(requests_mock, hook):
     second = {**INSTANCE, "id": 7002, "label": "other"}
-    requests_mock.get(url("/api/v0/instances/"), json={"instances_found": 2, "instances": [INSTANCE, second]})
+    requests_mock.get(url("/api/v1/instances/"), json={"instances_found": 2, "instances": [INSTANCE, second]})
 
     assert hook.list_instances() == [INSTANCE, second]
-    assert_sent(requests_mock, "GET", "/api/v0/instances/")
+    assert_sent(requests_mock, "GET", "/api/v1/instances/?limit=25")
 
 
 def test_list_instances_returns_empty_list_when_none(requests_mock, hook):
-    requests_mock.get(url("/api/v0/instances/"), json={"instances_found": 0, "instances": []})
+    requests_mock.get(url("/api/v1/instances/"), json={"instances_found": 0, "instances": []})
 
     assert hook.list_instances() == []
 
@@ -411,7 +411,7 @@ def test_list_cloud_integrations_gets_path_and_returns_the_array(requests_mock, 
     ids=["read", "destroy"],
 )
 def test_every_request_carries_a_timeout(requests_mock, hook, call, timeout):
-    requests_mock.register_uri("GET", url("/api/v0/instances/"), json={"instances": []})
+    requests_mock.register_uri("GET", url("/api/v1/instances/"), json={"instances": []})
     requests_mock.register_uri("DELETE", url("/api/v0/instances/1/"), json={"success": True})
 
     call(hook)
@@ -420,7 +420,7 @@ def test_every_request_carries_a_timeout(requests_mock, hook, call, timeout):
 
 
 def test_one_session_per_hook_with_tls_verification_on(requests_mock, hook):
-    requests_mock.get(url("/api/v0/instances/"), json={"instances": []})
+    requests_mock.get(url("/api/v1/instances/"), json={"instances": []})
 
     hook.list_instances()
     hook.list_instances()

@@ -18,9 +18,9 @@ from airflow_gpumarket.exceptions import (
     GpuMarketTransportError,
 )
 
-from .helpers import HOOK_LOGGER, methods_and_urls, url
+from .helpers import HOOK_LOGGER, methods_and_paths, methods_and_urls, url
 
-INSTANCES = url("/api/v0/instances/")
+INSTANCES = url("/api/v1/instances/")
 ASK = url("/api/v0/asks/101/")
 CREATED = {"success": True, "new_contract": 7001, "instance_api_key": "inst-key-0123456789abcdef"}
 
@@ -111,7 +111,7 @@ def test_retries_exhausted_raise_the_last_error(requests_mock, hook, sleeps):
 def test_retries_exhausted_by_transport_errors_raise_a_transport_error(requests_mock, hook):
     requests_mock.get(INSTANCES, exc=requests.exceptions.ConnectionError)
 
-    with pytest.raises(GpuMarketTransportError, match=r"list_instances: GET /api/v0/instances/ got no response"):
+    with pytest.raises(GpuMarketTransportError, match=r"list_instances: GET /api/v1/instances/ got no response"):
         hook.list_instances()
 
     assert requests_mock.call_count == 4
@@ -198,7 +198,7 @@ def test_create_502_with_label_found_in_the_list_returns_that_instance_without_r
     result = hook.create_instance(101, image="img", label="job-42")
 
     assert result == {"success": True, "new_contract": 8123, "instance_api_key": None, "ambiguous": True}
-    assert methods_and_urls(requests_mock) == [("PUT", ASK), ("GET", INSTANCES)]
+    assert methods_and_paths(requests_mock) == [("PUT", ASK), ("GET", INSTANCES)]
 
 
 def test_create_502_with_label_found_twice_returns_the_newest(requests_mock, hook):
@@ -216,7 +216,7 @@ def test_create_502_with_label_not_found_is_re_sent_and_succeeds(requests_mock, 
 
     assert result == {**CREATED, "ambiguous": True}  # re-sent: the caller should look for a late duplicate
     # looked at once, and again once the request's timeout has passed, before sending again
-    assert methods_and_urls(requests_mock) == [("PUT", ASK), ("GET", INSTANCES), ("GET", INSTANCES), ("PUT", ASK)]
+    assert methods_and_paths(requests_mock) == [("PUT", ASK), ("GET", INSTANCES), ("GET", INSTANCES), ("PUT", ASK)]
     assert [r.json() for r in requests_mock.request_history if r.method == "PUT"] == [
         {"image": "img", "label": "job-42"}
     ] * 2

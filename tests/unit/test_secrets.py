@@ -41,12 +41,12 @@ def assert_key_absent_from_exception(exc: BaseException) -> None:
 
 def test_401_leaves_the_key_out_of_logs_and_exception(requests_mock, hook, caplog):
     caplog.set_level(logging.DEBUG)
-    requests_mock.get(url("/api/v0/instances/"), status_code=401, json={"error": "auth_error", "msg": "Invalid key"})
+    requests_mock.get(url("/api/v1/instances/"), status_code=401, json={"error": "auth_error", "msg": "Invalid key"})
 
     with pytest.raises(GpuMarketAuthError) as caught:
         hook.list_instances()
 
-    assert any("GET /api/v0/instances/ -> HTTP 401" in r.getMessage() for r in caplog.records)  # logs were captured
+    assert any("GET /api/v1/instances/ -> HTTP 401" in r.getMessage() for r in caplog.records)  # logs were captured
     assert_key_absent_from_logs(caplog)
     assert_key_absent_from_exception(caught.value)
 
@@ -54,7 +54,7 @@ def test_401_leaves_the_key_out_of_logs_and_exception(requests_mock, hook, caplo
 def test_500_retried_leaves_the_key_out_of_logs_and_redacts_an_echo(requests_mock, hook, caplog):
     caplog.set_level(logging.DEBUG)
     echo = {"error": "server_error", "msg": f"upstream rejected Authorization: Bearer {API_KEY}"}
-    requests_mock.get(url("/api/v0/instances/"), status_code=500, json=echo)
+    requests_mock.get(url("/api/v1/instances/"), status_code=500, json=echo)
 
     with pytest.raises(GpuMarketServerError) as caught:
         hook.list_instances()
@@ -104,7 +104,7 @@ def test_ambiguous_create_leaves_the_key_out(requests_mock, hook, caplog):
 def test_ambiguous_create_with_label_logs_without_the_key(requests_mock, hook, caplog):
     caplog.set_level(logging.DEBUG)
     requests_mock.put(url("/api/v0/asks/101/"), status_code=504, json={"msg": f"timeout {API_KEY}"})
-    requests_mock.get(url("/api/v0/instances/"), json={"instances": [{"id": 3, "label": "job"}]})
+    requests_mock.get(url("/api/v1/instances/"), json={"instances": [{"id": 3, "label": "job"}]})
 
     assert hook.create_instance(101, image="img", label="job")["new_contract"] == 3
 
@@ -127,7 +127,7 @@ def test_validation_failures_leave_the_key_out(wire, hook, caplog, set_conn):
 
 
 def test_settings_hook_and_session_auth_reprs_hide_the_key(requests_mock, hook):
-    requests_mock.get(url("/api/v0/instances/"), json={"instances": []})
+    requests_mock.get(url("/api/v1/instances/"), json={"instances": []})
     hook.list_instances()
 
     assert hook.settings.api_key == API_KEY  # the key is there...
@@ -167,7 +167,7 @@ def test_backup_codes_are_masked_when_received(requests_mock, hook, masked):
 
 def test_default_airflow_logger_output_leaves_the_key_out(requests_mock, capfd):
     """The hook's own (structlog) logger, as Airflow runs it: the retry warnings reach stdout/stderr key-free."""
-    requests_mock.get(url("/api/v0/instances/"), status_code=503, json={"msg": f"echo {API_KEY}"})
+    requests_mock.get(url("/api/v1/instances/"), status_code=503, json={"msg": f"echo {API_KEY}"})
     hook = GpuMarketHook()
 
     with pytest.raises(GpuMarketServerError):
