@@ -1,0 +1,369 @@
+"""The official CLI ``vastai==1.9.1``, unmodified, against ``gpumarket-sim --profile live``.
+
+The live profile claims to behave like the live service. The official CLI is the strictest client of the live
+service there is, so it is the judge: every test runs real ``vastai`` commands and then checks the outcome on the
+simulator's admin surface, not only the CLI's exit status (the CLI exits 0 on HTTP errors: it prints
+``Failed with error <status>: <msg>`` on stderr, or ``{"error": true, ...}`` with ``--raw``).
+
+What vastai 1.9.1 sends (captured on the wire) and which response fields it reads:
+
+- every invocation, at import: ``GET $VAST_URL/api/v0/gpu_names/unique/`` without a key (``--url`` is ignored for
+  it; reads ``gpu_names``); the first command of a fresh HOME: ``GET /api/v0/users/current`` (a JSON object).
+- ``search offers [-o F]``: ``POST /api/v0/bundles/`` with ``{"verified": {"eq": true}, "external": {"eq": false},
+  "rentable": {"eq": true}, "order": [["score", "desc"]], "type": "on-demand", "allocated_storage": 5.0}``
+  (``-o dph_total``: ``[["dph_total", "asc"]]``); reads ``offers``; Content-Type must be exactly
+  ``application/json``.
+- ``create instance ID --image I --disk D``: ``PUT /api/v0/asks/ID/`` with ``client_id: "me"``, a float
+  ``disk``, explicit nulls, ``runtype: "ssh"``, env ``{"K": "V", "-p N:N": "1"}``; prints the answer.
+- ``show instances --raw``: ``GET /api/v1/instances/?select_filters={}&order_by=[{"col": "id", "dir": "asc"}]
+  &limit=25``, following ``next_token``; reads ``instances`` and, per row, ``start_date`` (a number) and
+  ``extra_env`` (a list of [name, value] pairs): a missing or null one crashes the CLI. The table form adds
+  ``select_cols`` and first calls ``GET /api/v0/instances/filters/``.
+- ``show instance ID``: ``GET /api/v0/instances/ID/?owner=me``; reads ``instances``, then ``start_date`` and
+  ``extra_env`` as above.
+- ``label instance ID L``: ``PUT /api/v0/instances/ID/`` ``{"label": L}``; ``stop instance ID``: the same path with
+  ``{"state": "stopped"}``; ``destroy instance ID``: asks ``[y/N]`` on stdin unless ``-y``, then
+  ``DELETE /api/v0/instances/ID/`` with body ``{}``; all three read ``success`` (and ``msg``).
+- ``show api-keys``: ``GET /api/v0/auth/apikeys/``; ``show connections``: ``GET /api/v0/users/cloud_integrations/``
+  (a bare list); ``show pending-price-increases``: ``GET /api/v0/instances/pending-price-increases/`` (an object
+  with ``pending_price_increases``).
+
+The full catalogue (query strings, bodies, retries on 429/502/503/504, error handling, exit statuses) was handed
+to the simulator; this module keeps the summary above next to the checks that depend on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .conftest import Cli, CliResult, LiveSim
+
+IMAGE = "ubuntu:22.04"
+STOPPED = ("stopped", "exited")
+
+
+# --- checks shared by every test --------------------------------------------------------------------------------
+def assert_succeeded(result: CliResult, *, sends_requests: bool = True) -> None:
+    """Exit 0, no traceback, no CLI error line, and every request the simulator logged was answered below 400."""
+    assert result.returncode == 0, result.describe()
+    assert "Traceback" not in result.stderr, result.describe()
+    assert "Failed with error" not in result.stderr, result.describe()
+    assert '"error": true' not in result.stderr, result.describe()
+    failed = [r for r in result.requests if r["status"] >= 400 or r.get("dropped")]
+    assert not failed, f"the simulator answered with errors\n{result.describe()}"
+    if sends_requests:
+        assert result.requests, f"the simulator logged no request\n{result.describe()}"
+
+
+def assert_sent(result: CliResult, method: str, path: str) -> None:
+    assert (method, path) in [(m, p) for m, p, _ in result.sent()], f"no {method} {path}\n{result.describe()}"
+
+
+def assert_simulator_healthy(sim: LiveSim) -> None:
+    state = sim.state()
+    assert state["internal_errors"] == 0, f"the simulator logged internal errors:\n{sim.stderr_text()}"
+    assert "Traceback" not in sim.stderr_text(), sim.stderr_text()
+
+
+def offers_by_id(sim: LiveSim) -> dict[int, dict[str, Any]]:
+    return {offer["id"]: offer for offer in sim.state()["offers"]}
+
+
+def free_offer_id(sim: LiveSim) -> int:
+    """A rentable, not yet rented offer whose instances boot normally, the cheapest first."""
+    candidates = [
+        offer
+        for offer in sim.state()["offers"]
+        if offer["rentable"] and offer["rented_by"] is None and offer["fate"] == "running"
+    ]
+    assert candidates, "the simulator's world has no free offer"
+    return min(candidates, key=lambda offer: (offer["dph_total"], offer["id"]))["id"]
+
+
+def rent(cli: Cli, sim: LiveSim, *extra: str) -> int:
+    """``vastai create instance`` on the cheapest free offer; returns the new instance id once it runs."""
+    offer_id = free_offer_id(sim)
+    result = cli("create", "instance", str(offer_id), "--image", IMAGE, "--disk", "20", *extra, "--raw")
+    assert_succeeded(result)
+    assert_sent(result, "PUT", f"/api/v0/asks/{offer_id}/")
+    answer = result.json()
+    assert answer.get("success") is True, result.describe()
+    assert isinstance(answer.get("new_contract"), int), result.describe()
+    sim.wait_for_status(answer["new_contract"], "running")
+    return answer["new_contract"]
+
+
+# --- global behaviour -------------------------------------------------------------------------------------------
+def test_official_cli_checks_the_current_user_once_per_home_and_fetches_gpu_names(cli: Cli, live_sim: LiveSim):
+    first = cli("show", "connections", "--raw")
+    assert_succeeded(first)
+    assert ("GET", "/api/v0/gpu_names/unique/", 200) in first.sent(), first.describe()
+    account_calls = [(r["method"], r["path"], r["status"]) for r in first.requests if r["key"] == "account"]
+    assert account_calls[0] == ("GET", "/api/v0/users/current", 200), first.describe()
+    # The CLI caches what it learnt under the throw-away HOME (never the user's): no second current-user call.
+    assert (cli.config_dir / "vastai" / "vast_role").read_text() in ("client", "host")
+    second = cli("show", "connections", "--raw")
+    assert_succeeded(second)
+    assert ("GET", "/api/v0/users/current") not in [(m, p) for m, p, _ in second.sent()], second.describe()
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_uses_the_api_key_saved_by_set_api_key(cli: Cli, live_sim: LiveSim):
+    saved = cli("set", "api-key", live_sim.api_key, with_key=False)
+    assert_succeeded(saved, sends_requests=False)
+    assert (cli.config_dir / "vastai" / "vast_api_key").read_text() == live_sim.api_key
+    result = cli("show", "connections", "--raw", with_key=False)
+    assert_succeeded(result)
+    assert_sent(result, "GET", "/api/v0/users/cloud_integrations/")
+    assert {r["key"] for r in result.requests if r["path"] != "/api/v0/gpu_names/unique/"} == {"account"}
+    assert_simulator_healthy(live_sim)
+
+
+# --- search offers ----------------------------------------------------------------------------------------------
+def test_official_cli_search_offers_default_query_lists_offers(cli: Cli, live_sim: LiveSim):
+    result = cli("search", "offers", "--raw")
+    assert_succeeded(result)
+    assert_sent(result, "POST", "/api/v0/bundles/")
+    offers = result.json()
+    assert isinstance(offers, list) and offers, result.describe()
+    world = offers_by_id(live_sim)
+    # The default query is verified=true rentable=true external=false: every such offer, no other.
+    expected = {
+        oid
+        for oid, offer in world.items()
+        if offer["verified"] and offer["rentable"] and not offer.get("external", False)
+    }
+    assert {offer["id"] for offer in offers} == expected
+    for offer in offers:
+        assert offer["dph_total"] == world[offer["id"]]["dph_total"]
+        assert offer["gpu_name"] == world[offer["id"]]["gpu_name"]
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_search_offers_table_shows_every_offer_id(cli: Cli, live_sim: LiveSim):
+    result = cli("search", "offers")
+    assert_succeeded(result)
+    world = offers_by_id(live_sim)
+    for oid, offer in world.items():
+        if offer["verified"] and offer["rentable"] and not offer.get("external", False):
+            assert str(oid) in result.stdout, result.describe()
+    assert "invalid return Content-Type" not in result.stdout, result.describe()
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_search_offers_ordered_by_dph_total_lists_cheapest_first(cli: Cli, live_sim: LiveSim):
+    ascending = cli("search", "offers", "-o", "dph_total", "--raw")
+    assert_succeeded(ascending)
+    prices = [offer["dph_total"] for offer in ascending.json()]
+    assert prices and prices == sorted(prices), ascending.describe()
+
+    descending = cli("search", "offers", "-o", "dph_total-", "--raw")
+    assert_succeeded(descending)
+    prices_desc = [offer["dph_total"] for offer in descending.json()]
+    assert prices_desc == sorted(prices, reverse=True), descending.describe()
+    assert {o["id"] for o in descending.json()} == {o["id"] for o in ascending.json()}
+    assert_simulator_healthy(live_sim)
+
+
+# --- create instance --------------------------------------------------------------------------------------------
+def test_official_cli_create_instance_rents_an_offer_from_the_search(cli: Cli, live_sim: LiveSim):
+    search = cli("search", "offers", "-o", "dph_total", "--raw")
+    assert_succeeded(search)
+    world = offers_by_id(live_sim)
+    offer_id = next(o["id"] for o in search.json() if world[o["id"]]["fate"] == "running")
+
+    result = cli("create", "instance", str(offer_id), "--image", IMAGE, "--disk", "20", "--raw")
+    assert_succeeded(result)
+    assert_sent(result, "PUT", f"/api/v0/asks/{offer_id}/")
+    answer = result.json()
+    assert answer.get("success") is True, result.describe()
+    instance_id = answer["new_contract"]
+
+    instance = live_sim.instance(instance_id)
+    assert instance["offer_id"] == offer_id
+    assert instance["image"] == IMAGE
+    assert instance["disk_space"] == 20
+    assert not instance["destroyed"]
+    assert offers_by_id(live_sim)[offer_id]["rented_by"] == instance_id
+    assert live_sim.alive_ids() == [instance_id]
+    live_sim.wait_for_status(instance_id, "running")
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_create_instance_passes_onstart_env_and_label(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(
+        cli,
+        live_sim,
+        "--onstart-cmd",
+        "echo hello from the cli",
+        "--env",
+        "-e FOO=bar -p 8080:8080",
+        "--label",
+        "made-by-cli",
+    )
+    instance = live_sim.instance(instance_id)
+    assert instance["label"] == "made-by-cli"
+    assert instance["onstart"] == "echo hello from the cli"
+    assert instance["env"]["FOO"] == "bar"
+    assert_simulator_healthy(live_sim)
+
+
+# --- show instances / show instance -----------------------------------------------------------------------------
+def test_official_cli_show_instances_raw_lists_the_instance(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim, "--env", "-e FOO=bar", "--label", "listed")
+    result = cli("show", "instances", "--raw")
+    assert_succeeded(result)
+    assert_sent(result, "GET", "/api/v1/instances/")
+    rows = result.json()
+    assert [row["id"] for row in rows] == [instance_id], result.describe()
+    row = rows[0]
+    assert row["actual_status"] == "running"
+    assert row["label"] == "listed"
+    assert row["extra_env"].get("FOO") == "bar"  # the CLI turns the [[name, value], ...] pairs into an object
+    assert isinstance(row["start_date"], int | float)
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_show_instances_table_lists_the_instance(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim)
+    result = cli("show", "instances", "--no-color")
+    assert_succeeded(result)
+    assert_sent(result, "GET", "/api/v0/instances/filters/")
+    assert_sent(result, "GET", "/api/v1/instances/")
+    assert str(instance_id) in result.stdout, result.describe()
+    assert "running" in result.stdout, result.describe()
+    assert "Total: 1 instances" in result.stdout, result.describe()
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_show_instance_reads_one_instance(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim, "--env", "-e FOO=bar", "--label", "single")
+    raw = cli("show", "instance", str(instance_id), "--raw")
+    assert_succeeded(raw)
+    assert_sent(raw, "GET", f"/api/v0/instances/{instance_id}/")
+    row = raw.json()
+    assert row["id"] == instance_id, raw.describe()
+    assert row["actual_status"] == "running"
+    assert row["label"] == "single"
+    assert row["extra_env"].get("FOO") == "bar"
+
+    table = cli("show", "instance", str(instance_id))
+    assert_succeeded(table)
+    assert str(instance_id) in table.stdout and "running" in table.stdout, table.describe()
+    assert_simulator_healthy(live_sim)
+
+
+# --- label / stop / destroy -------------------------------------------------------------------------------------
+def test_official_cli_label_instance_changes_the_label(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim)
+    result = cli("label", "instance", str(instance_id), "relabelled-by-cli")
+    assert_succeeded(result)
+    assert_sent(result, "PUT", f"/api/v0/instances/{instance_id}/")
+    assert f"label for {instance_id} set to relabelled-by-cli." in result.stdout, result.describe()
+    assert live_sim.instance(instance_id)["label"] == "relabelled-by-cli"
+    assert live_sim.instance(instance_id)["actual_status"] == "running"  # a label is not a state change
+
+    shown = cli("show", "instance", str(instance_id), "--raw")
+    assert_succeeded(shown)
+    assert shown.json()["label"] == "relabelled-by-cli"
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_stop_instance_stops_it(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim)
+    result = cli("stop", "instance", str(instance_id))
+    assert_succeeded(result)
+    assert_sent(result, "PUT", f"/api/v0/instances/{instance_id}/")
+    assert f"stopping instance {instance_id}." in result.stdout, result.describe()
+    # The live service reports a stopped container as "exited" (intended "stopped"); the spec says "stopped".
+    instance = live_sim.wait_for_status(instance_id, *STOPPED)
+    assert instance["intended_status"] == "stopped"
+    assert live_sim.alive_ids() == [instance_id]  # stopped, not destroyed
+
+    shown = cli("show", "instance", str(instance_id), "--raw")
+    assert_succeeded(shown)
+    assert shown.json()["actual_status"] in STOPPED, shown.describe()
+    assert shown.json()["intended_status"] == "stopped", shown.describe()
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_destroy_instance_with_yes_destroys_it(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim)
+    result = cli("destroy", "instance", str(instance_id), "-y")
+    assert_succeeded(result)
+    assert_sent(result, "DELETE", f"/api/v0/instances/{instance_id}/")
+    assert f"destroying instance {instance_id}." in result.stdout, result.describe()
+    assert live_sim.alive_ids() == []
+    assert live_sim.instance(instance_id)["destroyed"]
+
+    listed = cli("show", "instances", "--raw")
+    assert_succeeded(listed)
+    assert listed.json() == []
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_destroy_instance_prompt_aborts_on_no_and_destroys_on_yes(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim)
+    refused = cli("destroy", "instance", str(instance_id), stdin="n\n")
+    assert_succeeded(refused, sends_requests=False)
+    assert "Aborted." in refused.stdout, refused.describe()
+    assert ("DELETE", f"/api/v0/instances/{instance_id}/") not in [(m, p) for m, p, _ in refused.sent()]
+    assert live_sim.alive_ids() == [instance_id]
+
+    confirmed = cli("destroy", "instance", str(instance_id), stdin="y\n")
+    assert_succeeded(confirmed)
+    assert_sent(confirmed, "DELETE", f"/api/v0/instances/{instance_id}/")
+    assert live_sim.alive_ids() == []
+    assert_simulator_healthy(live_sim)
+
+
+# --- account listings -------------------------------------------------------------------------------------------
+def test_official_cli_show_api_keys_lists_the_account_keys(cli: Cli, live_sim: LiveSim):
+    raw = cli("show", "api-keys", "--raw")
+    assert_succeeded(raw)
+    assert_sent(raw, "GET", "/api/v0/auth/apikeys/")
+    envelope = raw.json()
+    assert isinstance(envelope, dict) and isinstance(envelope.get("apikeys"), list), raw.describe()
+    names = {key["name"] for key in live_sim.state()["api_keys"]}
+    assert names and {key["name"] for key in envelope["apikeys"]} == names
+
+    printed = cli("show", "api-keys")
+    assert_succeeded(printed)
+    for name in names:
+        assert name in printed.stdout, printed.describe()
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_show_connections_lists_cloud_integrations(cli: Cli, live_sim: LiveSim):
+    raw = cli("show", "connections", "--raw")
+    assert_succeeded(raw)
+    assert_sent(raw, "GET", "/api/v0/users/cloud_integrations/")
+    rows = raw.json()
+    assert isinstance(rows, list), raw.describe()
+    expected = {(c["id"], c["name"], c["cloud_type"]) for c in live_sim.state()["cloud_integrations"]}
+    assert expected and {(r["id"], r["name"], r["cloud_type"]) for r in rows} == expected
+
+    table = cli("show", "connections")
+    assert_succeeded(table)
+    for _, name, cloud_type in expected:
+        assert name in table.stdout and cloud_type in table.stdout, table.describe()
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_show_pending_price_increases_lists_them(cli: Cli, live_sim: LiveSim):
+    raw = cli("show", "pending-price-increases", "--raw")
+    assert_succeeded(raw)
+    assert_sent(raw, "GET", "/api/v0/instances/pending-price-increases/")
+    envelope = raw.json()
+    assert isinstance(envelope, dict), raw.describe()
+    pending = live_sim.state()["pending_price_increases"]
+    expected = {(p["pending_price_increase_id"], p["contract_id"]) for p in pending}
+    listed = {(p["pending_price_increase_id"], p["contract_id"]) for p in envelope["pending_price_increases"]}
+    assert expected and listed == expected
+
+    table = cli("show", "pending-price-increases")
+    assert_succeeded(table)
+    assert "No pending price increases." not in table.stdout, table.describe()
+    for _, contract_id in expected:
+        assert str(contract_id) in table.stdout, table.describe()
+    assert_simulator_healthy(live_sim)
