@@ -19,7 +19,6 @@ from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket._compat import AirflowException, BaseOperator, TaskDeferred
 from airflow_gpumarket.exceptions import (
     GpuMarketError,
-    GpuMarketNotFoundError,
     GpuMarketOfferUnavailableError,
     GpuMarketValidationError,
 )
@@ -486,11 +485,12 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
             gone, status = False, None
             try:
-                instance = self.hook.get_instance(instance_id)
-                status = instance.get("actual_status")
-                rental.setdefault("ssh_host", instance.get("ssh_host"))
-            except GpuMarketNotFoundError:
-                gone = True
+                instance = self.hook.find_instance(instance_id)
+                if instance is None:
+                    gone = True
+                else:
+                    status = instance.get("actual_status")
+                    rental.setdefault("ssh_host", instance.get("ssh_host"))
             except GpuMarketError as exc:
                 if not api.is_retryable(exc):
                     raise
@@ -566,7 +566,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
         if self._creating_label is None:
             return None
         try:
-            found = api.find_by_label(self.hook.list_instances(), self._creating_label)
+            found = api.find_by_label(self.hook.list_instances(label=self._creating_label), self._creating_label)
         except GpuMarketError as exc:
             self.log.error("Could not check for an instance labelled %s: %s", self._creating_label, exc)
             return None

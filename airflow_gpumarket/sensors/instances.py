@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket._compat import AirflowFailException, BaseSensorOperator
-from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketValidationError
+from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators.instances import DEFAULT_DEFERRABLE, check_instance_id_argument, instance_id_from
 
 if TYPE_CHECKING:
@@ -96,9 +96,9 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         instance_id = self._instance()
         gone, status = False, None
         try:
-            status = self.hook.get_instance(instance_id).get("actual_status")
-        except GpuMarketNotFoundError:
-            gone = True
+            instance = self.hook.find_instance(instance_id)
+            gone = instance is None
+            status = None if instance is None else instance.get("actual_status")
         except GpuMarketError as exc:
             if api.is_retryable(exc):
                 self.log.warning("Reading instance %s failed (%s); will poke again", instance_id, exc)

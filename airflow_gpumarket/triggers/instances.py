@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
-from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError
+from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.triggers.poller import Observation, poller_for
 
 
@@ -96,11 +96,15 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         try:
             while True:
                 try:
-                    yield Observation(status=(await hook.get_instance(self.instance_id)).get("actual_status"))
-                except GpuMarketNotFoundError:
-                    yield Observation(gone=True)
+                    instance = await hook.find_instance(self.instance_id)
                 except GpuMarketError as exc:
                     yield Observation(error=exc)
+                else:
+                    yield (
+                        Observation(gone=True)
+                        if instance is None
+                        else Observation(status=instance.get("actual_status"))
+                    )
                 await asyncio.sleep(self.poll_interval)
         finally:
             await hook.aclose()

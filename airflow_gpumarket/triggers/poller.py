@@ -2,7 +2,8 @@
 
 A naive trigger reads its own instance every interval, so N triggers make N requests per interval and a
 per-key rate limit turns into a storm of 429s. Here the triggers of one process register with a shared poller
-that makes **one** ``list_instances`` call per round and hands each trigger its instance's status. An instance
+that makes **one** ``list_instances`` call per round (per page of watched ids: 25 on the live service) and hands
+each trigger its instance's status. An instance
 missing from the list is confirmed with a per-instance read before its trigger is told it is gone, so a list
 that the service cut short never ends a wait by mistake.
 
@@ -19,8 +20,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow_gpumarket import api
-from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError
+from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketRateLimitError
 
+#: The most the interval between rounds grows after rounds that were rate limited.
+MAX_SLOWDOWN = 8.0
 #: (connection id, event loop) -> poller; weak on the loop so a closed loop's poller goes away with it.
 _POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, SharedInstancePoller]] = (
     weakref.WeakKeyDictionary()
@@ -59,6 +62,9 @@ class SharedInstancePoller:
         self._consumed = asyncio.Event()
         self._hook: Any = None
         self.rounds = 0  # for benchmarks: list calls made
+        #: Multiplies the interval after rounds that met 429s (the hook's own retries were not enough), so many
+        #: triggerers sharing one key back off together; one clean round brings it back to 1.
+        self._slowdown = 1.0
 
     async def watch(self, instance_id: int, interval: float) -> AsyncIterator[Observation]:
         """Observations of ``instance_id``, one per round, until the caller stops iterating."""
@@ -89,7 +95,7 @@ class SharedInstancePoller:
             while self._watchers:
                 started = time.monotonic()
                 await self._round()
-                interval = min(self._intervals.values(), default=api.POLL_INTERVAL_SECONDS)
+                interval = min(self._intervals.values(), default=api.POLL_INTERVAL_SECONDS) * self._slowdown
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
                 await self._until_consumed()
         finally:
@@ -109,10 +115,16 @@ class SharedInstancePoller:
             return
         self.rounds += 1
         try:
-            listed = {int(i["id"]): i for i in await self._hook.list_instances() if "id" in i}
-        except GpuMarketError as exc:
+            # Only the watched ids, one page per chunk: the live list allows 0.5 requests/s per key.
+            listed = {int(i["id"]): i for i in await self._hook.list_instances(ids=watched) if "id" in i}
+        except Exception as exc:  # a poller that died would leave every watcher waiting for ever
+            if not isinstance(exc, GpuMarketError):
+                exc = GpuMarketError(f"list_instances failed unexpectedly: {type(exc).__name__}: {exc}")
+            if isinstance(exc, GpuMarketRateLimitError):
+                self._slowdown = min(MAX_SLOWDOWN, self._slowdown * 2)
             self._deliver_all(watched, Observation(error=exc))
             return
+        self._slowdown = 1.0
         for instance_id in watched:
             if instance_id in listed:
                 self._deliver(instance_id, Observation(status=listed[instance_id].get("actual_status")))

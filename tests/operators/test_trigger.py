@@ -18,7 +18,7 @@ from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 class FakeAsyncHook:
     """Answers from a script of statuses, one per round (an exception instance is raised).
 
-    The naive trigger reads with get_instance; the shared poller lists, and confirms a missing instance with
+    The naive trigger reads with find_instance; the shared poller lists, and confirms a missing instance with
     get_instance.
     """
 
@@ -43,7 +43,13 @@ class FakeAsyncHook:
             raise item
         return {"id": instance_id, "actual_status": item}
 
-    async def list_instances(self):
+    async def find_instance(self, instance_id):
+        try:
+            return await self.get_instance(instance_id)
+        except GpuMarketNotFoundError:
+            return None
+
+    async def list_instances(self, *, ids=None, label=None):
         self.lists += 1
         item = self._next()
         if isinstance(item, GpuMarketNotFoundError):
@@ -192,11 +198,13 @@ def test_shared_poller_makes_one_list_call_per_round_for_many_triggers(monkeypat
     events = asyncio.run(all_three())
     assert [e["status"] for e in events] == [lifecycle.REACHED] * 3
     assert hook.lists == 3  # rounds, not triggers x rounds
+    assert hook.asked_ids == [1, 2, 3]  # only the watched instances are asked for
 
 
 def _list_of_three(hook):
-    async def list_instances():
+    async def list_instances(*, ids=None, label=None):
         hook.lists += 1
+        hook.asked_ids = sorted(ids)
         status = hook._next()
         return [{"id": i, "actual_status": status} for i in (1, 2, 3)]
 
@@ -206,7 +214,7 @@ def _list_of_three(hook):
 def test_shared_poller_confirms_a_missing_instance_before_reporting_it_gone(monkeypatch):
     hook = FakeAsyncHook(["running"])
 
-    async def list_without_it():
+    async def list_without_it(*, ids=None, label=None):
         hook.lists += 1
         return []  # cut short by the server: the instance still exists
 
