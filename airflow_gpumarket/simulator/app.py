@@ -12,31 +12,34 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from airflow_gpumarket.api import (
     PATH_API_KEYS,
     PATH_CLOUD_INTEGRATIONS,
     PATH_CREATE_INSTANCE,
+    PATH_CURRENT_USER,
     PATH_DEPLOYMENTS,
     PATH_ENDPOINTS,
     PATH_INSTANCE,
     PATH_INSTANCES,
+    PATH_INSTANCES_V1,
     PATH_PENDING_PRICE_INCREASES,
     PATH_REGEN_BACKUP_CODES,
     PATH_SEARCH_OFFERS,
     PATH_VOLUMES,
 )
-from airflow_gpumarket.simulator import rules
+from airflow_gpumarket.simulator import listing, rules
 from airflow_gpumarket.simulator.admin import AdminRoutes
 from airflow_gpumarket.simulator.errors import ApiError
 from airflow_gpumarket.simulator.market import Market
-from airflow_gpumarket.simulator.wire import AUTH_SCOPE_KEY, WireLayer
+from airflow_gpumarket.simulator.wire import AUTH_SCOPE_KEY, PATH_GPU_NAMES, PATH_INSTANCE_FILTERS, WireLayer
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Any]]
+MISSING_KEY = "Send the API key as 'Authorization: Bearer <key>'"
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -74,9 +77,19 @@ class ApiRoutes:
     def __init__(self, market: Market) -> None:
         self.market = market
 
+    @property
+    def live(self) -> bool:
+        return self.market.profile == "live"
+
     def routes(self) -> list[tuple[str, list[str], Endpoint]]:
         w = self._endpoint
-        return [
+        live_only = [
+            (PATH_INSTANCES_V1, ["GET"], w(self.list_instances_v1)),
+            (PATH_CURRENT_USER, ["GET"], w(self.current_user)),
+            (PATH_GPU_NAMES, ["GET"], w(self.gpu_names, public=True)),
+            (PATH_INSTANCE_FILTERS, ["GET"], w(self.instance_filters)),
+        ]
+        return (live_only if self.live else []) + [
             (PATH_SEARCH_OFFERS, ["POST"], w(self.search_offers)),
             (PATH_CREATE_INSTANCE, ["PUT", "POST"], w(self.create_instance)),
             (PATH_INSTANCES, ["GET"], w(self.list_instances)),
@@ -92,15 +105,20 @@ class ApiRoutes:
             (PATH_CLOUD_INTEGRATIONS, ["GET"], w(self.list_cloud_integrations)),
         ]
 
-    def _endpoint(self, handler: Handler, *, instance_key_ok: bool = False) -> Endpoint:
+    def _endpoint(self, handler: Handler, *, instance_key_ok: bool = False, public: bool = False) -> Endpoint:
         market = self.market
+        live = self.live
 
         async def endpoint(request: Request) -> Response:
             try:
                 kind, own_instance, _ = request.scope[AUTH_SCOPE_KEY]
+                if public:
+                    return JSONResponse(await handler(request))
                 if kind == "none":
-                    raise ApiError(401, "unauthorized", "Send the API key as 'Authorization: Bearer <key>'")
+                    raise ApiError(401, "auth_error" if live else "unauthorized", MISSING_KEY)
                 if kind == "invalid":
+                    if live:  # as the live service has been seen answering a wrong or revoked key
+                        raise ApiError(404, "auth_error", "Invalid user key")
                     raise ApiError(403, "invalid_api_key", "The API key is not valid")
                 if kind == "instance" and not (
                     instance_key_ok
@@ -114,6 +132,10 @@ class ApiRoutes:
                 return JSONResponse(await handler(request))
             except ApiError as exc:
                 return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
+            except ClientDisconnect:
+                # The client gave up mid-request (a timeout, a killed task): ordinary, and nobody to answer.
+                log.info("gpumarket-sim: client left during %s %s", request.method, request.url.path)
+                return Response(status_code=499)
             except Exception:
                 # Only a bug in the simulator gets here; bad input is always answered with a 4xx above.
                 log.exception("gpumarket-sim: unexpected error on %s %s", request.method, request.url.path)
@@ -126,7 +148,7 @@ class ApiRoutes:
 
     # --- offers and instances ----------------------------------------------------------------------------
     async def search_offers(self, request: Request) -> Any:
-        query = rules.validate_search(rules.parse_json(await request.body(), required=False))
+        query = rules.validate_search(rules.parse_json(await request.body(), required=False), lenient=self.live)
         with self.market.transaction() as (world, _):
             return {"offers": world.search(query)}
 
@@ -135,27 +157,54 @@ class ApiRoutes:
         fields = rules.validate_create(rules.parse_json(await request.body()))
         market = self.market
         with market.transaction() as (world, now):
-            inst = world.create_instance(
-                offer_id, fields, now, new_id=market.next_instance_id, api_key=market.new_instance_key()
-            )
+            try:
+                inst = world.create_instance(
+                    offer_id, fields, now, new_id=market.next_instance_id, api_key=market.new_instance_key()
+                )
+            except ApiError as exc:
+                if self.live and exc.error in ("offer_unavailable", "no_such_ask"):
+                    raise _live_offer_gone(offer_id, exc, fields.get("cancel_unavail", False)) from None
+                raise
             return {"success": True, "new_contract": inst.id, "instance_api_key": inst.api_key}
 
     async def list_instances(self, request: Request) -> Any:
+        if self.live:
+            raise ApiError(
+                410,
+                "deprecated_endpoint",
+                f"{PATH_INSTANCES} is deprecated. Use {PATH_INSTANCES_V1} instead.",
+                extra={"success": False},
+            )
         with self.market.transaction() as (world, _):
             instances = [i.api_view() for i in sorted(world.live.values(), key=lambda i: i.id)]
         return {"instances_found": len(instances), "instances": instances}
 
+    async def list_instances_v1(self, request: Request) -> Any:
+        with self.market.transaction() as (world, _):
+            rows = [i.api_view() for i in world.live.values()]
+        return listing.list_page(rows, request.query_params)
+
     async def get_instance(self, request: Request) -> Any:
         instance_id = _path_int(request, "instance_id", "no_such_instance", "Instance")
         with self.market.transaction() as (world, _):
+            inst = world.live.get(instance_id)
+            if inst is None and self.live:  # the live service answers an unknown or destroyed id this way
+                return {"instances": None}
             return {"instances": world.live_instance(instance_id).api_view()}
 
     async def change_state(self, request: Request) -> Any:
         instance_id = _path_int(request, "instance_id", "no_such_instance", "Instance")
-        raw = await request.body()
+        body = rules.parse_json(await request.body())
+        if self.live:
+            state, label = rules.validate_instance_change(body)
+        else:
+            state, label = rules.validate_state_change(body), None
         with self.market.transaction() as (world, now):
             inst = world.live_instance(instance_id)
-            world.set_state(inst, rules.validate_state_change(rules.parse_json(raw)), now)
+            if label is not None:
+                inst.config["label"] = label
+            if state is not None:
+                world.set_state(inst, state, now)
         return {"success": True}
 
     async def destroy_instance(self, request: Request) -> Any:
@@ -197,3 +246,34 @@ class ApiRoutes:
     async def list_cloud_integrations(self, request: Request) -> Any:
         with self.market.transaction() as (world, _):
             return [dict(c) for c in world.cloud_integrations]
+
+    # --- live profile only: what the official CLI calls beyond the spec ------------------------------------
+    async def current_user(self, request: Request) -> Any:
+        with self.market.transaction() as (world, now):
+            return {
+                "id": world.user_id,
+                "username": "gpumarket-sim",
+                "email": "sim@gpumarket.test",
+                "fullname": "Simulated account",
+                "balance": 100.0,
+                "credit": 100.0,
+                "can_pay": True,
+                "has_billing": True,
+                "ssh_key": "",
+                "created_at": world.start_time,
+            }
+
+    async def gpu_names(self, request: Request) -> Any:
+        with self.market.transaction() as (world, _):
+            return {"gpu_names": sorted({o.gpu_name for o in world.offers.values()})}
+
+    async def instance_filters(self, request: Request) -> Any:
+        return {"columns": sorted(listing.FILTERABLE_COLUMNS), "operators": list(listing.OPERATORS)}
+
+
+def _live_offer_gone(offer_id: int, exc: ApiError, cancel_unavail: bool) -> ApiError:
+    """The live service's answers when an offer cannot be rented: 410 no_such_ask with cancel_unavail, else a
+    404 invalid_args whose msg carries the no_such_ask code."""
+    if cancel_unavail:
+        return ApiError(410, "no_such_ask", f"no_such_ask: offer {offer_id} is not available ({exc.msg})")
+    return ApiError(404, "invalid_args", f"error 404/3603: no_such_ask  Offer {offer_id} is not available: {exc.msg}")

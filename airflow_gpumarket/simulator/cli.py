@@ -30,6 +30,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run onstart scripts as local processes (off by default)",
     )
     parser.add_argument("--world", default=None, metavar="FILE", help="JSON world file replacing parts of the world")
+    parser.add_argument(
+        "--profile",
+        choices=("live", "spec"),
+        default="live",
+        help="live (default): the service as it answers today; spec: exactly api-reference.md",
+    )
+    parser.add_argument(
+        "--no-rate-limits",
+        dest="rate_limits",
+        action="store_false",
+        default=None,
+        help="turn off the live profile's per-endpoint rate limits",
+    )
     args = parser.parse_args(argv)
     if args.speed < 0:
         parser.error("--speed must be >= 0")
@@ -50,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             world=args.world,
             host=args.host,
             port=args.port,
+            profile=args.profile,
+            rate_limits=args.rate_limits,
         )
         sim.start()
     except (OSError, ValueError, RuntimeError) as exc:

@@ -11,6 +11,8 @@ from typing import Any
 
 OPERATIONS = (
     "search_offers",
+    "list_instances_v1",
+    "current_user",
     "create_instance",
     "list_instances",
     "get_instance",
@@ -68,6 +70,8 @@ class Decision:
     status: int | None = None
     error: str = ""
     msg: str = ""
+    #: Answer ``msg`` as plain text instead of the error object (the live service's 429s).
+    text: bool = False
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -119,6 +123,10 @@ def _parse_rule(index: int, spec: Any) -> Rule:
         _number(spec, "seconds", where)
     if "retry_after" in spec and not isinstance(spec["retry_after"], bool):
         _number(spec, "retry_after", where)
+    if "reset_after" in spec:
+        _number(spec, "reset_after", where)
+    if spec.get("body", "json") not in ("json", "text"):
+        raise ValueError(f"{where}: body must be json or text")
     if "after" in spec and not isinstance(spec["after"], bool):
         raise ValueError(f"{where}: after must be true or false")
     return rule
@@ -179,6 +187,9 @@ class Faults:
                 decision.status = 429
                 decision.error = "rate_limited"
                 decision.msg = "Too many requests; slow down"
+                if spec.get("body") == "text":
+                    decision.text = True
+                    decision.msg = "API requests too frequent"
                 retry_after = spec.get("retry_after", True)
                 if retry_after is True:
                     decision.headers["Retry-After"] = str(max(1, math.ceil(wait)))
@@ -193,6 +204,10 @@ class Faults:
                 decision.headers["Retry-After"] = "1"
             elif retry_after not in (None, False):
                 decision.headers["Retry-After"] = f"{retry_after:g}"
+            if "reset_after" in spec:  # X-RateLimit-Reset as epoch seconds, as quota answers carry it
+                decision.headers["X-RateLimit-Reset"] = str(int(time.time() + float(spec["reset_after"])))
+            if spec.get("body") == "text":
+                decision.text = True
 
     @staticmethod
     def _take_token(rule: Rule, key: str) -> float | None:

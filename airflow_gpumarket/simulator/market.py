@@ -22,11 +22,14 @@ from typing import Any
 from airflow_gpumarket.simulator.clock import SimClock
 from airflow_gpumarket.simulator.faults import Faults
 from airflow_gpumarket.simulator.onstart import OnstartRunner
+from airflow_gpumarket.simulator.ratelimits import RateLimits
 from airflow_gpumarket.simulator.world import World
 from airflow_gpumarket.simulator.worldgen import build_world
 
 log = logging.getLogger(__name__)
 
+#: ``live``: the service as public reports describe it today; ``spec``: exactly api-reference.md.
+PROFILES = ("live", "spec")
 TICK_SECONDS = 0.05
 REQUEST_LOG_SIZE = 10_000
 FIRST_INSTANCE_ID = 12_000_001
@@ -46,7 +49,14 @@ class Market:
         api_key: str | None = None,
         execute_onstart: bool = False,
         world: dict[str, Any] | None = None,
+        profile: str = "live",
+        rate_limits: bool | None = None,
     ) -> None:
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+        self.profile = profile
+        #: The live service's per-endpoint buckets; on by default in the live profile only.
+        self.rate_limits = RateLimits(profile == "live" if rate_limits is None else rate_limits)
         self.lock = threading.RLock()
         self.seed = seed
         self.api_key = api_key or default_api_key(seed)
@@ -189,6 +199,7 @@ class Market:
             self.world = build_world(self.seed, self._start_time, self._overrides)
             self.clock.reset(self._initial_speed, self.world.start_time)
             self.faults.clear(self.seed)
+            self.rate_limits.clear()
             self.requests.clear()
             self.internal_errors = 0
 

@@ -5,7 +5,8 @@ simulator starts (and FastAPI/uvicorn are imported) only when a test asks for th
 
 - ``gpumarket_sim_server`` (session): one simulator for the whole run.
 - ``gpumarket_sim`` (function): that simulator, freshly reset, with ``AIRFLOW_CONN_GPUMARKET_DEFAULT`` set for
-  the test. ``@pytest.mark.gpumarket_sim(speed=..., seed=..., execute_onstart=..., world=...)`` gives the test
+  the test. ``@pytest.mark.gpumarket_sim(speed=..., seed=..., execute_onstart=..., world=..., profile=...,
+  rate_limits=...)`` gives the test
   a dedicated simulator with those settings instead.
 """
 
@@ -30,6 +31,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--gpumarket-sim-seed", type=int, default=None, help="world seed of gpumarket_sim (default 0)")
     group.addoption(
+        "--gpumarket-sim-profile",
+        choices=("live", "spec"),
+        default=None,
+        help="profile of gpumarket_sim: live (default) or spec",
+    )
+    group.addoption(
         "--gpumarket-sim-execute-onstart",
         action="store_true",
         default=False,
@@ -51,6 +58,7 @@ def _options(config: pytest.Config) -> dict[str, Any]:
         "speed": 60.0 if speed is None else speed,
         "seed": 0 if seed is None else seed,
         "execute_onstart": bool(config.getoption("--gpumarket-sim-execute-onstart")),
+        "profile": config.getoption("--gpumarket-sim-profile") or "live",
     }
 
 

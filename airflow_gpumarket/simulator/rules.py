@@ -270,6 +270,20 @@ def validate_state_change(body: Any) -> str:
     return str(state)
 
 
+def validate_instance_change(body: Any) -> tuple[str | None, str | None]:
+    """Live profile: ``PUT /instances/{id}/`` takes ``state``, ``label`` or both; returns (state, label)."""
+    body = require_object(body)
+    state = body.get("state")
+    label = body.get("label")
+    if state is None and label is None:
+        raise bad_request('send "state" (stopped or running), "label" (a string) or both')
+    if state is not None and not one_of(state, TARGET_STATES):
+        raise bad_request("state must be stopped or running")
+    if label is not None and not isinstance(label, str):
+        raise bad_request(f"label must be a string, got {_kind(label)}")
+    return state, label
+
+
 # --- Search -------------------------------------------------------------------------------------------------
 @dataclass
 class SearchQuery:
@@ -283,10 +297,21 @@ class SearchQuery:
         return any(name == "rentable" for name, _, _ in self.filters)
 
 
-def validate_search(body: Any) -> SearchQuery:
+def validate_search(body: Any, *, lenient: bool = False) -> SearchQuery:
+    """The search body as a query. ``lenient`` is the live profile: unknown filter fields, top-level keys and
+    order fields are ignored (the official CLI sends ``external``, ``allocated_storage`` and orders on
+    ``score``), and numeric strings compare as numbers (``{"num_gpus": {"gte": "1"}}``)."""
     body = require_object(body)
     query = SearchQuery()
     for name, condition in body.items():
+        if lenient and name == "limit" and isinstance(condition, str) and condition.strip().isdigit():
+            condition = int(condition)
+        if lenient and name == "order" and isinstance(condition, list):
+            condition = [p for p in condition if not (isinstance(p, list) and p and p[0] not in OFFER_FIELD_KINDS)]
+        if lenient and name in OFFER_FIELD_KINDS and isinstance(condition, dict):
+            condition = {op: _numeric(name, operand) for op, operand in condition.items()}
+        if lenient and name not in OFFER_FIELD_KINDS and name not in SEARCH_CONTROL_KEYS:
+            continue
         if name == "type":
             if not one_of(condition, OFFER_TYPES):
                 raise bad_request("type must be ondemand, on-demand or bid")
@@ -309,6 +334,21 @@ def validate_search(body: Any) -> SearchQuery:
                 "invalid_filter",
             )
     return query
+
+
+def _numeric(name: str, operand: Any) -> Any:
+    """A numeric string as the number it spells, for a number field; anything else unchanged."""
+    if OFFER_FIELD_KINDS[name] != "number":
+        return operand
+    if isinstance(operand, list):
+        return [_numeric(name, v) for v in operand]
+    if isinstance(operand, str):
+        try:
+            number = float(operand)
+        except ValueError:
+            return operand
+        return int(number) if number.is_integer() else number
+    return operand
 
 
 def _check_operand(name: str, operator: str, operand: Any) -> None:

@@ -16,6 +16,7 @@ from airflow_gpumarket.simulator.worldgen import load_world_file
 
 CONNECTION_ENV = "AIRFLOW_CONN_GPUMARKET_DEFAULT"
 STARTUP_TIMEOUT_SECONDS = 10.0
+KEEP_ALIVE_SECONDS = 60
 
 
 class MarketSimulator:
@@ -36,9 +37,19 @@ class MarketSimulator:
         world: str | os.PathLike[str] | dict[str, Any] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        profile: str = "live",
+        rate_limits: bool | None = None,
     ) -> None:
         overrides = load_world_file(world) if isinstance(world, str | Path | os.PathLike) else world
-        self._market = Market(speed=speed, seed=seed, api_key=api_key, execute_onstart=execute_onstart, world=overrides)
+        self._market = Market(
+            speed=speed,
+            seed=seed,
+            api_key=api_key,
+            execute_onstart=execute_onstart,
+            world=overrides,
+            profile=profile,
+            rate_limits=rate_limits,
+        )
         self.host = host
         self._requested_port = port
         self.port: int | None = None
@@ -74,6 +85,9 @@ class MarketSimulator:
             server_header=False,
             date_header=False,
             timeout_graceful_shutdown=2,
+            # Idle connections are kept as long as a load balancer in front of a real service keeps them, so
+            # clients must expire theirs first (see CLIENT_KEEPALIVE_SECONDS in the hook).
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

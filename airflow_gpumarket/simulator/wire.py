@@ -19,16 +19,19 @@ from airflow_gpumarket.api import (
     PATH_API_KEYS,
     PATH_CLOUD_INTEGRATIONS,
     PATH_CREATE_INSTANCE,
+    PATH_CURRENT_USER,
     PATH_DEPLOYMENTS,
     PATH_ENDPOINTS,
     PATH_INSTANCE,
     PATH_INSTANCES,
+    PATH_INSTANCES_V1,
     PATH_PENDING_PRICE_INCREASES,
     PATH_REGEN_BACKUP_CODES,
     PATH_SEARCH_OFFERS,
     PATH_VOLUMES,
 )
 from airflow_gpumarket.simulator.market import Market
+from airflow_gpumarket.simulator.ratelimits import TOO_FREQUENT
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -37,6 +40,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ADMIN_PREFIX = "/_sim"
+#: Live profile only: paths the live service has beyond the spec (the official CLI calls them).
+PATH_GPU_NAMES = "/api/v0/gpu_names/unique/"
+PATH_INSTANCE_FILTERS = "/api/v0/instances/filters/"
 #: Scope key under which the routes find ``(key kind, instance id or None, raw key or None)``.
 AUTH_SCOPE_KEY = "gpumarket.auth"
 
@@ -50,7 +56,13 @@ _EXACT_OPERATIONS = {
     ("GET", PATH_PENDING_PRICE_INCREASES): "list_pending_price_increases",
     ("GET", PATH_API_KEYS): "list_api_keys",
     ("GET", PATH_CLOUD_INTEGRATIONS): "list_cloud_integrations",
+    ("GET", PATH_INSTANCES_V1): "list_instances_v1",
+    ("GET", PATH_CURRENT_USER): "current_user",
+    ("GET", PATH_GPU_NAMES): "gpu_names",
+    ("GET", PATH_INSTANCE_FILTERS): "instance_filters",
 }
+#: Every exact API path, for the live profile's tolerance of a missing or extra trailing slash.
+_EXACT_PATHS = frozenset(path for _, path in _EXACT_OPERATIONS) | {PATH_INSTANCES}
 
 
 def _path_pattern(template: str, name: str) -> re.Pattern[str]:
@@ -72,6 +84,19 @@ def classify(method: str, path: str) -> str | None:
     if method in ("PUT", "POST") and _ASK_PATH.match(path):
         return "create_instance"
     return None
+
+
+def tolerant_path(path: str) -> str:
+    """Live profile: the route a path means when its trailing slash is missing or extra (the official CLI adds
+    one to several paths the spec writes without, and the live service answers both)."""
+    if path in _EXACT_PATHS or not path.startswith("/api/"):
+        return path
+    for candidate in (path + "/", path.rstrip("/")):
+        if candidate in _EXACT_PATHS:
+            return candidate
+    if not path.endswith("/") and (_INSTANCE_PATH.match(path + "/") or _ASK_PATH.match(path + "/")):
+        return path + "/"
+    return path
 
 
 def bearer_key(scope: Scope) -> str | None:
@@ -106,6 +131,14 @@ async def send_json(send: Send, status: int, body: Any, headers: dict[str, str] 
     await send({"type": "http.response.body", "body": payload})
 
 
+async def send_text(send: Send, status: int, text: str) -> None:
+    """A plain-text answer, as the live service's rate limiter gives."""
+    payload = text.encode()
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
 async def drop_connection(send: Send) -> None:
     """Close the TCP connection at once, without a response, as a crashed proxy or a network cut would."""
     transport = getattr(getattr(send, "__self__", None), "transport", None)
@@ -136,11 +169,21 @@ class WireLayer:
 
         market = self.market
         method: str = scope["method"]
-        op = classify(method, path)
+        live = market.profile == "live"
+        if live:
+            scope["path"] = tolerant_path(path)  # routing sees the canonical path; the log keeps what came
+        op = classify(method, scope["path"])
         key = bearer_key(scope)
         kind, instance_id = market.principal(key)
         scope[AUTH_SCOPE_KEY] = (kind, instance_id, key)
         status: list[int | None] = [None]
+
+        if live and op is not None and kind in ("account", "instance"):
+            client = (scope.get("client") or ("?", 0))[0]
+            if not market.rate_limits.take(op, method, key or "", client, market.clock.now()):
+                market.log_request(method, path, 429, kind, op)
+                await send_text(send, 429, TOO_FREQUENT)
+                return
 
         decision = market.faults.decide(op, key or "") if op is not None and market.faults.active else None
         if decision is not None:
@@ -152,6 +195,9 @@ class WireLayer:
                 return
             if decision.status is not None:
                 market.log_request(method, path, decision.status, kind, op)
+                if decision.text:
+                    await send_text(send, decision.status, decision.msg)
+                    return
                 body = {"error": decision.error, "msg": decision.msg}
                 await send_json(send, decision.status, body, decision.headers)
                 return

@@ -185,6 +185,8 @@ class Instance:
             "volume_info": c.get("volume_info"),
             "bid_price": c.get("price"),
             "start_date": self.created_at,
+            # How the live service shows the environment (the official CLI reads it): [name, value] pairs.
+            "extra_env": [[k, v] for k, v in c["env"].items() if not k.startswith("-p ")],
         }
 
 
@@ -306,7 +308,7 @@ class World:
         if offer.rented_by == "other":
             return "it was rented by another user"
         if offer.rented_by is not None:
-            return f"it is already rented (instance {offer.rented_by}); an offer can be rented once"
+            return f"it is already rented (instance {offer.rented_by})"
         if not offer.listed:
             return "the host is not accepting rentals on it"
         if machine is not None and not machine.online:
@@ -412,6 +414,8 @@ class World:
         inst.schedule = []
         inst.destroyed_at = now
         self.live.pop(inst.id, None)
+        if inst.offer.rented_by == inst.id:  # the machine is free again: its offer is back on the market
+            inst.offer.rented_by = None
 
     def force_status(self, instance_id: int, status: str | None, now: float) -> None:
         if status not in FORCEABLE_STATUSES:

@@ -15,7 +15,8 @@ SEED = 0
 
 @pytest.fixture(scope="session")
 def sim_server() -> Iterator[MarketSimulator]:
-    with MarketSimulator(speed=0, seed=SEED) as sim:
+    # The spec rules are tested on the spec profile; the live profile has its own file (test_sim_live.py).
+    with MarketSimulator(speed=0, seed=SEED, profile="spec") as sim:
         yield sim
 
 

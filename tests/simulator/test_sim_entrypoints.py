@@ -38,7 +38,7 @@ def test_cli_first_line_has_the_url_and_a_ready_connection():
         url = first.split()[3]
         port = url.rsplit(":", 1)[1]
         assert f"AIRFLOW_CONN_GPUMARKET_DEFAULT=gpumarket://:k123@127.0.0.1:{port}" in first
-        response = requests.get(f"{url}/api/v0/instances/", headers={"Authorization": "Bearer k123"}, timeout=5)
+        response = requests.get(f"{url}/api/v1/instances/", headers={"Authorization": "Bearer k123"}, timeout=5)
         assert response.status_code == 200
         assert startup < 3  # the benchmark holds the real goal (< 1 s); CI machines vary
     finally:
@@ -104,9 +104,9 @@ def test_context_manager_gives_url_key_and_connection():
         assert sim.conn_uri == f"gpumarket://:secret-key@127.0.0.1:{sim.port}"
         connection = json.loads(sim.connection_env()["AIRFLOW_CONN_GPUMARKET_DEFAULT"])
         assert connection == {"conn_type": "gpumarket", "host": sim.url, "password": "secret-key"}
-        assert requests.get(f"{sim.url}/api/v0/instances/", headers={"Authorization": "Bearer secret-key"}).ok
+        assert requests.get(f"{sim.url}/api/v1/instances/", headers={"Authorization": "Bearer secret-key"}).ok
     with pytest.raises(requests.ConnectionError):
-        requests.get(f"{sim.url}/api/v0/instances/", timeout=2)
+        requests.get(f"{sim.url}/api/v1/instances/", timeout=2)
 
 
 def test_airflow_reads_the_connection_env():
@@ -127,7 +127,7 @@ def test_airflow_reads_the_connection_env():
 def test_two_simulators_run_side_by_side():
     with MarketSimulator(api_key="a") as one, MarketSimulator(api_key="b") as two:
         assert one.port != two.port
-        assert requests.get(f"{two.url}/api/v0/instances/", headers={"Authorization": "Bearer a"}).status_code == 403
+        assert requests.get(f"{two.url}/api/v1/instances/", headers={"Authorization": "Bearer a"}).status_code == 404  # live: auth_error
 
 
 def test_world_dict_and_state_dump_round_trip(tmp_path):

@@ -75,11 +75,12 @@ def test_create_on_a_rented_offer_is_409_offer_unavailable(api):
     assert str(offer["id"]) in response.json()["msg"]
 
 
-def test_offer_stays_rented_after_its_instance_is_destroyed(api):
+def test_offer_is_taken_while_rented_and_back_on_the_market_after_its_instance_is_destroyed(api):
     offer = api.cheapest()
     instance_id = api.create(offer["id"])["new_contract"]
-    api.delete(f"/api/v0/instances/{instance_id}/")
     assert api.put(f"/api/v0/asks/{offer['id']}/", {"image": "ubuntu"}).status_code == 409
+    api.delete(f"/api/v0/instances/{instance_id}/")
+    assert api.put(f"/api/v0/asks/{offer['id']}/", {"image": "ubuntu"}).status_code == 200
 
 
 def test_offer_rented_by_someone_else_is_409(sim, api):

@@ -17,7 +17,7 @@ needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="the callba
 
 @pytest.fixture(scope="module")
 def onstart_server() -> Iterator[MarketSimulator]:
-    with MarketSimulator(speed=0, seed=0, execute_onstart=True) as sim:
+    with MarketSimulator(speed=0, seed=0, execute_onstart=True, profile="spec") as sim:
         yield sim
 
 
@@ -184,7 +184,7 @@ def test_onstart_is_not_run_without_execute_onstart(sim, api):
 
 def test_ticker_starts_onstart_without_anyone_polling(tmp_path: Path):
     marker = tmp_path / "ran"
-    with MarketSimulator(speed=100_000, execute_onstart=True) as sim:
+    with MarketSimulator(speed=100_000, execute_onstart=True, profile="spec") as sim:
         api = Api(sim, sim.api_key)
         api.create(body={"image": "u", "onstart": f"touch {marker}"})
         wait_for(marker.exists, timeout=10)  # watches the file system only: no request reaches the simulator
@@ -199,7 +199,7 @@ def test_onstart_starts_even_when_the_request_that_brought_the_instance_to_runni
 
     from airflow_gpumarket.simulator import MarketSimulator
 
-    with MarketSimulator(speed=0, execute_onstart=True) as sim:  # frozen clock: only this test moves it
+    with MarketSimulator(speed=0, execute_onstart=True, profile="spec") as sim:  # frozen clock: only this test moves it
         headers = {"Authorization": f"Bearer {sim.api_key}"}
         offer = _requests.post(f"{sim.url}/api/v0/bundles/", json={"limit": 1}, headers=headers).json()["offers"][0]
         body = {"image": "img", "runtype": "ssh", "onstart": "echo started"}
