@@ -44,6 +44,20 @@ def rented_offers(sim) -> list[int]:
     return [i["offer_id"] for i in sim.state()["instances"]]
 
 
+def offers_rented_twice_at_once(sim) -> list[int]:
+    """Offers that had two instances alive at the same moment (an offer is back on the market once its
+    instance is destroyed, so renting it again later is fine)."""
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for i in sim.state()["instances"]:
+        spans.setdefault(i["offer_id"], []).append((i["created_at"], i["destroyed_at"] or float("inf")))
+    twice = []
+    for offer_id, lives in spans.items():
+        lives.sort()
+        if any(later[0] < earlier[1] for earlier, later in zip(lives, lives[1:], strict=False)):
+            twice.append(offer_id)
+    return twice
+
+
 @pytest.fixture
 def example_dag(airflow_db, sim):
     """Load an example DAG file fresh (after the simulator's connection and poll interval are set)."""
