@@ -768,7 +768,7 @@ class InstanceListing:
         label: str | None = None,
         ids: Iterable[int] | None = None,
         v1: bool = True,
-        page_limit: int = LIST_PAGE_LIMIT,
+        page_limit: int | None = None,
         max_pages: int | None = None,
     ) -> None:
         if label is not None:
@@ -778,6 +778,7 @@ class InstanceListing:
             wanted = sorted(set(ids))
             for instance_id in wanted:
                 require_positive_int("ids", instance_id)
+        page_limit = LIST_PAGE_LIMIT if page_limit is None else page_limit
         self.label = label
         self.ids = frozenset(wanted) if wanted is not None else None
         self.v1 = v1

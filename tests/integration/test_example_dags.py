@@ -51,6 +51,32 @@ def test_hourly_reaper_destroys_expired_leases_only(example_dag, sim):
         hook.destroy_instance(instance_id)
 
 
+def test_hourly_reaper_finds_an_expired_lease_beyond_the_first_page_of_the_live_list(example_dag, sim, monkeypatch):
+    from airflow_gpumarket import api
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    monkeypatch.setattr(api, "LIST_PAGE_LIMIT", 2)  # five instances make three pages of the v1 list
+    monkeypatch.setattr(api, "LIST_RATE_PER_SECOND", 1000.0)  # the simulator's clock runs 600x: so may the pages
+    hook = GpuMarketHook()
+    offers = hook.search_offers({"rentable": {"eq": True}}, order=[["dph_total", "asc"]], limit=5)
+    labels = [f"made-by-hand-{n}" for n in range(4)]
+    labels.append(lifecycle.make_label(lifecycle.rental_key("d", "r", "late", -1), 1_000_000_000))
+    made = [
+        hook.create_instance(o["id"], image="img", label=lb)["new_contract"]
+        for o, lb in zip(offers, labels, strict=True)
+    ]
+    assert max(made) == made[-1]  # the expired one is on the last page
+
+    run = example_dag("example_gpumarket_reaper").test()
+    assert run.state == "success", task_states(run)
+    still_alive = {i["id"] for i in alive(sim)}
+    assert made[-1] not in still_alive and set(made[:-1]) <= still_alive
+    pages = [r for r in sim.state()["requests"] if r["path"] == api.PATH_INSTANCES_V1]
+    assert len(pages) >= 3
+    for instance_id in still_alive:
+        hook.destroy_instance(instance_id)
+
+
 def test_serverless_rollout_creates_the_endpoint_and_retires_the_previous_deployment(example_dag, sim):
     run = example_dag("example_gpumarket_serverless").test()
     assert run.state == "success", task_states(run)

@@ -136,6 +136,52 @@ def test_5xx_and_429_storms_during_create_polling_and_destroy(sim):
     assert alive(sim) == []
 
 
+#: The live service's rate limiting: plain-text 429s without Retry-After, from buckets without burst.
+PLAIN_TEXT_429S = [
+    {
+        "kind": "rate_limit",
+        "endpoint": ["get_instance", "list_instances_v1", "destroy_instance", "create_instance"],
+        "capacity": 1,
+        "per_second": 8,
+        "body": "text",
+        "retry_after": False,
+    }
+]
+
+
+def test_live_plain_text_429s_a_job_still_succeeds_with_nothing_alive(sim):
+    sim.set_faults(PLAIN_TEXT_429S)
+    result = job(command="echo paced").execute(context())
+    assert result["job_status"] == "succeeded"
+    assert any(r["status"] == 429 for r in sim.state()["requests"])  # the limits did bite
+    assert_no_double_rental(sim)
+    assert alive(sim) == []
+
+
+def test_live_plain_text_429s_a_failing_job_still_fails_and_is_destroyed(sim):
+    sim.set_faults(PLAIN_TEXT_429S)
+    with pytest.raises(AirflowException, match="exit"):
+        job(command="exit 3").execute(context())
+    assert alive(sim) == []
+
+
+def test_live_plain_text_429s_deferrable_jobs_succeed_and_fail_with_nothing_alive(example_dag, sim):
+    sim.set_faults(PLAIN_TEXT_429S)
+    assert example_dag("gpm_deferred_job_ok").test().state == "success"
+    assert example_dag("gpm_deferred_job_fails").test().state == "failed"
+    assert any(r["status"] == 429 for r in sim.state()["requests"])
+    assert alive(sim) == []
+
+
+def test_live_wrong_key_is_an_auth_error_and_rents_nothing(sim, monkeypatch):
+    from airflow_gpumarket.exceptions import GpuMarketAuthError
+
+    monkeypatch.setenv("AIRFLOW_CONN_GPUMARKET_DEFAULT", sim.conn_uri.replace(sim.api_key, "revoked-key"))
+    with pytest.raises(GpuMarketAuthError):
+        job().execute(context())
+    assert sim.state()["instances"] == []
+
+
 def test_destroy_that_keeps_failing_fails_loudly_with_the_instance_id(sim):
     sim.set_faults([{"endpoint": "destroy_instance", "kind": "status", "status": 500, "probability": 1.0}])
     with pytest.raises(AirflowException, match=r"DESTROY FAILED for instance \d+"):
