@@ -32,17 +32,25 @@ import requests
 
 SPEED = 60.0  # a 60-300 s boot takes 1-5 real seconds
 POLL = 1.0  # seconds between polls (the spec recommends 10; scaled with the clock)
+LIVE_POLL = 10.0  # the spec's recommended interval, at the real rate
 RATE = 20.0  # the simulator's per-key budget for instance reads, requests per second
 CAPACITY = 20
 SIZES = (1, 100, 1000)
+#: Live cases: the simulator's published per-endpoint buckets (0.5 list calls/s, ...) at the real rate, so the
+#: clock runs at 1x and boots take their real 1-5 minutes.
+LIVE_SPEED = 1.0
+LIVE_CASES = ((10, "live-shared"), (1000, "live-shared"))
 
 
-def start_simulator(n: int) -> tuple[subprocess.Popen, str, str]:
+def start_simulator(n: int, live_limits: bool = False) -> tuple[subprocess.Popen, str, str]:
     world = {"offers": [{"id": i + 1, "gpu_name": "RTX 4090", "dph_total": 0.5} for i in range(n)]}
     path = Path(tempfile.mkdtemp(prefix="gpm-bench-")) / "world.json"
     path.write_text(json.dumps(world))
-    cmd = [sys.executable, "-m", "airflow_gpumarket.simulator.cli", "--port", "0", "--speed", str(SPEED), "--world"]
-    process = subprocess.Popen([*cmd, str(path)], stdout=subprocess.PIPE, text=True)
+    speed = LIVE_SPEED if live_limits else SPEED
+    # Set-up creates the instances without limits; a live case turns the published buckets on afterwards.
+    cmd = [sys.executable, "-m", "airflow_gpumarket.simulator.cli", "--port", "0", "--speed", str(speed)]
+    cmd += ["--no-rate-limits", "--world", str(path)]
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = process.stdout.readline() if process.stdout else ""
     url = next(word for word in line.split() if word.startswith("http://"))
     key = line.split("gpumarket://:", 1)[1].split("@", 1)[0]
@@ -57,7 +65,9 @@ def rss_kb(field: str) -> int:
 
 
 def run_case(n: int, mode: str) -> dict:
-    process, url, key = start_simulator(n)
+    live = mode.startswith("live-")
+    speed = LIVE_SPEED if live else SPEED
+    process, url, key = start_simulator(n, live_limits=live)
     try:
         os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = json.dumps(
             {"conn_type": "gpumarket", "host": url, "password": key, "extra": {"max_retries": 8}}
@@ -68,8 +78,17 @@ def run_case(n: int, mode: str) -> dict:
             session.put(f"{url}/api/v0/asks/{i + 1}/", json={"image": "bench", "label": f"b{i}"}).json()["new_contract"]
             for i in range(n)
         ]
-        rule = {"endpoint": "*", "kind": "rate_limit", "capacity": CAPACITY, "per_second": RATE, "retry_after": True}
-        session.put(f"{url}/_sim/faults", json={"rules": [rule]}).raise_for_status()
+        if live:
+            session.put(f"{url}/_sim/rate-limits", json={"enabled": True}).raise_for_status()
+        else:
+            rule = {
+                "endpoint": "*",
+                "kind": "rate_limit",
+                "capacity": CAPACITY,
+                "per_second": RATE,
+                "retry_after": True,
+            }
+            session.put(f"{url}/_sim/faults", json={"rules": [rule]}).raise_for_status()
         sim_t0, real_t0 = session.get(f"{url}/_sim/state").json()["now"], time.time()
         log_start = len(session.get(f"{url}/_sim/state").json()["requests"])
 
@@ -79,7 +98,7 @@ def run_case(n: int, mode: str) -> dict:
 
         async def watch(instance_id: int) -> None:
             trigger = GpuMarketInstanceStatusTrigger(
-                instance_id=instance_id, poll_interval=POLL, shared_poller=(mode == "shared")
+                instance_id=instance_id, poll_interval=LIVE_POLL if live else POLL, shared_poller=(mode != "naive")
             )
             async with aclosing(trigger.run()) as events:
                 async for _event in events:
@@ -91,19 +110,21 @@ def run_case(n: int, mode: str) -> dict:
         started = time.time()
 
         async def all_triggers() -> None:
-            await asyncio.wait_for(asyncio.gather(*(watch(i) for i in ids)), timeout=300)
+            await asyncio.wait_for(asyncio.gather(*(watch(i) for i in ids)), timeout=900)
 
         asyncio.run(all_triggers())
         elapsed = time.time() - started
         cpu_after = resource.getrusage(resource.RUSAGE_SELF)
         state = session.get(f"{url}/_sim/state").json()
-        reads = [r for r in state["requests"][log_start:] if r["path"].startswith("/api/v0/instances")]
+        reads = [r for r in state["requests"][log_start:] if r["path"].startswith(("/api/v0/instances", "/api/v1/"))]
+        interval = LIVE_POLL if live else POLL
         running_at = {i["id"]: i["first_running_at"] for i in state["instances"]}
-        delays = sorted(seen[i] - (real_t0 + (running_at[i] - sim_t0) / SPEED) for i in ids)
+        delays = sorted(seen[i] - (real_t0 + (running_at[i] - sim_t0) / speed) for i in ids)
         return {
             "n": n,
             "mode": mode,
-            "requests_per_interval": len(reads) / max(1, math.ceil(elapsed / POLL)),
+            "requests_per_interval": len(reads) / max(1, math.ceil(elapsed / interval)),
+            "requests": len(reads),
             "429s": sum(1 for r in reads if r["status"] == 429),
             "p50": statistics.median(delays),
             "p99": delays[min(len(delays) - 1, int(len(delays) * 0.99))],
@@ -119,9 +140,24 @@ def run_case(n: int, mode: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", nargs=2, metavar=("N", "MODE"))
+    parser.add_argument("--live", action="store_true", help="only the cases under the live profile's buckets")
     args = parser.parse_args()
     if args.case:
         print(json.dumps(run_case(int(args.case[0]), args.case[1])))
+        return 0
+    if args.live:
+        print(f"# P1 live: the published buckets (list 0.5/s, no burst), poll {LIVE_POLL:g} s, clock 1x")
+        for n, mode in LIVE_CASES:
+            out = subprocess.run([sys.executable, __file__, "--case", str(n), mode], capture_output=True, text=True)
+            if out.returncode:
+                print(f"P1 live N={n}: FAILED ({out.stderr.strip().splitlines()[-1:]})")
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(
+                f"P1 live N={n} shared poller: {r['requests_per_interval']:.1f} list calls/interval "
+                f"({r['requests']} in {r['elapsed_s']:.0f} s), {r['429s']} 429s, detection p50 {r['p50']:.1f} s "
+                f"p99 {r['p99']:.1f} s, RSS +{r['rss_growth_mb']:.1f} MB"
+            )
         return 0
     print(f"# P1: poll interval {POLL:g} s, rate limit {RATE:g} reads/s per key, clock {SPEED:g}x, one process each")
     for n in SIZES:

@@ -62,6 +62,8 @@ class AdminRoutes:
             ("/_sim/machines/{machine_id}/online", ["POST"], w(self.machine_online)),
             ("/_sim/pending-price-increases", ["POST"], w(self.add_pending)),
             ("/_sim/list-limit", ["PUT"], w(self.list_limit)),
+            ("/_sim/rate-limits", ["GET"], w(self.get_rate_limits)),
+            ("/_sim/rate-limits", ["PUT"], w(self.set_rate_limits)),
         ]
 
     def _endpoint(self, handler: Handler) -> Endpoint:
@@ -154,3 +156,14 @@ class AdminRoutes:
         limit: Any = (await _body(request)).get("limit")
         self.market.set_list_limit(limit)
         return {"limit": self.market.world.list_limit}
+
+    async def get_rate_limits(self, request: Request) -> Any:
+        return {"enabled": self.market.rate_limits.enabled, "profile": self.market.profile}
+
+    async def set_rate_limits(self, request: Request) -> Any:
+        enabled = (await _body(request)).get("enabled")
+        if not isinstance(enabled, bool):
+            raise ValueError('send {"enabled": true} or {"enabled": false}')
+        self.market.rate_limits.enabled = enabled
+        self.market.rate_limits.clear()
+        return {"enabled": enabled, "profile": self.market.profile}

@@ -295,3 +295,12 @@ def test_rate_limit_fault_can_answer_plain_text_without_retry_after(live, live_s
     response = live.get(V1)
     assert response.status_code == 429 and response.text == "API requests too frequent"
     assert "Retry-After" not in response.headers
+
+
+def test_admin_turns_rate_limits_off_and_on(limited):
+    sim, api = limited
+    assert api.session.put(f"{sim.url}/_sim/rate-limits", json={"enabled": False}).json()["enabled"] is False
+    assert [api.get(V1).status_code for _ in range(3)] == [200, 200, 200]
+    api.session.put(f"{sim.url}/_sim/rate-limits", json={"enabled": True})
+    assert [api.get(V1).status_code for _ in range(2)] == [200, 429]
+    assert api.session.put(f"{sim.url}/_sim/rate-limits", json={"enabled": "yes"}).status_code == 400
