@@ -160,9 +160,14 @@ class _GpuMarketHookBase(BaseHook):
         #: Whether this server has the live service's paged v1 instance list; learnt from the first listing.
         self._list_v1 = True
 
-    def _use_v0_listing(self, exc: GpuMarketError) -> None:
+    def _fall_back_from_v1(self, listing: api.InstanceListing, exc: GpuMarketError) -> bool:
+        """True, with ``listing`` restarted on the v0 list, when ``exc`` says this server has no v1 list."""
+        if not (listing.v1 and api.falls_back_to_v0(exc)):
+            return False
         self._list_v1 = False
         self.log.info("This server has no %s (%s); listing through %s", api.PATH_INSTANCES_V1, exc, api.PATH_INSTANCES)
+        listing.use_v0()
+        return True
 
     def _settings_from(self, conn: Any) -> ConnectionSettings:
         settings = settings_from_connection(
@@ -456,9 +461,7 @@ class GpuMarketHook(_GpuMarketHookBase):
             try:
                 body = self._call("list_instances", "GET", path, params=params)
             except GpuMarketError as exc:
-                if listing.v1 and api.falls_back_to_v0(exc):
-                    self._use_v0_listing(exc)
-                    listing.use_v0()
+                if self._fall_back_from_v1(listing, exc):
                     continue
                 raise
             listing.take(body)
@@ -600,10 +603,8 @@ class GpuMarketHook(_GpuMarketHookBase):
                     result = self._send("test_connection", "GET", path, params=params)
                     break
                 except GpuMarketError as exc:
-                    if not (listing.v1 and api.falls_back_to_v0(exc)):
+                    if not self._fall_back_from_v1(listing, exc):
                         raise
-                    self._use_v0_listing(exc)
-                    listing.use_v0()
         except GpuMarketError as exc:  # messages are built without the key (see api.raise_for_response)
             return False, str(exc)
         count = api.listing_total(result)
@@ -749,9 +750,7 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
             try:
                 body = await self._call("list_instances", "GET", path, params=params)
             except GpuMarketError as exc:
-                if listing.v1 and api.falls_back_to_v0(exc):
-                    self._use_v0_listing(exc)
-                    listing.use_v0()
+                if self._fall_back_from_v1(listing, exc):
                     continue
                 raise
             listing.take(body)

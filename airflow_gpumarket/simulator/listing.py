@@ -19,11 +19,11 @@ import binascii
 import collections
 import functools
 import json
-import operator
 from collections.abc import Mapping
 from typing import Any
 
 from airflow_gpumarket.simulator.errors import bad_request
+from airflow_gpumarket.simulator.rules import offer_matches
 
 MAX_LIMIT = 25
 #: What the live service reads a limit of zero or less as.
@@ -40,7 +40,6 @@ FILTERABLE_COLUMNS = (
     "dph_total",
     "start_date",
 )
-_COMPARE = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}
 
 
 def _json_param(query: Mapping[str, str], name: str, default: Any) -> Any:
@@ -97,24 +96,10 @@ def _filters(query: Mapping[str, str]) -> list[tuple[str, str, Any]]:
 
 
 def _matches(row: Mapping[str, Any], filters: list[tuple[str, str, Any]]) -> bool:
-    for col, op, value in filters:
-        have = row.get(col)
-        if op == "eq":
-            ok = have == value
-        elif op == "neq":
-            ok = have != value
-        elif op == "in":
-            ok = have in value
-        elif op == "notin":
-            ok = have not in value
-        else:
-            try:
-                ok = have is not None and _COMPARE[op](have, value)
-            except TypeError:
-                ok = False
-        if not ok:
-            return False
-    return True
+    try:
+        return offer_matches(dict(row), filters)  # the same operators as the offer search
+    except TypeError:  # an order operator between kinds that do not compare (a label gt a number)
+        return False
 
 
 def _sort_key(row: Mapping[str, Any], order: list[tuple[str, bool]]) -> list[Any]:
