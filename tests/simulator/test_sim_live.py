@@ -304,3 +304,17 @@ def test_admin_turns_rate_limits_off_and_on(limited):
     api.session.put(f"{sim.url}/_sim/rate-limits", json={"enabled": True})
     assert [api.get(V1).status_code for _ in range(2)] == [200, 429]
     assert api.session.put(f"{sim.url}/_sim/rate-limits", json={"enabled": "yes"}).status_code == 400
+
+
+def test_a_client_that_leaves_mid_request_is_an_ordinary_event_not_an_internal_error(live, live_server, caplog):
+    import socket
+
+    host, port = live_server.url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(
+            b"PUT /api/v0/asks/1/ HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + live_server.api_key.encode() + b'\r\nContent-Length: 100\r\n\r\n{"ima'
+        )  # promises 100 bytes, sends 5, and hangs up
+    live.get("/api/v0/users/current")  # the server went on serving
+    assert live_server.state()["internal_errors"] == 0
+    assert "unexpected error" not in caplog.text
