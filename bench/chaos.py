@@ -179,9 +179,7 @@ def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
     finally:
         if timer is not None:
             timer.cancel()
-    alive_at_finish = [
-        inst for inst in sim.alive() if (lc.parse_label(inst.get("label")) or ("",))[0] == key
-    ]
+    alive_at_finish = [inst for inst in sim.alive() if (lc.parse_label(inst.get("label")) or ("",))[0] == key]
     return {"outcome": outcome, "key": key, "alive_at_finish": alive_at_finish, "command": command}
 
 

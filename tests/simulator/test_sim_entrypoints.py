@@ -127,7 +127,9 @@ def test_airflow_reads_the_connection_env():
 def test_two_simulators_run_side_by_side():
     with MarketSimulator(api_key="a") as one, MarketSimulator(api_key="b") as two:
         assert one.port != two.port
-        assert requests.get(f"{two.url}/api/v1/instances/", headers={"Authorization": "Bearer a"}).status_code == 404  # live: auth_error
+        assert (
+            requests.get(f"{two.url}/api/v1/instances/", headers={"Authorization": "Bearer a"}).status_code == 404
+        )  # live: auth_error
 
 
 def test_world_dict_and_state_dump_round_trip(tmp_path):
