@@ -326,3 +326,31 @@ def test_deferred_task_whose_trigger_times_out_or_crashes_destroys_the_instance(
     with pytest.raises(expected):
         resumed.resume_execution(TRIGGER_FAIL_REPR, {"error": reason}, ctx)
     assert alive(sim) == []
+
+
+def test_live_destroy_storm_destroys_everything_paced_without_giving_up(sim, monkeypatch):
+    """Many mapped tasks failing at once share one DELETE budget (1 per 3 s, no burst, penalties on refusal).
+
+    The clock runs 30x and the hook's waits are scaled down 30x with it (1-16 s become 0.033-0.53 s), so this is
+    the live situation, compressed."""
+    import concurrent.futures
+    import json
+
+    speed = 30.0
+    conn = json.loads(sim.connection_env()["AIRFLOW_CONN_GPUMARKET_DEFAULT"])
+    conn["extra"] = {"retry_min_wait": 1 / speed, "retry_max_wait": 60 / speed, "max_retries": 5, "timeout": 5}
+    monkeypatch.setenv("AIRFLOW_CONN_GPUMARKET_DEFAULT", json.dumps(conn))
+    hook = GpuMarketHook()
+    made = [
+        hook.create_instance(o["id"], image="img", label=f"storm-{o['id']}")["new_contract"] for o in cheapest_offers(8)
+    ]
+    sim.set_speed(speed)
+    monkeypatch.setattr("airflow_gpumarket.api.RATE_LIMIT_BACKOFF_CAP_SECONDS", 16 / speed)
+    monkeypatch.setattr("airflow_gpumarket.api.DESTROY_RATE_LIMIT_PATIENCE_SECONDS", 900 / speed)
+
+    with concurrent.futures.ThreadPoolExecutor(len(made)) as pool:
+        results = list(pool.map(lambda i: GpuMarketHook().destroy_instance(i), made))
+
+    assert all(r.get("success") for r in results)
+    assert alive(sim) == []
+    assert sum(1 for r in sim.state()["requests"] if r["status"] == 429) > 0  # the budget did bite
