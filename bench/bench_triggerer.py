@@ -92,7 +92,10 @@ def run_case(n: int, mode: str) -> dict:
         sim_t0, real_t0 = session.get(f"{url}/_sim/state").json()["now"], time.time()
         log_start = len(session.get(f"{url}/_sim/state").json()["requests"])
 
+        from airflow_gpumarket import api
         from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
+
+        api.LIST_RATE_PER_SECOND *= speed  # the client's list budget runs with the simulator's clock
 
         seen: dict[int, float] = {}
 

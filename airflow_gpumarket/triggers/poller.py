@@ -95,7 +95,9 @@ class SharedInstancePoller:
             while self._watchers:
                 started = time.monotonic()
                 await self._round()
-                interval = min(self._intervals.values(), default=api.POLL_INTERVAL_SECONDS) * self._slowdown
+                interval = min(self._intervals.values(), default=api.POLL_INTERVAL_SECONDS)
+                # Never faster than the list's budget, however short the triggers' intervals are.
+                interval = max(interval, 1.0 / api.LIST_RATE_PER_SECOND) * self._slowdown
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
                 await self._until_consumed()
         finally:

@@ -32,6 +32,8 @@ def sim(job_sim_server, monkeypatch) -> Iterator:
         conn["extra"] = {"retry_min_wait": 0.01, "retry_max_wait": 0.05, "max_retries": 6, "timeout": 2}
         monkeypatch.setenv(name, json.dumps(conn))
     monkeypatch.setenv("GPUMARKET_POLL_INTERVAL", str(POLL))
+    # The simulator's clock (and so its rate buckets) runs 600x: the client's list budget scales with it.
+    monkeypatch.setattr("airflow_gpumarket.api.LIST_RATE_PER_SECOND", 0.5 * 600)
     yield job_sim_server
     job_sim_server.clear_faults()
 

@@ -56,7 +56,6 @@ def test_hourly_reaper_finds_an_expired_lease_beyond_the_first_page_of_the_live_
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
     monkeypatch.setattr(api, "LIST_PAGE_LIMIT", 2)  # five instances make three pages of the v1 list
-    monkeypatch.setattr(api, "LIST_RATE_PER_SECOND", 1000.0)  # the simulator's clock runs 600x: so may the pages
     hook = GpuMarketHook()
     offers = hook.search_offers({"rentable": {"eq": True}}, order=[["dph_total", "asc"]], limit=5)
     labels = [f"made-by-hand-{n}" for n in range(4)]

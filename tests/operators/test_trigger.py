@@ -221,3 +221,22 @@ def test_shared_poller_confirms_a_missing_instance_before_reporting_it_gone(monk
     hook.list_instances = list_without_it  # type: ignore[method-assign]
     trigger = GpuMarketInstanceStatusTrigger(instance_id=7, poll_interval=0, gpumarket_conn_id="q")
     assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.REACHED
+
+
+def test_shared_poller_rounds_never_go_faster_than_the_live_list_budget(monkeypatch):
+    from airflow_gpumarket import api
+    from airflow_gpumarket.triggers import poller
+
+    monkeypatch.setattr(api, "LIST_RATE_PER_SECOND", 0.5)
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recorded_sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(poller.asyncio, "sleep", recorded_sleep)
+    hook = FakeAsyncHook([None, "loading", "running"])
+    trigger = GpuMarketInstanceStatusTrigger(instance_id=7, poll_interval=0, gpumarket_conn_id="budget")
+    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.REACHED
+    assert waits and min(waits) > 1.9  # 2 s between list calls, although the trigger asked for 0 s
