@@ -111,9 +111,9 @@ def count_client_faults(counter: Counter) -> None:
     send = GpuMarketHook._send
     lock = threading.Lock()
 
-    def counted(self, operation, method, path, body=None):
+    def counted(self, operation, method, path, body=None, params=None):
         try:
-            return send(self, operation, method, path, body)
+            return send(self, operation, method, path, body, params)
         except GpuMarketTransportError as exc:
             kind = "timeout" if "Timeout" in str(exc) else "dropped connection"
             with lock:

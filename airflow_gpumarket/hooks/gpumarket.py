@@ -42,6 +42,8 @@ _PATIENT_MAX_TRIES = 200
 #: balancers in front of them (5 s for uvicorn's default, 60 s and more for common balancers): a connection the
 #: server closed while the client reused it shows up as ``RemoteProtocolError`` in trigger logs.
 CLIENT_KEEPALIVE_SECONDS = 4.0
+#: List calls are spaced this many times the live budget's interval (10 % wider than 1 / 0.5 requests/s).
+LIST_PACING_MARGIN = 1.1
 #: The connect timeout, at most: a server that does not accept a connection within this is down.
 CONNECT_TIMEOUT_SECONDS = 10.0
 
@@ -159,6 +161,18 @@ class _GpuMarketHookBase(BaseHook):
         self.gpumarket_conn_id = gpumarket_conn_id
         #: Whether this server has the live service's paged v1 instance list; learnt from the first listing.
         self._list_v1 = True
+        #: Monotonic time before which this hook sends no further list request (see ``_list_pace``).
+        self._list_next_at = 0.0
+
+    def _list_pace(self) -> float:
+        """Seconds to wait before the next list request, and book its slot. The live list allows 0.5 requests/s
+        without burst and charges a penalty for each refusal, so every list call of one hook (pages of a walk,
+        and the shared poller's successive rounds) is spaced a little wider than the budget: sent exactly at
+        the rate, clock jitter alone would draw 429s."""
+        now = time.monotonic()
+        wait = max(0.0, self._list_next_at - now)
+        self._list_next_at = now + wait + LIST_PACING_MARGIN / api.LIST_RATE_PER_SECOND
+        return wait
 
     def _fall_back_from_v1(self, listing: api.InstanceListing, exc: GpuMarketError) -> bool:
         """True, with ``listing`` restarted on the v0 list, when ``exc`` says this server has no v1 list."""
@@ -451,13 +465,11 @@ class GpuMarketHook(_GpuMarketHookBase):
         ``GET /api/v0/instances/`` and remembers that for the hook's life.
         """
         listing = api.InstanceListing(label=label, ids=ids, v1=self._list_v1)
-        next_at = 0.0
         while (request := listing.request()) is not None:
             path, params = request
-            wait = next_at - time.monotonic()
+            wait = self._list_pace()
             if wait > 0:
                 time.sleep(wait)
-            next_at = time.monotonic() + 1.0 / api.LIST_RATE_PER_SECOND
             try:
                 body = self._call("list_instances", "GET", path, params=params)
             except GpuMarketError as exc:
@@ -740,13 +752,11 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
     ) -> list[types.Instance]:
         """The async twin of :meth:`GpuMarketHook.list_instances`."""
         listing = api.InstanceListing(label=label, ids=ids, v1=self._list_v1)
-        next_at = 0.0
         while (request := listing.request()) is not None:
             path, params = request
-            wait = next_at - time.monotonic()
+            wait = self._list_pace()
             if wait > 0:
                 await asyncio.sleep(wait)
-            next_at = time.monotonic() + 1.0 / api.LIST_RATE_PER_SECOND
             try:
                 body = await self._call("list_instances", "GET", path, params=params)
             except GpuMarketError as exc:

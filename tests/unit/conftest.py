@@ -63,18 +63,35 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     ``tenacity.nap.time`` is the ``time`` module itself, so only the main thread's sleeps are recorded; other
     threads (a simulator server left running by an earlier test) keep real time instead of spinning.
     """
+    import time
+
     import tenacity
 
     recorded: list[float] = []
     real_sleep = tenacity.nap.time.sleep
+    slept = [0.0]
 
     def fake_sleep(seconds: float) -> None:
         if threading.current_thread() is not threading.main_thread():
             real_sleep(seconds)
             return
         recorded.append(seconds)
+        slept[0] += seconds
+
+    class HookClock:
+        """The ``time`` module as the hook sees it: a recorded sleep moves its monotonic clock forward."""
+
+        def __getattr__(self, name: str):
+            return getattr(time, name)
+
+        @staticmethod
+        def monotonic() -> float:
+            return time.monotonic() + slept[0]
+
+        sleep = staticmethod(fake_sleep)
 
     monkeypatch.setattr(tenacity.nap.time, "sleep", fake_sleep)
+    monkeypatch.setattr("airflow_gpumarket.hooks.gpumarket.time", HookClock())
     return recorded
 
 
