@@ -17,6 +17,7 @@ _WHERE = {
     "PokeReturnValue": ("airflow.sdk", "airflow.sensors.base"),
     "AirflowException": ("airflow.sdk.exceptions", "airflow.exceptions"),
     "AirflowFailException": ("airflow.sdk.exceptions", "airflow.exceptions"),
+    "AirflowTaskTimeout": ("airflow.sdk.exceptions", "airflow.exceptions"),
     "TaskDeferred": ("airflow.sdk.exceptions", "airflow.exceptions"),
     "mask_secret": ("airflow.sdk.log", "airflow.utils.log.secrets_masker"),
     "BaseTrigger": ("airflow.triggers.base", "airflow.triggers.base"),

@@ -6,6 +6,11 @@ read a status the same way. No Airflow and no transport imports.
 Label format (at most 28 characters): ``afgm-<key>-<lease_until>`` where ``key`` is 12 hex characters of
 sha256(dag_id|run_id|task_id|map_index), the same for every try of one task instance, and ``lease_until`` is the
 epoch second after which the reaper may destroy the instance.
+
+Leases kept alive: while a task watches a job (in the worker or in the triggerer), the lease in the label is kept a
+short ``keepalive`` ahead and renewed by changing the label, never past the job's own limit. When the watching side
+is gone for longer than that, the reaper may destroy the instance; an instance found gone after its lease expired
+cannot count as a job that ended well (the reaper, not the job, may have destroyed it).
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ JOB_FAILED = "job_failed"
 BOOT_TIMEOUT = "boot_timeout"
 TIMEOUT = "timeout"
 ERROR = "error"
+LEASE_EXPIRED = "lease_expired"
+
+#: A kept-alive lease is renewed once less than this share of ``keepalive`` is left (every third of it).
+RENEW_WHEN_LEFT = 2 / 3
 
 
 def rental_key(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> str:
@@ -51,6 +60,37 @@ def parse_label(label: Any) -> tuple[str, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
+def renewed_label(label: Any, *, now: float, keepalive: float, lease_cap: float) -> str | None:
+    """The label with its lease moved to ``min(now + keepalive, lease_cap)`` when a renewal is due, else None.
+
+    Due once less than ``RENEW_WHEN_LEFT`` of ``keepalive`` is left; never moved past ``lease_cap`` (the job's own
+    limit) and never moved backwards. None as well for a label this provider did not write.
+    """
+    parsed = parse_label(label)
+    if parsed is None:
+        return None
+    key, lease_until = parsed
+    target = int(min(now + keepalive, lease_cap))
+    if lease_until - now >= keepalive * RENEW_WHEN_LEFT or target <= lease_until:
+        return None
+    return make_label(key, target)
+
+
+def lease_of(label: Any) -> int | None:
+    """The lease_until of a label this provider wrote, else None."""
+    parsed = parse_label(label)
+    return parsed[1] if parsed else None
+
+
+def started_at(instance: Mapping[str, Any], *, fallback: float, now: float) -> float:
+    """When the instance started billing, from the service's ``start_date`` (epoch seconds) when it is a
+    plausible number, else ``fallback``."""
+    value = instance.get("start_date")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= now:
+        return float(value)
+    return fallback
+
+
 def rentals_of(instances: Iterable[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:
     """Instances rented by the task instance with this key (any try), oldest first."""
     found = [i for i in instances if (parsed := parse_label(i.get("label"))) and parsed[0] == key]
@@ -67,13 +107,17 @@ def evaluate(
     target_status: str = api.STATUS_RUNNING,
     boot_deadline: float | None = None,
     deadline: float | None = None,
+    lease_until: float | None = None,
 ) -> dict[str, Any] | None:
     """What one observation means: an event dict when waiting is over, None to keep waiting.
 
     ``status``: the instance's actual_status (ignored when ``gone``, i.e. the instance answered 404).
-    In job mode, the job wrapper destroys the instance after exit 0 (gone = success) and stops it otherwise.
+    In job mode, the job wrapper destroys the instance after exit 0 (gone = success) and stops it otherwise; gone
+    after ``lease_until`` (the label's lease as last written) proves nothing, since the reaper may have destroyed it.
     """
     if wait_for == WAIT_JOB:
+        if gone and lease_until is not None and now > lease_until:
+            return {"status": LEASE_EXPIRED}
         if gone:
             return {"status": JOB_SUCCEEDED}
         if status == api.STATUS_RUNNING:
@@ -111,6 +155,8 @@ def describe_event(event: Mapping[str, Any], instance_id: int) -> str:
         BOOT_TIMEOUT: f"instance {instance_id} did not reach running before boot_timeout (last status {status!r})",
         TIMEOUT: f"instance {instance_id} hit its time limit (last status {status!r})",
         ERROR: f"waiting for instance {instance_id} failed: {event.get('message')}",
+        LEASE_EXPIRED: f"instance {instance_id} is gone, but its lease had expired before (nothing renewed it), so "
+        "the reaper may have destroyed it: the job's outcome is unknown",
     }.get(str(kind), f"instance {instance_id}: unexpected event {dict(event)!r}")
 
 

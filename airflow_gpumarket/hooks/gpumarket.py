@@ -766,6 +766,13 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
             listing.take(body)
         return listing.instances
 
+    async def label_instance(self, instance_id: int, label: str) -> dict[str, Any]:
+        """The async twin of :meth:`GpuMarketHook.label_instance`."""
+        api.require_positive_int("instance_id", instance_id)
+        api.require_text("label", label)
+        path = api.PATH_INSTANCE.format(instance_id=instance_id)
+        return await self._call("label_instance", "PUT", path, {"label": label})
+
     async def destroy_instance(self, instance_id: int) -> dict[str, Any]:
         api.require_positive_int("instance_id", instance_id)
         path = api.PATH_INSTANCE.format(instance_id=instance_id)

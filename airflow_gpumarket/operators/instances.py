@@ -2,8 +2,9 @@
 
 Every operator that rents goes through ``GpuMarketRentingBaseOperator``: one mechanism that picks offers, fails
 over, labels each rental deterministically, and destroys what it made on every failure path (exception in the
-task, SIGTERM and ``execution_timeout`` through ``on_kill``, a user killing the deferred task through the
-trigger's ``on_kill``, a retry after the worker died through the label).
+task, SIGTERM and ``execution_timeout`` through ``on_kill``, ``execution_timeout`` while deferred through the
+trigger's deadline, a user killing the deferred task through the trigger's ``on_kill``, a worker lost without a
+trace through a failure callback that Airflow runs elsewhere, a retry after the worker died through the label).
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, lifecycle
-from airflow_gpumarket._compat import AirflowException, BaseOperator, TaskDeferred
+from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, BaseOperator, TaskDeferred
 from airflow_gpumarket.exceptions import (
     GpuMarketError,
     GpuMarketOfferUnavailableError,
@@ -46,6 +47,9 @@ CREATION_FIELDS = (
     "vm",
     "volume_info",
 )
+#: A job's whole lease runs this long past its boot and run time limits.
+JOB_LEASE_MARGIN_SECONDS = 15 * 60
+
 # Fields whose templated (Jinja) value cannot be checked before rendering; strings like image or env values can.
 _TYPED_FIELDS = {"disk", "runtype", "target_state", "price", "env", "volume_info", "use_jupyter_lab", "python_utf8"}
 _TYPED_FIELDS |= {"lang_utf8", "cancel_unavail", "vm", "onstart", "args_str", "image_login"}
@@ -167,6 +171,21 @@ class GpuMarketSearchOffersOperator(_GpuMarketBaseOperator):
         return offers
 
 
+def destroy_rentals_on_failure(context: Any) -> None:
+    """Failure callback that every renting operator adds to its ``on_failure_callback`` list.
+
+    Airflow runs failure callbacks in the worker after a failed try, and in the DAG processor when the scheduler
+    fails a task whose worker stopped heartbeating (the worker was lost and no provider code could run). Either
+    way, this destroys every instance carrying the task instance's label key. For mapped tasks (``partial()`` does
+    not run the operator's ``__init__`` where the DAG processor looks), pass it yourself:
+    ``.partial(..., on_failure_callback=destroy_rentals_on_failure)``.
+    """
+    task = context.get("task") if isinstance(context, Mapping) else None
+    if not isinstance(task, GpuMarketRentingBaseOperator):
+        return
+    task._destroy_rentals_of_this_task(context, "the task failed")
+
+
 class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
     """The one renting mechanism: offer choice, failover, labels, waiting, and destroy on every failure path.
 
@@ -180,7 +199,8 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
         exited/unknown/offline, a boot that times out all move on to the next offer; an offer is never tried twice).
     :param boot_timeout: time allowed from creation to running (default 15 minutes).
     :param poll_interval: seconds between status reads (default 10, as the spec recommends).
-    :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``).
+    :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``). The task's
+        ``execution_timeout`` counts the whole try, deferred waits included.
     :param image, template_hash_id, disk, runtype, target_state, price, env, onstart, args_str, use_jupyter_lab,
         jupyter_dir, python_utf8, lang_utf8, image_login, cancel_unavail, vm, volume_info: the spec's creation
         fields, sent as given (``cancel_unavail`` defaults to True so a taken offer fails fast and the next is
@@ -268,6 +288,13 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
         self._instance_id: int | None = None
         self._creating_label: str | None = None
         self._killed = False
+        self._started_at: float | None = None
+        callbacks: Any = getattr(self, "on_failure_callback", None)
+        if callbacks is None:
+            callbacks = []
+        elif callable(callbacks):
+            callbacks = [callbacks]
+        self.on_failure_callback = [*callbacks, destroy_rentals_on_failure]
         api.require_positive_int("max_offer_attempts", max_offer_attempts)
         if offer_id is None and offer_filters is None:
             raise GpuMarketValidationError(
@@ -346,6 +373,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
 
     # --- the guarded rental ------------------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
+        self._started_at = time.time()
         self._validate()
         with self._destroy_on_failure():
             rental = self._adopt_earlier_rental(context)
@@ -377,13 +405,29 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             raise
         except BaseException as exc:
             if next_method != "execute_complete":  # execute_complete has its own guard
-                self._destroy_rentals_of_this_task(context, exc)
+                self._destroy_rentals_of_this_task(context, f"Waiting failed ({exc})")
             raise
 
-    def _destroy_rentals_of_this_task(self, context: Any, exc: BaseException) -> None:
+    def _destroy_rentals_of_this_task(self, context: Any, reason: BaseException | str) -> None:
         for instance in lifecycle.rentals_of(self.hook.list_instances(), self._rental_key(context)):
-            self.log.warning("Waiting failed (%s): destroying instance %s so it stops billing", exc, instance["id"])
+            self.log.warning("%s: destroying instance %s so it stops billing", reason, instance["id"])
             self._destroy(int(instance["id"]))
+
+    def _execution_deadline(self, context: Any) -> float | None:
+        """The epoch second at which ``execution_timeout`` ends, counted from the start of this try.
+
+        Airflow times each run of the task's code on its own (``execute``, then ``execute_complete`` afresh), so a
+        deferred wait carries the remaining time itself: as the trigger's deadline and as ``defer(timeout=...)``.
+        """
+        if not self.execution_timeout:
+            return None
+        ti = context.get("ti") if isinstance(context, Mapping) else None
+        start_date = getattr(ti, "start_date", None)
+        if isinstance(start_date, datetime):
+            started = start_date.timestamp()
+        else:
+            started = self._started_at if self._started_at is not None else time.time()
+        return started + self.execution_timeout.total_seconds()
 
     def _rent(self, context: Any, *, tried: list[int], reasons: list[str]) -> Any:
         """Create on the next untried offer and wait, failing over until max_offer_attempts offers were tried."""
@@ -406,7 +450,9 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
     def _create(self, context: Any, offer: Mapping[str, Any]) -> dict[str, Any] | None:
         key = self._rental_key(context)
         created_at = time.time()
-        label = lifecycle.make_label(key, created_at + self._lease_seconds())
+        keepalive = self._keepalive_seconds()
+        lease = self._lease_seconds() if keepalive is None else min(keepalive, self._lease_seconds())
+        label = lifecycle.make_label(key, created_at + lease)
         body = self._creation_body(label=label, base_url=self.hook.settings.base_url)
         self.log.info(
             "Renting offer %s (%s x %s at $%s/h) with label %s",
@@ -433,6 +479,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             "gpu_name": offer.get("gpu_name"),
             "label": label,
             "created_at": created_at,
+            "lease_cap": created_at + self._lease_seconds(),
         }
         if result.get("ambiguous"):
             rental["ambiguous"] = True
@@ -457,6 +504,12 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             resume = {"rental": rental, "tried": tried, "reasons": reasons}
             from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
+            deadline, timeout = deadlines["deadline"], None
+            if (limit := self._execution_deadline(context)) is not None:
+                left = limit - time.time()
+                if left <= 0:
+                    raise AirflowTaskTimeout(self._timed_out(rental["instance_id"]))
+                deadline, timeout = limit if deadline is None else min(deadline, limit), timedelta(seconds=left)
             self.defer(
                 trigger=GpuMarketInstanceStatusTrigger(
                     instance_id=rental["instance_id"],
@@ -466,11 +519,15 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                     destroy_on_kill=True,
                     dph_total=rental.get("dph_total"),
                     boot_deadline=deadlines["boot_deadline"],
-                    deadline=deadlines["deadline"],
+                    deadline=deadline,
+                    label=rental.get("label"),
+                    keepalive=self._keepalive_seconds(),
+                    lease_cap=rental.get("lease_cap"),
                     resume=resume,
                 ),
                 method_name="execute_complete",
                 kwargs=resume,
+                timeout=timeout,
             )
         return self._finish(context, rental, self._poll(rental, **deadlines), tried, reasons)
 
@@ -491,6 +548,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 else:
                     status = instance.get("actual_status")
                     rental.setdefault("ssh_host", instance.get("ssh_host"))
+                    self._renew_lease(rental)
             except GpuMarketError as exc:
                 if not api.is_retryable(exc):
                     raise
@@ -517,10 +575,28 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 seen_running=seen_running,
                 boot_deadline=boot_deadline,
                 deadline=deadline,
+                lease_until=lifecycle.lease_of(rental.get("label")),
             )
             if event is not None:
                 event["instance_id"] = instance_id
                 return event  # type: ignore[arg-type]
+
+    def _renew_lease(self, rental: dict[str, Any]) -> None:
+        """Keep the label's lease ``keepalive`` ahead while this task watches (see ``lifecycle``)."""
+        keepalive = self._keepalive_seconds()
+        if keepalive is None or rental.get("lease_cap") is None:
+            return
+        label = lifecycle.renewed_label(
+            rental.get("label"), now=time.time(), keepalive=keepalive, lease_cap=rental["lease_cap"]
+        )
+        if label is None:
+            return
+        try:
+            self.hook.label_instance(rental["instance_id"], label)
+        except GpuMarketError as exc:
+            self.log.warning("Could not renew the lease of instance %s (%s); trying again", rental["instance_id"], exc)
+            return
+        rental["label"] = label
 
     def _finish(
         self, context: Any, rental: dict[str, Any], event: dict[str, Any], tried: list[int], reasons: list[str]
@@ -530,12 +606,26 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
         instance_id = rental["instance_id"]
         kind = event.get("status")
         sentence = lifecycle.describe_event(event, instance_id)
+        if kind == lifecycle.TIMEOUT and self._execution_timeout_is_binding(context, rental):
+            self._destroy(instance_id)
+            raise AirflowTaskTimeout(self._timed_out(instance_id))
         if kind in (lifecycle.NEVER_RUNS, lifecycle.BOOT_TIMEOUT):
             self.log.warning("Failover: %s", sentence)
             self._destroy(instance_id)
             reasons.append(sentence)
             return self._rent(context, tried=tried, reasons=reasons)
         return self._complete(context, rental, event, sentence)
+
+    def _execution_timeout_is_binding(self, context: Any, rental: dict[str, Any]) -> bool:
+        limit = self._execution_deadline(context)
+        own = self._deadlines(rental)["deadline"]
+        return limit is not None and (own is None or limit <= own)
+
+    def _timed_out(self, instance_id: int) -> str:
+        return (
+            f"execution_timeout ({self.execution_timeout}) elapsed while waiting for instance {instance_id}; "
+            "the instance is destroyed"
+        )
 
     def _complete(self, context: Any, rental: dict[str, Any], event: dict[str, Any], sentence: str) -> Any:
         if event.get("status") == lifecycle.REACHED:
@@ -622,14 +712,16 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             adopted["id"],
             adopted.get("actual_status"),
         )
-        return {
+        rental: dict[str, Any] = {
             "instance_id": self._instance_id,
             "offer_id": adopted.get("offer_id"),
             "dph_total": adopted.get("dph_total"),
             "gpu_name": adopted.get("gpu_name"),
             "label": adopted.get("label"),
-            "created_at": time.time(),
+            "created_at": lifecycle.started_at(adopted, fallback=time.time(), now=time.time()),
         }
+        rental["lease_cap"] = rental["created_at"] + self._lease_seconds()
+        return rental
 
     def _may_adopt(self, instance: Mapping[str, Any]) -> bool:
         status = instance.get("actual_status")
@@ -646,7 +738,12 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
         return True
 
     def _lease_seconds(self) -> float:
+        """The whole lease: how long after creation the reaper may destroy the instance at the latest."""
         raise NotImplementedError
+
+    def _keepalive_seconds(self) -> float | None:
+        """How far ahead the lease is kept while this task watches, or None for the whole lease at once."""
+        return None
 
     def _deadlines(self, rental: dict[str, Any]) -> dict[str, float | None]:
         return {"boot_deadline": rental["created_at"] + self.boot_timeout, "deadline": None}
@@ -712,21 +809,38 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
 
     :param command: shell commands to run on the instance (templated; required).
     :param max_runtime: time allowed to the job after the boot deadline (default 6 hours).
+    :param keepalive: while the task watches the job (in the worker or the triggerer), the lease in the instance's
+        label is kept this far ahead and renewed every third of it, one label change each time (default 15
+        minutes). When nothing has watched for that long (worker and triggerer both gone),
+        ``GpuMarketReapOrphansOperator`` may destroy the instance; the waiting side then reports the job's outcome
+        as unknown rather than as success. ``None``: one lease for the whole job (boot_timeout + max_runtime +
+        15 minutes), never renewed.
     (Other parameters: see ``GpuMarketRentingBaseOperator``; runtype defaults to ``ssh_proxy``.)
     """
 
     _wait_for = lifecycle.WAIT_JOB
 
-    def __init__(self, *, command: str, max_runtime: timedelta | float = timedelta(hours=6), **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        command: str,
+        max_runtime: timedelta | float = timedelta(hours=6),
+        keepalive: timedelta | float | None = timedelta(minutes=15),
+        **kwargs: Any,
+    ) -> None:
         if "onstart" in kwargs:
             raise GpuMarketValidationError("onstart", "is built from command by GpuMarketRunJobOperator; pass command")
         if command is None:
             raise GpuMarketValidationError("command", "is required: the shell commands the job runs")
         self.max_runtime = _seconds("max_runtime", max_runtime)
+        self.keepalive = None if keepalive is None else _seconds("keepalive", keepalive)
         super().__init__(command=command, **kwargs)
 
     def _lease_seconds(self) -> float:
-        return self.boot_timeout + self.max_runtime + 15 * 60
+        return self.boot_timeout + self.max_runtime + JOB_LEASE_MARGIN_SECONDS
+
+    def _keepalive_seconds(self) -> float | None:
+        return self.keepalive
 
     def _deadlines(self, rental: dict[str, Any]) -> dict[str, float | None]:
         boot_deadline = rental["created_at"] + self.boot_timeout

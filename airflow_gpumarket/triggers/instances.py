@@ -27,6 +27,10 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     :param destroy_on_kill: destroy the instance when a user marks the deferred task failed or clears it
         (Airflow 3.3+ calls ``on_kill``); True for operators that rented the instance, False for sensors.
     :param dph_total: the offer's price, only to log the cost so far.
+    :param label: the instance's label as the operator last wrote it (its lease is read from it).
+    :param keepalive: keep the label's lease this many seconds ahead, renewing it by a label change every third
+        of it, never past ``lease_cap`` (see ``airflow_gpumarket.lifecycle``); None renews nothing.
+    :param lease_cap: epoch seconds past which the lease is never moved.
     :param shared_poller: share one poller per connection with the other triggers of this triggerer process (one
         list call per round for all of them, see ``airflow_gpumarket.triggers.poller``); False reads this
         instance on its own every interval.
@@ -51,6 +55,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         deadline: float | None = None,
         destroy_on_kill: bool = False,
         dph_total: float | None = None,
+        label: str | None = None,
+        keepalive: float | None = None,
+        lease_cap: float | None = None,
         shared_poller: bool = True,
         resume: dict[str, Any] | None = None,
     ) -> None:
@@ -64,6 +71,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.deadline = deadline
         self.destroy_on_kill = destroy_on_kill
         self.dph_total = dph_total
+        self.label = label
+        self.keepalive = keepalive
+        self.lease_cap = lease_cap
         self.shared_poller = shared_poller
         self.resume = resume
 
@@ -80,6 +90,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 "deadline": self.deadline,
                 "destroy_on_kill": self.destroy_on_kill,
                 "dph_total": self.dph_total,
+                "label": self.label,
+                "keepalive": self.keepalive,
+                "lease_cap": self.lease_cap,
                 "shared_poller": self.shared_poller,
                 "resume": self.resume,
             },
@@ -114,9 +127,27 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             return poller_for(self.gpumarket_conn_id, self._hook).watch(self.instance_id, self.poll_interval)
         return self._own_reads()
 
+    async def _renew_lease(self, label: str | None) -> str | None:
+        """Keep the lease ahead (see ``lifecycle.renewed_label``); returns the label now on the instance."""
+        if self.keepalive is None or self.lease_cap is None:
+            return label
+        renewed = lifecycle.renewed_label(label, now=time.time(), keepalive=self.keepalive, lease_cap=self.lease_cap)
+        if renewed is None:
+            return label
+        hook = self._hook()
+        try:
+            await hook.label_instance(self.instance_id, renewed)
+        except GpuMarketError as exc:
+            self.log.warning("Could not renew the lease of instance %s (%s); trying again", self.instance_id, exc)
+            return label
+        finally:
+            await hook.aclose()
+        return renewed
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.time()
         seen_running, last_status, last_shown = False, None, ""
+        label = self.label  # renewals change it; a restarted trigger starts again from the one it was given
         observations = self._observations()
         try:
             async for seen in observations:
@@ -139,6 +170,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                         lifecycle.format_duration(time.time() - started),
                     )
                 last_status, last_shown = status, shown
+                if not seen.gone and seen.error is None:
+                    label = await self._renew_lease(label)
                 event = lifecycle.evaluate(
                     wait_for=self.wait_for,
                     status=status,
@@ -148,6 +181,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                     target_status=self.target_status,
                     boot_deadline=self.boot_deadline,
                     deadline=self.deadline,
+                    lease_until=lifecycle.lease_of(label),
                 )
                 if event is not None:
                     yield self._event(event)

@@ -249,6 +249,28 @@ def test_retry_after_the_worker_died_adopts_the_earlier_instance_instead_of_rent
     assert alive(sim) == []
 
 
+def test_adopted_instance_counts_elapsed_time_and_cost_from_its_own_start():
+    """8 minutes of running before the worker died are part of the job's time and cost, and of its deadlines."""
+    ctx = context(try_number=2)
+    op = job(command="echo adopted", max_runtime=3600)
+    started = time.time() - 480
+    earlier = {
+        "id": 5,
+        "label": lifecycle.make_label(op._rental_key(ctx), time.time() + 3600),
+        "actual_status": "running",
+        "start_date": started,
+        "dph_total": 0.5,
+        "offer_id": 3,
+    }
+    op.__dict__["hook"] = SimpleNamespace(list_instances=lambda **_: [earlier])
+    rental = op._adopt_earlier_rental(ctx)
+    assert rental["created_at"] == started
+    assert op._deadlines(rental)["deadline"] == started + op.boot_timeout + 3600
+    summary = op._summary(rental, "running")
+    assert summary["elapsed_seconds"] == pytest.approx(480, abs=5)
+    assert summary["estimated_cost"] == pytest.approx(0.5 * 480 / 3600, abs=0.001)
+
+
 def test_retry_destroys_an_earlier_instance_that_will_never_run_and_rents_anew(sim):
     ctx = context(try_number=2)
     op = job()
@@ -304,6 +326,65 @@ def test_deferrable_job_failure_fails_the_task_and_destroys(example_dag, sim):
 def test_execution_timeout_destroys_the_instance(example_dag, sim):
     run = example_dag("gpm_job_execution_timeout").test()
     assert run.state == "failed"
+    assert alive(sim) == []
+
+
+def test_execution_timeout_while_deferred_fails_the_task_and_destroys_the_instance(example_dag, sim):
+    """Airflow times each run of the task's code on its own; a deferred wait must carry execution_timeout."""
+    started = time.monotonic()
+    run = example_dag("gpm_deferred_job_execution_timeout").test()
+    assert run.state == "failed", task_states(run)
+    assert time.monotonic() - started < 60  # the job sleeps 120 s: it did not run to its end
+    (instance,) = sim.state()["instances"]
+    assert instance["destroyed"] and sim.onstart_result(instance["id"])["exit_code"] is None
+    assert alive(sim) == []
+
+
+def test_deferring_passes_what_is_left_of_execution_timeout_as_timeout_and_trigger_deadline(sim):
+    from datetime import UTC, datetime, timedelta
+
+    from airflow_gpumarket._compat import TaskDeferred
+
+    op = job(command="sleep 60", deferrable=True, execution_timeout=timedelta(seconds=60))
+    ctx = context()
+    start = datetime.now(UTC) - timedelta(seconds=10)
+    ctx["ti"].start_date = start  # this try started 10 s ago
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    assert deferred.value.timeout.total_seconds() == pytest.approx(50, abs=5)
+    # The trigger's own deadline is the earlier of max_runtime's and execution_timeout's.
+    assert deferred.value.trigger.deadline == pytest.approx(start.timestamp() + 60, abs=1)
+    op._destroy(deferred.value.trigger.instance_id)
+    assert alive(sim) == []
+
+
+def test_failure_callback_destroys_what_the_task_rented_when_airflow_fails_it_elsewhere(sim):
+    """A lost worker: the scheduler fails the task after its heartbeat timeout and the DAG processor runs the
+    task's failure callbacks on a freshly parsed operator; no provider code ran in the dead worker."""
+    from airflow_gpumarket.operators.instances import destroy_rentals_on_failure
+
+    seen = []
+    ctx = context()
+    dead = job(command="sleep 60")
+    label = lifecycle.make_label(dead._rental_key(ctx), time.time() + 3600)
+    made = dead.hook.create_instance(cheapest_offers(1)[0]["id"], image="img", label=label)["new_contract"]
+    other = dead.hook.create_instance(cheapest_offers(2)[1]["id"], image="img", label="someone-else")["new_contract"]
+
+    parsed = job(command="sleep 60", on_failure_callback=seen.append)
+    assert parsed.on_failure_callback == [seen.append, destroy_rentals_on_failure]  # the user's first, kept
+    for callback in parsed.on_failure_callback:
+        callback({**ctx, "task": parsed})
+    assert seen and [i["id"] for i in alive(sim)] == [other]
+    parsed.hook.destroy_instance(other)
+    assert made not in [i["id"] for i in alive(sim)]
+
+
+def test_the_worker_keeps_the_jobs_lease_alive_through_the_label(sim):
+    op = job(command="sleep 3", keepalive=3)  # renewed once less than 2 s of the lease is left
+    result = op.execute(context())
+    assert result["job_status"] == "succeeded"
+    renewals = [r for r in sim.requests() if r["method"] == "PUT" and r["status"] == 200 and r["key"] != "instance"]
+    assert renewals, "the lease was never renewed"
     assert alive(sim) == []
 
 

@@ -99,8 +99,41 @@ def test_job_deadline_stops_waiting():
     assert _job("running", seen_running=True, deadline=0)["status"] == lc.TIMEOUT
 
 
+def test_job_gone_after_its_lease_expired_is_not_a_success():
+    """The reaper may destroy an instance whose lease expired: gone then proves nothing about the job."""
+    assert _job(None, gone=True, lease_until=-1) == {"status": lc.LEASE_EXPIRED}
+    assert _job(None, gone=True, lease_until=0) == {"status": lc.JOB_SUCCEEDED}  # gone within the lease
+    assert _job("running", seen_running=True, lease_until=-1) is None  # still there: keep watching
+
+
+KEY = "0123456789ab"
+
+
+def test_lease_is_renewed_once_a_third_of_keepalive_has_passed_and_never_past_the_cap():
+    label = lc.make_label(KEY, 1000 + 900)  # written at 1000 with a 15-minute keepalive
+    assert lc.renewed_label(label, now=1000 + 299, keepalive=900, lease_cap=10_000) is None
+    assert lc.renewed_label(label, now=1000 + 301, keepalive=900, lease_cap=10_000) == lc.make_label(KEY, 2201)
+    assert lc.renewed_label(label, now=1000 + 301, keepalive=900, lease_cap=2000) == lc.make_label(KEY, 2000)
+    assert lc.renewed_label(label, now=1000 + 301, keepalive=900, lease_cap=1900) is None  # at the cap already
+
+
+@pytest.mark.parametrize("label", [None, "my-box", "afgm-xyz-1"])
+def test_lease_of_a_label_the_provider_did_not_write_is_never_renewed(label):
+    assert lc.renewed_label(label, now=0, keepalive=900, lease_cap=10_000) is None
+    assert lc.lease_of(label) is None
+
+
+@pytest.mark.parametrize(
+    ("start_date", "expected"),
+    [(1500.0, 1500.0), (1500, 1500.0), (None, 1900.0), ("1500", 1900.0), (2500.0, 1900.0), (0, 1900.0), (True, 1900.0)],
+)
+def test_an_instance_started_at_its_start_date_when_plausible(start_date, expected):
+    assert lc.started_at({"start_date": start_date}, fallback=1900.0, now=2000.0) == expected
+
+
 def test_every_event_has_a_sentence_naming_the_instance():
-    for kind in (lc.REACHED, lc.NEVER_RUNS, lc.GONE, lc.JOB_SUCCEEDED, lc.JOB_FAILED, lc.BOOT_TIMEOUT, lc.TIMEOUT):
+    kinds = (lc.REACHED, lc.NEVER_RUNS, lc.GONE, lc.JOB_SUCCEEDED, lc.JOB_FAILED, lc.BOOT_TIMEOUT, lc.TIMEOUT)
+    for kind in (*kinds, lc.ERROR, lc.LEASE_EXPIRED):
         assert "instance 42" in lc.describe_event({"status": kind, "actual_status": "x"}, 42)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import time
 from contextlib import aclosing
 
 import pytest
@@ -27,6 +28,7 @@ class FakeAsyncHook:
         self.reads = 0
         self.lists = 0
         self.destroyed: list[int] = []
+        self.labels: list[tuple[int, str]] = []
         self.closed = False
         self._confirming: Exception | None = None
 
@@ -58,6 +60,10 @@ class FakeAsyncHook:
         if isinstance(item, Exception):
             raise item
         return [{"id": 7, "actual_status": item}, {"id": 8, "actual_status": "running"}]
+
+    async def label_instance(self, instance_id, label):
+        self.labels.append((instance_id, label))
+        return {"success": True}
 
     async def destroy_instance(self, instance_id):
         self.destroyed.append(instance_id)
@@ -105,6 +111,9 @@ def test_serialize_round_trip_mirrors_init():
         deadline=200.0,
         destroy_on_kill=True,
         dph_total=0.4,
+        label="afgm-0123456789ab-1900000000",
+        keepalive=900.0,
+        lease_cap=1_900_003_600.0,
         shared_poller=False,
         resume={"rental": {"instance_id": 7}},
     )
@@ -135,6 +144,28 @@ def test_job_mode_gone_is_success_and_stopped_is_failure(make_trigger, monkeypat
     assert ok["status"] == lifecycle.JOB_SUCCEEDED
     bad = _run(make_trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", "stopped"]), monkeypatch)
     assert bad == {"status": lifecycle.JOB_FAILED, "actual_status": "stopped", "instance_id": 7}
+
+
+def test_job_watch_keeps_the_lease_alive_through_the_label(make_trigger, monkeypatch):
+    """A lease about to run out is moved keepalive ahead (never past the cap), and gone within it is success."""
+    now = time.time()
+    trigger = make_trigger(
+        wait_for=lifecycle.WAIT_JOB,
+        label=lifecycle.make_label("0123456789ab", now + 100),
+        keepalive=900.0,
+        lease_cap=now + 3600,
+    )
+    hook = FakeAsyncHook(["running", "running", GpuMarketNotFoundError("x")])
+    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.JOB_SUCCEEDED
+    ((instance_id, label),) = hook.labels  # renewed once: the renewed lease is far from due on the next read
+    assert instance_id == 7 and lifecycle.lease_of(label) == pytest.approx(now + 900, abs=5)
+
+
+def test_job_gone_after_the_lease_expired_is_reported_as_unknown_not_success(make_trigger, monkeypatch):
+    trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, label=lifecycle.make_label("0123456789ab", time.time() - 5))
+    event = _run(trigger, FakeAsyncHook(["running", GpuMarketNotFoundError("x")]), monkeypatch)
+    assert event["status"] == lifecycle.LEASE_EXPIRED
+    assert "outcome is unknown" in lifecycle.describe_event(event, 7)
 
 
 def test_transient_errors_after_the_hooks_retries_keep_polling(make_trigger, monkeypatch):

@@ -22,3 +22,9 @@ def _dag(dag_id: str, **job) -> DAG:
 deferred_ok = _dag("gpm_deferred_job_ok", command="echo deferred", deferrable=True)
 deferred_fail = _dag("gpm_deferred_job_fails", command="echo failing; exit 4", deferrable=True)
 timed_out = _dag("gpm_job_execution_timeout", command="sleep 120", execution_timeout=timedelta(seconds=3))
+deferred_timed_out = _dag(
+    "gpm_deferred_job_execution_timeout",
+    command="sleep 120",
+    deferrable=True,
+    execution_timeout=timedelta(seconds=3),
+)
