@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator, destroy_rentals_on_failure
 
 POLL_SECONDS = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
 SHARDS = ["shard-000", "shard-001", "shard-002"]
@@ -31,4 +31,7 @@ with DAG(
         poll_interval=POLL_SECONDS,
         max_runtime=timedelta(hours=1),
         retries=1,
+        # Unmapped operators add this callback themselves; partial() never runs their __init__ where Airflow's DAG
+        # processor looks for it after a lost worker, so mapped tasks name it.
+        on_failure_callback=destroy_rentals_on_failure,
     ).expand(command=[f'echo "embedding {shard}"; python3 -c "print(sum(range(10**6)))"' for shard in SHARDS])

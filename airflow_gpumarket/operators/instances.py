@@ -294,7 +294,8 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             callbacks = []
         elif callable(callbacks):
             callbacks = [callbacks]
-        self.on_failure_callback = [*callbacks, destroy_rentals_on_failure]
+        if destroy_rentals_on_failure not in callbacks:  # a mapped task's partial() may carry it already
+            self.on_failure_callback = [*callbacks, destroy_rentals_on_failure]
         api.require_positive_int("max_offer_attempts", max_offer_attempts)
         if offer_id is None and offer_filters is None:
             raise GpuMarketValidationError(
@@ -917,7 +918,8 @@ class GpuMarketDestroyInstanceOperator(_GpuMarketBaseOperator):
 class GpuMarketReapOrphansOperator(_GpuMarketBaseOperator):
     """Destroy instances this provider rented whose lease (in their label) has expired.
 
-    For an hourly maintenance DAG: the last line of defence when a worker vanished and no teardown ran.
+    For a maintenance DAG run every few minutes (one list walk per run): the last line of defence when a worker
+    vanished and neither a teardown nor the failure callback ran.
     Instances without this provider's label are never touched.
 
     :param report_only: only report what would be destroyed.

@@ -31,7 +31,7 @@ def test_batch_job_mapped_over_inputs(example_dag, sim):
     ]
 
 
-def test_hourly_reaper_destroys_expired_leases_only(example_dag, sim):
+def test_reaper_destroys_expired_leases_only(example_dag, sim):
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
     hook = GpuMarketHook()
@@ -51,7 +51,7 @@ def test_hourly_reaper_destroys_expired_leases_only(example_dag, sim):
         hook.destroy_instance(instance_id)
 
 
-def test_hourly_reaper_finds_an_expired_lease_beyond_the_first_page_of_the_live_list(example_dag, sim, monkeypatch):
+def test_reaper_finds_an_expired_lease_beyond_the_first_page_of_the_live_list(example_dag, sim, monkeypatch):
     from airflow_gpumarket import api
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
