@@ -49,6 +49,8 @@ CREATION_FIELDS = (
 )
 #: A job's whole lease runs this long past its boot and run time limits.
 JOB_LEASE_MARGIN_SECONDS = 15 * 60
+#: A kept-alive lease spans at least this many poll intervals, so a renewal always comes before it runs out.
+KEEPALIVE_POLLS = 3
 
 # Fields whose templated (Jinja) value cannot be checked before rendering; strings like image or env values can.
 _TYPED_FIELDS = {"disk", "runtype", "target_state", "price", "env", "volume_info", "use_jupyter_lab", "python_utf8"}
@@ -836,6 +838,13 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         self.max_runtime = _seconds("max_runtime", max_runtime)
         self.keepalive = None if keepalive is None else _seconds("keepalive", keepalive)
         super().__init__(command=command, **kwargs)
+        if self.keepalive is not None and self.keepalive < KEEPALIVE_POLLS * self.poll_interval:
+            raise GpuMarketValidationError(
+                "keepalive",
+                f"is {self.keepalive:g} s, shorter than {KEEPALIVE_POLLS} poll intervals "
+                f"({KEEPALIVE_POLLS * self.poll_interval:g} s): the lease could run out between two reads; "
+                "make it longer, or None for one lease covering the whole job",
+            )
 
     def _lease_seconds(self) -> float:
         return self.boot_timeout + self.max_runtime + JOB_LEASE_MARGIN_SECONDS

@@ -81,6 +81,8 @@ CASES = [
     (JOB, {**OK, "command": ""}, "command"),
     (JOB, {**OK, "command": "x", "onstart": "y"}, "onstart"),
     (JOB, {**OK, "command": "x", "max_runtime": 0}, "max_runtime"),
+    (JOB, {**OK, "command": "x", "keepalive": 0}, "keepalive"),
+    (JOB, {**OK, "command": "x", "keepalive": 20, "poll_interval": 10}, "keepalive"),
     (JOB, {**OK, "command": "x", "env": {"A": None}}, "env"),
     (JOB, {**OK, "command": "echo " + "y" * 9000 + "".join(str(i) for i in range(3000))}, "command"),
     (GpuMarketSearchOffersOperator, {"offer_filters": {"x": {"eq": 1, "gte": 2}}}, "filters['x']"),
