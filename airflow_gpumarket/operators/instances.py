@@ -57,11 +57,28 @@ _TYPED_FIELDS = {"disk", "runtype", "target_state", "price", "env", "volume_info
 _TYPED_FIELDS |= {"lang_utf8", "cancel_unavail", "vm", "onstart", "args_str", "image_login"}
 
 
+def _resolved_at_run_time(value: Any) -> bool:
+    """An upstream task's output (``XComArg``, ``.output``), a DAG param or a mapped argument, at any depth of a
+    mapping or list: Airflow resolves it when the task runs, so it is checked then."""
+    if callable(getattr(value, "resolve", None)) and hasattr(value, "iter_references"):
+        return True
+    if isinstance(value, Mapping):
+        return any(_resolved_at_run_time(k) or _resolved_at_run_time(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_resolved_at_run_time(v) for v in value)
+    return False
+
+
 def _templated(value: Any) -> bool:
+    """Only known when the task runs: Jinja text or something Airflow resolves (see ``_resolved_at_run_time``)."""
     if isinstance(value, str):
         return "{{" in value or "{%" in value
+    if _resolved_at_run_time(value):
+        return True
     if isinstance(value, Mapping):
         return any(_templated(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_templated(v) for v in value)
     return False
 
 
@@ -99,7 +116,7 @@ def instance_id_from(value: Any) -> int | None:
 def check_instance_id_argument(value: Any) -> None:
     """Refuse a bad instance id when the DAG is parsed; a template or an upstream task's output (XComArg) is
     checked when it is resolved."""
-    if not _templated(value) and not hasattr(value, "operator"):
+    if not _templated(value):
         instance_id_from(value)
 
 
@@ -332,7 +349,10 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 not isinstance(self.command, str) or not self.command.strip()
             ):
                 raise GpuMarketValidationError("command", "must be a non-empty string of shell commands")
-        deferred = parse_time and any(_templated(getattr(self, name)) for name in _TYPED_FIELDS)
+        deferred = parse_time and (
+            any(_templated(getattr(self, name)) for name in _TYPED_FIELDS)
+            or any(_resolved_at_run_time(getattr(self, name)) for name in CREATION_FIELDS)
+        )
         if not deferred:
             self._creation_body(label=lifecycle.make_label("0" * 12, 0), base_url=None)
         if parse_time and _templated(self.offer_id):

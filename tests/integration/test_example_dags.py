@@ -138,3 +138,20 @@ def test_r3_scan_finds_a_key_planted_in_real_task_output(example_dag, sim, capsy
     assert leaks([output], keys | {sim.api_key}, account_key=sim.api_key) == []
     planted = output + f"oops {sorted(keys)[0]}"
     assert leaks([planted], keys | {sim.api_key}, account_key=sim.api_key) == ["instance key or backup code"]
+
+
+def test_arguments_from_upstream_tasks_and_expand_are_accepted_and_used(example_dag, sim):
+    """XComArgs (a task's return value, ``.output``, an item of it) and expanded values pass parse-time checks
+    and reach the request once resolved."""
+    run = example_dag("gpm_xcom_arguments").test()
+    assert run.state == "success", task_states(run)
+    disks = sorted(i["disk_space"] for i in sim.state()["instances"] if i["disk_space"] in (10, 12, 16))
+    assert disks == [10, 12, 16]  # the job's disk from an upstream task, the mapped tasks' from expand()
+    assert len(sim.state()["instances"]) == 4  # and the create/destroy pair, on the offer read from search.output
+    assert alive(sim) == []
+
+
+def test_a_bad_value_from_an_upstream_task_fails_before_anything_is_rented(example_dag, sim):
+    run = example_dag("gpm_xcom_bad_argument").test()
+    assert run.state == "failed"
+    assert sim.state()["instances"] == []
