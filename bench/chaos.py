@@ -31,6 +31,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import requests
+from urllib3.util.retry import Retry
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -82,6 +83,10 @@ class Simulator:
         self.url = next(word for word in line.split() if word.startswith("http://"))
         self.key = line.split("gpumarket://:", 1)[1].split("@", 1)[0]
         self.session = requests.Session()
+        # The harness's own admin calls ride out a dropped keep-alive connection or a refused connect: a glitch of
+        # the measuring side must not end the run (every admin call here may be repeated safely).
+        retry = Retry(total=3, connect=3, read=3, status=0, allowed_methods=None, backoff_factor=0.2)
+        self.session.mount("http://", requests.adapters.HTTPAdapter(max_retries=retry, pool_maxsize=16))
         self.fates = Counter(o["fate"] for o in world["offers"])
 
     def get(self, path: str):
@@ -179,7 +184,15 @@ def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
     finally:
         if timer is not None:
             timer.cancel()
-    alive_at_finish = [inst for inst in sim.alive() if (lc.parse_label(inst.get("label")) or ("",))[0] == key]
+    try:
+        alive_at_finish = [inst for inst in sim.alive() if (lc.parse_label(inst.get("label")) or ("",))[0] == key]
+    except Exception as exc:  # noqa: BLE001 - reported as an unclear ending, with its reason, instead of ending the run
+        return {
+            "outcome": f"UNCLEAR: harness could not read the simulator: {exc!r}"[:200],
+            "key": key,
+            "alive_at_finish": [],
+            "command": command,
+        }
     return {"outcome": outcome, "key": key, "alive_at_finish": alive_at_finish, "command": command}
 
 
@@ -188,8 +201,12 @@ def vanish_offers(sim: Simulator, stop: threading.Event, seed: int, counter: Cou
     rng = random.Random(f"chaos-vanish-{seed}")
     offers = [o["id"] for o in sim.get("/_sim/state")["offers"]]
     while not stop.wait(0.05):
-        if sim.send("POST", f"/_sim/offers/{rng.choice(offers)}/vanish").status_code == 200:
-            counter["offer rented by someone else"] += 1
+        try:
+            if sim.send("POST", f"/_sim/offers/{rng.choice(offers)}/vanish").status_code == 200:
+                counter["offer rented by someone else"] += 1
+        except requests.RequestException as exc:
+            counter["vanish call failed (harness)"] += 1
+            print(f"chaos: the background renter's call failed: {exc!r}", file=sys.stderr)
 
 
 def sigterm_runs(sim: Simulator, runs: int, seed: int) -> tuple[int, int, int]:
@@ -309,4 +326,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception as exc:
+        # One line the Makefile's filter keeps, so a crash of the harness is never a silent failure.
+        print(f"R1 HARNESS ERROR (the run ended early; traceback on stderr): {exc!r}", flush=True)
+        raise
