@@ -6,8 +6,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install lint typecheck test demo bench chaos clean
+.PHONY: install lint typecheck test demo bench chaos system clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,7 +39,16 @@ bench: install
 
 chaos: install
 	@mkdir -p .airflow/chaos-client
-	AIRFLOW_HOME=$(CURDIR)/.airflow/chaos-client $(BIN)/python bench/chaos.py 2>/dev/null | grep -aE '^(R1|    )'
+	@echo "chaos: about 7 minutes; the whole output goes to $(CHAOS_LOG)"
+	@AIRFLOW_HOME=$(CURDIR)/.airflow/chaos-client $(BIN)/python bench/chaos.py > $(CHAOS_LOG) 2>&1 \
+	  || { grep -aE '^(R1|    )' $(CHAOS_LOG); echo "make chaos FAILED; last lines of $(CHAOS_LOG):"; \
+	       tail -n 40 $(CHAOS_LOG); exit 1; }
+	@grep -aE '^(R1|    )' $(CHAOS_LOG)
+
+# A real Airflow deployment (api-server, scheduler, dag-processor, triggerer; LocalExecutor) against the simulator:
+# one SYS line per failure scenario (bench/system.py). Not part of `make test`; about 6-8 minutes.
+system: install
+	$(BIN)/python bench/system.py
 
 clean:
 	rm -rf $(VENV) .airflow .pytest_cache .mypy_cache .ruff_cache

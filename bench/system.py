@@ -1,0 +1,779 @@
+"""`make system`: a system test of a real Airflow 3 deployment against the embedded simulator.
+
+1. A fresh Airflow home under .airflow/system-<time> (ignored by git): SQLite, LocalExecutor, DAGs from
+   bench/system_dags, short heartbeat/trigger timeouts so the failure scenarios are quick.
+2. `gpumarket-sim --execute-onstart` (its own process, clock at SPEED x), then `airflow api-server`, `scheduler`,
+   `dag-processor` and `triggerer`, each in its own process group, logging to files in the Airflow home.
+3. Nine scenarios, one DAG each (bench/system_dags/system_dags.py), run concurrently where they do not interfere
+   (triggerer_restart waits until no other scenario is deferred). Each rents only its own `sys-<scenario>` offers.
+   They are driven through the api-server's REST API v2 (trigger, read the task instance, mark it failed), `ps`
+   (psutil) to find and kill task processes, and the simulator's admin surface `/_sim/...`.
+4. One line per scenario, `SYS <name>: <outcome> billed_after_failure=<s> alive=<n> (goal: ...)`, then
+   `SYS alive_total: N (goal: 0)`. Nothing is destroyed by this script: it counts what is alive, stops the
+   processes it started (also on failure or Ctrl-C), and exits non-zero if any scenario missed its goal.
+
+    python bench/system.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+DAGS_FOLDER = ROOT / "bench" / "system_dags"
+SPEED = 20.0  # simulated seconds per real second: a 60-300 s boot takes 3-15 real seconds
+HEARTBEAT_TIMEOUT = 25  # [scheduler] task_instance_heartbeat_timeout, seconds
+EXECUTION_TIMEOUT = 25  # the execution_timeout of the execution_timeout_* DAGs, seconds
+TRIGGERER_DOWN = 10  # seconds between killing the triggerer and starting a new one
+RUN_BUDGET = 630  # seconds from the script's start until every wait gives up: with the teardown, under 12 minutes
+FINISHED = {"success", "failed", "skipped", "upstream_failed", "removed"}
+T = TypeVar("T")
+
+# The scenarios, in the order they are reported; the DAG file has the same names (system_<name>, sys-<name>).
+GOALS = {
+    "deferred_happy": "deferred while the job runs with no task process, success, 0 alive",
+    "mark_failed_deferred": "destroyed <= 30 s after the PATCH, 0 alive",
+    "mark_failed_running": "destroyed <= 30 s after the PATCH, 0 alive",
+    "kill9_retry": "the retry adopts the only instance, success, 0 alive",
+    "lost_worker": "destroyed <= 120 s after Airflow failed the TI, 0 alive",
+    "triggerer_restart": "success across a triggerer kill -9 and restart, 0 alive",
+    "exit3": "TI failed, instance destroyed by the time the TI ended (<= 1 s), 0 alive",
+    "execution_timeout_deferred": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
+    "execution_timeout_sync": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
+}
+DEFERRED_SCENARIOS = ("deferred_happy", "mark_failed_deferred", "execution_timeout_deferred")
+
+
+class Miss(Exception):
+    """The scenario missed its goal; the message says how."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C, SIGTERM or the run's time budget: scenarios stop waiting."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def short(cmdline: str) -> str:
+    """A command line with its paths cut to their last part: "python airflow dag-processor"."""
+    return " ".join(os.path.basename(word) if word.startswith("/") else word for word in cmdline.split())
+
+
+def epoch(iso: str | None) -> float | None:
+    """An Airflow API datetime ("2026-01-01T10:00:00.123456Z") as epoch seconds."""
+    return datetime.fromisoformat(iso).timestamp() if iso else None
+
+
+# --- processes ---------------------------------------------------------------------------------------------
+
+
+class Processes:
+    """The processes this script started, each in its own process group, and how to stop only those."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.started: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str], log: str) -> subprocess.Popen:
+        with open(self.home / log, "ab") as out:  # the child keeps its own copy of the descriptor
+            process = subprocess.Popen(
+                cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.started[name] = process
+        return process
+
+    def kill_group(self, name: str) -> None:
+        """kill -9 the whole process group of one component (and forget it)."""
+        process = self.started.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    def stop_all(self, grace: float = 10.0) -> None:
+        """Airflow's components first, then the simulator (which kills the onstart scripts it runs as it stops):
+        SIGTERM to each process group, SIGKILL after the grace period, then SIGKILL to the descendants that
+        left the groups (Airflow puts each task runner in a group of its own, the simulator each script)."""
+        airflow = [(n, p) for n, p in self.started.items() if n != "simulator"]
+        simulator = [(n, p) for n, p in self.started.items() if n == "simulator"]
+        for batch in (airflow, simulator):
+            descendants: list[psutil.Process] = []
+            for _, process in batch:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    descendants += psutil.Process(process.pid).children(recursive=True)
+                self._signal_group(process, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            for _, process in batch:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                self._signal_group(process, signal.SIGKILL)
+                process.wait()
+            for child in descendants:
+                with contextlib.suppress(psutil.Error):
+                    if child.is_running():  # psutil compares the start time too: never a recycled pid
+                        child.kill()
+        self.started.clear()
+
+    @staticmethod
+    def _signal_group(process: subprocess.Popen, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+
+
+# --- the simulator -----------------------------------------------------------------------------------------
+
+
+class Simulator:
+    """The simulator's admin surface, with one thread keeping a fresh copy of its instances for every scenario."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.session = requests.Session()
+        self.lock = threading.Lock()
+        self.instances: list[dict] = []
+        self.error: str | None = None
+        # Simulated epoch seconds -> real ones: real = real_at_sample + (sim - sim_at_sample) / speed.
+        started = time.time()
+        clock = self.get("/_sim/clock")
+        self.real_at_sample = (started + time.time()) / 2
+        self.sim_at_sample = float(clock["now"])
+        self.speed = float(clock["speed"])
+
+    def get(self, path: str) -> Any:
+        response = self.session.get(f"{self.url}{path}", timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def real_time(self, simulated: float) -> float:
+        return self.real_at_sample + (simulated - self.sim_at_sample) / self.speed
+
+    def refresh(self) -> list[dict]:
+        instances = self.get("/_sim/state")["instances"]
+        with self.lock:
+            self.instances = instances
+        return instances
+
+    def watch(self, stop: threading.Event) -> None:
+        while not stop.wait(1.0):
+            try:
+                self.refresh()
+                self.error = None
+            except requests.RequestException as exc:  # the scenarios time out and say why
+                self.error = str(exc)
+
+    def of_gpu(self, gpu_name: str) -> list[dict]:
+        with self.lock:
+            return [dict(i) for i in self.instances if i.get("gpu_name") == gpu_name]
+
+
+# --- Airflow -----------------------------------------------------------------------------------------------
+
+
+class AirflowApi:
+    """The api-server's public REST API v2.
+
+    Auth (Airflow 3.3.2, simple auth manager): with `[core] simple_auth_manager_all_admins = True`,
+    `GET /auth/token` returns `{"access_token": ...}` without credentials (and a middleware would even add a token
+    to requests without one); the token goes in `Authorization: Bearer`.
+    """
+
+    def __init__(self, base_url: str) -> None:
+        self.base = base_url
+        self.session = requests.Session()
+
+    def health(self) -> dict | None:
+        try:
+            response = self.session.get(f"{self.base}/api/v2/monitor/health", timeout=5)
+            return response.json() if response.ok else None
+        except requests.RequestException:
+            return None
+
+    def login(self) -> None:
+        response = self.session.get(f"{self.base}/auth/token", timeout=30)
+        response.raise_for_status()
+        self.session.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
+
+    def call(self, method: str, path: str, body: Any = None, ok404: bool = False, **params: Any) -> Any:
+        response = self.session.request(method, f"{self.base}/api/v2{path}", json=body, params=params, timeout=30)
+        if ok404 and response.status_code == 404:
+            return None
+        if not response.ok:
+            raise RuntimeError(f"{method} {path}: HTTP {response.status_code} {response.text[:300]}")
+        return response.json()
+
+
+class Deployment:
+    """A fresh Airflow home, the simulator and the four Airflow components."""
+
+    COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+    def __init__(self) -> None:
+        self.home = ROOT / ".airflow" / f"system-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.home.mkdir(parents=True)
+        self.processes = Processes(self.home)
+        self.api_port = free_port()
+        self.env: dict[str, str] = {}
+        self.sim: Simulator | None = None
+        self.api = AirflowApi(f"http://127.0.0.1:{self.api_port}")
+
+    def airflow_env(self, conn_uri: str) -> dict[str, str]:
+        # Nothing Airflow-related leaks in from the caller's environment: the deployment is the same everywhere.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        base = f"http://127.0.0.1:{self.api_port}"
+        env.update(
+            AIRFLOW_HOME=str(self.home),
+            AIRFLOW_CONN_GPUMARKET_DEFAULT=conn_uri,
+            AIRFLOW__CORE__DAGS_FOLDER=str(DAGS_FOLDER),
+            AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            AIRFLOW__CORE__UNIT_TEST_MODE="False",
+            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+            AIRFLOW__CORE__PARALLELISM="12",  # LocalExecutor forks this many workers up front
+            AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{base}/execution/",
+            AIRFLOW__API__BASE_URL=base,
+            AIRFLOW__API__HOST="127.0.0.1",
+            AIRFLOW__API__PORT=str(self.api_port),
+            AIRFLOW__API__WORKERS="1",
+            # The same secrets for every component: the api-server must accept the scheduler's task tokens.
+            AIRFLOW__API__SECRET_KEY=secrets.token_hex(16),
+            AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_hex(32),
+            # A task whose supervisor died is failed after this (supervisors heartbeat every 5 s).
+            AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT=str(HEARTBEAT_TIMEOUT),
+            AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL="5",
+            AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL="5",
+            # A triggerer whose heartbeat (every 5 s) is older than this is dead: its triggers go to another one.
+            AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="15",
+            AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+            AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="15",
+            AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES="1",
+        )
+        return env
+
+    def start(self, say: Callable[[str], None]) -> None:
+        say(f"Airflow home {self.home}")
+        sim = self.processes.start(
+            "simulator",
+            [str(BIN / "gpumarket-sim"), "--port", "0", "--speed", str(SPEED), "--execute-onstart"]
+            + ["--world", str(self._write_world(self.home / "world.json"))],
+            dict(os.environ),
+            "simulator.log",
+        )
+        first_line = self._first_line(sim, self.home / "simulator.log")
+        url = next(word for word in first_line.split() if word.startswith("http://"))
+        conn_uri = first_line.split("AIRFLOW_CONN_GPUMARKET_DEFAULT=", 1)[1].split()[0]
+        self.sim = Simulator(url)
+        say(f"simulator at {url} (speed {SPEED:g}x)")
+        self.env = self.airflow_env(conn_uri)
+        with open(self.home / "db-migrate.log", "wb") as log:
+            subprocess.run(
+                [str(BIN / "airflow"), "db", "migrate"], env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True
+            )
+        say("airflow db migrate done; starting api-server, scheduler, dag-processor, triggerer")
+        for component in self.COMPONENTS:
+            self.start_component(component)
+
+    def start_component(self, component: str, name: str | None = None) -> None:
+        cmd = [str(BIN / "airflow"), component]
+        if component == "api-server":
+            cmd += ["--host", "127.0.0.1", "--port", str(self.api_port), "--workers", "1"]
+        elif component in ("scheduler", "triggerer"):
+            cmd += ["--skip-serve-logs"]  # no log-server ports to collide with; the logs are files here
+        self.processes.start(name or component, cmd, self.env, f"{component}.log")
+
+    @staticmethod
+    def _write_world(path: Path) -> Path:
+        """Two offers per scenario, `sys-<scenario>`, so scenarios never compete and a second rental shows."""
+        offers = [
+            {"id": 700_000 + 10 * n + k, "gpu_name": f"sys-{name}", "dph_total": 1.0 + k / 10, "reliability": 0.99}
+            for n, name in enumerate(GOALS)
+            for k in range(2)
+        ]
+        path.write_text(json.dumps({"offers": offers}))
+        return path
+
+    @staticmethod
+    def _first_line(process: subprocess.Popen, log: Path) -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            for line in text.splitlines():
+                if "listening on" in line:
+                    return line
+            if process.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"gpumarket-sim did not start; see {log}")
+
+    def wait_ready(self, say: Callable[[str], None], timeout: float = 180) -> None:
+        """Until every component reports healthy and the DAG processor has serialized every scenario's DAG."""
+        deadline = time.monotonic() + timeout
+        while True:
+            health = self.api.health() or {}
+            unhealthy = [k for k, v in health.items() if isinstance(v, dict) and v.get("status") != "healthy"]
+            if health and not unhealthy:
+                break
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Airflow not healthy after {timeout} s: {health or 'api-server not answering'}")
+            time.sleep(1)
+        self.api.login()
+        say("api-server, scheduler, dag-processor and triggerer healthy")
+        wanted = {f"system_{name}" for name in GOALS}
+        while True:
+            dags = self.api.call("GET", "/dags", dag_id_pattern="system_", limit=100)["dags"]
+            missing = wanted - {d["dag_id"] for d in dags}
+            if not missing:
+                break
+            errors = self.api.call("GET", "/importErrors")["import_errors"]
+            if errors:
+                raise RuntimeError(f"DAG import errors: {[e['filename'] + ': ' + e['stack_trace'] for e in errors]}")
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"DAGs not parsed after {timeout} s: {sorted(missing)}")
+            time.sleep(1)
+        say(f"{len(wanted)} DAGs parsed")
+
+    @property
+    def processor_pid(self) -> int | None:
+        process = self.processes.started.get("dag-processor")
+        return process.pid if process else None
+
+    def _check_alive(self) -> None:
+        for name, process in self.processes.started.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with status {process.returncode}; see {self.home}")
+
+    def task_processes(self, ti_id: str) -> list[psutil.Process]:
+        """The supervisor ("airflow worker -- LocalExecutor: <ti id>") and task runner ("airflow worker -- <ti id>")
+        of one task instance try: both carry the TI's id in their process title."""
+        found = []
+        for process in psutil.process_iter(["cmdline"]):
+            if ti_id in " ".join(process.info["cmdline"] or []):
+                found.append(process)
+        return found
+
+
+# --- scenarios ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    name: str
+    reason: str | None = None  # None: the goal was met
+    billed: str = "n/a"  # seconds billed after the failure's reference point, ">N" while still alive
+
+
+class Scenario:
+    """One scenario's DAG run: its task instance (REST API), its instances (simulator) and bounded waits."""
+
+    def __init__(self, name: str, harness: Harness) -> None:
+        self.name = name
+        self.h = harness
+        self.dag_id = f"system_{name}"
+        self.gpu = f"sys-{name}"
+        self.run_id: str | None = None
+        self.last_ti: dict = {}
+        self.outcome = Outcome(name)
+
+    def say(self, text: str) -> None:
+        self.h.say(f"{self.name}: {text}")
+
+    # REST API
+    def trigger(self) -> None:
+        run = self.h.api.call("POST", f"/dags/{self.dag_id}/dagRuns", {"logical_date": None})
+        self.run_id = run["dag_run_id"]
+        self.say(f"triggered run {self.run_id}")
+
+    def ti(self) -> dict:
+        path = f"/dags/{self.dag_id}/dagRuns/{self.run_id}/taskInstances/job"
+        self.last_ti = self.h.api.call("GET", path, ok404=True) or {}
+        return self.last_ti
+
+    def state(self) -> str | None:
+        return self.ti().get("state")
+
+    def mark_failed(self) -> None:
+        path = f"/dags/{self.dag_id}/dagRuns/{self.run_id}/taskInstances/job"
+        self.h.api.call("PATCH", path, {"new_state": "failed"})
+
+    # simulator
+    def instances(self) -> list[dict]:
+        return self.h.sim.of_gpu(self.gpu)
+
+    def running_instance(self) -> dict | None:
+        return next((i for i in self.instances() if i.get("actual_status") == "running" and not i["destroyed"]), None)
+
+    def destroyed_at(self, instance_id: int) -> float | None:
+        """Real epoch second when the simulator destroyed the instance, None while it is alive."""
+        found = next((i for i in self.instances() if i["id"] == instance_id), None)
+        if found is None or not found["destroyed"]:
+            return None
+        return self.h.sim.real_time(found["destroyed_at"])
+
+    def describe(self) -> str:
+        shown = ", ".join(
+            f"{i['id']} {'destroyed' if i['destroyed'] else repr(i.get('actual_status'))}" for i in self.instances()
+        )
+        return f"TI {self.last_ti.get('state')!r} try {self.last_ti.get('try_number')}; instances: {shown or 'none'}"
+
+    def wait(self, what: str, timeout: float, check: Callable[[], T | None], interval: float = 1.0) -> T:
+        """Poll `check` until it returns something truthy; Miss after `timeout` seconds."""
+        deadline = min(time.time() + timeout, self.h.deadline)
+        while True:
+            if self.h.stop.is_set():
+                raise Interrupted()
+            result = check()
+            if result:
+                return result
+            if time.time() > deadline:
+                if time.time() >= self.h.deadline:
+                    raise Miss(f"run budget of {RUN_BUDGET} s spent waiting for {what} ({self.describe()})")
+                raise Miss(f"no {what} within {timeout:.0f} s ({self.describe()})")
+            time.sleep(interval)
+
+    def wait_running(self, ti_state: str) -> dict:
+        """Until the TI is in `ti_state` and its instance is running; returns the instance."""
+        instance = self.wait(
+            f"TI {ti_state} with its instance running",
+            180,
+            lambda: self.running_instance() if self.state() == ti_state else None,
+        )
+        self.say(f"TI {ti_state}, instance {instance['id']} running")
+        return instance
+
+    def wait_finished(self, timeout: float) -> str:
+        return self.wait("end of the TI", timeout, lambda: s if (s := self.state()) in FINISHED else None)
+
+    def wait_destroyed(self, instance_id: int, since: float, after: str, limit: float) -> float:
+        """Seconds from `since` (the moment `after` names) to the instance's destroy, which must come within
+        `limit` seconds; when it does not, the figure is shown as '>N'."""
+        try:
+            destroyed = self.wait(
+                f"destroy of instance {instance_id}",
+                since + limit + 5 - time.time(),
+                lambda: self.destroyed_at(instance_id),
+            )
+        except Miss:
+            self.outcome.billed = f">{time.time() - since:.0f}"
+            raise Miss(
+                f"instance {instance_id} still alive {time.time() - since:.0f} s after {after} ({self.describe()})"
+            ) from None
+        billed = round(destroyed - since, 1) + 0.0  # + 0.0: never print "-0.0"
+        self.outcome.billed = f"{billed:.1f}"
+        self.say(f"instance {instance_id} destroyed {billed:.1f} s after {after}")
+        if billed > limit:
+            raise Miss(f"instance {instance_id} destroyed {billed:.1f} s after {after} (limit {limit} s)")
+        return billed
+
+    def wait_all_destroyed(self, timeout: float = 30) -> None:
+        self.wait(
+            "destroy of every instance of this scenario",
+            timeout,
+            lambda: all(i["destroyed"] for i in self.instances()) and self.instances(),
+        )
+
+    def expect_state(self, wanted: str, timeout: float = 60) -> None:
+        final = self.wait_finished(timeout)
+        if final != wanted:
+            raise Miss(f"TI ended {final!r}, expected {wanted!r} ({self.describe()})")
+
+    def kill_task(self) -> None:
+        """kill -9 the TI's supervisor and task runner (found by the TI id in their titles) and their children;
+        only processes under our scheduler are touched."""
+        ti_id = str(self.ti()["id"])
+        scheduler = self.h.deployment.processes.started["scheduler"].pid
+
+        def ours() -> list[psutil.Process]:
+            found = []
+            for process in self.h.deployment.task_processes(ti_id):
+                try:
+                    if scheduler in {parent.pid for parent in process.parents()}:
+                        found.append(process)
+                except psutil.NoSuchProcess:
+                    pass
+            return found
+
+        found = self.wait("supervisor process", 30, ours)
+        victims = {p.pid: p for p in found}
+        for process in found:
+            victims.update({c.pid: c for c in process.children(recursive=True)})
+        for process in victims.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        titles = sorted(" ".join(p.info["cmdline"] or []).strip()[:70] for p in found)
+        self.say(f"kill -9 {sorted(victims)} ({'; '.join(titles)})")
+
+
+def deferred_happy(s: Scenario) -> None:
+    s.trigger()
+    s.wait_running("deferred")
+    ti_id = str(s.last_ti["id"])
+    deferred_seen = time.time()
+    holders: set[str] = set()
+    samples = 0
+
+    def finished() -> str | None:
+        nonlocal samples
+        state = s.state()
+        # A few seconds of grace: the supervisor exits right after it reports the deferral.
+        if state == "deferred" and time.time() - deferred_seen > 5:
+            samples += 1
+            holders.update(
+                f"{p.pid} {' '.join(p.info['cmdline'] or [])[:60]}" for p in s.h.deployment.task_processes(ti_id)
+            )
+        return state if state in FINISHED else None
+
+    final = s.wait("end of the TI", 180, finished)
+    s.say(f"{samples} looks at the process table while deferred: {len(holders)} task process(es) for the TI")
+    if holders:
+        raise Miss(f"task processes existed while the TI was deferred: {sorted(holders)}")
+    if final != "success":
+        raise Miss(f"TI ended {final!r} ({s.describe()})")
+    s.wait_all_destroyed()
+
+
+def mark_failed(s: Scenario, deferred: bool) -> None:
+    s.trigger()
+    instance = s.wait_running("deferred" if deferred else "running")
+    patched = time.time()
+    s.mark_failed()
+    s.say("TI marked failed through PATCH .../taskInstances/job {new_state: failed}")
+    s.wait_destroyed(instance["id"], patched, "the PATCH", 30)
+    s.expect_state("failed", 30)
+
+
+def kill9(s: Scenario, retry: bool) -> None:
+    s.trigger()
+    instance = s.wait_running("running")
+    s.kill_task()
+    killed = time.time()
+    if retry:
+        final = s.wait(
+            "end of the retry",
+            240,
+            lambda: st if (st := s.state()) in FINISHED and s.last_ti["try_number"] > 1 else None,
+        )
+        created = s.instances()
+        if len(created) != 1:
+            raise Miss(f"{len(created)} instances rented for one task instance: {[i['id'] for i in created]}")
+        if final != "success":
+            raise Miss(f"retry ended {final!r} ({s.describe()})")
+        s.wait_all_destroyed()
+        return
+    s.expect_state("failed", HEARTBEAT_TIMEOUT + 90)
+    failed_at = epoch(s.last_ti["end_date"])
+    assert failed_at is not None
+    s.say(f"Airflow failed the TI {failed_at - killed:.0f} s after the kill (its end_date)")
+    s.wait_destroyed(instance["id"], failed_at, "Airflow failed the TI", 120)
+
+
+def triggerer_restart(s: Scenario) -> None:
+    for other in DEFERRED_SCENARIOS:  # killing the triggerer would disturb their deferred tasks
+        s.h.threads[other].join(max(0.0, s.h.deadline - time.time()))
+    s.trigger()
+    s.wait_running("deferred")
+    time.sleep(2)
+    s.h.deployment.processes.kill_group("triggerer")
+    s.say(f"triggerer killed (kill -9 of its process group); restarting it in {TRIGGERER_DOWN} s")
+    time.sleep(TRIGGERER_DOWN)
+    s.h.deployment.start_component("triggerer")
+    s.say("triggerer restarted")
+    s.expect_state("success", 180)
+    s.wait_all_destroyed()
+
+
+def exit3(s: Scenario) -> None:
+    s.trigger()
+    s.expect_state("failed", 180)
+    ended = epoch(s.last_ti["end_date"])
+    assert ended is not None
+    instances = s.instances()
+    if not instances:
+        raise Miss("no instance was rented")
+    for instance in instances:
+        s.wait_destroyed(instance["id"], ended, "the TI ended", 1)
+
+
+def execution_timeout(s: Scenario, deferred: bool) -> None:
+    s.trigger()
+    instance = s.wait_running("deferred" if deferred else "running")
+    started = epoch(s.last_ti["start_date"])
+    assert started is not None
+    limit = started + EXECUTION_TIMEOUT
+    try:
+        s.wait_destroyed(instance["id"], limit, f"start_date + {EXECUTION_TIMEOUT} s", 30)
+    except Miss as miss:
+        raise Miss(f"{miss}; TI {s.state()!r} {time.time() - started:.0f} s after its start_date") from None
+    s.expect_state("failed", 30)
+
+
+SCENARIOS: dict[str, Callable[[Scenario], None]] = {
+    "deferred_happy": deferred_happy,
+    "mark_failed_deferred": lambda s: mark_failed(s, deferred=True),
+    "mark_failed_running": lambda s: mark_failed(s, deferred=False),
+    "kill9_retry": lambda s: kill9(s, retry=True),
+    "lost_worker": lambda s: kill9(s, retry=False),
+    "triggerer_restart": triggerer_restart,
+    "exit3": exit3,
+    "execution_timeout_deferred": lambda s: execution_timeout(s, deferred=True),
+    "execution_timeout_sync": lambda s: execution_timeout(s, deferred=False),
+}
+assert list(SCENARIOS) == list(GOALS)
+
+
+# --- the run -----------------------------------------------------------------------------------------------
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.deadline = self.started + RUN_BUDGET
+        self.stop = threading.Event()
+        self.print_lock = threading.Lock()
+        self.deployment = Deployment()
+        self.scenarios = {name: Scenario(name, self) for name in SCENARIOS}
+        self.threads: dict[str, threading.Thread] = {}
+
+    @property
+    def api(self) -> AirflowApi:
+        return self.deployment.api
+
+    @property
+    def sim(self) -> Simulator:
+        assert self.deployment.sim is not None
+        return self.deployment.sim
+
+    def say(self, text: str) -> None:
+        with self.print_lock:
+            print(f"  {time.time() - self.started:6.1f}s  {text}", flush=True)
+
+    def run_scenario(self, scenario: Scenario) -> None:
+        try:
+            SCENARIOS[scenario.name](scenario)
+        except Miss as miss:
+            scenario.outcome.reason = str(miss)
+        except Interrupted:
+            scenario.outcome.reason = "interrupted"
+        except Exception as exc:  # noqa: BLE001 - a harness error is reported as this scenario's failure
+            scenario.outcome.reason = f"harness error: {type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        scenario.say("done" if scenario.outcome.reason is None else f"FAIL: {scenario.outcome.reason}")
+
+    def run(self) -> None:
+        self.deployment.start(self.say)
+        watcher = threading.Thread(target=self.sim.watch, args=(self.stop,), daemon=True)
+        self.sim.refresh()
+        watcher.start()
+        self.deployment.wait_ready(self.say)
+        for name, scenario in self.scenarios.items():
+            self.threads[name] = threading.Thread(target=self.run_scenario, args=(scenario,), daemon=True)
+        for thread in self.threads.values():
+            thread.start()
+        for thread in self.threads.values():
+            while thread.is_alive():  # join in slices so Ctrl-C reaches the main thread
+                thread.join(0.5)
+
+    def report(self) -> bool:
+        """The SYS lines from a last look at the simulator; True when every goal was met."""
+        try:
+            instances = self.sim.refresh()
+        except Exception as exc:  # noqa: BLE001 - still print what is known
+            print(f"could not read the simulator's state: {exc}")
+            instances = self.sim.instances
+        ok = True
+        for name, scenario in self.scenarios.items():
+            outcome = scenario.outcome
+            alive = sum(1 for i in instances if i.get("gpu_name") == scenario.gpu and not i["destroyed"])
+            if outcome.reason is None and name not in self.threads:
+                outcome.reason = "not run"
+            if outcome.reason is None and alive:
+                outcome.reason = f"{alive} instance(s) of this scenario alive at the end"
+            ok = ok and outcome.reason is None
+            shown = "PASS" if outcome.reason is None else f"FAIL ({outcome.reason})"
+            print(f"SYS {name}: {shown} billed_after_failure={outcome.billed} alive={alive} (goal: {GOALS[name]})")
+        alive_total = sum(1 for i in instances if not i["destroyed"])
+        print(f"SYS alive_total: {alive_total} (goal: 0)")
+        return ok and alive_total == 0
+
+    def report_probes(self) -> None:
+        """What the probe callbacks of the DAG file recorded: where Airflow ran them after the heartbeat timeouts,
+        how often, and whether the connection resolved there."""
+        records: dict[str, list[dict]] = {}
+        for path in sorted((self.deployment.home / "system-probes").glob("*.json")):
+            record = json.loads(path.read_text())
+            records.setdefault(f"{record.get('callback')} of {record.get('dag_id')}", []).append(record)
+        processor = self.deployment.processor_pid
+        for what, runs in records.items():
+            places = sorted(
+                f"pid {r['pid']} '{short(r.get('process', '?'))}', a child of "
+                + ("the dag-processor" if r.get("ppid") == processor else f"pid {r.get('ppid')} '{short(r['parent'])}'")
+                for r in runs
+            )
+            connections = sorted({str(r.get("connection_host") or r.get("connection_error")) for r in runs})
+            print(f"  probe: {what} ran {len(runs)}x: in {'; '.join(places)}; gpumarket_default -> {connections}")
+
+    def where_the_logs_are(self) -> None:
+        home = self.deployment.home
+        print(f"Logs: Airflow home {home}")
+        for name in ("simulator", "db-migrate", *Deployment.COMPONENTS):
+            print(f"  {name}: {home / (name + '.log')}")
+        print(f"  dag-processor children: {home / 'logs' / 'dag_processor'}")
+        for name, scenario in self.scenarios.items():
+            if scenario.outcome.reason is not None:
+                print(f"  task logs of {name}: {home / 'logs' / f'dag_id={scenario.dag_id}'}")
+
+
+def main() -> int:
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored (`cmd &`)
+    harness = Harness()
+    ok = False
+    try:
+        harness.run()
+        ok = True
+    except KeyboardInterrupt:
+        print("interrupted: counting what is alive and stopping what this script started", flush=True)
+    except Exception as exc:  # noqa: BLE001 - report, count and clean up whatever broke
+        print(f"system test could not run: {type(exc).__name__}: {exc}", flush=True)
+    finally:
+        harness.stop.set()
+        try:
+            if harness.deployment.sim is not None:
+                ok = harness.report() and ok
+                harness.report_probes()
+            print(f"wall-clock time: {time.time() - harness.started:.0f} s (goal: < 720 s)", flush=True)
+            if not ok:
+                harness.where_the_logs_are()
+        finally:
+            harness.deployment.processes.stop_all()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The DAGs that `make system` (bench/system.py) runs on a real Airflow deployment against the simulator.
+
+One DAG per scenario, `system_<scenario>`, each with one GpuMarketRunJobOperator task `job` that rents only the
+offers whose `gpu_name` is `sys-<scenario>` (bench/system.py writes two such offers per scenario into the
+simulator's world), so the scenarios never compete for an offer and each one's instances are easy to find.
+
+The lost-worker scenarios also carry a probe callback that only records where Airflow ran it and whether the
+connection resolved there (a JSON file under $AIRFLOW_HOME/system-probes); it never touches an instance. It is
+appended to whatever callbacks the operator sets itself, so a provider callback still runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG
+
+from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+
+# name: (deferrable, command, extra operator arguments); bench/system.py has the same names.
+SCENARIOS: dict[str, tuple[bool, str, dict]] = {
+    "deferred_happy": (True, "sleep 20", {}),
+    "mark_failed_deferred": (True, "sleep 600", {}),
+    "mark_failed_running": (False, "sleep 600", {}),
+    # The job outlasts the heartbeat timeout plus the retry's start, so the retry finds it still running.
+    "kill9_retry": (False, "sleep 100", {"retries": 1, "retry_delay": timedelta(seconds=2)}),
+    "lost_worker": (False, "sleep 100000", {"retries": 0}),
+    "triggerer_restart": (True, "sleep 40", {}),
+    "exit3": (False, "echo boom >&2; exit 3", {}),
+    "execution_timeout_deferred": (True, "sleep 600", {"execution_timeout": timedelta(seconds=25)}),
+    "execution_timeout_sync": (False, "sleep 600", {"execution_timeout": timedelta(seconds=25)}),
+}
+# Scenario -> the callback attribute that a heartbeat timeout fires for it (retries left: on_retry_callback).
+PROBED = {"kill9_retry": "on_retry_callback", "lost_worker": "on_failure_callback"}
+
+
+def probe_for(callback: str):
+    """A callback that records which process runs it and whether `gpumarket_default` resolves there (host only)."""
+
+    def probe(context) -> None:
+        from airflow.sdk import BaseHook
+
+        ti = context["ti"]
+        record: dict = {"callback": callback, "dag_id": ti.dag_id, "pid": os.getpid(), "ppid": os.getppid()}
+        try:
+            for key, pid in (("process", "self"), ("parent", str(os.getppid()))):
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    record[key] = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            record["connection_host"] = BaseHook.get_connection("gpumarket_default").host
+        except Exception as exc:  # the probe reports, it never breaks the callback chain
+            record["connection_error"] = f"{type(exc).__name__}: {exc}"
+        folder = Path(os.environ.get("AIRFLOW_HOME", ".")) / "system-probes"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{ti.dag_id}.try{ti.try_number}.{os.getpid()}.{time.time_ns()}.json").write_text(json.dumps(record))
+
+    return probe
+
+
+for _name, (_deferrable, _command, _extra) in SCENARIOS.items():
+    with DAG(
+        dag_id=f"system_{_name}",
+        start_date=datetime(2026, 1, 1),
+        schedule=None,
+        catchup=False,
+        max_active_runs=1,
+        tags=["gpumarket-system"],
+    ):
+        _job = GpuMarketRunJobOperator(
+            task_id="job",
+            offer_filters={"gpu_name": {"eq": f"sys-{_name}"}},
+            image="system-test",
+            command=_command,
+            deferrable=_deferrable,
+            poll_interval=1,
+            boot_timeout=timedelta(minutes=2),
+            max_runtime=timedelta(minutes=15),
+            **_extra,
+        )
+        if _name in PROBED:
+            _attribute = PROBED[_name]
+            _existing = getattr(_job, _attribute) or []
+            setattr(
+                _job, _attribute, [*(_existing if isinstance(_existing, list) else [_existing]), probe_for(_attribute)]
+            )
