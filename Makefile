@@ -46,7 +46,7 @@ chaos: install
 	@grep -aE '^(R1|    )' $(CHAOS_LOG)
 
 # A real Airflow deployment (api-server, scheduler, dag-processor, triggerer; LocalExecutor) against the simulator:
-# one SYS line per failure scenario (bench/system.py). Not part of `make test`; about 6-8 minutes.
+# one SYS line per failure scenario (bench/system.py). Not part of `make test`; about 3 minutes.
 system: install
 	$(BIN)/python bench/system.py
 
