@@ -7,7 +7,7 @@ Names resolve lazily (PEP 562): a DAG file that imports an operator does not pay
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # name -> (Airflow 3 module, Airflow 2.11 module)
 _WHERE = {
@@ -25,10 +25,6 @@ _WHERE = {
 }
 
 __all__ = sorted(_WHERE)
-
-if TYPE_CHECKING:
-    pass
-
 
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:

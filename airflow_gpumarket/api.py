@@ -52,13 +52,10 @@ PATH_CURRENT_USER = f"{API_PREFIX}/users/current"
 
 # --- Enums ---------------------------------------------------------------------------------------------------
 RUNTYPES = ("ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args")
-#: Runtypes whose service entrypoint runs the ``onstart`` script (all but ``args``).
-ONSTART_RUNTYPES = tuple(r for r in RUNTYPES if r != "args")
 TARGET_STATES = ("running", "stopped")
 OFFER_TYPES = ("ondemand", "on-demand", "bid")
 #: Filter operators the spec names; the complete list is "not shown", so other lowercase names are let through.
 FILTER_OPERATORS = ("eq", "gte", "in")
-FILTER_FIELDS = ("gpu_name", "num_gpus", "gpu_ram", "reliability", "verified", "rentable", "direct_port_count")
 ORDER_DIRECTIONS = ("asc", "desc")
 ENDPOINT_STATES = ("active", "suspended", "stopped")
 TFA_METHODS = ("sms", "totp", "email")
@@ -75,8 +72,6 @@ BOOTING_STATUSES = (None, STATUS_LOADING)
 ONSTART_MAX_CHARS = 4048
 DEFAULT_DISK_GB = 8
 POLL_INTERVAL_SECONDS = 10
-BACKUP_CODES_PER_REGENERATION = 10
-TYPICAL_BOOT_SECONDS = (60, 300)
 
 _PORT_KEY = re.compile(r"^-p (\d{1,5}):(\d{1,5})$")
 _OPERATOR_NAME = re.compile(r"^[a-z_]+$")

@@ -69,8 +69,7 @@ def _is_loopback(hostname: str) -> bool:
 
 
 def _extra(extra: Mapping[str, Any], name: str) -> Any:
-    # The connection form stores plain names; older UIs used the extra__<conn_type>__ prefix.
-    value = extra.get(name, extra.get(f"extra__gpumarket__{name}"))
+    value = extra.get(name)
     return None if value == "" else value
 
 

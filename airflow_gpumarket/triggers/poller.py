@@ -61,7 +61,6 @@ class SharedInstancePoller:
         self._task: asyncio.Task | None = None
         self._consumed = asyncio.Event()
         self._hook: Any = None
-        self.rounds = 0  # for benchmarks: list calls made
         #: Multiplies the interval after rounds that met 429s (the hook's own retries were not enough), so many
         #: triggerers sharing one key back off together; one clean round brings it back to 1.
         self._slowdown = 1.0
@@ -115,7 +114,6 @@ class SharedInstancePoller:
         watched = list(self._watchers)
         if not watched:
             return
-        self.rounds += 1
         try:
             # Only the watched ids, one page per chunk: the live list allows 0.5 requests/s per key.
             listed = {int(i["id"]): i for i in await self._hook.list_instances(ids=watched) if "id" in i}

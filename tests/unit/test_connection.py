@@ -116,21 +116,6 @@ def test_extras_are_read():
     assert s.verify == "/ca.pem"
 
 
-def test_extras_with_the_extra__gpumarket__prefix_are_read():
-    s = settings(
-        extra={
-            "extra__gpumarket__timeout": "45",
-            "extra__gpumarket__max_retries": 7,
-            "extra__gpumarket__retry_min_wait": 3,
-            "extra__gpumarket__retry_max_wait": 30,
-            "extra__gpumarket__ca_bundle": "/etc/ca.pem",
-        }
-    )
-    assert s.timeout == 45.0
-    assert (s.retry.max_retries, s.retry.min_wait, s.retry.max_wait) == (7, 3.0, 30.0)
-    assert s.verify == "/etc/ca.pem"
-
-
 def test_empty_extra_values_mean_the_default():
     s = settings(extra={"timeout": "", "max_retries": "", "ca_bundle": ""})
     assert (s.timeout, s.retry.max_retries, s.verify) == (30.0, api.RetryPolicy.max_retries, True)
