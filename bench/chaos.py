@@ -220,8 +220,11 @@ def sigterm_runs(sim: Simulator, runs: int, seed: int) -> tuple[int, int, int]:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW_CONN_GPUMARKET_DEFAULT": connection(sim),
     }
-    if not (home / "airflow.db").exists():
-        subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
+    # Every time (a no-op when the schema is current): a database left half-made by an interrupted run is
+    # finished, not trusted. Its output is shown when it fails.
+    migrate = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, capture_output=True, text=True)
+    if migrate.returncode != 0:
+        raise RuntimeError(f"airflow db migrate failed in {home}: {(migrate.stdout + migrate.stderr)[-2000:]}")
     sim.send("PUT", "/_sim/faults", {"rules": [r for r in FAULTS if r["kind"] == "status"]}).raise_for_status()
     rng = random.Random(f"chaos-sigterm-{seed}")
     killed = leaked = stuck = 0
