@@ -26,6 +26,7 @@ _WHERE = {
 
 __all__ = sorted(_WHERE)
 
+
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,6 +39,8 @@ BOOT_TIMEOUT = "boot_timeout"
 TIMEOUT = "timeout"
 ERROR = "error"
 LEASE_EXPIRED = "lease_expired"
+#: ``limit`` of a TIMEOUT event that max_runtime ended (other timeouts come from an absolute deadline).
+MAX_RUNTIME = "max_runtime"
 
 #: A kept-alive lease is renewed once less than this share of ``keepalive`` is left (every third of it).
 RENEW_WHEN_LEFT = 2 / 3
@@ -108,12 +110,16 @@ def evaluate(
     boot_deadline: float | None = None,
     deadline: float | None = None,
     lease_until: float | None = None,
+    max_runtime: float | None = None,
+    running_since: float | None = None,
 ) -> dict[str, Any] | None:
     """What one observation means: an event dict when waiting is over, None to keep waiting.
 
     ``status``: the instance's actual_status (ignored when ``gone``, i.e. the instance answered 404).
     In job mode, the job wrapper destroys the instance after exit 0 (gone = success) and stops it otherwise; gone
     after ``lease_until`` (the label's lease as last written) proves nothing, since the reaper may have destroyed it.
+    ``max_runtime`` counts from ``running_since``, when the watcher first saw the instance running (the job starts
+    then); ``deadline`` is absolute.
     """
     if wait_for == WAIT_JOB:
         if gone and lease_until is not None and now > lease_until:
@@ -137,6 +143,8 @@ def evaluate(
         return {"status": BOOT_TIMEOUT, "actual_status": status}
     if deadline is not None and now >= deadline:
         return {"status": TIMEOUT, "actual_status": status}
+    if max_runtime is not None and running_since is not None and now >= running_since + max_runtime:
+        return {"status": TIMEOUT, "actual_status": status, "limit": MAX_RUNTIME}
     return None
 
 
@@ -153,7 +161,11 @@ def describe_event(event: Mapping[str, Any], instance_id: int) -> str:
         JOB_FAILED: f"the job on instance {instance_id} failed: the instance is in status {status!r} "
         "(the job wrapper stops the instance when the command exits non-zero, or the host failed mid-job)",
         BOOT_TIMEOUT: f"instance {instance_id} did not reach running before boot_timeout (last status {status!r})",
-        TIMEOUT: f"instance {instance_id} hit its time limit (last status {status!r})",
+        TIMEOUT: (
+            f"the job on instance {instance_id} ran longer than max_runtime (last status {status!r})"
+            if event.get("limit") == MAX_RUNTIME
+            else f"instance {instance_id} hit its time limit (last status {status!r})"
+        ),
         ERROR: f"waiting for instance {instance_id} failed: {event.get('message')}",
         LEASE_EXPIRED: f"instance {instance_id} is gone, but its lease had expired before (nothing renewed it), so "
         "the reaper may have destroyed it: the job's outcome is unknown",

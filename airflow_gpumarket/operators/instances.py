@@ -543,6 +543,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                     dph_total=rental.get("dph_total"),
                     boot_deadline=deadlines["boot_deadline"],
                     deadline=deadline,
+                    max_runtime=deadlines["max_runtime"],
                     label=rental.get("label"),
                     keepalive=self._keepalive_seconds(),
                     lease_cap=rental.get("lease_cap"),
@@ -554,10 +555,18 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             )
         return self._finish(context, rental, self._poll(rental, **deadlines), tried, reasons)
 
-    def _poll(self, rental: dict[str, Any], *, boot_deadline: float | None, deadline: float | None) -> dict:
+    def _poll(
+        self,
+        rental: dict[str, Any],
+        *,
+        boot_deadline: float | None,
+        deadline: float | None,
+        max_runtime: float | None,
+    ) -> dict:
         """The synchronous twin of the trigger's loop, with cost-so-far logging."""
         instance_id = rental["instance_id"]
         seen_running, last_status, last_shown = False, None, ""
+        running_since: float | None = None
         while True:
             # Wait first: right after creating (or a read) the answer cannot have changed yet.
             time.sleep(self.poll_interval)
@@ -578,6 +587,8 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 self.log.warning("Reading instance %s failed after retries (%s); still polling", instance_id, exc)
                 status = last_status  # nothing new was learnt: judge by the last status read
             seen_running = seen_running or status == api.STATUS_RUNNING
+            if seen_running and running_since is None:
+                running_since = time.time()
             elapsed = time.time() - rental["created_at"]
             shown = "gone" if gone else repr(status)
             if shown != last_shown:
@@ -599,6 +610,8 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 boot_deadline=boot_deadline,
                 deadline=deadline,
                 lease_until=lifecycle.lease_of(rental.get("label")),
+                max_runtime=max_runtime,
+                running_since=running_since,
             )
             if event is not None:
                 event["instance_id"] = instance_id
@@ -629,7 +642,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
         instance_id = rental["instance_id"]
         kind = event.get("status")
         sentence = lifecycle.describe_event(event, instance_id)
-        if kind == lifecycle.TIMEOUT and self._execution_timeout_is_binding(context, rental):
+        if kind == lifecycle.TIMEOUT and self._execution_timeout_is_binding(context, rental, event):
             self._destroy(instance_id)
             raise AirflowTaskTimeout(self._timed_out(instance_id))
         if kind in (lifecycle.NEVER_RUNS, lifecycle.BOOT_TIMEOUT):
@@ -639,7 +652,9 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             return self._rent(context, tried=tried, reasons=reasons)
         return self._complete(context, rental, event, sentence)
 
-    def _execution_timeout_is_binding(self, context: Any, rental: dict[str, Any]) -> bool:
+    def _execution_timeout_is_binding(self, context: Any, rental: dict[str, Any], event: Mapping[str, Any]) -> bool:
+        if event.get("limit") == lifecycle.MAX_RUNTIME:
+            return False
         limit = self._execution_deadline(context)
         own = self._deadlines(rental)["deadline"]
         return limit is not None and (own is None or limit <= own)
@@ -769,7 +784,8 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
         return None
 
     def _deadlines(self, rental: dict[str, Any]) -> dict[str, float | None]:
-        return {"boot_deadline": rental["created_at"] + self.boot_timeout, "deadline": None}
+        """Absolute boot deadline and deadline (epoch seconds), and max_runtime (seconds from the job's start)."""
+        return {"boot_deadline": rental["created_at"] + self.boot_timeout, "deadline": None, "max_runtime": None}
 
     def _summary(self, rental: dict[str, Any], status: str | None) -> dict[str, Any]:
         elapsed = time.time() - rental["created_at"]
@@ -831,7 +847,8 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
     destroyed in every case before the task ends.
 
     :param command: shell commands to run on the instance (templated; required).
-    :param max_runtime: time allowed to the job after the boot deadline (default 6 hours).
+    :param max_runtime: the job's own time limit, counted from when the instance is first seen running, which is
+        when the job starts (default 6 hours); never later than boot_timeout + max_runtime after creation.
     :param keepalive: while the task watches the job (in the worker or the triggerer), the lease in the instance's
         label is kept this far ahead and renewed every third of it, one label change each time (default 15
         minutes). When nothing has watched for that long (worker and triggerer both gone),
@@ -874,7 +891,11 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
 
     def _deadlines(self, rental: dict[str, Any]) -> dict[str, float | None]:
         boot_deadline = rental["created_at"] + self.boot_timeout
-        return {"boot_deadline": boot_deadline, "deadline": boot_deadline + self.max_runtime}
+        return {
+            "boot_deadline": boot_deadline,
+            "deadline": boot_deadline + self.max_runtime,
+            "max_runtime": self.max_runtime,
+        }
 
     def _complete(self, context: Any, rental: dict[str, Any], event: dict[str, Any], sentence: str) -> Any:
         instance_id = rental["instance_id"]

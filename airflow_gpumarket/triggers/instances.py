@@ -24,6 +24,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     :param poll_interval: seconds between reads (the spec recommends 10).
     :param boot_deadline: epoch seconds after which a still-booting instance is given up.
     :param deadline: epoch seconds after which waiting stops whatever the status.
+    :param max_runtime: seconds the job may run, counted from when this trigger first sees the instance running
+        (a restarted trigger counts again; ``deadline`` stays the absolute bound).
     :param destroy_on_kill: destroy the instance when a user marks the deferred task failed or clears it
         (Airflow 3.3+ calls ``on_kill``); True for operators that rented the instance, False for sensors.
     :param dph_total: the offer's price, only to log the cost so far.
@@ -53,6 +55,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         poll_interval: float = api.POLL_INTERVAL_SECONDS,
         boot_deadline: float | None = None,
         deadline: float | None = None,
+        max_runtime: float | None = None,
         destroy_on_kill: bool = False,
         dph_total: float | None = None,
         label: str | None = None,
@@ -69,6 +72,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.boot_deadline = boot_deadline
         self.deadline = deadline
+        self.max_runtime = max_runtime
         self.destroy_on_kill = destroy_on_kill
         self.dph_total = dph_total
         self.label = label
@@ -88,6 +92,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "boot_deadline": self.boot_deadline,
                 "deadline": self.deadline,
+                "max_runtime": self.max_runtime,
                 "destroy_on_kill": self.destroy_on_kill,
                 "dph_total": self.dph_total,
                 "label": self.label,
@@ -147,6 +152,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.time()
         seen_running, last_status, last_shown = False, None, ""
+        running_since: float | None = None
         label = self.label  # renewals change it; a restarted trigger starts again from the one it was given
         observations = self._observations()
         try:
@@ -161,6 +167,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                     )
                     status = last_status  # nothing new was learnt: judge by the last status read
                 seen_running = seen_running or status == api.STATUS_RUNNING
+                if seen_running and running_since is None:
+                    running_since = time.time()
                 shown = "gone" if seen.gone else repr(status)
                 if shown != last_shown:
                     self.log.info(
@@ -182,6 +190,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                     boot_deadline=self.boot_deadline,
                     deadline=self.deadline,
                     lease_until=lifecycle.lease_of(label),
+                    max_runtime=self.max_runtime,
+                    running_since=running_since,
                 )
                 if event is not None:
                     yield self._event(event)

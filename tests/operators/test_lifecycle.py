@@ -99,6 +99,15 @@ def test_job_deadline_stops_waiting():
     assert _job("running", seen_running=True, deadline=0)["status"] == lc.TIMEOUT
 
 
+def test_max_runtime_counts_from_when_the_job_started_not_from_creation():
+    """A slow boot does not eat into the job's time: max_runtime runs from the first time running was seen."""
+    assert _job("loading", max_runtime=10, running_since=None) is None  # still booting: no job time used yet
+    assert _job("running", seen_running=True, max_runtime=10, running_since=-9) is None
+    event = _job("running", seen_running=True, max_runtime=10, running_since=-10)
+    assert event == {"status": lc.TIMEOUT, "actual_status": "running", "limit": lc.MAX_RUNTIME}
+    assert "ran longer than max_runtime" in lc.describe_event(event, 42)
+
+
 def test_job_gone_after_its_lease_expired_is_not_a_success():
     """The reaper may destroy an instance whose lease expired: gone then proves nothing about the job."""
     assert _job(None, gone=True, lease_until=-1) == {"status": lc.LEASE_EXPIRED}

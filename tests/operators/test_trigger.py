@@ -109,6 +109,7 @@ def test_serialize_round_trip_mirrors_init():
         poll_interval=3.5,
         boot_deadline=100.0,
         deadline=200.0,
+        max_runtime=60.0,
         destroy_on_kill=True,
         dph_total=0.4,
         label="afgm-0123456789ab-1900000000",
@@ -144,6 +145,14 @@ def test_job_mode_gone_is_success_and_stopped_is_failure(make_trigger, monkeypat
     assert ok["status"] == lifecycle.JOB_SUCCEEDED
     bad = _run(make_trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", "stopped"]), monkeypatch)
     assert bad == {"status": lifecycle.JOB_FAILED, "actual_status": "stopped", "instance_id": 7}
+
+
+def test_job_mode_max_runtime_counts_from_the_first_running_read(make_trigger, monkeypatch):
+    trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, max_runtime=0.0)
+    hook = FakeAsyncHook([None, "loading", "loading", "running"])
+    event = _run(trigger, hook, monkeypatch)
+    assert event["status"] == lifecycle.TIMEOUT and event["limit"] == lifecycle.MAX_RUNTIME
+    assert hook.reads == 4  # the boot's reads did not count against it
 
 
 def test_job_watch_keeps_the_lease_alive_through_the_label(make_trigger, monkeypatch):
