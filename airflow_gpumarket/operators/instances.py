@@ -13,19 +13,26 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, lifecycle
-from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, BaseOperator, TaskDeferred
+from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, TaskDeferred
 from airflow_gpumarket.exceptions import (
     GpuMarketError,
     GpuMarketOfferUnavailableError,
     GpuMarketValidationError,
 )
+from airflow_gpumarket.operators.base import GpuMarketBaseOperator
+from airflow_gpumarket.utils import (
+    DEFAULT_DEFERRABLE,
+    check_instance_id_argument,
+    duration_seconds,
+    instance_id_from,
+    is_templated,
+    resolved_at_run_time,
+)
 
 if TYPE_CHECKING:
-    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
     from airflow_gpumarket.types import Offer
 
 CREATION_FIELDS = (
@@ -57,84 +64,7 @@ _TYPED_FIELDS = {"disk", "runtype", "target_state", "price", "env", "volume_info
 _TYPED_FIELDS |= {"lang_utf8", "cancel_unavail", "vm", "onstart", "args_str", "image_login"}
 
 
-def _resolved_at_run_time(value: Any) -> bool:
-    """An upstream task's output (``XComArg``, ``.output``), a DAG param or a mapped argument, at any depth of a
-    mapping or list: Airflow resolves it when the task runs, so it is checked then."""
-    if callable(getattr(value, "resolve", None)) and hasattr(value, "iter_references"):
-        return True
-    if isinstance(value, Mapping):
-        return any(_resolved_at_run_time(k) or _resolved_at_run_time(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return any(_resolved_at_run_time(v) for v in value)
-    return False
-
-
-def _templated(value: Any) -> bool:
-    """Only known when the task runs: Jinja text or something Airflow resolves (see ``_resolved_at_run_time``)."""
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if _resolved_at_run_time(value):
-        return True
-    if isinstance(value, Mapping):
-        return any(_templated(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_templated(v) for v in value)
-    return False
-
-
-def _seconds(name: str, value: timedelta | float) -> float:
-    """A positive duration given as timedelta or seconds; refused at parse time otherwise."""
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    api.require_positive_number(name, seconds)
-    return float(seconds)
-
-
-def _read_default_deferrable() -> bool:
-    from airflow.configuration import conf
-
-    return conf.getboolean("operators", "default_deferrable", fallback=False)
-
-
-#: ``[operators] default_deferrable``, read once per process like the official providers do.
-DEFAULT_DEFERRABLE = _read_default_deferrable()
-
-
-def instance_id_from(value: Any) -> int | None:
-    """Accept an id, a numeric string, or the dict a renting operator returns; None/"None"/"" mean nothing."""
-    if isinstance(value, Mapping):
-        value = value.get("instance_id")
-    if value is None or (isinstance(value, str) and value.strip() in ("", "None", "null")):
-        return None
-    try:
-        instance_id = int(value)
-    except (TypeError, ValueError):
-        raise GpuMarketValidationError("instance_id", f"must be an instance id (integer), got {value!r}") from None
-    api.require_positive_int("instance_id", instance_id)
-    return instance_id
-
-
-def check_instance_id_argument(value: Any) -> None:
-    """Refuse a bad instance id when the DAG is parsed; a template or an upstream task's output (XComArg) is
-    checked when it is resolved."""
-    if not _templated(value):
-        instance_id_from(value)
-
-
-class _GpuMarketBaseOperator(BaseOperator):
-    """Connection handling shared by every operator of this provider."""
-
-    def __init__(self, *, gpumarket_conn_id: str = "gpumarket_default", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.gpumarket_conn_id = gpumarket_conn_id
-
-    @cached_property
-    def hook(self) -> GpuMarketHook:
-        from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
-
-        return GpuMarketHook(self.gpumarket_conn_id)
-
-
-class GpuMarketSearchOffersOperator(_GpuMarketBaseOperator):
+class GpuMarketSearchOffersOperator(GpuMarketBaseOperator):
     """Search offers and push them to XCom.
 
     :param offer_filters: the spec's filter object, e.g. ``{"gpu_name": {"eq": "RTX 4090"}}``.
@@ -162,7 +92,7 @@ class GpuMarketSearchOffersOperator(_GpuMarketBaseOperator):
         self.offer_order = offer_order
         self.limit = limit
         self.max_dph = max_dph
-        if not any(_templated(v) for v in (offer_filters, offer_type, offer_order, limit, max_dph)):
+        if not any(is_templated(v) for v in (offer_filters, offer_type, offer_order, limit, max_dph)):
             self._validate()
 
     def _validate(self) -> None:
@@ -205,7 +135,7 @@ def destroy_rentals_on_failure(context: Any) -> None:
     task._destroy_rentals_of_this_task(context, "the task failed")
 
 
-class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
+class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     """The one renting mechanism: offer choice, failover, labels, waiting, and destroy on every failure path.
 
     :param offer_id: rent exactly this offer (no failover to others).
@@ -284,8 +214,8 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
         self.offer_type = offer_type
         self.max_dph = max_dph
         self.max_offer_attempts = max_offer_attempts
-        self.boot_timeout = _seconds("boot_timeout", boot_timeout)
-        self.poll_interval = _seconds("poll_interval", poll_interval)
+        self.boot_timeout = duration_seconds("boot_timeout", boot_timeout)
+        self.poll_interval = duration_seconds("poll_interval", poll_interval)
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
         self.image = image
         self.template_hash_id = template_hash_id
@@ -332,7 +262,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
     def _job_script(self, base_url: str) -> str | None:
         from airflow_gpumarket.job_script import build_job_onstart
 
-        if _templated(self.command) or _templated(self.env):
+        if is_templated(self.command) or is_templated(self.env):
             return None  # checked after rendering, before anything is rented
         names = sorted(api.env_variables(self.env or {})) if self.export_env_to_ssh else []
         return build_job_onstart(self.command, base_url=base_url, export_env=names)  # type: ignore[arg-type]
@@ -345,23 +275,23 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                 raise GpuMarketValidationError(
                     "runtype", "'args' does not run the onstart script, so the command would never start; use ssh"
                 )
-            if not (parse_time and _templated(self.command)) and (
+            if not (parse_time and is_templated(self.command)) and (
                 not isinstance(self.command, str) or not self.command.strip()
             ):
                 raise GpuMarketValidationError("command", "must be a non-empty string of shell commands")
         deferred = parse_time and (
-            any(_templated(getattr(self, name)) for name in _TYPED_FIELDS)
-            or any(_resolved_at_run_time(getattr(self, name)) for name in CREATION_FIELDS)
+            any(is_templated(getattr(self, name)) for name in _TYPED_FIELDS)
+            or any(resolved_at_run_time(getattr(self, name)) for name in CREATION_FIELDS)
         )
         if not deferred:
             self._creation_body(label=lifecycle.make_label("0" * 12, 0), base_url=None)
-        if parse_time and _templated(self.offer_id):
+        if parse_time and is_templated(self.offer_id):
             return
         if self.offer_id is not None:
             api.require_positive_int("offer_id", self._offer_id_int())
-        if self.offer_filters is not None and not (parse_time and _templated(self.offer_filters)):
+        if self.offer_filters is not None and not (parse_time and is_templated(self.offer_filters)):
             api.build_search_body(self.offer_filters, offer_type=self.offer_type, order=self.offer_order)
-        if self.max_dph is not None and not (parse_time and _templated(self.max_dph)):
+        if self.max_dph is not None and not (parse_time and is_templated(self.max_dph)):
             api.require_positive_number("max_dph", self.max_dph)
 
     def _offer_id_int(self) -> int:
@@ -473,8 +403,8 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
     def _create(self, context: Any, offer: Mapping[str, Any]) -> dict[str, Any] | None:
         key = self._rental_key(context)
         created_at = time.time()
-        keepalive = self._keepalive_seconds()
-        lease = self._lease_seconds() if keepalive is None else min(keepalive, self._lease_seconds())
+        keepalive = self._keepaliveduration_seconds()
+        lease = self._leaseduration_seconds() if keepalive is None else min(keepalive, self._leaseduration_seconds())
         label = lifecycle.make_label(key, created_at + lease)
         body = self._creation_body(label=label, base_url=self.hook.settings.base_url)
         self.log.info(
@@ -502,7 +432,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             "gpu_name": offer.get("gpu_name"),
             "label": label,
             "created_at": created_at,
-            "lease_cap": created_at + self._lease_seconds(),
+            "lease_cap": created_at + self._leaseduration_seconds(),
         }
         if result.get("ambiguous"):
             rental["ambiguous"] = True
@@ -545,7 +475,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
                     deadline=deadline,
                     max_runtime=deadlines["max_runtime"],
                     label=rental.get("label"),
-                    keepalive=self._keepalive_seconds(),
+                    keepalive=self._keepaliveduration_seconds(),
                     lease_cap=rental.get("lease_cap"),
                     resume=resume,
                 ),
@@ -619,7 +549,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
 
     def _renew_lease(self, rental: dict[str, Any]) -> None:
         """Keep the label's lease ``keepalive`` ahead while this task watches (see ``lifecycle``)."""
-        keepalive = self._keepalive_seconds()
+        keepalive = self._keepaliveduration_seconds()
         if keepalive is None or rental.get("lease_cap") is None:
             return
         label = lifecycle.renewed_label(
@@ -758,7 +688,7 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
             "label": adopted.get("label"),
             "created_at": lifecycle.started_at(adopted, fallback=time.time(), now=time.time()),
         }
-        rental["lease_cap"] = rental["created_at"] + self._lease_seconds()
+        rental["lease_cap"] = rental["created_at"] + self._leaseduration_seconds()
         return rental
 
     def _may_adopt(self, instance: Mapping[str, Any]) -> bool:
@@ -775,11 +705,11 @@ class GpuMarketRentingBaseOperator(_GpuMarketBaseOperator):
     def _should_wait(self) -> bool:
         return True
 
-    def _lease_seconds(self) -> float:
+    def _leaseduration_seconds(self) -> float:
         """The whole lease: how long after creation the reaper may destroy the instance at the latest."""
         raise NotImplementedError
 
-    def _keepalive_seconds(self) -> float | None:
+    def _keepaliveduration_seconds(self) -> float | None:
         """How far ahead the lease is kept while this task watches, or None for the whole lease at once."""
         return None
 
@@ -818,13 +748,13 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
         self, *, wait_for_running: bool = True, lease: timedelta | float = timedelta(hours=6), **kwargs: Any
     ) -> None:
         self.wait_for_running = wait_for_running
-        self.lease = _seconds("lease", lease)
+        self.lease = duration_seconds("lease", lease)
         super().__init__(**kwargs)
 
     def _should_wait(self) -> bool:
         return self.wait_for_running
 
-    def _lease_seconds(self) -> float:
+    def _leaseduration_seconds(self) -> float:
         return self.lease  # type: ignore[return-value]
 
     def _summary(self, rental: dict[str, Any], status: str | None) -> dict[str, Any]:
@@ -872,8 +802,8 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
             raise GpuMarketValidationError("onstart", "is built from command by GpuMarketRunJobOperator; pass command")
         if command is None:
             raise GpuMarketValidationError("command", "is required: the shell commands the job runs")
-        self.max_runtime = _seconds("max_runtime", max_runtime)
-        self.keepalive = None if keepalive is None else _seconds("keepalive", keepalive)
+        self.max_runtime = duration_seconds("max_runtime", max_runtime)
+        self.keepalive = None if keepalive is None else duration_seconds("keepalive", keepalive)
         super().__init__(command=command, **kwargs)
         if self.keepalive is not None and self.keepalive < KEEPALIVE_POLLS * self.poll_interval:
             raise GpuMarketValidationError(
@@ -883,10 +813,10 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                 "make it longer, or None for one lease covering the whole job",
             )
 
-    def _lease_seconds(self) -> float:
+    def _leaseduration_seconds(self) -> float:
         return self.boot_timeout + self.max_runtime + JOB_LEASE_MARGIN_SECONDS
 
-    def _keepalive_seconds(self) -> float | None:
+    def _keepaliveduration_seconds(self) -> float | None:
         return self.keepalive
 
     def _deadlines(self, rental: dict[str, Any]) -> dict[str, float | None]:
@@ -918,7 +848,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         return summary
 
 
-class GpuMarketStopInstanceOperator(_GpuMarketBaseOperator):
+class GpuMarketStopInstanceOperator(GpuMarketBaseOperator):
     """Stop an instance: compute billing halts, disk charges continue (destroy to stop those too).
 
     :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated).
@@ -940,7 +870,7 @@ class GpuMarketStopInstanceOperator(_GpuMarketBaseOperator):
         return result
 
 
-class GpuMarketDestroyInstanceOperator(_GpuMarketBaseOperator):
+class GpuMarketDestroyInstanceOperator(GpuMarketBaseOperator):
     """Destroy an instance; idempotent (already gone is success), so it is made to be a teardown task.
 
     :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated). When it is
@@ -965,7 +895,7 @@ class GpuMarketDestroyInstanceOperator(_GpuMarketBaseOperator):
         return {"success": True, "destroyed": instance_id, "already_gone": bool(result.get("already_gone"))}
 
 
-class GpuMarketReapOrphansOperator(_GpuMarketBaseOperator):
+class GpuMarketReapOrphansOperator(GpuMarketBaseOperator):
     """Destroy instances this provider rented whose lease (in their label) has expired.
 
     For a maintenance DAG run every few minutes (one list walk per run): the last line of defence when a worker

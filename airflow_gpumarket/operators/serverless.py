@@ -7,10 +7,11 @@ from typing import Any
 
 from airflow_gpumarket import api
 from airflow_gpumarket._compat import AirflowException
-from airflow_gpumarket.operators.instances import _GpuMarketBaseOperator, _templated
+from airflow_gpumarket.operators.base import GpuMarketBaseOperator
+from airflow_gpumarket.utils import is_templated
 
 
-class GpuMarketCreateEndpointOperator(_GpuMarketBaseOperator):
+class GpuMarketCreateEndpointOperator(GpuMarketBaseOperator):
     """Create a serverless endpoint; returns the new endpoint's id (the response's ``result``).
 
     Every argument is one of the spec's 13 endpoint fields, templated, and only those given are sent. The
@@ -58,7 +59,7 @@ class GpuMarketCreateEndpointOperator(_GpuMarketBaseOperator):
         self.inactivity_timeout = inactivity_timeout
         self.overrecruit_ratio = overrecruit_ratio
         fields = self._fields()
-        if not any(_templated(v) for v in fields.values()):
+        if not any(is_templated(v) for v in fields.values()):
             api.build_endpoint_body(**fields)
 
     def _fields(self) -> dict[str, Any]:
@@ -73,7 +74,7 @@ class GpuMarketCreateEndpointOperator(_GpuMarketBaseOperator):
         return endpoint_id  # type: ignore[return-value]
 
 
-class GpuMarketDeleteDeploymentOperator(_GpuMarketBaseOperator):
+class GpuMarketDeleteDeploymentOperator(GpuMarketBaseOperator):
     """Soft-delete every deployment called ``name`` (and ``tag``), cascading to its endpoints and workers.
 
     Returns the number of deployments affected. A count of 0 succeeds by default, so the operator is safe as a
@@ -93,7 +94,7 @@ class GpuMarketDeleteDeploymentOperator(_GpuMarketBaseOperator):
         self.name = name
         self.tag = tag
         self.fail_if_none = fail_if_none
-        if not _templated(name) and not _templated(tag):
+        if not is_templated(name) and not is_templated(tag):
             api.build_delete_deployments_body(name, tag)
 
     def execute(self, context: Any) -> int:

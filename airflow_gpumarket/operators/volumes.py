@@ -8,7 +8,8 @@ from typing import Any
 from airflow_gpumarket import api
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketError
-from airflow_gpumarket.operators.instances import _GpuMarketBaseOperator, _templated
+from airflow_gpumarket.operators.base import GpuMarketBaseOperator
+from airflow_gpumarket.utils import is_templated
 
 # What to do about each documented error of the volume listing endpoint, keyed by status and message.
 _ADVICE = {
@@ -28,7 +29,7 @@ def advice_for(exc: GpuMarketError) -> str:
     return "see the server's message"
 
 
-class GpuMarketCreateVolumeListingOperator(_GpuMarketBaseOperator):
+class GpuMarketCreateVolumeListingOperator(GpuMarketBaseOperator):
     """Create or update volume ask listings on one or several machines; returns the listing result.
 
     The per-machine results (new contracts with their sizes, updated contracts, extended count) are logged and
@@ -54,7 +55,7 @@ class GpuMarketCreateVolumeListingOperator(_GpuMarketBaseOperator):
         self.machine = machine
         self.machines = machines
         self.hidden_listing = hidden_listing
-        if not any(_templated(v) for v in (machine, machines, hidden_listing)):
+        if not any(is_templated(v) for v in (machine, machines, hidden_listing)):
             api.build_volume_listing_body(machine=machine, machines=machines, hidden_listing=hidden_listing)
 
     def execute(self, context: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket._compat import AirflowFailException, BaseSensorOperator
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
-from airflow_gpumarket.operators.instances import DEFAULT_DEFERRABLE, check_instance_id_argument, instance_id_from
+from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, check_instance_id_argument, instance_id_from
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook

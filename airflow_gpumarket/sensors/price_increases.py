@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import api, price_increases
 from airflow_gpumarket._compat import AirflowException, AirflowFailException, BaseSensorOperator, PokeReturnValue
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.instances import DEFAULT_DEFERRABLE, _templated
+from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, is_templated
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
@@ -57,7 +57,7 @@ class GpuMarketPendingPriceIncreaseSensor(BaseSensorOperator):
         self.gpumarket_conn_id = gpumarket_conn_id
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
         api.require_positive_number("poke_interval", self.poke_interval)
-        if contract_ids is not None and not _templated(contract_ids):
+        if contract_ids is not None and not is_templated(contract_ids):
             self._contract_list()
 
     def _contract_list(self) -> list[int] | None:

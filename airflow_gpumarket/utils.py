@@ -1,0 +1,76 @@
+"""What several operators and sensors share: run-time values, durations, instance ids, the deferrable default.
+
+No Airflow import at module level but the configuration read once for ``DEFAULT_DEFERRABLE``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from airflow_gpumarket import api
+from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+
+def resolved_at_run_time(value: Any) -> bool:
+    """An upstream task's output (``XComArg``, ``.output``), a DAG param or a mapped argument, at any depth of a
+    mapping or list: Airflow resolves it when the task runs, so it is checked then."""
+    if callable(getattr(value, "resolve", None)) and hasattr(value, "iter_references"):
+        return True
+    if isinstance(value, Mapping):
+        return any(resolved_at_run_time(k) or resolved_at_run_time(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(resolved_at_run_time(v) for v in value)
+    return False
+
+
+def is_templated(value: Any) -> bool:
+    """Only known when the task runs: Jinja text or something Airflow resolves (see ``resolved_at_run_time``)."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if resolved_at_run_time(value):
+        return True
+    if isinstance(value, Mapping):
+        return any(is_templated(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(is_templated(v) for v in value)
+    return False
+
+
+def duration_seconds(name: str, value: timedelta | float) -> float:
+    """A positive duration given as timedelta or seconds; refused at parse time otherwise."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    api.require_positive_number(name, seconds)
+    return float(seconds)
+
+
+def read_default_deferrable() -> bool:
+    from airflow.configuration import conf
+
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
+
+
+#: ``[operators] default_deferrable``, read once per process like the official providers do.
+DEFAULT_DEFERRABLE = read_default_deferrable()
+
+
+def instance_id_from(value: Any) -> int | None:
+    """Accept an id, a numeric string, or the dict a renting operator returns; None/"None"/"" mean nothing."""
+    if isinstance(value, Mapping):
+        value = value.get("instance_id")
+    if value is None or (isinstance(value, str) and value.strip() in ("", "None", "null")):
+        return None
+    try:
+        instance_id = int(value)
+    except (TypeError, ValueError):
+        raise GpuMarketValidationError("instance_id", f"must be an instance id (integer), got {value!r}") from None
+    api.require_positive_int("instance_id", instance_id)
+    return instance_id
+
+
+def check_instance_id_argument(value: Any) -> None:
+    """Refuse a bad instance id when the DAG is parsed; a template or an upstream task's output (XComArg) is
+    checked when it is resolved."""
+    if not is_templated(value):
+        instance_id_from(value)
