@@ -72,6 +72,10 @@ BOOTING_STATUSES = (None, STATUS_LOADING)
 ONSTART_MAX_CHARS = 4048
 DEFAULT_DISK_GB = 8
 POLL_INTERVAL_SECONDS = 10
+#: Seconds to wait for each HTTP response unless the connection says otherwise.
+REQUEST_TIMEOUT_SECONDS = 30.0
+#: Characters of an unexpected body quoted in an error message.
+BODY_EXCERPT_CHARS = 200
 
 _PORT_KEY = re.compile(r"^-p (\d{1,5}):(\d{1,5})$")
 _OPERATOR_NAME = re.compile(r"^[a-z_]+$")
@@ -703,7 +707,7 @@ def expect_list(operation: str, body: Any, key: str | None) -> list[Any]:
     where = f"a list under {key!r}" if key else "a list"
     raise GpuMarketError(
         f"{operation}: the service answered HTTP 200 without {where}; it may be misconfigured or a proxy answered "
-        f"instead. Got: {str(body)[:200]!r}",
+        f"instead. Got: {str(body)[:BODY_EXCERPT_CHARS]!r}",
         status_code=200,
         operation=operation,
     )

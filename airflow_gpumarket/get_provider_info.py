@@ -1,12 +1,13 @@
 """Provider registration, read by Airflow through the ``apache_airflow_provider`` entry point.
 
-Plain data only (no imports of hooks or operators), so ``airflow providers list`` stays cheap. The connection
-form is declared here (``conn-fields``/``ui-field-behaviour``, the Airflow 3.2+ way) rather than in hook methods.
+Plain data and the defaults of ``api`` (no imports of hooks or operators), so ``airflow providers list`` stays
+cheap. The connection form is declared here (``conn-fields``/``ui-field-behaviour``, the Airflow 3.2+ way) rather
+than in hook methods; its defaults are the hook's own (``api.REQUEST_TIMEOUT_SECONDS``, ``api.RetryPolicy``).
 """
 
 from __future__ import annotations
 
-from airflow_gpumarket import __version__
+from airflow_gpumarket import __version__, api
 
 
 def get_provider_info() -> dict:
@@ -67,21 +68,21 @@ def get_provider_info() -> dict:
                     "timeout": {
                         "label": "Request timeout (s)",
                         "description": "Seconds to wait for each HTTP response.",
-                        "schema": {"type": ["number", "null"], "default": 30, "minimum": 1},
+                        "schema": {"type": ["number", "null"], "default": api.REQUEST_TIMEOUT_SECONDS, "minimum": 1},
                     },
                     "max_retries": {
                         "label": "Max retries",
                         "description": "Retries of a failed read, stop or destroy (429, 5xx, connection errors).",
-                        "schema": {"type": ["integer", "null"], "default": 5, "minimum": 0},
+                        "schema": {"type": ["integer", "null"], "default": api.RetryPolicy.max_retries, "minimum": 0},
                     },
                     "retry_min_wait": {
                         "label": "First retry wait (s)",
                         "description": "Backoff doubles from here, with jitter; a Retry-After header wins.",
-                        "schema": {"type": ["number", "null"], "default": 1, "minimum": 0},
+                        "schema": {"type": ["number", "null"], "default": api.RetryPolicy.min_wait, "minimum": 0},
                     },
                     "retry_max_wait": {
                         "label": "Longest retry wait (s)",
-                        "schema": {"type": ["number", "null"], "default": 60, "minimum": 0},
+                        "schema": {"type": ["number", "null"], "default": api.RetryPolicy.max_wait, "minimum": 0},
                     },
                     "ca_bundle": {
                         "label": "CA bundle path",

@@ -25,6 +25,10 @@ from airflow_gpumarket.exceptions import GpuMarketValidationError
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # {url}, {delimiter}, {command} and {export_env} are filled in; everything else is literal shell.
+#: Tries of the wrapper's own call that ends billing, and seconds each waits for an answer.
+END_BILLING_TRIES = 6
+END_BILLING_TIMEOUT_SECONDS = 30
+
 _TEMPLATE = """#!/bin/sh
 # airflow-provider-gpumarket job wrapper: run the command, then end billing from inside the instance.
 # exit 0 -> destroy this instance; other exit status -> stop it (disk kept for inspection).
@@ -41,20 +45,20 @@ if [ "$rc" -eq 0 ]; then m=DELETE; b=''; else m=PUT; b='{{"state":"stopped"}}'; 
 gpm_call() {{
   if command -v curl >/dev/null 2>&1; then
     if [ -n "$b" ]; then set -- -d "$b"; else set --; fi
-    curl -fsS -o /dev/null -X "$m" -H "Authorization: Bearer $CONTAINER_API_KEY" \\
+    curl -fsS --max-time {timeout} -o /dev/null -X "$m" -H "Authorization: Bearer $CONTAINER_API_KEY" \\
       -H 'Content-Type: application/json' "$@" "$GPM_URL"
   elif command -v python3 >/dev/null 2>&1; then
     python3 -c 'import os,sys,urllib.request as u
-u.urlopen(u.Request(sys.argv[1],data=sys.argv[3].encode() or None,method=sys.argv[2],headers={{"Authorization":"Bearer "+os.environ["CONTAINER_API_KEY"],"Content-Type":"application/json"}}),timeout=30)' "$GPM_URL" "$m" "$b"
+u.urlopen(u.Request(sys.argv[1],data=sys.argv[3].encode() or None,method=sys.argv[2],headers={{"Authorization":"Bearer "+os.environ["CONTAINER_API_KEY"],"Content-Type":"application/json"}}),timeout={timeout})' "$GPM_URL" "$m" "$b"
   else
     if [ -n "$b" ]; then set -- --body-data="$b"; else set --; fi
-    wget -q -O /dev/null --method="$m" --header="Authorization: Bearer $CONTAINER_API_KEY" \\
+    wget -q --timeout={timeout} -O /dev/null --method="$m" --header="Authorization: Bearer $CONTAINER_API_KEY" \\
       --header='Content-Type: application/json' "$@" "$GPM_URL"
   fi
 }}
 i=0
 until gpm_call; do
-  i=$((i+1)); [ "$i" -ge 6 ] && echo "gpumarket: could not end billing ($m); the operator will" && break
+  i=$((i+1)); [ "$i" -ge {tries} ] && echo "gpumarket: could not end billing ($m); the operator will" && break
   sleep $((i*i))
 done
 exit "$rc"
@@ -88,6 +92,8 @@ def build_job_onstart(command: str, *, base_url: str, export_env: Iterable[str] 
         delimiter=delimiter,
         command=command.rstrip("\n"),
         export_env=export,
+        tries=END_BILLING_TRIES,
+        timeout=END_BILLING_TIMEOUT_SECONDS,
     )
     try:
         return api.pack_onstart(script)

@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+#: Seconds between checks of the pending price increases by default (they are announced days ahead).
+CHECK_INTERVAL_SECONDS = 300.0
+
 _COSTS = (
     ("GPU", "old_gpu_costpersec", "new_gpu_costpersec"),
     ("disk+RAM", "old_disk_ram_costpersec", "new_disk_ram_costpersec"),

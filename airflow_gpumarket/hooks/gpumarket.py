@@ -54,7 +54,7 @@ class ConnectionSettings:
 
     base_url: str
     api_key: str = field(repr=False)
-    timeout: float = 30.0
+    timeout: float = api.REQUEST_TIMEOUT_SECONDS
     retry: api.RetryPolicy = api.RetryPolicy()
     verify: bool | str = True
 
@@ -128,7 +128,7 @@ def settings_from_connection(
         min_wait=_extra_number(extra, "retry_min_wait", api.RetryPolicy.min_wait, conn_id),
         max_wait=_extra_number(extra, "retry_max_wait", api.RetryPolicy.max_wait, conn_id),
     )
-    timeout = _extra_number(extra, "timeout", 30.0, conn_id) or 30.0
+    timeout = _extra_number(extra, "timeout", api.REQUEST_TIMEOUT_SECONDS, conn_id) or api.REQUEST_TIMEOUT_SECONDS
     ca_bundle = _extra(extra, "ca_bundle")
     return ConnectionSettings(base_url, password, timeout, policy, ca_bundle or True)
 

@@ -44,7 +44,7 @@ class GpuMarketPendingPriceIncreaseSensor(BaseSensorOperator):
         check_once: bool = False,
         gpumarket_conn_id: str = "gpumarket_default",
         deferrable: bool | None = None,
-        poke_interval: timedelta | float = 300.0,
+        poke_interval: timedelta | float = price_increases.CHECK_INTERVAL_SECONDS,
         mode: str = "poke",
         **kwargs: Any,
     ) -> None:

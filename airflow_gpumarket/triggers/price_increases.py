@@ -23,7 +23,7 @@ class GpuMarketPendingPriceIncreaseTrigger(BaseTrigger):
         *,
         gpumarket_conn_id: str = "gpumarket_default",
         contract_ids: list[int] | None = None,
-        poll_interval: float = 300.0,
+        poll_interval: float = price_increases.CHECK_INTERVAL_SECONDS,
     ) -> None:
         super().__init__()
         self.gpumarket_conn_id = gpumarket_conn_id
