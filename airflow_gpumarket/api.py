@@ -13,7 +13,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -304,105 +304,100 @@ class OfferQuery:
 _IMAGE_LOGIN = re.compile(r"^-u \S+ -p \S+ \S+$")
 
 
-def build_create_instance_body(
-    *,
-    image: str | None = None,
-    template_hash_id: str | None = None,
-    label: str | None = None,
-    disk: float | None = None,
-    runtype: str | None = None,
-    target_state: str | None = None,
-    price: float | None = None,
-    env: Mapping[str, str] | None = None,
-    onstart: str | None = None,
-    args_str: str | None = None,
-    use_jupyter_lab: bool | None = None,
-    jupyter_dir: str | None = None,
-    python_utf8: bool | None = None,
-    lang_utf8: bool | None = None,
-    image_login: str | None = None,
-    cancel_unavail: bool | None = None,
-    vm: bool | None = None,
-    volume_info: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Validate the creation fields against every rule of the spec and return the request body."""
-    if image is None and template_hash_id is None:
+def _require_bid(field: str, price: Any) -> None:
+    if not _is_number(price) or price <= 0:
         raise GpuMarketValidationError(
-            "image", "is required unless template_hash_id is given; name a container image or a template"
-        )
-    if image is not None:
-        require_text("image", image)
-    if template_hash_id is not None:
-        require_text("template_hash_id", template_hash_id)
-    if label is not None and not isinstance(label, str):
-        raise GpuMarketValidationError("label", f"must be a string, got {label!r}")
-    if disk is not None:
-        require_positive_number("disk", disk)
-    if runtype is not None:
-        require_choice("runtype", runtype, RUNTYPES)
-    if target_state is not None:
-        require_choice("target_state", target_state, TARGET_STATES)
-    if price is not None and (not _is_number(price) or price <= 0):
-        raise GpuMarketValidationError(
-            "price",
+            field,
             f"must be a bid in dollars per hour greater than 0, got {price!r}; "
             "omit it for an on-demand (not interruptible) instance",
         )
-    if env is not None:
-        validate_env(env)
-    if onstart is not None:
-        validate_onstart(onstart)
-        if runtype == "args":
-            raise GpuMarketValidationError(
-                "onstart", "only runs with the ssh and jupyter runtypes; with runtype 'args' it would be ignored"
-            )
-    if args_str is not None:
-        if not isinstance(args_str, str):
-            raise GpuMarketValidationError("args_str", f"must be a string, got {args_str!r}")
-        if runtype != "args":
-            raise GpuMarketValidationError(
-                "args_str", f"is only used with runtype 'args' (runtype is {runtype!r}); it would be ignored"
-            )
-    for name, flag in (
-        ("use_jupyter_lab", use_jupyter_lab),
-        ("python_utf8", python_utf8),
-        ("lang_utf8", lang_utf8),
-        ("cancel_unavail", cancel_unavail),
-        ("vm", vm),
-    ):
-        if flag is not None:
-            require_bool(name, flag)
-    if jupyter_dir is not None:
-        require_text("jupyter_dir", jupyter_dir)
-    if image_login is not None and (not isinstance(image_login, str) or not _IMAGE_LOGIN.match(image_login)):
+
+
+def _require_string(field: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise GpuMarketValidationError(field, f"must be a string, got {value!r}")
+
+
+def _require_image_login(field: str, value: Any) -> None:
+    if not isinstance(value, str) or not _IMAGE_LOGIN.match(value):
         # The value holds a registry token: never echo it.
         raise GpuMarketValidationError(
-            "image_login", "must have the form '-u <user> -p <access_token> <registry_host>' (value not shown)"
+            field, "must have the form '-u <user> -p <access_token> <registry_host>' (value not shown)"
         )
-    if volume_info is not None:
-        _validate_volume_info(volume_info)
-    return _drop_none(
-        {
-            "image": image,
-            "template_hash_id": template_hash_id,
-            "label": label,
-            "disk": disk,
-            "runtype": runtype,
-            "target_state": target_state,
-            "price": price,
-            "env": dict(env) if env is not None else None,
-            "onstart": onstart,
-            "args_str": args_str,
-            "use_jupyter_lab": use_jupyter_lab,
-            "jupyter_dir": jupyter_dir,
-            "python_utf8": python_utf8,
-            "lang_utf8": lang_utf8,
-            "image_login": image_login,
-            "cancel_unavail": cancel_unavail,
-            "vm": vm,
-            "volume_info": dict(volume_info) if volume_info is not None else None,
-        }
-    )
+
+
+@dataclass(frozen=True)
+class CreationField:
+    """One field of the spec's create-instance body.
+
+    ``rule`` checks a given value (None means "not sent"); ``text`` fields are plain strings whose value can be
+    checked even while it still holds Jinja, the others only once rendered; ``doc`` is the one-line description.
+    """
+
+    name: str
+    rule: Callable[[str, Any], None]
+    doc: str
+    text: bool = False
+
+
+#: The create-instance fields, in the spec's order: the request builder, the hook, the operators' template fields
+#: and their parse-time checks all come from here. Rules that tie two fields together are in
+#: ``build_create_instance_body``.
+CREATION_FIELDS: tuple[CreationField, ...] = (
+    CreationField("image", require_text, "container image (or template_hash_id)", text=True),
+    CreationField("template_hash_id", require_text, "a template to create from (or image)", text=True),
+    CreationField("disk", require_positive_number, "disk size in GB"),
+    CreationField("runtype", lambda f, v: require_choice(f, v, RUNTYPES), "how the instance is reached"),
+    CreationField("target_state", lambda f, v: require_choice(f, v, TARGET_STATES), "running or stopped"),
+    CreationField("price", _require_bid, "a bid in $/h (an interruptible instance)"),
+    CreationField("env", lambda f, v: validate_env(v, f), "environment variables and port mappings"),
+    CreationField("onstart", lambda f, v: validate_onstart(v), "script run at start (ssh and jupyter runtypes)"),
+    CreationField("args_str", _require_string, "arguments for runtype 'args'"),
+    CreationField("use_jupyter_lab", require_bool, "JupyterLab instead of Notebook"),
+    CreationField("jupyter_dir", require_text, "Jupyter's working directory", text=True),
+    CreationField("python_utf8", require_bool, "PYTHONUTF8=1"),
+    CreationField("lang_utf8", require_bool, "a UTF-8 locale"),
+    CreationField("image_login", _require_image_login, "registry login '-u <user> -p <token> <host>'"),
+    CreationField("cancel_unavail", require_bool, "fail at once when the offer is taken"),
+    CreationField("vm", require_bool, "a virtual machine instead of a container"),
+    CreationField("volume_info", lambda f, v: _validate_volume_info(v), "a volume to create or attach"),
+)
+CREATION_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in CREATION_FIELDS)
+
+
+def build_create_instance_body(*, label: str | None = None, **fields: Any) -> dict[str, Any]:
+    """Validate the creation fields (``CREATION_FIELDS``) against every rule of the spec; return the request body.
+
+    ``label`` is written by the caller (the operators write their own); any other keyword must be a creation field.
+    """
+    unknown = sorted(set(fields) - set(CREATION_FIELD_NAMES))
+    if unknown:
+        raise GpuMarketValidationError(
+            unknown[0], f"is not a creation field of the spec; the fields are: {', '.join(CREATION_FIELD_NAMES)}"
+        )
+    if fields.get("image") is None and fields.get("template_hash_id") is None:
+        raise GpuMarketValidationError(
+            "image", "is required unless template_hash_id is given; name a container image or a template"
+        )
+    if label is not None:
+        _require_string("label", label)
+    for field in CREATION_FIELDS:
+        if fields.get(field.name) is not None:
+            field.rule(field.name, fields[field.name])
+    runtype = fields.get("runtype")
+    if fields.get("onstart") is not None and runtype == "args":
+        raise GpuMarketValidationError(
+            "onstart", "only runs with the ssh and jupyter runtypes; with runtype 'args' it would be ignored"
+        )
+    if fields.get("args_str") is not None and runtype != "args":
+        raise GpuMarketValidationError(
+            "args_str", f"is only used with runtype 'args' (runtype is {runtype!r}); it would be ignored"
+        )
+    body: dict[str, Any] = {name: fields.get(name) for name in CREATION_FIELD_NAMES}
+    for name in ("env", "volume_info"):  # a copy: the caller's mapping is never sent or changed by reference
+        if (value := body[name]) is not None:
+            body[name] = dict(value)
+    return _drop_none({**body, "label": label})
 
 
 def _validate_volume_info(volume_info: Any) -> None:

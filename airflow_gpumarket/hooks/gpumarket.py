@@ -343,33 +343,13 @@ class GpuMarketHook(_GpuMarketHookBase):
         result = self._call("search_offers", "POST", api.PATH_SEARCH_OFFERS, body)
         return api.expect_list("search_offers", result, "offers")
 
-    def create_instance(
-        self,
-        offer_id: int,
-        *,
-        image: str | None = None,
-        template_hash_id: str | None = None,
-        label: str | None = None,
-        disk: float | None = None,
-        runtype: str | None = None,
-        target_state: str | None = None,
-        price: float | None = None,
-        env: Mapping[str, str] | None = None,
-        onstart: str | None = None,
-        args_str: str | None = None,
-        use_jupyter_lab: bool | None = None,
-        jupyter_dir: str | None = None,
-        python_utf8: bool | None = None,
-        lang_utf8: bool | None = None,
-        image_login: str | None = None,
-        cancel_unavail: bool | None = None,
-        vm: bool | None = None,
-        volume_info: Mapping[str, Any] | None = None,
-    ) -> types.CreateInstanceResult:
+    def create_instance(self, offer_id: int, *, label: str | None = None, **fields: Any) -> types.CreateInstanceResult:
         """Rent offer ``offer_id``; returns ``success``, ``new_contract`` (the instance id), ``instance_api_key``.
 
-        Every argument is validated before anything is sent. Creation is not idempotent on the wire, so a
-        failure is re-sent only when it surely made nothing (429, 503, connection never established). After an
+        ``fields`` are the spec's creation fields (``api.CREATION_FIELDS``: image, template_hash_id, disk, runtype,
+        target_state, price, env, onstart, args_str, ...). Every argument is validated before anything is sent.
+        Creation is not idempotent on the wire, so a failure is re-sent only when it surely made nothing (429, 503,
+        connection never established). After an
         ambiguous failure (timeout, dropped connection, 500/502/504) the hook looks for an instance carrying
         ``label`` (again after the request timeout, when the first look finds none) and returns it (with
         ``instance_api_key`` None) instead of renting twice; without a label it raises
@@ -378,26 +358,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         duplicates of its label later (the operators do).
         """
         api.require_positive_int("offer_id", offer_id)
-        body = api.build_create_instance_body(
-            image=image,
-            template_hash_id=template_hash_id,
-            label=label,
-            disk=disk,
-            runtype=runtype,
-            target_state=target_state,
-            price=price,
-            env=env,
-            onstart=onstart,
-            args_str=args_str,
-            use_jupyter_lab=use_jupyter_lab,
-            jupyter_dir=jupyter_dir,
-            python_utf8=python_utf8,
-            lang_utf8=lang_utf8,
-            image_login=image_login,
-            cancel_unavail=cancel_unavail,
-            vm=vm,
-            volume_info=volume_info,
-        )
+        body = api.build_create_instance_body(label=label, **fields)
         path = api.PATH_CREATE_INSTANCE.format(offer_id=offer_id)
         failed_at: float | None = None  # monotonic time of the last ambiguous failure
         for attempt in tenacity.Retrying(**self._retry_kwargs(tenacity.retry_if_exception(api.is_retryable))):

@@ -35,33 +35,13 @@ from airflow_gpumarket.utils import (
 if TYPE_CHECKING:
     from airflow_gpumarket.types import Offer
 
-CREATION_FIELDS = (
-    "image",
-    "template_hash_id",
-    "disk",
-    "runtype",
-    "target_state",
-    "price",
-    "env",
-    "onstart",
-    "args_str",
-    "use_jupyter_lab",
-    "jupyter_dir",
-    "python_utf8",
-    "lang_utf8",
-    "image_login",
-    "cancel_unavail",
-    "vm",
-    "volume_info",
-)
 #: A job's whole lease runs this long past its boot and run time limits.
 JOB_LEASE_MARGIN_SECONDS = 15 * 60
 #: A kept-alive lease spans at least this many poll intervals, so a renewal always comes before it runs out.
 KEEPALIVE_POLLS = 3
 
-# Fields whose templated (Jinja) value cannot be checked before rendering; strings like image or env values can.
-_TYPED_FIELDS = {"disk", "runtype", "target_state", "price", "env", "volume_info", "use_jupyter_lab", "python_utf8"}
-_TYPED_FIELDS |= {"lang_utf8", "cancel_unavail", "vm", "onstart", "args_str", "image_login"}
+#: Creation fields whose templated (Jinja) value cannot be checked before rendering (plain text fields can).
+_TYPED_FIELDS = tuple(field.name for field in api.CREATION_FIELDS if not field.text)
 
 
 class GpuMarketSearchOffersOperator(GpuMarketBaseOperator):
@@ -150,10 +130,10 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     :param poll_interval: seconds between status reads (default 10, as the spec recommends).
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``). The task's
         ``execution_timeout`` counts the whole try, deferred waits included.
-    :param image, template_hash_id, disk, runtype, target_state, price, env, onstart, args_str, use_jupyter_lab,
-        jupyter_dir, python_utf8, lang_utf8, image_login, cancel_unavail, vm, volume_info: the spec's creation
-        fields, sent as given (``cancel_unavail`` defaults to True so a taken offer fails fast and the next is
-        tried). The label is written by the operator (see ``airflow_gpumarket.lifecycle``).
+    :param image: and every other field of ``api.CREATION_FIELDS`` (template_hash_id, disk, runtype, target_state,
+        price, env, onstart, ...): the spec's creation fields, sent as given (``cancel_unavail`` defaults to True
+        so a taken offer fails fast and the next is tried). The label is written by the operator (see
+        ``airflow_gpumarket.lifecycle``).
     """
 
     template_fields: Sequence[str] = (
@@ -162,7 +142,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         "offer_order",
         "max_dph",
         "command",
-        *CREATION_FIELDS,
+        *api.CREATION_FIELD_NAMES,
     )
     template_fields_renderers = {"env": "json", "offer_filters": "json", "onstart": "bash", "command": "bash"}
     ui_color = "#c9e7ff"
@@ -217,23 +197,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         self.boot_timeout = duration_seconds("boot_timeout", boot_timeout)
         self.poll_interval = duration_seconds("poll_interval", poll_interval)
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
-        self.image = image
-        self.template_hash_id = template_hash_id
-        self.disk = disk
-        self.runtype = runtype
-        self.target_state = target_state
-        self.price = price
-        self.env = env
-        self.onstart = onstart
-        self.args_str = args_str
-        self.use_jupyter_lab = use_jupyter_lab
-        self.jupyter_dir = jupyter_dir
-        self.python_utf8 = python_utf8
-        self.lang_utf8 = lang_utf8
-        self.image_login = image_login
-        self.cancel_unavail = cancel_unavail
-        self.vm = vm
-        self.volume_info = volume_info
+        given = locals()  # each creation field is a keyword above (autocompletion, default_args); kept as given
+        for name in api.CREATION_FIELD_NAMES:
+            setattr(self, name, given[name])
         self._instance_id: int | None = None
         self._creating_label: str | None = None
         self._killed = False
@@ -254,7 +220,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     # --- validation ------------------------------------------------------------------------------------
     def _creation_fields(self, base_url: str | None = None) -> dict[str, Any]:
-        fields = {name: getattr(self, name) for name in CREATION_FIELDS}
+        fields = {name: getattr(self, name) for name in api.CREATION_FIELD_NAMES}
         if self.command is not None:
             fields["onstart"] = self._job_script(base_url or "https://api.example.invalid")
         return fields
@@ -281,7 +247,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 raise GpuMarketValidationError("command", "must be a non-empty string of shell commands")
         deferred = parse_time and (
             any(is_templated(getattr(self, name)) for name in _TYPED_FIELDS)
-            or any(resolved_at_run_time(getattr(self, name)) for name in CREATION_FIELDS)
+            or any(resolved_at_run_time(getattr(self, name)) for name in api.CREATION_FIELD_NAMES)
         )
         if not deferred:
             self._creation_body(label=lifecycle.make_label("0" * 12, 0), base_url=None)

@@ -143,3 +143,24 @@ def test_run_job_defaults_to_an_onstart_runtype_and_wraps_the_command():
     assert body["runtype"] == "ssh_proxy"
     assert "python train.py" in body["onstart"] and "CONTAINER_API_KEY" in body["onstart"]
     assert "http://127.0.0.1:1/api/v0/instances/" in body["onstart"]
+
+
+def test_creation_fields_are_named_once_in_the_api_table_and_the_operator_takes_each():
+    """api.CREATION_FIELDS drives the request body, the hook, template_fields and parse-time checks; the renting
+    operator also names each as a keyword (autocompletion, default_args): this keeps the two in step."""
+    import inspect
+
+    from airflow_gpumarket import api
+    from airflow_gpumarket.operators.instances import GpuMarketRentingBaseOperator
+
+    keywords = set(inspect.signature(GpuMarketRentingBaseOperator.__init__).parameters)
+    assert set(api.CREATION_FIELD_NAMES) <= keywords
+    assert set(api.CREATION_FIELD_NAMES) <= set(GpuMarketRentingBaseOperator.template_fields)
+    assert len(set(api.CREATION_FIELD_NAMES)) == len(api.CREATION_FIELD_NAMES) == 17
+
+
+def test_a_field_the_spec_does_not_name_is_refused_naming_it():
+    from airflow_gpumarket import api
+
+    with pytest.raises(GpuMarketValidationError, match="gpu_count: is not a creation field of the spec"):
+        api.build_create_instance_body(image="img", gpu_count=2)
