@@ -491,40 +491,11 @@ class GpuMarketHook(_GpuMarketHookBase):
         body = api.build_volume_listing_body(machine=machine, machines=machines, hidden_listing=hidden_listing)
         return self._call("create_volume_listings", "POST", api.PATH_VOLUMES, body)
 
-    def create_endpoint(
-        self,
-        *,
-        min_load: float | None = None,
-        min_cold_load: float | None = None,
-        target_util: float | None = None,
-        cold_mult: float | None = None,
-        cold_workers: int | None = None,
-        max_workers: int | None = None,
-        max_queue_time: float | None = None,
-        target_queue_time: float | None = None,
-        autoscaler_instance: str | None = None,
-        endpoint_state: str | None = None,
-        endpoint_name: str | None = None,
-        inactivity_timeout: float | None = None,
-        overrecruit_ratio: float | None = None,
-    ) -> types.EndpointResult:
-        """Create a serverless endpoint; ``result`` is the new endpoint's id. Not retried after it may have
-        been processed (5xx, timeouts): creating is not idempotent."""
-        body = api.build_endpoint_body(
-            min_load=min_load,
-            min_cold_load=min_cold_load,
-            target_util=target_util,
-            cold_mult=cold_mult,
-            cold_workers=cold_workers,
-            max_workers=max_workers,
-            max_queue_time=max_queue_time,
-            target_queue_time=target_queue_time,
-            autoscaler_instance=autoscaler_instance,
-            endpoint_state=endpoint_state,
-            endpoint_name=endpoint_name,
-            inactivity_timeout=inactivity_timeout,
-            overrecruit_ratio=overrecruit_ratio,
-        )
+    def create_endpoint(self, **fields: Any) -> types.EndpointResult:
+        """Create a serverless endpoint from the spec's endpoint fields (``api.ENDPOINT_FIELDS``); ``result`` is the
+        new endpoint's id. Not retried after it may have been processed (5xx, timeouts): creating is not
+        idempotent."""
+        body = api.build_endpoint_body(**fields)
         return self._call_unless_processed("create_endpoint", "POST", api.PATH_ENDPOINTS, body)
 
     def delete_deployments(self, name: str, tag: str | None = None) -> types.DeleteDeploymentsResult:

@@ -45,19 +45,9 @@ class GpuMarketCreateEndpointOperator(GpuMarketBaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.endpoint_name = endpoint_name
-        self.endpoint_state = endpoint_state
-        self.min_load = min_load
-        self.min_cold_load = min_cold_load
-        self.target_util = target_util
-        self.cold_mult = cold_mult
-        self.cold_workers = cold_workers
-        self.max_workers = max_workers
-        self.max_queue_time = max_queue_time
-        self.target_queue_time = target_queue_time
-        self.autoscaler_instance = autoscaler_instance
-        self.inactivity_timeout = inactivity_timeout
-        self.overrecruit_ratio = overrecruit_ratio
+        given = locals()  # each endpoint field is a keyword above (autocompletion, default_args); kept as given
+        for name in api.ENDPOINT_FIELDS:
+            setattr(self, name, given[name])
         fields = self._fields()
         if not any(is_templated(v) for v in fields.values()):
             api.build_endpoint_body(**fields)

@@ -209,3 +209,14 @@ def test_price_sensor_deferred_event_is_reported_like_a_poke():
         sensor.execute_complete({}, {"status": "found", "pending": [INCREASE], "truncated": True})
     with pytest.raises(AirflowException, match="refused"):
         sensor.execute_complete({}, {"status": "error", "message": "refused"})
+
+
+def test_endpoint_fields_are_named_once_in_the_api_and_the_operator_takes_each():
+    import inspect
+
+    from airflow_gpumarket import api
+    from airflow_gpumarket.operators.serverless import GpuMarketCreateEndpointOperator
+
+    keywords = set(inspect.signature(GpuMarketCreateEndpointOperator.__init__).parameters)
+    assert set(api.ENDPOINT_FIELDS) <= keywords
+    assert len(set(api.ENDPOINT_FIELDS)) == len(api.ENDPOINT_FIELDS) == 13

@@ -353,9 +353,7 @@ def test_endpoint_body_rejects_an_unknown_field():
 
 
 def test_create_endpoint_rejects_an_unknown_keyword_before_sending(wire, hook):
-    with pytest.raises(TypeError, match="max_worker"):
-        hook.create_endpoint(max_worker=3)
-    assert wire.call_count == 0
+    assert_rejected(wire, lambda: hook.create_endpoint(max_worker=3), "max_worker", "max_workers")
 
 
 # --- Volume listings ---------------------------------------------------------------------------------------
