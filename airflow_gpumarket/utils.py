@@ -12,10 +12,15 @@ from typing import Any
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 
+#: Values that are never resolved at run time (checked first: this runs for every field of every task parsed).
+_PLAIN = (str, int, float, type(None), timedelta)
+
 
 def resolved_at_run_time(value: Any) -> bool:
     """An upstream task's output (``XComArg``, ``.output``), a DAG param or a mapped argument, at any depth of a
     mapping or list: Airflow resolves it when the task runs, so it is checked then."""
+    if isinstance(value, _PLAIN):
+        return False
     if callable(getattr(value, "resolve", None)) and hasattr(value, "iter_references"):
         return True
     if isinstance(value, Mapping):
@@ -29,6 +34,8 @@ def is_templated(value: Any) -> bool:
     """Only known when the task runs: Jinja text or something Airflow resolves (see ``resolved_at_run_time``)."""
     if isinstance(value, str):
         return "{{" in value or "{%" in value
+    if isinstance(value, _PLAIN):
+        return False
     if resolved_at_run_time(value):
         return True
     if isinstance(value, Mapping):
