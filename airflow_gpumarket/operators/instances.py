@@ -370,7 +370,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         key = self._rental_key(context)
         created_at = time.time()
         keepalive = self._keepaliveduration_seconds()
-        lease = self._leaseduration_seconds() if keepalive is None else min(keepalive, self._leaseduration_seconds())
+        lease = self._lease_seconds() if keepalive is None else min(keepalive, self._lease_seconds())
         label = lifecycle.make_label(key, created_at + lease)
         body = self._creation_body(label=label, base_url=self.hook.settings.base_url)
         self.log.info(
@@ -398,7 +398,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             "gpu_name": offer.get("gpu_name"),
             "label": label,
             "created_at": created_at,
-            "lease_cap": created_at + self._leaseduration_seconds(),
+            "lease_cap": created_at + self._lease_seconds(),
         }
         if result.get("ambiguous"):
             rental["ambiguous"] = True
@@ -482,6 +482,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                     raise
                 self.log.warning("Reading instance %s failed after retries (%s); still polling", instance_id, exc)
                 status = last_status  # nothing new was learnt: judge by the last status read
+            if self._killed:  # on_kill ran during the read and destroyed the instance: "gone" is not the job's doing
+                raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
             seen_running = seen_running or status == api.STATUS_RUNNING
             if seen_running and running_since is None:
                 running_since = time.time()
@@ -654,7 +656,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             "label": adopted.get("label"),
             "created_at": lifecycle.started_at(adopted, fallback=time.time(), now=time.time()),
         }
-        rental["lease_cap"] = rental["created_at"] + self._leaseduration_seconds()
+        rental["lease_cap"] = rental["created_at"] + self._lease_seconds()
         return rental
 
     def _may_adopt(self, instance: Mapping[str, Any]) -> bool:
@@ -671,7 +673,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     def _should_wait(self) -> bool:
         return True
 
-    def _leaseduration_seconds(self) -> float:
+    def _lease_seconds(self) -> float:
         """The whole lease: how long after creation the reaper may destroy the instance at the latest."""
         raise NotImplementedError
 
@@ -720,7 +722,7 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
     def _should_wait(self) -> bool:
         return self.wait_for_running
 
-    def _leaseduration_seconds(self) -> float:
+    def _lease_seconds(self) -> float:
         return self.lease  # type: ignore[return-value]
 
     def _summary(self, rental: dict[str, Any], status: str | None) -> dict[str, Any]:
@@ -779,7 +781,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                 "make it longer, or None for one lease covering the whole job",
             )
 
-    def _leaseduration_seconds(self) -> float:
+    def _lease_seconds(self) -> float:
         return self.boot_timeout + self.max_runtime + JOB_LEASE_MARGIN_SECONDS
 
     def _keepaliveduration_seconds(self) -> float | None:

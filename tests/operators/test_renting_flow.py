@@ -1,0 +1,268 @@
+"""The renting flow with a mocked hook: every path that must destroy what the task rented, and the ones that must not.
+
+The simulator tests (tests/integration) run the same paths end to end; these pin down the operator's own decisions
+(which instance, when, with which message) without a server. Each instance has a script of statuses that its
+successive reads return; ``GONE`` means the read and the list agree it no longer exists.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+import pytest
+
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, TaskDeferred
+from airflow_gpumarket.exceptions import GpuMarketServerError
+from airflow_gpumarket.operators.instances import (
+    GpuMarketCreateInstanceOperator,
+    GpuMarketRunJobOperator,
+    destroy_rentals_on_failure,
+)
+
+GONE = "gone"
+
+
+class FakeHook:
+    """Offers 1..n; instances 1001, 1002, ... whose reads follow ``scripts[offer_id]`` (the last entry repeats)."""
+
+    def __init__(self, scripts: dict[int, list], *, destroy_fails: bool = False) -> None:
+        self.scripts = scripts
+        self.instances: dict[int, dict] = {}
+        self.reads: dict[int, list] = {}
+        self.destroyed: list[int] = []
+        self.labels: list[tuple[int, str]] = []
+        self.destroy_fails = destroy_fails
+        self.settings = SimpleNamespace(base_url="https://api.example.com")
+
+    def search_offers(self, filters, *, offer_type="ondemand", order=None, limit=None):
+        return [{"id": offer_id, "dph_total": 0.5, "gpu_name": "RTX 4090"} for offer_id in self.scripts]
+
+    def create_instance(self, offer_id, **body):
+        instance_id = 1000 + len(self.instances) + 1
+        self.instances[instance_id] = {"id": instance_id, "offer_id": offer_id, "label": body.get("label")}
+        self.reads[instance_id] = list(self.scripts[offer_id])
+        return {"success": True, "new_contract": instance_id}
+
+    def _status(self, instance_id):
+        script = self.reads[instance_id]
+        return script.pop(0) if len(script) > 1 else script[0]
+
+    def find_instance(self, instance_id):
+        if instance_id in self.destroyed:
+            return None
+        status = self._status(instance_id)
+        return None if status == GONE else {**self.instances[instance_id], "actual_status": status}
+
+    def list_instances(self, *, label=None, ids=None):
+        alive = [i for i in self.instances.values() if i["id"] not in self.destroyed]
+        return [i for i in alive if label is None or i["label"] == label]
+
+    def label_instance(self, instance_id, label):
+        self.labels.append((instance_id, label))
+        self.instances[instance_id]["label"] = label
+        return {"success": True}
+
+    def destroy_instance(self, instance_id):
+        if self.destroy_fails:
+            raise GpuMarketServerError("destroy_instance: HTTP 503 after retries", status_code=503)
+        already = instance_id in self.destroyed
+        self.destroyed.append(instance_id)
+        return {"success": True, "already_gone": already}
+
+    def alive(self) -> list[int]:
+        return [i for i in self.instances if i not in self.destroyed]
+
+
+def ctx(try_number: int = 1) -> dict:
+    ti = SimpleNamespace(try_number=try_number, map_index=-1, start_date=datetime.now(UTC))
+    return {"run_id": "run-1", "ti": ti}
+
+
+def job(hook: FakeHook, **kwargs) -> GpuMarketRunJobOperator:
+    kwargs.setdefault("command", "python train.py")
+    kwargs.setdefault("poll_interval", 0.001)
+    op = GpuMarketRunJobOperator(task_id="job", offer_filters={"num_gpus": {"gte": 1}}, image="img", **kwargs)
+    op.__dict__["hook"] = hook  # the cached_property, replaced
+    return op
+
+
+def test_job_that_exits_zero_succeeds_and_needs_no_destroy():
+    hook = FakeHook({1: [None, "loading", "running", GONE]})
+    result = job(hook).execute(ctx())
+    assert result["job_status"] == "succeeded" and hook.destroyed == []
+
+
+def test_job_that_fails_is_destroyed_and_fails_the_task():
+    hook = FakeHook({1: ["running", "stopped"]})
+    with pytest.raises(AirflowException, match="failed: the instance is in status 'stopped'"):
+        job(hook).execute(ctx())
+    assert hook.destroyed == [1001] and hook.alive() == []
+
+
+@pytest.mark.parametrize("fate", ["exited", "unknown", "offline"])
+def test_host_that_never_runs_is_destroyed_before_the_next_offer_is_tried(fate):
+    hook = FakeHook({1: [None, fate], 2: ["running", GONE]})
+    result = job(hook).execute(ctx())
+    assert result["instance_id"] == 1002 and hook.destroyed == [1001]
+
+
+def test_boot_timeout_destroys_and_fails_over_and_the_last_failure_names_every_reason():
+    hook = FakeHook({1: ["loading"], 2: ["loading"]})
+    with pytest.raises(AirflowException, match=r"after trying 2 offer\(s\).*did not reach running") as caught:
+        job(hook, boot_timeout=0.01, max_offer_attempts=2).execute(ctx())
+    assert hook.destroyed == [1001, 1002] and hook.alive() == []
+    assert "Nothing is left running" in str(caught.value)
+
+
+def test_an_error_while_waiting_destroys_the_instance():
+    hook = FakeHook({1: ["running"]})
+    op = job(hook)
+    hook.find_instance = lambda instance_id: (_ for _ in ()).throw(RuntimeError("worker bug"))
+    with pytest.raises(RuntimeError, match="worker bug"):
+        op.execute(ctx())
+    assert hook.alive() == []
+
+
+def test_on_kill_while_waiting_destroys_at_once():
+    hook = FakeHook({1: ["running"]})
+    op = job(hook)
+    reads = hook.find_instance
+
+    def read_then_kill(instance_id):
+        op.on_kill()  # SIGTERM arrives while the job runs
+        return reads(instance_id)
+
+    hook.find_instance = read_then_kill
+    with pytest.raises(AirflowException, match="killed"):
+        op.execute(ctx())
+    assert hook.destroyed[0] == 1001 and hook.alive() == []
+
+
+def test_on_kill_during_a_create_whose_answer_never_came_finds_the_instance_by_its_label():
+    hook = FakeHook({1: ["running"]})
+    op = job(hook)
+    create = hook.create_instance
+
+    def create_then_die(offer_id, **body):
+        create(offer_id, **body)  # the server made it...
+        op.on_kill()  # ...and the task was killed before the answer arrived
+        raise KeyboardInterrupt
+
+    hook.create_instance = create_then_die
+    with pytest.raises(KeyboardInterrupt):
+        op.execute(ctx())
+    assert hook.destroyed == [1001]
+
+
+def test_a_destroy_that_keeps_failing_fails_loudly_with_the_instance_id():
+    hook = FakeHook({1: ["running", "stopped"]}, destroy_fails=True)
+    with pytest.raises(AirflowException, match="DESTROY FAILED for instance 1001: it may still be billing"):
+        job(hook).execute(ctx())
+
+
+def test_a_job_found_gone_after_its_lease_expired_is_not_a_success():
+    hook = FakeHook({1: ["running", GONE]})
+    op = job(hook, keepalive=None, max_runtime=1)
+    op._lease_seconds = lambda: -60  # the lease (boot + max_runtime + margin) ran out before the job ended
+    with pytest.raises(AirflowException, match="outcome is unknown"):
+        op.execute(ctx())
+
+
+class Clock:
+    """The operator module's clock: ``sleep`` moves time on at once (labels hold whole epoch seconds)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_the_worker_renews_the_lease_through_the_label(monkeypatch):
+    from airflow_gpumarket.operators import instances
+
+    clock = Clock()
+    monkeypatch.setattr(instances, "time", clock)
+    hook = FakeHook({1: ["running"] * 12 + [GONE]})
+    op = job(hook, keepalive=timedelta(minutes=3), poll_interval=60)
+    assert op.execute(ctx())["job_status"] == "succeeded"
+    leases = [lifecycle.lease_of(label) for _, label in hook.labels]
+    assert len(leases) >= 3 and leases == sorted(leases)  # renewed again and again, never backwards
+    assert leases[-1] >= clock.now - 60  # still ahead at the last read that saw the job running
+
+
+def test_retry_adopts_a_running_earlier_instance_and_destroys_the_other_leftovers():
+    hook = FakeHook({1: ["running"], 2: ["running", GONE]})
+    op = job(hook)
+    key = op._rental_key(ctx())
+    for offer_id in (1, 2):  # two instances of earlier tries (one a duplicate of an ambiguous create)
+        hook.create_instance(offer_id, label=lifecycle.make_label(key, time.time() + 600))
+    for instance in hook.instances.values():
+        instance["actual_status"] = "running"
+    result = op.execute(ctx(try_number=2))
+    assert result["instance_id"] == 1002  # the newest is kept, the older destroyed
+    assert hook.destroyed == [1001] and len(hook.instances) == 2  # nothing rented anew
+
+
+def test_deferring_creates_then_defers_and_a_failed_event_destroys():
+    hook = FakeHook({1: ["running"]})
+    op = job(hook, deferrable=True)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx())
+    resume = deferred.value.kwargs
+    resumed = job(hook, deferrable=True)  # Airflow resumes on a fresh operator object
+    event = {"status": lifecycle.JOB_FAILED, "instance_id": 1001, "actual_status": "stopped"}
+    with pytest.raises(AirflowException, match="failed"):
+        resumed.execute_complete(ctx(), event, **resume)
+    assert hook.alive() == []
+
+
+def test_a_deferred_wait_ended_by_execution_timeout_destroys_and_says_so():
+    hook = FakeHook({1: ["running"]})
+    op = job(hook, deferrable=True, execution_timeout=timedelta(seconds=60))
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx())
+    event = {"status": lifecycle.TIMEOUT, "instance_id": 1001, "actual_status": "running"}
+    with pytest.raises(AirflowTaskTimeout, match="execution_timeout .* elapsed"):
+        job(hook, deferrable=True, execution_timeout=timedelta(seconds=60)).execute_complete(
+            ctx(), event, **deferred.value.kwargs
+        )
+    assert hook.alive() == []
+
+
+def test_a_trigger_failure_destroys_every_instance_of_the_task_by_its_label_key():
+    from airflow.models.trigger import TRIGGER_FAIL_REPR
+
+    hook = FakeHook({1: ["running"]})
+    with pytest.raises(TaskDeferred):
+        job(hook, deferrable=True).execute(ctx())
+    with pytest.raises(Exception, match="Trigger failure"):
+        job(hook, deferrable=True).resume_execution(TRIGGER_FAIL_REPR, {"error": "Trigger failure"}, ctx())
+    assert hook.alive() == []
+
+
+def test_failure_callback_destroys_what_a_lost_worker_rented():
+    hook = FakeHook({1: ["running"]})
+    with pytest.raises(TaskDeferred):
+        job(hook, deferrable=True).execute(ctx())
+    parsed = job(hook)  # what the DAG processor parsed
+    destroy_rentals_on_failure({**ctx(), "task": parsed})
+    assert hook.alive() == []
+
+
+def test_create_instance_operator_hands_over_a_running_instance_without_destroying_it():
+    hook = FakeHook({1: [None, "running"]})
+    op = GpuMarketCreateInstanceOperator(
+        task_id="create", offer_filters={"num_gpus": {"gte": 1}}, image="img", poll_interval=0.001
+    )
+    op.__dict__["hook"] = hook
+    hook.get_instance = lambda instance_id: {"ssh_host": "h", "ssh_port": 22}
+    result = op.execute(ctx())
+    assert result["instance_id"] == 1001 and hook.destroyed == []
+    assert op._instance_id is None  # a later on_kill has nothing of its own to destroy
