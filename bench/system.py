@@ -216,12 +216,28 @@ class AirflowApi:
         self.session.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
 
     def call(self, method: str, path: str, body: Any = None, ok404: bool = False, **params: Any) -> Any:
-        response = self.session.request(method, f"{self.base}/api/v2{path}", json=body, params=params, timeout=30)
-        if ok404 and response.status_code == 404:
-            return None
-        if not response.ok:
-            raise RuntimeError(f"{method} {path}: HTTP {response.status_code} {response.text[:300]}")
-        return response.json()
+        """One request, retried on a 5xx or no answer: on SQLite a busy database makes the api-server answer
+        500 now and then while the scheduler and the tasks write. Only idempotent requests come here (a trigger
+        names its run id, so a repeated one answers 409)."""
+        error = ""
+        for attempt in range(4):
+            if attempt:
+                time.sleep(2 ** (attempt - 1))
+            try:
+                response = self.session.request(
+                    method, f"{self.base}/api/v2{path}", json=body, params=params, timeout=30
+                )
+            except requests.RequestException as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                continue
+            if ok404 and response.status_code == 404:
+                return None
+            if response.ok:
+                return response.json()
+            error = f"HTTP {response.status_code} {response.text[:300]}"
+            if response.status_code < 500:
+                break
+        raise RuntimeError(f"{method} {path}: {error}")
 
 
 class Deployment:
@@ -384,6 +400,7 @@ class Outcome:
     name: str
     reason: str | None = None  # None: the goal was met
     billed: str = "n/a"  # seconds billed after the failure's reference point, ">N" while still alive
+    finished: bool = False  # the scenario ran to its end (met its goal or missed it)
 
 
 class Scenario:
@@ -403,8 +420,14 @@ class Scenario:
 
     # REST API
     def trigger(self) -> None:
-        run = self.h.api.call("POST", f"/dags/{self.dag_id}/dagRuns", {"logical_date": None})
-        self.run_id = run["dag_run_id"]
+        """Create the DAG run under a run id of our own, so a retried POST can never make a second run."""
+        run_id = f"system-{time.strftime('%H%M%S')}-{secrets.token_hex(3)}"
+        try:
+            self.h.api.call("POST", f"/dags/{self.dag_id}/dagRuns", {"logical_date": None, "dag_run_id": run_id})
+        except RuntimeError as exc:
+            if "HTTP 409" not in str(exc):  # 409: an earlier try of this POST did create it
+                raise
+        self.run_id = run_id
         self.say(f"triggered run {self.run_id}")
 
     def ti(self) -> dict:
@@ -592,7 +615,12 @@ def kill9(s: Scenario, retry: bool) -> None:
 
 def triggerer_restart(s: Scenario) -> None:
     for other in DEFERRED_SCENARIOS:  # killing the triggerer would disturb their deferred tasks
-        s.h.threads[other].join(max(0.0, s.h.deadline - time.time()))
+        while s.h.threads[other].is_alive():
+            if s.h.stop.is_set():
+                raise Interrupted()
+            if time.time() > s.h.deadline:
+                raise Miss(f"run budget spent waiting for {other} to end before killing the triggerer")
+            s.h.threads[other].join(0.5)
     s.trigger()
     s.wait_running("deferred")
     time.sleep(2)
@@ -656,6 +684,7 @@ class Harness:
         self.deployment = Deployment()
         self.scenarios = {name: Scenario(name, self) for name in SCENARIOS}
         self.threads: dict[str, threading.Thread] = {}
+        self.quiet = False
 
     @property
     def api(self) -> AirflowApi:
@@ -668,19 +697,25 @@ class Harness:
 
     def say(self, text: str) -> None:
         with self.print_lock:
+            if self.quiet:  # the report is being printed: late words of interrupted scenarios would cut into it
+                return
             print(f"  {time.time() - self.started:6.1f}s  {text}", flush=True)
 
     def run_scenario(self, scenario: Scenario) -> None:
+        outcome = scenario.outcome
         try:
             SCENARIOS[scenario.name](scenario)
         except Miss as miss:
-            scenario.outcome.reason = str(miss)
+            outcome.reason = str(miss)
         except Interrupted:
-            scenario.outcome.reason = "interrupted"
+            return
         except Exception as exc:  # noqa: BLE001 - a harness error is reported as this scenario's failure
-            scenario.outcome.reason = f"harness error: {type(exc).__name__}: {exc}"
+            if self.stop.is_set():  # the deployment is going away under it
+                return
+            outcome.reason = f"harness error: {type(exc).__name__}: {exc}"
             traceback.print_exc()
-        scenario.say("done" if scenario.outcome.reason is None else f"FAIL: {scenario.outcome.reason}")
+        outcome.finished = True
+        scenario.say("done" if outcome.reason is None else f"FAIL: {outcome.reason}")
 
     def run(self) -> None:
         self.deployment.start(self.say)
@@ -707,8 +742,8 @@ class Harness:
         for name, scenario in self.scenarios.items():
             outcome = scenario.outcome
             alive = sum(1 for i in instances if i.get("gpu_name") == scenario.gpu and not i["destroyed"])
-            if outcome.reason is None and name not in self.threads:
-                outcome.reason = "not run"
+            if not outcome.finished:
+                outcome.reason = "interrupted" if name in self.threads else "not run"
             if outcome.reason is None and alive:
                 outcome.reason = f"{alive} instance(s) of this scenario alive at the end"
             ok = ok and outcome.reason is None
@@ -762,7 +797,11 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - report, count and clean up whatever broke
         print(f"system test could not run: {type(exc).__name__}: {exc}", flush=True)
     finally:
-        harness.stop.set()
+        harness.stop.set()  # every wait gives up within about a second
+        give_up = time.time() + 10
+        for thread in harness.threads.values():
+            thread.join(max(0.0, give_up - time.time()))
+        harness.quiet = True
         try:
             if harness.deployment.sim is not None:
                 ok = harness.report() and ok
