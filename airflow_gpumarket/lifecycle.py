@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
 from typing import Any
 
 from airflow_gpumarket import api
@@ -29,18 +31,34 @@ _LABEL = re.compile(r"^afgm-([0-9a-f]{12})-(\d{1,12})$")
 WAIT_STATUS = "status"  # until actual_status equals a target (default running)
 WAIT_JOB = "job"  # through boot and the onstart job, until the job ends its own billing
 
-# Event kinds (the "status" key of every event).
-REACHED = "reached"
-NEVER_RUNS = "never_runs"
-GONE = "gone"
-JOB_SUCCEEDED = "job_succeeded"
-JOB_FAILED = "job_failed"
-BOOT_TIMEOUT = "boot_timeout"
-TIMEOUT = "timeout"
-ERROR = "error"
-LEASE_EXPIRED = "lease_expired"
+
+class EventKind(str, Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2.11 runs on 3.10
+    """What ended a wait: the ``status`` key of every event the trigger, the operator's loop and the sensor make."""
+
+    REACHED = "reached"
+    NEVER_RUNS = "never_runs"
+    GONE = "gone"
+    JOB_SUCCEEDED = "job_succeeded"
+    JOB_FAILED = "job_failed"
+    BOOT_TIMEOUT = "boot_timeout"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    LEASE_EXPIRED = "lease_expired"
+
+
 #: ``limit`` of a TIMEOUT event that max_runtime ended (other timeouts come from an absolute deadline).
 MAX_RUNTIME = "max_runtime"
+
+
+def event_kind(event: Any) -> EventKind:
+    """The kind of an event that came back from a trigger; ValueError naming the event for anything else (a
+    payload of another provider version, or none at all)."""
+    kind = event.get("status") if isinstance(event, Mapping) else None
+    try:
+        return EventKind(kind)
+    except ValueError:
+        raise ValueError(f"not an event of this provider's trigger: {event!r}") from None
+
 
 #: A kept-alive lease is renewed once less than this share of ``keepalive`` is left (every third of it).
 RENEW_WHEN_LEFT = 2 / 3
@@ -93,6 +111,45 @@ def started_at(instance: Mapping[str, Any], *, fallback: float, now: float) -> f
     return fallback
 
 
+@dataclass
+class Rental:
+    """What a renting task holds while it waits: the instance, what it costs, when it started billing, its label,
+    and the offers this task instance tried so far (this one last) with the reasons the earlier ones failed.
+
+    Travels to the trigger and back in the event (``to_resume``/``from_resume``): a job that succeeded has
+    destroyed its instance, so its price and start cannot be read again afterwards.
+    """
+
+    instance_id: int
+    offer_id: int | None
+    dph_total: float | None
+    gpu_name: str | None
+    label: str | None
+    created_at: float  # epoch seconds: when billing started (the service's start_date on adoption)
+    lease_cap: float | None = None  # the lease is never moved past this epoch second
+    ambiguous: bool = False  # the create's answer was lost and retried: a duplicate may exist
+    ssh_host: str | None = None
+    tried: list[int] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    def elapsed(self, now: float) -> float:
+        return now - self.created_at
+
+    def to_resume(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_resume(cls, data: Any) -> Rental:
+        """ValueError naming what is wrong when ``data`` is not what ``to_resume`` wrote."""
+        names = {f.name for f in fields(cls)}
+        if not isinstance(data, Mapping) or "instance_id" not in data or "created_at" not in data:
+            raise ValueError(f"no rental to resume in {data!r}")
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown rental fields {sorted(unknown)} in {data!r}")
+        return cls(**data)
+
+
 def rentals_of(instances: Iterable[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:
     """Instances rented by the task instance with this key (any try), oldest first."""
     found = [i for i in instances if (parsed := parse_label(i.get("label"))) and parsed[0] == key]
@@ -123,53 +180,113 @@ def evaluate(
     """
     if wait_for == WAIT_JOB:
         if gone and lease_until is not None and now > lease_until:
-            return {"status": LEASE_EXPIRED}
+            return {"status": EventKind.LEASE_EXPIRED.value}
         if gone:
-            return {"status": JOB_SUCCEEDED}
+            return {"status": EventKind.JOB_SUCCEEDED.value}
         if status == api.STATUS_RUNNING:
             pass
         elif status in api.FAILED_STATUSES and not seen_running:
-            return {"status": NEVER_RUNS, "actual_status": status}
+            return {"status": EventKind.NEVER_RUNS.value, "actual_status": status}
         elif not api.is_booting(status):
-            return {"status": JOB_FAILED, "actual_status": status}
+            return {"status": EventKind.JOB_FAILED.value, "actual_status": status}
     else:
         if gone:
-            return {"status": GONE}
+            return {"status": EventKind.GONE.value}
         if status == target_status:
-            return {"status": REACHED, "actual_status": status}
+            return {"status": EventKind.REACHED.value, "actual_status": status}
         if status in api.FAILED_STATUSES or (target_status == api.STATUS_RUNNING and api.will_never_run(status)):
-            return {"status": NEVER_RUNS, "actual_status": status}
+            return {"status": EventKind.NEVER_RUNS.value, "actual_status": status}
     if boot_deadline is not None and api.is_booting(status) and now >= boot_deadline:
-        return {"status": BOOT_TIMEOUT, "actual_status": status}
+        return {"status": EventKind.BOOT_TIMEOUT.value, "actual_status": status}
     if deadline is not None and now >= deadline:
-        return {"status": TIMEOUT, "actual_status": status}
+        return {"status": EventKind.TIMEOUT.value, "actual_status": status}
     if max_runtime is not None and running_since is not None and now >= running_since + max_runtime:
-        return {"status": TIMEOUT, "actual_status": status, "limit": MAX_RUNTIME}
+        return {"status": EventKind.TIMEOUT.value, "actual_status": status, "limit": MAX_RUNTIME}
     return None
+
+
+@dataclass
+class Watch:
+    """One wait on one instance, as a state machine fed one read at a time.
+
+    The operator's loop (in the worker), the trigger (in the triggerer) and the sensor (one poke per read) differ
+    only in how they read and sleep; what a read means, when the job started, and when the lease in the label is
+    due for renewal are decided here, the same way for all three. ``observe`` returns the event that ends the wait,
+    or None to keep waiting.
+    """
+
+    wait_for: str = WAIT_STATUS
+    target_status: str = api.STATUS_RUNNING
+    boot_deadline: float | None = None  # epoch seconds
+    deadline: float | None = None  # epoch seconds
+    max_runtime: float | None = None  # seconds from running_since
+    label: str | None = None  # as last written on the instance: its lease is read from it
+    keepalive: float | None = None  # keep the lease this far ahead (None: never renewed)
+    lease_cap: float | None = None  # never move the lease past this epoch second
+    running_since: float | None = None  # when a read first saw the instance running
+    status: str | None = None  # the last status read
+    shown: str = ""  # the last read as the task log shows it ("gone" or the status)
+    changed: bool = False  # the last read differs from the one before it
+
+    def observe(
+        self, now: float, *, status: str | None = None, gone: bool = False, unread: bool = False
+    ) -> dict | None:
+        """Take one read: ``status``, or ``gone`` (the instance answered 404), or ``unread`` (the read failed after
+        the hook's retries: nothing new was learnt, so the last status read is judged again)."""
+        if unread:
+            status = self.status
+        shown = "gone" if gone else repr(status)
+        self.changed, self.status, self.shown = shown != self.shown, status, shown
+        if status == api.STATUS_RUNNING and self.running_since is None:
+            self.running_since = now
+        return evaluate(
+            wait_for=self.wait_for,
+            status=status,
+            gone=gone,
+            now=now,
+            seen_running=self.running_since is not None,
+            target_status=self.target_status,
+            boot_deadline=self.boot_deadline,
+            deadline=self.deadline,
+            lease_until=lease_of(self.label),
+            max_runtime=self.max_runtime,
+            running_since=self.running_since,
+        )
+
+    def lease_renewal(self, now: float) -> str | None:
+        """The label to write now to keep the lease ahead, or None when no renewal is due (see ``renewed_label``).
+        Set ``label`` once the service took it."""
+        if self.keepalive is None or self.lease_cap is None:
+            return None
+        return renewed_label(self.label, now=now, keepalive=self.keepalive, lease_cap=self.lease_cap)
 
 
 def describe_event(event: Mapping[str, Any], instance_id: int) -> str:
     """A sentence for the task log and for exception messages."""
-    kind = event.get("status")
+    try:
+        kind = event_kind(event)
+    except ValueError:
+        return f"instance {instance_id}: unexpected event {event!r}"
     status = event.get("actual_status")
     return {
-        REACHED: f"instance {instance_id} reached status {status!r}",
-        NEVER_RUNS: f"instance {instance_id} ended in status {status!r}, which never becomes running "
+        EventKind.REACHED: f"instance {instance_id} reached status {status!r}",
+        EventKind.NEVER_RUNS: f"instance {instance_id} ended in status {status!r}, which never becomes running "
         "(the host failed); it must be destroyed and another offer tried",
-        GONE: f"instance {instance_id} no longer exists (destroyed)",
-        JOB_SUCCEEDED: f"the job on instance {instance_id} exited 0 and the instance destroyed itself",
-        JOB_FAILED: f"the job on instance {instance_id} failed: the instance is in status {status!r} "
+        EventKind.GONE: f"instance {instance_id} no longer exists (destroyed)",
+        EventKind.JOB_SUCCEEDED: f"the job on instance {instance_id} exited 0 and the instance destroyed itself",
+        EventKind.JOB_FAILED: f"the job on instance {instance_id} failed: the instance is in status {status!r} "
         "(the job wrapper stops the instance when the command exits non-zero, or the host failed mid-job)",
-        BOOT_TIMEOUT: f"instance {instance_id} did not reach running before boot_timeout (last status {status!r})",
-        TIMEOUT: (
+        EventKind.BOOT_TIMEOUT: f"instance {instance_id} did not reach running before boot_timeout "
+        f"(last status {status!r})",
+        EventKind.TIMEOUT: (
             f"the job on instance {instance_id} ran longer than max_runtime (last status {status!r})"
             if event.get("limit") == MAX_RUNTIME
             else f"instance {instance_id} hit its time limit (last status {status!r})"
         ),
-        ERROR: f"waiting for instance {instance_id} failed: {event.get('message')}",
-        LEASE_EXPIRED: f"instance {instance_id} is gone, but its lease had expired before (nothing renewed it), so "
-        "the reaper may have destroyed it: the job's outcome is unknown",
-    }.get(str(kind), f"instance {instance_id}: unexpected event {dict(event)!r}")
+        EventKind.ERROR: f"waiting for instance {instance_id} failed: {event.get('message')}",
+        EventKind.LEASE_EXPIRED: f"instance {instance_id} is gone, but its lease had expired before (nothing "
+        "renewed it), so the reaper may have destroyed it: the job's outcome is unknown",
+    }[kind]
 
 
 def format_duration(seconds: float) -> str:

@@ -297,35 +297,25 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         with self._destroy_on_failure():
             rental = self._adopt_earlier_rental(context)
             if rental is not None:
-                return self._wait_and_finish(context, rental, tried=[rental["offer_id"]], reasons=[])
+                return self._wait_and_finish(context, rental)
             return self._rent(context, tried=[], reasons=[])
 
-    def execute_complete(self, context: Any, event: dict[str, Any], **resume: Any) -> Any:
-        """Resume after the trigger fired; the rental state comes in the defer kwargs or, under ``dag.test()``
-        (which drops those), in the event itself."""
-        state = resume or (event.get("resume") if isinstance(event, Mapping) else None) or {}
-        rental = state.get("rental")
-        if not isinstance(rental, Mapping) or not isinstance(event, Mapping):
-            raise AirflowException(f"Cannot resume: the trigger event carries no rental state: {event!r}")
-        rental = dict(rental)
-        self._instance_id = rental["instance_id"]
+    def execute_complete(self, context: Any, event: dict[str, Any], **_: Any) -> Any:
+        """Resume after the trigger fired. Everything needed comes in the event (``dag.test()`` passes no defer
+        kwargs); keyword arguments that an older version of this provider passed are ignored."""
+        instance_id = event.get("instance_id") if isinstance(event, Mapping) else None
+        if isinstance(instance_id, int):
+            self._instance_id = instance_id  # whatever else is wrong with the event, the guard destroys it
         with self._destroy_on_failure():
-            if event.get("instance_id") != rental["instance_id"]:
-                raise AirflowException(f"Unexpected trigger event for instance {rental['instance_id']}: {event!r}")
-            return self._finish(context, rental, dict(event), list(state["tried"]), list(state["reasons"]))
-
-    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
-        """When the trigger timed out (``execution_timeout`` while deferred) or crashed, Airflow fails the task
-        through ``__fail__`` without calling ``execute_complete`` (and the trigger's ``on_kill`` does not run on a
-        timeout): destroy what this task rented, found by its label key, before the failure goes on."""
-        try:
-            return super().resume_execution(next_method, next_kwargs, context)
-        except TaskDeferred:
-            raise
-        except BaseException as exc:
-            if next_method != "execute_complete":  # execute_complete has its own guard
-                self._destroy_rentals_of_this_task(context, f"Waiting failed ({exc})")
-            raise
+            try:
+                lifecycle.event_kind(event)
+                rental = lifecycle.Rental.from_resume(event.get("resume"))
+            except ValueError as exc:
+                raise AirflowException(f"Cannot resume waiting for instance {instance_id}: {exc}") from None
+            if rental.instance_id != instance_id:
+                raise AirflowException(f"Unexpected trigger event for instance {rental.instance_id}: {event!r}")
+            rental.label = event.get("label") or rental.label  # the trigger's renewals came later
+            return self._finish(context, rental, dict(event))
 
     def _destroy_rentals_of_this_task(self, context: Any, reason: BaseException | str) -> None:
         for instance in lifecycle.rentals_of(self.hook.list_instances(), self._rental_key(context)):
@@ -360,16 +350,17 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             if rental is None:
                 reasons.append(f"offer {offer['id']} was taken before creation")
                 continue
-            return self._wait_and_finish(context, rental, tried, reasons)
+            rental.tried, rental.reasons = tried, reasons
+            return self._wait_and_finish(context, rental)
         raise AirflowException(
             f"Could not get a working instance after trying {len(tried)} offer(s) (max_offer_attempts="
             f"{self.max_offer_attempts}): {'; '.join(reasons) or 'no offer matched'}. Nothing is left running."
         )
 
-    def _create(self, context: Any, offer: Mapping[str, Any]) -> dict[str, Any] | None:
+    def _create(self, context: Any, offer: Mapping[str, Any]) -> lifecycle.Rental | None:
         key = self._rental_key(context)
         created_at = time.time()
-        keepalive = self._keepaliveduration_seconds()
+        keepalive = self._keepalive_seconds()
         lease = self._lease_seconds() if keepalive is None else min(keepalive, self._lease_seconds())
         label = lifecycle.make_label(key, created_at + lease)
         body = self._creation_body(label=label, base_url=self.hook.settings.base_url)
@@ -391,170 +382,154 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             self._creating_label = None
         self._instance_id = int(result["new_contract"])
         self.log.info("Created instance %s on offer %s", self._instance_id, offer["id"])
-        rental = {
-            "instance_id": self._instance_id,
-            "offer_id": int(offer["id"]),
-            "dph_total": offer.get("dph_total"),
-            "gpu_name": offer.get("gpu_name"),
-            "label": label,
-            "created_at": created_at,
-            "lease_cap": created_at + self._lease_seconds(),
-        }
-        if result.get("ambiguous"):
-            rental["ambiguous"] = True
+        rental = lifecycle.Rental(
+            instance_id=self._instance_id,
+            offer_id=int(offer["id"]),
+            dph_total=offer.get("dph_total"),
+            gpu_name=offer.get("gpu_name"),
+            label=label,
+            created_at=created_at,
+            lease_cap=created_at + self._lease_seconds(),
+            ambiguous=bool(result.get("ambiguous")),
+        )
+        if rental.ambiguous:
             self._destroy_duplicates(rental)
         return rental
 
-    def _destroy_duplicates(self, rental: Mapping[str, Any], *, keep: bool = True) -> None:
+    def _destroy_duplicates(self, rental: lifecycle.Rental) -> None:
         """After an ambiguous create, a request still in flight may have made a second instance with this
-        task's label key: destroy every instance of the key but this rental's (and it too unless ``keep``)."""
-        key = (lifecycle.parse_label(rental.get("label")) or ("",))[0]
+        task's label key: destroy every instance of the key but this rental's."""
+        key = (lifecycle.parse_label(rental.label) or ("",))[0]
         for instance in lifecycle.rentals_of(self.hook.list_instances(), key):
-            if keep and instance.get("id") == rental["instance_id"]:
+            if instance.get("id") == rental.instance_id:
                 continue
             self.log.warning("Destroying instance %s: a duplicate left by an ambiguous create", instance.get("id"))
             self._destroy(int(instance["id"]))
 
-    def _wait_and_finish(self, context: Any, rental: dict[str, Any], tried: list[int], reasons: list[str]) -> Any:
+    def _watch(self, rental: lifecycle.Rental) -> lifecycle.Watch:
+        deadline, max_runtime = self._limits(rental)
+        return lifecycle.Watch(
+            wait_for=self._wait_for,
+            boot_deadline=rental.created_at + self.boot_timeout,
+            deadline=deadline,
+            max_runtime=max_runtime,
+            label=rental.label,
+            keepalive=self._keepalive_seconds(),
+            lease_cap=rental.lease_cap,
+        )
+
+    def _wait_and_finish(self, context: Any, rental: lifecycle.Rental) -> Any:
         if not self._should_wait():
-            return self._summary(rental, None)
-        deadlines = self._deadlines(rental)
+            return self._complete(context, rental, None)
+        watch = self._watch(rental)
         if self.deferrable:
-            resume = {"rental": rental, "tried": tried, "reasons": reasons}
-            from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
+            self._defer(context, rental, watch)
+        return self._finish(context, rental, self._poll(rental, watch))
 
-            deadline, timeout = deadlines["deadline"], None
-            if (limit := self._execution_deadline(context)) is not None:
-                left = limit - time.time()
-                if left <= 0:
-                    raise AirflowTaskTimeout(self._timed_out(rental["instance_id"]))
-                deadline, timeout = limit if deadline is None else min(deadline, limit), timedelta(seconds=left)
-            self.defer(
-                trigger=GpuMarketInstanceStatusTrigger(
-                    instance_id=rental["instance_id"],
-                    gpumarket_conn_id=self.gpumarket_conn_id,
-                    wait_for=self._wait_for,
-                    poll_interval=self.poll_interval,
-                    destroy_on_kill=True,
-                    dph_total=rental.get("dph_total"),
-                    boot_deadline=deadlines["boot_deadline"],
-                    deadline=deadline,
-                    max_runtime=deadlines["max_runtime"],
-                    label=rental.get("label"),
-                    keepalive=self._keepaliveduration_seconds(),
-                    lease_cap=rental.get("lease_cap"),
-                    resume=resume,
-                ),
-                method_name="execute_complete",
-                kwargs=resume,
-                timeout=timeout,
-            )
-        return self._finish(context, rental, self._poll(rental, **deadlines), tried, reasons)
+    def _defer(self, context: Any, rental: lifecycle.Rental, watch: lifecycle.Watch) -> None:
+        from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
-    def _poll(
-        self,
-        rental: dict[str, Any],
-        *,
-        boot_deadline: float | None,
-        deadline: float | None,
-        max_runtime: float | None,
-    ) -> dict:
-        """The synchronous twin of the trigger's loop, with cost-so-far logging."""
-        instance_id = rental["instance_id"]
-        seen_running, last_status, last_shown = False, None, ""
-        running_since: float | None = None
+        deadline, timeout = watch.deadline, None
+        if (limit := self._execution_deadline(context)) is not None:
+            left = limit - time.time()
+            if left <= 0:
+                raise AirflowTaskTimeout(self._timed_out(rental.instance_id))
+            deadline, timeout = limit if deadline is None else min(deadline, limit), timedelta(seconds=left)
+        self.defer(
+            trigger=GpuMarketInstanceStatusTrigger(
+                instance_id=rental.instance_id,
+                gpumarket_conn_id=self.gpumarket_conn_id,
+                wait_for=watch.wait_for,
+                poll_interval=self.poll_interval,
+                destroy_on_kill=True,
+                dph_total=rental.dph_total,
+                boot_deadline=watch.boot_deadline,
+                deadline=deadline,
+                max_runtime=watch.max_runtime,
+                label=watch.label,
+                keepalive=watch.keepalive,
+                lease_cap=watch.lease_cap,
+                resume=rental.to_resume(),
+            ),
+            method_name="execute_complete",
+            timeout=timeout,
+        )
+
+    def _poll(self, rental: lifecycle.Rental, watch: lifecycle.Watch) -> dict:
+        """The synchronous loop around ``watch`` (the trigger is the asynchronous one), with cost-so-far logging."""
+        instance_id = rental.instance_id
         while True:
             # Wait first: right after creating (or a read) the answer cannot have changed yet.
             time.sleep(self.poll_interval)
-            if self._killed:
-                raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
-            gone, status = False, None
+            self._stop_if_killed(instance_id)
+            instance, unread = None, False
             try:
                 instance = self.hook.find_instance(instance_id)
-                if instance is None:
-                    gone = True
-                else:
-                    status = instance.get("actual_status")
-                    rental.setdefault("ssh_host", instance.get("ssh_host"))
-                    self._renew_lease(rental)
             except GpuMarketError as exc:
                 if not api.is_retryable(exc):
                     raise
                 self.log.warning("Reading instance %s failed after retries (%s); still polling", instance_id, exc)
-                status = last_status  # nothing new was learnt: judge by the last status read
-            if self._killed:  # on_kill ran during the read and destroyed the instance: "gone" is not the job's doing
-                raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
-            seen_running = seen_running or status == api.STATUS_RUNNING
-            if seen_running and running_since is None:
-                running_since = time.time()
-            elapsed = time.time() - rental["created_at"]
-            shown = "gone" if gone else repr(status)
-            if shown != last_shown:
-                self.log.info("Instance %s: status %s", instance_id, shown)
+                unread = True
+            self._stop_if_killed(instance_id)  # on_kill ran during the read: "gone" would not be the job's doing
+            if instance is not None:
+                rental.ssh_host = rental.ssh_host or instance.get("ssh_host")
+                self._renew_lease(rental, watch)
+            now = time.time()
+            event = watch.observe(
+                now,
+                status=None if instance is None else instance.get("actual_status"),
+                gone=instance is None and not unread,
+                unread=unread,
+            )
+            if watch.changed:
+                self.log.info("Instance %s: status %s", instance_id, watch.shown)
             self.log.info(
                 "Instance %s: %s after %s, cost so far about $%s",
                 instance_id,
-                shown,
-                lifecycle.format_duration(elapsed),
-                lifecycle.estimated_cost(rental.get("dph_total"), elapsed),
-            )
-            last_status, last_shown = status, shown
-            event = lifecycle.evaluate(
-                wait_for=self._wait_for,
-                status=status,
-                gone=gone,
-                now=time.time(),
-                seen_running=seen_running,
-                boot_deadline=boot_deadline,
-                deadline=deadline,
-                lease_until=lifecycle.lease_of(rental.get("label")),
-                max_runtime=max_runtime,
-                running_since=running_since,
+                watch.shown,
+                lifecycle.format_duration(rental.elapsed(now)),
+                lifecycle.estimated_cost(rental.dph_total, rental.elapsed(now)),
             )
             if event is not None:
                 event["instance_id"] = instance_id
-                return event  # type: ignore[arg-type]
+                return event
 
-    def _renew_lease(self, rental: dict[str, Any]) -> None:
+    def _stop_if_killed(self, instance_id: int) -> None:
+        if self._killed:
+            raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
+
+    def _renew_lease(self, rental: lifecycle.Rental, watch: lifecycle.Watch) -> None:
         """Keep the label's lease ``keepalive`` ahead while this task watches (see ``lifecycle``)."""
-        keepalive = self._keepaliveduration_seconds()
-        if keepalive is None or rental.get("lease_cap") is None:
-            return
-        label = lifecycle.renewed_label(
-            rental.get("label"), now=time.time(), keepalive=keepalive, lease_cap=rental["lease_cap"]
-        )
-        if label is None:
+        renewed = watch.lease_renewal(time.time())
+        if renewed is None:
             return
         try:
-            self.hook.label_instance(rental["instance_id"], label)
+            self.hook.label_instance(rental.instance_id, renewed)
         except GpuMarketError as exc:
-            self.log.warning("Could not renew the lease of instance %s (%s); trying again", rental["instance_id"], exc)
+            self.log.warning("Could not renew the lease of instance %s (%s); trying again", rental.instance_id, exc)
             return
-        rental["label"] = label
+        watch.label = rental.label = renewed
 
-    def _finish(
-        self, context: Any, rental: dict[str, Any], event: dict[str, Any], tried: list[int], reasons: list[str]
-    ) -> Any:
-        if rental.get("ambiguous"):  # a create delayed past the first sweep may have landed since
+    def _finish(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any]) -> Any:
+        if rental.ambiguous:  # a create delayed past the first sweep may have landed since
             self._destroy_duplicates(rental)
-        instance_id = rental["instance_id"]
-        kind = event.get("status")
-        sentence = lifecycle.describe_event(event, instance_id)
-        if kind == lifecycle.TIMEOUT and self._execution_timeout_is_binding(context, rental, event):
-            self._destroy(instance_id)
-            raise AirflowTaskTimeout(self._timed_out(instance_id))
-        if kind in (lifecycle.NEVER_RUNS, lifecycle.BOOT_TIMEOUT):
+        kind = lifecycle.event_kind(event)
+        if kind is lifecycle.EventKind.TIMEOUT and self._execution_timeout_is_binding(context, rental, event):
+            self._destroy(rental.instance_id)
+            raise AirflowTaskTimeout(self._timed_out(rental.instance_id))
+        if kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT):
+            sentence = lifecycle.describe_event(event, rental.instance_id)
             self.log.warning("Failover: %s", sentence)
-            self._destroy(instance_id)
-            reasons.append(sentence)
-            return self._rent(context, tried=tried, reasons=reasons)
-        return self._complete(context, rental, event, sentence)
+            self._destroy(rental.instance_id)
+            rental.reasons.append(sentence)
+            return self._rent(context, tried=rental.tried, reasons=rental.reasons)
+        return self._complete(context, rental, event)
 
-    def _execution_timeout_is_binding(self, context: Any, rental: dict[str, Any], event: Mapping[str, Any]) -> bool:
+    def _execution_timeout_is_binding(self, context: Any, rental: lifecycle.Rental, event: Mapping[str, Any]) -> bool:
         if event.get("limit") == lifecycle.MAX_RUNTIME:
             return False
         limit = self._execution_deadline(context)
-        own = self._deadlines(rental)["deadline"]
+        own = self._limits(rental)[0]
         return limit is not None and (own is None or limit <= own)
 
     def _timed_out(self, instance_id: int) -> str:
@@ -562,12 +537,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             f"execution_timeout ({self.execution_timeout}) elapsed while waiting for instance {instance_id}; "
             "the instance is destroyed"
         )
-
-    def _complete(self, context: Any, rental: dict[str, Any], event: dict[str, Any], sentence: str) -> Any:
-        if event.get("status") == lifecycle.REACHED:
-            self.log.info("%s", sentence)
-            return self._summary(rental, event.get("actual_status"))
-        raise AirflowException(sentence)
 
     # --- destroy on every failure path -----------------------------------------------------------------
     @contextmanager
@@ -626,7 +595,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             self.log.error("Task killed: %s", exc)
 
     # --- retries of a task whose worker died -------------------------------------------------------------
-    def _adopt_earlier_rental(self, context: Any) -> dict[str, Any] | None:
+    def _adopt_earlier_rental(self, context: Any) -> lifecycle.Rental | None:
         """On a retry, find what earlier tries of this task instance rented: keep one that may still work,
         destroy the rest. The first try skips this (nothing can exist yet), saving an API call."""
         ti = context.get("ti") if isinstance(context, Mapping) else None
@@ -648,16 +617,18 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             adopted["id"],
             adopted.get("actual_status"),
         )
-        rental: dict[str, Any] = {
-            "instance_id": self._instance_id,
-            "offer_id": adopted.get("offer_id"),
-            "dph_total": adopted.get("dph_total"),
-            "gpu_name": adopted.get("gpu_name"),
-            "label": adopted.get("label"),
-            "created_at": lifecycle.started_at(adopted, fallback=time.time(), now=time.time()),
-        }
-        rental["lease_cap"] = rental["created_at"] + self._lease_seconds()
-        return rental
+        created_at = lifecycle.started_at(adopted, fallback=time.time(), now=time.time())
+        offer_id = adopted.get("offer_id")
+        return lifecycle.Rental(
+            instance_id=self._instance_id,
+            offer_id=offer_id,
+            dph_total=adopted.get("dph_total"),
+            gpu_name=adopted.get("gpu_name"),
+            label=adopted.get("label"),
+            created_at=created_at,
+            lease_cap=created_at + self._lease_seconds(),
+            tried=[] if offer_id is None else [int(offer_id)],
+        )
 
     def _may_adopt(self, instance: Mapping[str, Any]) -> bool:
         status = instance.get("actual_status")
@@ -677,26 +648,30 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         """The whole lease: how long after creation the reaper may destroy the instance at the latest."""
         raise NotImplementedError
 
-    def _keepaliveduration_seconds(self) -> float | None:
+    def _keepalive_seconds(self) -> float | None:
         """How far ahead the lease is kept while this task watches, or None for the whole lease at once."""
         return None
 
-    def _deadlines(self, rental: dict[str, Any]) -> dict[str, float | None]:
-        """Absolute boot deadline and deadline (epoch seconds), and max_runtime (seconds from the job's start)."""
-        return {"boot_deadline": rental["created_at"] + self.boot_timeout, "deadline": None, "max_runtime": None}
+    def _limits(self, rental: lifecycle.Rental) -> tuple[float | None, float | None]:
+        """The wait's absolute deadline (epoch seconds) and max_runtime (seconds from the job's start), if any."""
+        return None, None
 
-    def _summary(self, rental: dict[str, Any], status: str | None) -> dict[str, Any]:
-        elapsed = time.time() - rental["created_at"]
+    def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
+        """What the task returns, or the failure it raises, once the wait ended with ``event`` (None: no wait)."""
+        raise NotImplementedError
+
+    def _summary(self, rental: lifecycle.Rental, status: str | None) -> dict[str, Any]:
+        elapsed = rental.elapsed(time.time())
         return {
-            "instance_id": rental["instance_id"],
-            "offer_id": rental.get("offer_id"),
-            "dph_total": rental.get("dph_total"),
-            "gpu_name": rental.get("gpu_name"),
-            "label": rental.get("label"),
+            "instance_id": rental.instance_id,
+            "offer_id": rental.offer_id,
+            "dph_total": rental.dph_total,
+            "gpu_name": rental.gpu_name,
+            "label": rental.label,
             "actual_status": status,
-            "ssh_host": rental.get("ssh_host"),
+            "ssh_host": rental.ssh_host,
             "elapsed_seconds": round(elapsed, 3),
-            "estimated_cost": lifecycle.estimated_cost(rental.get("dph_total"), elapsed),
+            "estimated_cost": lifecycle.estimated_cost(rental.dph_total, elapsed),
         }
 
 
@@ -715,9 +690,9 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
     def __init__(
         self, *, wait_for_running: bool = True, lease: timedelta | float = timedelta(hours=6), **kwargs: Any
     ) -> None:
+        super().__init__(**kwargs)
         self.wait_for_running = wait_for_running
         self.lease = duration_seconds("lease", lease)
-        super().__init__(**kwargs)
 
     def _should_wait(self) -> bool:
         return self.wait_for_running
@@ -725,15 +700,19 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
     def _lease_seconds(self) -> float:
         return self.lease  # type: ignore[return-value]
 
-    def _summary(self, rental: dict[str, Any], status: str | None) -> dict[str, Any]:
-        summary = super()._summary(rental, status)
-        if status == api.STATUS_RUNNING:
+    def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
+        if event is not None and lifecycle.event_kind(event) is not lifecycle.EventKind.REACHED:
+            raise AirflowException(lifecycle.describe_event(event, rental.instance_id))
+        if event is not None:
+            self.log.info("%s", lifecycle.describe_event(event, rental.instance_id))
+        summary = self._summary(rental, None if event is None else event.get("actual_status"))
+        if summary["actual_status"] == api.STATUS_RUNNING:
             try:
-                instance = self.hook.get_instance(rental["instance_id"])
+                instance = self.hook.get_instance(rental.instance_id)
                 summary["ssh_host"], summary["ssh_port"] = instance.get("ssh_host"), instance.get("ssh_port")
             except GpuMarketError as exc:
-                self.log.warning("Could not read the SSH address of instance %s: %s", rental["instance_id"], exc)
-        self._instance_id = None  # success: the instance is handed over to the DAG (and its teardown)
+                self.log.warning("Could not read the SSH address of instance %s: %s", rental.instance_id, exc)
+        self._instance_id = None  # handed over to the DAG (and its teardown): no longer this task's to destroy
         return summary
 
 
@@ -770,9 +749,9 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
             raise GpuMarketValidationError("onstart", "is built from command by GpuMarketRunJobOperator; pass command")
         if command is None:
             raise GpuMarketValidationError("command", "is required: the shell commands the job runs")
+        super().__init__(command=command, **kwargs)
         self.max_runtime = duration_seconds("max_runtime", max_runtime)
         self.keepalive = None if keepalive is None else duration_seconds("keepalive", keepalive)
-        super().__init__(command=command, **kwargs)
         if self.keepalive is not None and self.keepalive < KEEPALIVE_POLLS * self.poll_interval:
             raise GpuMarketValidationError(
                 "keepalive",
@@ -784,35 +763,31 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
     def _lease_seconds(self) -> float:
         return self.boot_timeout + self.max_runtime + JOB_LEASE_MARGIN_SECONDS
 
-    def _keepaliveduration_seconds(self) -> float | None:
+    def _keepalive_seconds(self) -> float | None:
         return self.keepalive
 
-    def _deadlines(self, rental: dict[str, Any]) -> dict[str, float | None]:
-        boot_deadline = rental["created_at"] + self.boot_timeout
-        return {
-            "boot_deadline": boot_deadline,
-            "deadline": boot_deadline + self.max_runtime,
-            "max_runtime": self.max_runtime,
-        }
+    def _limits(self, rental: lifecycle.Rental) -> tuple[float | None, float | None]:
+        return rental.created_at + self.boot_timeout + self.max_runtime, self.max_runtime
 
-    def _complete(self, context: Any, rental: dict[str, Any], event: dict[str, Any], sentence: str) -> Any:
-        instance_id = rental["instance_id"]
-        if event.get("status") == lifecycle.JOB_SUCCEEDED:
+    def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
+        assert event is not None  # a job is always waited for
+        succeeded = lifecycle.event_kind(event) is lifecycle.EventKind.JOB_SUCCEEDED
+        if succeeded:
             self._instance_id = None  # a 404 proved it: the instance destroyed itself, billing has ended
         else:
-            self._destroy(instance_id)
+            self._destroy(rental.instance_id)
         summary = self._summary(rental, event.get("actual_status"))
-        summary["job_status"] = "succeeded" if event.get("status") == lifecycle.JOB_SUCCEEDED else "failed"
+        summary["job_status"] = "succeeded" if succeeded else "failed"
         self.log.info(
             "Job on instance %s %s after %s; compute cost about $%s (at $%s/h)",
-            instance_id,
+            rental.instance_id,
             summary["job_status"],
             lifecycle.format_duration(summary["elapsed_seconds"]),
             summary["estimated_cost"],
-            rental.get("dph_total"),
+            rental.dph_total,
         )
-        if summary["job_status"] != "succeeded":
-            raise AirflowException(sentence)
+        if not succeeded:
+            raise AirflowException(lifecycle.describe_event(event, rental.instance_id))
         return summary
 
 

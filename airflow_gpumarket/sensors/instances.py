@@ -51,7 +51,7 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         self.wait_for_job = wait_for_job
         self.gpumarket_conn_id = gpumarket_conn_id
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
-        self._seen_running = False
+        self._watch: lifecycle.Watch | None = None  # made at the first poke, once the fields are rendered
         api.require_positive_number("poke_interval", self.poke_interval)
         check_instance_id_argument(instance_id)
         if not isinstance(target_status, str) or not target_status:
@@ -94,26 +94,19 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
 
     def poke(self, context: Any) -> bool:
         instance_id = self._instance()
-        gone, status = False, None
         try:
             instance = self.hook.find_instance(instance_id)
-            gone = instance is None
-            status = None if instance is None else instance.get("actual_status")
         except GpuMarketError as exc:
             if api.is_retryable(exc):
                 self.log.warning("Reading instance %s failed (%s); will poke again", instance_id, exc)
                 return False
             raise
-        self._seen_running = self._seen_running or status == api.STATUS_RUNNING
-        self.log.info("Instance %s: %s", instance_id, "gone" if gone else f"status {status!r}")
-        event = lifecycle.evaluate(
-            wait_for=self._wait_for,
-            status=status,
-            gone=gone,
-            now=time.time(),
-            seen_running=self._seen_running,
-            target_status=self.target_status,
-        )
+        if self._watch is None:
+            self._watch = lifecycle.Watch(wait_for=self._wait_for, target_status=self.target_status)
+        watch = self._watch
+        status = None if instance is None else instance.get("actual_status")
+        event = watch.observe(time.time(), status=status, gone=instance is None)
+        self.log.info("Instance %s: %s", instance_id, watch.shown if instance is None else f"status {watch.shown}")
         if event is None:
             return False
         event["instance_id"] = instance_id
@@ -125,7 +118,7 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
     def _conclude(self, event: dict[str, Any]) -> bool:
         instance_id = event.get("instance_id")
         sentence = lifecycle.describe_event(event, instance_id)  # type: ignore[arg-type]
-        if event.get("status") in (lifecycle.REACHED, lifecycle.JOB_SUCCEEDED):
+        if lifecycle.event_kind(event) in (lifecycle.EventKind.REACHED, lifecycle.EventKind.JOB_SUCCEEDED):
             self.log.info("%s", sentence)
             return True
         raise AirflowFailException(sentence)

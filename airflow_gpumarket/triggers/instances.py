@@ -132,75 +132,69 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             return poller_for(self.gpumarket_conn_id, self._hook).watch(self.instance_id, self.poll_interval)
         return self._own_reads()
 
-    async def _renew_lease(self, label: str | None) -> str | None:
-        """Keep the lease ahead (see ``lifecycle.renewed_label``); returns the label now on the instance."""
-        if self.keepalive is None or self.lease_cap is None:
-            return label
-        renewed = lifecycle.renewed_label(label, now=time.time(), keepalive=self.keepalive, lease_cap=self.lease_cap)
+    def _watch(self) -> lifecycle.Watch:
+        """A restarted trigger starts again from the label it was given (renewals since then are read back as
+        soon as it renews again)."""
+        return lifecycle.Watch(
+            wait_for=self.wait_for,
+            target_status=self.target_status,
+            boot_deadline=self.boot_deadline,
+            deadline=self.deadline,
+            max_runtime=self.max_runtime,
+            label=self.label,
+            keepalive=self.keepalive,
+            lease_cap=self.lease_cap,
+        )
+
+    async def _renew_lease(self, watch: lifecycle.Watch) -> None:
+        renewed = watch.lease_renewal(time.time())
         if renewed is None:
-            return label
+            return
         hook = self._hook()
         try:
             await hook.label_instance(self.instance_id, renewed)
         except GpuMarketError as exc:
             self.log.warning("Could not renew the lease of instance %s (%s); trying again", self.instance_id, exc)
-            return label
+            return
         finally:
             await hook.aclose()
-        return renewed
+        watch.label = renewed
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.time()
-        seen_running, last_status, last_shown = False, None, ""
-        running_since: float | None = None
-        label = self.label  # renewals change it; a restarted trigger starts again from the one it was given
+        watch = self._watch()
         observations = self._observations()
         try:
             async for seen in observations:
-                status = seen.status
                 if seen.error is not None:
                     if not api.is_retryable(seen.error):
-                        yield self._event({"status": lifecycle.ERROR, "message": str(seen.error)})
+                        yield self._event(
+                            {"status": lifecycle.EventKind.ERROR.value, "message": str(seen.error)}, watch
+                        )
                         return
                     self.log.warning(
                         "Reading instance %s failed after retries (%s); still polling", self.instance_id, seen.error
                     )
-                    status = last_status  # nothing new was learnt: judge by the last status read
-                seen_running = seen_running or status == api.STATUS_RUNNING
-                if seen_running and running_since is None:
-                    running_since = time.time()
-                shown = "gone" if seen.gone else repr(status)
-                if shown != last_shown:
+                elif not seen.gone:
+                    await self._renew_lease(watch)
+                event = watch.observe(time.time(), status=seen.status, gone=seen.gone, unread=seen.error is not None)
+                if watch.changed:
                     self.log.info(
                         "Instance %s: status %s after %s",
                         self.instance_id,
-                        shown,
+                        watch.shown,
                         lifecycle.format_duration(time.time() - started),
                     )
-                last_status, last_shown = status, shown
-                if not seen.gone and seen.error is None:
-                    label = await self._renew_lease(label)
-                event = lifecycle.evaluate(
-                    wait_for=self.wait_for,
-                    status=status,
-                    gone=seen.gone,
-                    now=time.time(),
-                    seen_running=seen_running,
-                    target_status=self.target_status,
-                    boot_deadline=self.boot_deadline,
-                    deadline=self.deadline,
-                    lease_until=lifecycle.lease_of(label),
-                    max_runtime=self.max_runtime,
-                    running_since=running_since,
-                )
                 if event is not None:
-                    yield self._event(event)
+                    yield self._event(event, watch)
                     return
         finally:
             await observations.aclose()  # type: ignore[attr-defined]
 
-    def _event(self, event: dict[str, Any]) -> TriggerEvent:
+    def _event(self, event: dict[str, Any], watch: lifecycle.Watch) -> TriggerEvent:
         event["instance_id"] = self.instance_id
+        if watch.label is not None:
+            event["label"] = watch.label  # as renewed: the resumed operator's copy is older
         if self.resume is not None:
             event["resume"] = self.resume
         self.log.info("%s", lifecycle.describe_event(event, self.instance_id))

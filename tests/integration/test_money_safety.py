@@ -264,8 +264,8 @@ def test_adopted_instance_counts_elapsed_time_and_cost_from_its_own_start():
     }
     op.__dict__["hook"] = SimpleNamespace(list_instances=lambda **_: [earlier])
     rental = op._adopt_earlier_rental(ctx)
-    assert rental["created_at"] == started
-    assert op._deadlines(rental)["deadline"] == started + op.boot_timeout + 3600
+    assert rental.created_at == started
+    assert op._watch(rental).deadline == started + op.boot_timeout + 3600
     summary = op._summary(rental, "running")
     assert summary["elapsed_seconds"] == pytest.approx(480, abs=5)
     assert summary["estimated_cost"] == pytest.approx(0.5 * 480 / 3600, abs=0.001)
@@ -390,8 +390,9 @@ def test_the_worker_keeps_the_jobs_lease_alive_through_the_label(sim):
 
 @pytest.mark.parametrize("error", ["timeout", "trigger crashed"])
 def test_deferred_task_whose_trigger_times_out_or_crashes_destroys_the_instance(sim, error):
-    """execution_timeout while deferred (or a crashed trigger) fails the task through __fail__, which never
-    reaches execute_complete; the renting operator must still destroy what it rented."""
+    """execution_timeout while deferred with no triggerer running (or a crashed trigger) fails the task through
+    Airflow's __fail__ path, which never reaches execute_complete: Airflow then runs the task's failure callbacks,
+    and the renting operator's own one destroys what the task rented."""
     from airflow.models.trigger import TRIGGER_FAIL_REPR, TriggerFailureReason
     from airflow.sdk.exceptions import TaskDeferralError, TaskDeferralTimeout
 
@@ -406,6 +407,8 @@ def test_deferred_task_whose_trigger_times_out_or_crashes_destroys_the_instance(
     resumed = job(command="sleep 60", deferrable=True)  # Airflow resumes on a fresh operator object
     with pytest.raises(expected):
         resumed.resume_execution(TRIGGER_FAIL_REPR, {"error": reason}, ctx)
+    for callback in resumed.on_failure_callback:  # what Airflow does next when no retry is left
+        callback({**ctx, "task": resumed})
     assert alive(sim) == []
 
 

@@ -45,32 +45,32 @@ def test_provisioning_and_loading_keep_waiting(status):
 
 
 def test_running_is_reached():
-    assert _status("running") == {"status": lc.REACHED, "actual_status": "running"}
+    assert _status("running") == {"status": lc.EventKind.REACHED, "actual_status": "running"}
 
 
 @pytest.mark.parametrize("status", ["exited", "unknown", "offline"])
 def test_rule_exited_unknown_offline_never_become_running(status):
-    assert _status(status) == {"status": lc.NEVER_RUNS, "actual_status": status}
+    assert _status(status) == {"status": lc.EventKind.NEVER_RUNS, "actual_status": status}
 
 
 def test_a_status_the_spec_does_not_name_is_treated_as_not_going_to_run():
-    assert _status("stopped")["status"] == lc.NEVER_RUNS
+    assert _status("stopped")["status"] == lc.EventKind.NEVER_RUNS
 
 
 def test_other_target_status_is_waited_for():
     assert _status("running", target_status="stopped") is None
-    assert _status("stopped", target_status="stopped")["status"] == lc.REACHED
+    assert _status("stopped", target_status="stopped")["status"] == lc.EventKind.REACHED
 
 
 def test_gone_while_waiting_for_a_status_is_reported():
     event = lc.evaluate(wait_for=lc.WAIT_STATUS, status=None, gone=True, now=0, seen_running=False)
-    assert event == {"status": lc.GONE}
+    assert event == {"status": lc.EventKind.GONE}
 
 
 def test_boot_deadline_applies_only_while_booting():
-    assert _status("loading", boot_deadline=0)["status"] == lc.BOOT_TIMEOUT
+    assert _status("loading", boot_deadline=0)["status"] == lc.EventKind.BOOT_TIMEOUT
     assert _status("loading", boot_deadline=1) is None
-    assert _status("running", boot_deadline=0)["status"] == lc.REACHED
+    assert _status("running", boot_deadline=0)["status"] == lc.EventKind.REACHED
 
 
 def _job(status, *, gone=False, seen_running=False, **kw):
@@ -78,11 +78,11 @@ def _job(status, *, gone=False, seen_running=False, **kw):
 
 
 def test_job_gone_means_the_command_exited_zero():
-    assert _job(None, gone=True) == {"status": lc.JOB_SUCCEEDED}
+    assert _job(None, gone=True) == {"status": lc.EventKind.JOB_SUCCEEDED}
 
 
 def test_job_stopped_means_the_command_failed():
-    assert _job("stopped", seen_running=True) == {"status": lc.JOB_FAILED, "actual_status": "stopped"}
+    assert _job("stopped", seen_running=True) == {"status": lc.EventKind.JOB_FAILED, "actual_status": "stopped"}
 
 
 def test_job_running_and_booting_keep_waiting():
@@ -91,12 +91,12 @@ def test_job_running_and_booting_keep_waiting():
 
 
 def test_job_host_failure_before_running_fails_over_and_after_running_fails_the_job():
-    assert _job("exited")["status"] == lc.NEVER_RUNS
-    assert _job("offline", seen_running=True)["status"] == lc.JOB_FAILED
+    assert _job("exited")["status"] == lc.EventKind.NEVER_RUNS
+    assert _job("offline", seen_running=True)["status"] == lc.EventKind.JOB_FAILED
 
 
 def test_job_deadline_stops_waiting():
-    assert _job("running", seen_running=True, deadline=0)["status"] == lc.TIMEOUT
+    assert _job("running", seen_running=True, deadline=0)["status"] == lc.EventKind.TIMEOUT
 
 
 def test_max_runtime_counts_from_when_the_job_started_not_from_creation():
@@ -104,14 +104,14 @@ def test_max_runtime_counts_from_when_the_job_started_not_from_creation():
     assert _job("loading", max_runtime=10, running_since=None) is None  # still booting: no job time used yet
     assert _job("running", seen_running=True, max_runtime=10, running_since=-9) is None
     event = _job("running", seen_running=True, max_runtime=10, running_since=-10)
-    assert event == {"status": lc.TIMEOUT, "actual_status": "running", "limit": lc.MAX_RUNTIME}
+    assert event == {"status": lc.EventKind.TIMEOUT, "actual_status": "running", "limit": lc.MAX_RUNTIME}
     assert "ran longer than max_runtime" in lc.describe_event(event, 42)
 
 
 def test_job_gone_after_its_lease_expired_is_not_a_success():
     """The reaper may destroy an instance whose lease expired: gone then proves nothing about the job."""
-    assert _job(None, gone=True, lease_until=-1) == {"status": lc.LEASE_EXPIRED}
-    assert _job(None, gone=True, lease_until=0) == {"status": lc.JOB_SUCCEEDED}  # gone within the lease
+    assert _job(None, gone=True, lease_until=-1) == {"status": lc.EventKind.LEASE_EXPIRED}
+    assert _job(None, gone=True, lease_until=0) == {"status": lc.EventKind.JOB_SUCCEEDED}  # gone within the lease
     assert _job("running", seen_running=True, lease_until=-1) is None  # still there: keep watching
 
 
@@ -141,9 +141,57 @@ def test_an_instance_started_at_its_start_date_when_plausible(start_date, expect
 
 
 def test_every_event_has_a_sentence_naming_the_instance():
-    kinds = (lc.REACHED, lc.NEVER_RUNS, lc.GONE, lc.JOB_SUCCEEDED, lc.JOB_FAILED, lc.BOOT_TIMEOUT, lc.TIMEOUT)
-    for kind in (*kinds, lc.ERROR, lc.LEASE_EXPIRED):
-        assert "instance 42" in lc.describe_event({"status": kind, "actual_status": "x"}, 42)
+    for kind in lc.EventKind:
+        assert "instance 42" in lc.describe_event({"status": kind.value, "actual_status": "x"}, 42)
+
+
+@pytest.mark.parametrize("event", [None, {}, {"status": "finished"}, {"status": None}, "reached"])
+def test_an_event_of_unknown_kind_is_refused_by_name(event):
+    with pytest.raises(ValueError, match="not an event of this provider's trigger"):
+        lc.event_kind(event)
+    assert "unexpected event" in lc.describe_event(event if isinstance(event, dict) else {}, 42)
+
+
+def test_event_kinds_travel_as_plain_strings():
+    """Trigger events are serialised by Airflow: the kinds put in them are str values, read back as the Enum."""
+    event = lc.Watch().observe(0, status="running")
+    assert type(event["status"]) is str and lc.event_kind(event) is lc.EventKind.REACHED
+
+
+def test_watch_counts_the_job_from_the_first_running_read_and_judges_a_failed_read_by_the_last_status():
+    watch = lc.Watch(wait_for=lc.WAIT_JOB, boot_deadline=100, max_runtime=50)
+    assert watch.observe(10, status="loading") is None and watch.running_since is None
+    assert watch.observe(20, status="running") is None and watch.running_since == 20 and watch.changed
+    assert watch.observe(30, unread=True) is None and watch.status == "running" and not watch.changed
+    assert watch.observe(69, status="running") is None
+    assert watch.observe(70, status="running") == {
+        "status": "timeout",
+        "actual_status": "running",
+        "limit": lc.MAX_RUNTIME,
+    }
+
+
+def test_watch_reads_the_lease_from_the_label_it_last_wrote():
+    watch = lc.Watch(wait_for=lc.WAIT_JOB, label=lc.make_label(KEY, 100), keepalive=90, lease_cap=1000)
+    assert watch.lease_renewal(20) is None  # 80 of 90 s left
+    renewed = watch.lease_renewal(50)
+    assert renewed == lc.make_label(KEY, 140)
+    assert watch.observe(120, gone=True) == {"status": "lease_expired"}  # the renewal was never written
+    watch.label = renewed
+    assert watch.observe(120, gone=True) == {"status": "job_succeeded"}
+
+
+def test_watch_without_keepalive_never_renews():
+    assert lc.Watch(label=lc.make_label(KEY, 100), lease_cap=1000).lease_renewal(99) is None
+
+
+def test_rental_round_trips_through_the_event_and_refuses_anything_else():
+    rental = lc.Rental(1, 2, 0.5, "RTX 4090", "afgm-x", 1000.0, lease_cap=2000.0, tried=[2], reasons=["r"])
+    assert lc.Rental.from_resume(rental.to_resume()) == rental
+    with pytest.raises(ValueError, match="no rental to resume"):
+        lc.Rental.from_resume({"rental": rental.to_resume()})
+    with pytest.raises(ValueError, match="unknown rental fields"):
+        lc.Rental.from_resume({**rental.to_resume(), "colour": "red"})
 
 
 def test_estimated_cost_is_price_times_hours():

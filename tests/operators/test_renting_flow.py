@@ -210,16 +210,49 @@ def test_retry_adopts_a_running_earlier_instance_and_destroys_the_other_leftover
     assert hook.destroyed == [1001] and len(hook.instances) == 2  # nothing rented anew
 
 
+def fired(deferred: pytest.ExceptionInfo, kind: lifecycle.EventKind, **facts) -> dict:
+    """The event the deferred task's trigger would send (it carries the rental back, as the trigger does)."""
+    trigger = deferred.value.trigger
+    return {"status": kind.value, "instance_id": trigger.instance_id, "resume": trigger.resume, **facts}
+
+
 def test_deferring_creates_then_defers_and_a_failed_event_destroys():
     hook = FakeHook({1: ["running"]})
-    op = job(hook, deferrable=True)
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute(ctx())
-    resume = deferred.value.kwargs
-    resumed = job(hook, deferrable=True)  # Airflow resumes on a fresh operator object
-    event = {"status": lifecycle.JOB_FAILED, "instance_id": 1001, "actual_status": "stopped"}
+        job(hook, deferrable=True).execute(ctx())
+    assert deferred.value.kwargs is None  # the rental travels once: in the trigger and back in its event
+    event = fired(deferred, lifecycle.EventKind.JOB_FAILED, actual_status="stopped")
     with pytest.raises(AirflowException, match="failed"):
-        resumed.execute_complete(ctx(), event, **resume)
+        job(hook, deferrable=True).execute_complete(ctx(), event)  # Airflow resumes on a fresh operator object
+    assert hook.alive() == []
+
+
+def test_a_resumed_job_that_succeeded_reports_its_cost_from_the_rental_in_the_event():
+    hook = FakeHook({1: ["running"]})
+    with pytest.raises(TaskDeferred) as deferred:
+        job(hook, deferrable=True).execute(ctx())
+    hook.destroyed.append(1001)  # the job exited 0: the instance destroyed itself, nothing can be read again
+    renewed = lifecycle.make_label("0" * 12, time.time() + 900)
+    event = fired(deferred, lifecycle.EventKind.JOB_SUCCEEDED, label=renewed)
+    result = job(hook, deferrable=True).execute_complete(ctx(), event)
+    assert result["job_status"] == "succeeded" and result["dph_total"] == 0.5 and result["offer_id"] == 1
+    assert result["label"] == renewed  # the trigger's latest renewal, not the label written at creation
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"status": "job_failed", "instance_id": 1001},  # no rental in it
+        {"status": "job_failed", "instance_id": 1001, "resume": {"rental": {}, "tried": [], "reasons": []}},
+        {"status": "no such kind", "instance_id": 1001, "resume": {}},
+    ],
+)
+def test_an_event_that_cannot_be_resumed_still_destroys_its_instance(event):
+    hook = FakeHook({1: ["running"]})
+    with pytest.raises(TaskDeferred):
+        job(hook, deferrable=True).execute(ctx())
+    with pytest.raises(AirflowException, match="Cannot resume waiting for instance 1001"):
+        job(hook, deferrable=True).execute_complete(ctx(), event)
     assert hook.alive() == []
 
 
@@ -228,22 +261,9 @@ def test_a_deferred_wait_ended_by_execution_timeout_destroys_and_says_so():
     op = job(hook, deferrable=True, execution_timeout=timedelta(seconds=60))
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx())
-    event = {"status": lifecycle.TIMEOUT, "instance_id": 1001, "actual_status": "running"}
+    event = fired(deferred, lifecycle.EventKind.TIMEOUT, actual_status="running")
     with pytest.raises(AirflowTaskTimeout, match="execution_timeout .* elapsed"):
-        job(hook, deferrable=True, execution_timeout=timedelta(seconds=60)).execute_complete(
-            ctx(), event, **deferred.value.kwargs
-        )
-    assert hook.alive() == []
-
-
-def test_a_trigger_failure_destroys_every_instance_of_the_task_by_its_label_key():
-    from airflow.models.trigger import TRIGGER_FAIL_REPR
-
-    hook = FakeHook({1: ["running"]})
-    with pytest.raises(TaskDeferred):
-        job(hook, deferrable=True).execute(ctx())
-    with pytest.raises(Exception, match="Trigger failure"):
-        job(hook, deferrable=True).resume_execution(TRIGGER_FAIL_REPR, {"error": "Trigger failure"}, ctx())
+        job(hook, deferrable=True, execution_timeout=timedelta(seconds=60)).execute_complete(ctx(), event)
     assert hook.alive() == []
 
 

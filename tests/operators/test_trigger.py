@@ -128,30 +128,30 @@ def test_serialize_round_trip_mirrors_init():
 def test_waits_through_provisioning_and_loading_until_running(make_trigger, monkeypatch):
     hook = FakeAsyncHook([None, "loading", "loading", "running"])
     event = _run(make_trigger(), hook, monkeypatch)
-    assert event == {"status": lifecycle.REACHED, "actual_status": "running", "instance_id": 7}
+    assert event == {"status": lifecycle.EventKind.REACHED, "actual_status": "running", "instance_id": 7}
     assert hook.reads == 4
 
 
 @pytest.mark.parametrize("status", ["exited", "unknown", "offline"])
 def test_fails_fast_on_statuses_that_never_run(make_trigger, monkeypatch, status):
     event = _run(make_trigger(), FakeAsyncHook([None, status]), monkeypatch)
-    assert event["status"] == lifecycle.NEVER_RUNS and event["actual_status"] == status
+    assert event["status"] == lifecycle.EventKind.NEVER_RUNS and event["actual_status"] == status
 
 
 def test_job_mode_gone_is_success_and_stopped_is_failure(make_trigger, monkeypatch):
     ok = _run(
         make_trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", GpuMarketNotFoundError("x")]), monkeypatch
     )
-    assert ok["status"] == lifecycle.JOB_SUCCEEDED
+    assert ok["status"] == lifecycle.EventKind.JOB_SUCCEEDED
     bad = _run(make_trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", "stopped"]), monkeypatch)
-    assert bad == {"status": lifecycle.JOB_FAILED, "actual_status": "stopped", "instance_id": 7}
+    assert bad == {"status": lifecycle.EventKind.JOB_FAILED, "actual_status": "stopped", "instance_id": 7}
 
 
 def test_job_mode_max_runtime_counts_from_the_first_running_read(make_trigger, monkeypatch):
     trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, max_runtime=0.0)
     hook = FakeAsyncHook([None, "loading", "loading", "running"])
     event = _run(trigger, hook, monkeypatch)
-    assert event["status"] == lifecycle.TIMEOUT and event["limit"] == lifecycle.MAX_RUNTIME
+    assert event["status"] == lifecycle.EventKind.TIMEOUT and event["limit"] == lifecycle.MAX_RUNTIME
     assert hook.reads == 4  # the boot's reads did not count against it
 
 
@@ -165,7 +165,7 @@ def test_job_watch_keeps_the_lease_alive_through_the_label(make_trigger, monkeyp
         lease_cap=now + 3600,
     )
     hook = FakeAsyncHook(["running", "running", GpuMarketNotFoundError("x")])
-    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.JOB_SUCCEEDED
+    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.JOB_SUCCEEDED
     ((instance_id, label),) = hook.labels  # renewed once: the renewed lease is far from due on the next read
     assert instance_id == 7 and lifecycle.lease_of(label) == pytest.approx(now + 900, abs=5)
 
@@ -173,26 +173,26 @@ def test_job_watch_keeps_the_lease_alive_through_the_label(make_trigger, monkeyp
 def test_job_gone_after_the_lease_expired_is_reported_as_unknown_not_success(make_trigger, monkeypatch):
     trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, label=lifecycle.make_label("0123456789ab", time.time() - 5))
     event = _run(trigger, FakeAsyncHook(["running", GpuMarketNotFoundError("x")]), monkeypatch)
-    assert event["status"] == lifecycle.LEASE_EXPIRED
+    assert event["status"] == lifecycle.EventKind.LEASE_EXPIRED
     assert "outcome is unknown" in lifecycle.describe_event(event, 7)
 
 
 def test_transient_errors_after_the_hooks_retries_keep_polling(make_trigger, monkeypatch):
     hook = FakeAsyncHook(["loading", GpuMarketServerError("503", status_code=503), "running"])
-    assert _run(make_trigger(), hook, monkeypatch)["status"] == lifecycle.REACHED
+    assert _run(make_trigger(), hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
     assert hook.reads == 3
 
 
 def test_non_retryable_error_ends_with_an_error_event(make_trigger, monkeypatch):
     event = _run(make_trigger(), FakeAsyncHook([GpuMarketAuthError("refused", status_code=401)]), monkeypatch)
-    assert event["status"] == lifecycle.ERROR and "refused" in event["message"]
+    assert event["status"] == lifecycle.EventKind.ERROR and "refused" in event["message"]
 
 
 def test_deadline_ends_waiting(make_trigger, monkeypatch):
     event = _run(make_trigger(deadline=0.0), FakeAsyncHook(["running"]), monkeypatch)
-    assert event["status"] == lifecycle.REACHED  # reaching the target wins over a deadline in the same read
+    assert event["status"] == lifecycle.EventKind.REACHED  # reaching the target wins over a deadline in the same read
     event = _run(make_trigger(boot_deadline=0.0), FakeAsyncHook(["loading"]), monkeypatch)
-    assert event["status"] == lifecycle.BOOT_TIMEOUT
+    assert event["status"] == lifecycle.EventKind.BOOT_TIMEOUT
 
 
 def test_on_kill_destroys_the_rented_instance(make_trigger, monkeypatch):
@@ -236,7 +236,7 @@ def test_shared_poller_makes_one_list_call_per_round_for_many_triggers(monkeypat
         return await asyncio.gather(*(first(t) for t in triggers))
 
     events = asyncio.run(all_three())
-    assert [e["status"] for e in events] == [lifecycle.REACHED] * 3
+    assert [e["status"] for e in events] == [lifecycle.EventKind.REACHED] * 3
     assert hook.lists == 3  # rounds, not triggers x rounds
     assert hook.asked_ids == [1, 2, 3]  # only the watched instances are asked for
 
@@ -260,7 +260,7 @@ def test_shared_poller_confirms_a_missing_instance_before_reporting_it_gone(monk
 
     hook.list_instances = list_without_it  # type: ignore[method-assign]
     trigger = GpuMarketInstanceStatusTrigger(instance_id=7, poll_interval=0, gpumarket_conn_id="q")
-    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.REACHED
+    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
 
 
 def test_shared_poller_rounds_never_go_faster_than_the_live_list_budget(monkeypatch):
@@ -278,5 +278,5 @@ def test_shared_poller_rounds_never_go_faster_than_the_live_list_budget(monkeypa
     monkeypatch.setattr(poller.asyncio, "sleep", recorded_sleep)
     hook = FakeAsyncHook([None, "loading", "running"])
     trigger = GpuMarketInstanceStatusTrigger(instance_id=7, poll_interval=0, gpumarket_conn_id="budget")
-    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.REACHED
+    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
     assert waits and min(waits) > 1.9  # 2 s between list calls, although the trigger asked for 0 s
