@@ -11,12 +11,6 @@ KEY = "op-test-key-0123456789"
 
 
 @pytest.fixture(autouse=True)
-def fast_list_budget(monkeypatch):
-    """The shared poller rounds no faster than the live list budget (0.5/s); these tests poll every 0 s."""
-    monkeypatch.setattr("airflow_gpumarket.api.LIST_RATE_PER_SECOND", 1000.0)
-
-
-@pytest.fixture(autouse=True)
 def gpumarket_connection(monkeypatch):
     conn = {
         "conn_type": "gpumarket",

@@ -1,31 +1,17 @@
-"""Shared set-up of the unit tests: an isolated Airflow home, the gpumarket connection, a hook whose logs
-caplog can see, and recorders for retry sleeps and ``mask_secret`` calls.
+"""Shared set-up of the hook tests: the gpumarket connection, a hook whose logs caplog can see, and recorders
+for retry sleeps and ``mask_secret`` calls.
 
 No test here touches the network (requests-mock / httpx.MockTransport) or really sleeps.
 """
 
 from __future__ import annotations
 
-import atexit
-import os
-import shutil
-import sys
-import tempfile
 import threading
 
-# Airflow reads these when it is first imported, so they are set at collection time, before any test module
-# imports the provider. If a plugin already imported Airflow, its home is left alone.
-if "airflow" not in sys.modules:
-    _airflow_home = tempfile.mkdtemp(prefix="gpumarket-unit-airflow-")
-    atexit.register(shutil.rmtree, _airflow_home, ignore_errors=True)
-    os.environ["AIRFLOW_HOME"] = _airflow_home
-os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
-os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+import pytest
+import requests_mock as requests_mock_lib
 
-import pytest  # noqa: E402
-import requests_mock as requests_mock_lib  # noqa: E402
-
-from .helpers import CONN_ENV, conn_json, use_stdlib_logger  # noqa: E402
+from .helpers import CONN_ENV, conn_json, use_stdlib_logger
 
 
 @pytest.fixture(autouse=True)
