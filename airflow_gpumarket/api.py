@@ -365,6 +365,11 @@ CREATION_FIELDS: tuple[CreationField, ...] = (
 CREATION_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in CREATION_FIELDS)
 
 
+def creation_fields_doc(indent: str) -> str:
+    """One ``:param:`` line per creation field, for the docstrings of the operators that take them."""
+    return "".join(f"{indent}:param {f.name}: {f.doc}.\n" for f in CREATION_FIELDS)
+
+
 def build_create_instance_body(*, label: str | None = None, **fields: Any) -> dict[str, Any]:
     """Validate the creation fields (``CREATION_FIELDS``) against every rule of the spec; return the request body.
 

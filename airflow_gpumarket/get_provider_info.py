@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from airflow_gpumarket import __version__, api
 
+#: The one integration every hook, operator, sensor and trigger of the provider belongs to.
+INTEGRATION = "GPU Market"
+
 
 def get_provider_info() -> dict:
     return {
@@ -17,15 +20,21 @@ def get_provider_info() -> dict:
         "description": "Rent GPU machines on a GPU marketplace from Airflow: run work through the instance's "
         "onstart script, with destroy guaranteed when anything fails.",
         "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": INTEGRATION,
+                "tags": ["service"],
+            }
+        ],
         "hooks": [
             {
-                "integration-name": "GPU Market",
+                "integration-name": INTEGRATION,
                 "python-modules": ["airflow_gpumarket.hooks.gpumarket"],
             }
         ],
         "operators": [
             {
-                "integration-name": "GPU Market",
+                "integration-name": INTEGRATION,
                 "python-modules": [
                     "airflow_gpumarket.operators.instances",
                     "airflow_gpumarket.operators.serverless",
@@ -35,7 +44,7 @@ def get_provider_info() -> dict:
         ],
         "sensors": [
             {
-                "integration-name": "GPU Market",
+                "integration-name": INTEGRATION,
                 "python-modules": [
                     "airflow_gpumarket.sensors.instances",
                     "airflow_gpumarket.sensors.price_increases",
@@ -44,7 +53,7 @@ def get_provider_info() -> dict:
         ],
         "triggers": [
             {
-                "integration-name": "GPU Market",
+                "integration-name": INTEGRATION,
                 "python-modules": [
                     "airflow_gpumarket.triggers.instances",
                     "airflow_gpumarket.triggers.price_increases",

@@ -116,3 +116,10 @@ def test_ui_field_behaviour_labels_host_and_password():
     assert behaviour["relabeling"] == {"host": "Base URL", "password": "API key"}
     assert "host" not in behaviour["hidden-fields"]
     assert "password" not in behaviour["hidden-fields"]
+
+
+def test_every_module_list_names_the_one_declared_integration():
+    info = get_provider_info()
+    declared = {i["integration-name"] for i in info["integrations"]}
+    used = {entry["integration-name"] for kind in ("hooks", "operators", "sensors", "triggers") for entry in info[kind]}
+    assert declared == used == {"GPU Market"}

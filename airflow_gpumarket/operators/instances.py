@@ -130,10 +130,13 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     :param poll_interval: seconds between status reads (default 10, as the spec recommends).
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``). The task's
         ``execution_timeout`` counts the whole try, deferred waits included.
-    :param image: and every other field of ``api.CREATION_FIELDS`` (template_hash_id, disk, runtype, target_state,
-        price, env, onstart, ...): the spec's creation fields, sent as given (``cancel_unavail`` defaults to True
-        so a taken offer fails fast and the next is tried). The label is written by the operator (see
-        ``airflow_gpumarket.lifecycle``).
+    :param command: shell commands run through the provider's job wrapper as the onstart script (see
+        ``airflow_gpumarket.job_script``); give it or ``onstart``, not both. Runtype then defaults to ``ssh_proxy``.
+    :param export_env_to_ssh: the job wrapper also appends ``env``'s variables to ``/etc/environment`` so SSH
+        sessions see them (the spec says they are not visible there otherwise).
+
+    The spec's creation fields below are sent as given (``cancel_unavail`` defaults to True so a taken offer
+    fails fast and the next is tried); the label is written by the operator (see ``airflow_gpumarket.lifecycle``).
     """
 
     template_fields: Sequence[str] = (
@@ -673,6 +676,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             "elapsed_seconds": round(elapsed, 3),
             "estimated_cost": lifecycle.estimated_cost(rental.dph_total, elapsed),
         }
+
+
+GpuMarketRentingBaseOperator.__doc__ = (
+    (GpuMarketRentingBaseOperator.__doc__ or "").rstrip() + "\n" + api.creation_fields_doc("    ")
+)
 
 
 class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
