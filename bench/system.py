@@ -42,6 +42,8 @@ BIN = Path(sys.executable).parent
 DAGS_FOLDER = ROOT / "bench" / "system_dags"
 SPEED = 20.0  # simulated seconds per real second: a 60-300 s boot takes 3-15 real seconds
 HEARTBEAT_TIMEOUT = 25  # [scheduler] task_instance_heartbeat_timeout, seconds
+SQLITE_BUSY_TIMEOUT = 60  # seconds an Airflow process waits for SQLite's write lock before failing
+SUPERVISE_INTERVAL = 2.0  # seconds between two looks for components that died on their own
 EXECUTION_TIMEOUT = 25  # the execution_timeout of the execution_timeout_* DAGs, seconds
 TRIGGERER_DOWN = 10  # seconds between killing the triggerer and starting a new one
 RUN_BUDGET = 630  # seconds from the script's start until every wait gives up: with the teardown, under 12 minutes
@@ -82,6 +84,10 @@ def short(cmdline: str) -> str:
     return " ".join(os.path.basename(word) if word.startswith("/") else word for word in cmdline.split())
 
 
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def epoch(iso: str | None) -> float | None:
     """An Airflow API datetime ("2026-01-01T10:00:00.123456Z") as epoch seconds."""
     return datetime.fromisoformat(iso).timestamp() if iso else None
@@ -96,18 +102,26 @@ class Processes:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.started: dict[str, subprocess.Popen] = {}
+        self.lock = threading.Lock()  # the supervisor thread must not see a component a scenario is killing
 
     def start(self, name: str, cmd: list[str], env: dict[str, str], log: str) -> subprocess.Popen:
         with open(self.home / log, "ab") as out:  # the child keeps its own copy of the descriptor
             process = subprocess.Popen(
                 cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        self.started[name] = process
+        with self.lock:
+            self.started[name] = process
         return process
+
+    def died(self, names: tuple[str, ...]) -> dict[str, int]:
+        """Components among ``names`` that exited on their own (nobody killed them here): name -> exit code."""
+        with self.lock:
+            return {n: p.returncode for n, p in self.started.items() if n in names and p.poll() is not None}
 
     def kill_group(self, name: str) -> None:
         """kill -9 the whole process group of one component (and forget it)."""
-        process = self.started.pop(name)
+        with self.lock:
+            process = self.started.pop(name)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
@@ -253,6 +267,7 @@ class Deployment:
         self.env: dict[str, str] = {}
         self.sim: Simulator | None = None
         self.api = AirflowApi(f"http://127.0.0.1:{self.api_port}")
+        self.restarts: list[str] = []  # components that died on their own and were restarted
 
     def airflow_env(self, conn_uri: str) -> dict[str, str]:
         # Nothing Airflow-related leaks in from the caller's environment: the deployment is the same everywhere.
@@ -285,8 +300,25 @@ class Deployment:
             AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
             AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="15",
             AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES="1",
+            # SQLite lets one writer at a time; the driver's 5 s wait for the lock is too short on a busy 2-core
+            # machine (the scheduler then dies with "database is locked").
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS="gpumarket_system_settings.SQLITE_CONNECT_ARGS",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(self.home), os.environ.get("PYTHONPATH")])),
+        )
+        (self.home / "gpumarket_system_settings.py").write_text(
+            f"SQLITE_CONNECT_ARGS = {{'timeout': {SQLITE_BUSY_TIMEOUT}}}\n"
         )
         return env
+
+    def supervise(self, say: Callable[[str], None]) -> None:
+        """Restart a component that died on its own, as a service manager would, and say why it died."""
+        for name, code in self.processes.died(self.COMPONENTS).items():
+            log = self.home / f"{name}.log"
+            lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+            last = next((line for line in reversed(lines) if line.strip()), "(empty log)")
+            say(f"{name} exited on its own (code {code}; last log line: {clip(last, 160)}); restarting it")
+            self.restarts.append(f"{name}: {clip(last, 100)}")
+            self.start_component(name)
 
     def start(self, say: Callable[[str], None]) -> None:
         say(f"Airflow home {self.home}")
@@ -723,6 +755,7 @@ class Harness:
         self.sim.refresh()
         watcher.start()
         self.deployment.wait_ready(self.say)
+        threading.Thread(target=self.supervise, daemon=True).start()
         for name, scenario in self.scenarios.items():
             self.threads[name] = threading.Thread(target=self.run_scenario, args=(scenario,), daemon=True)
         for thread in self.threads.values():
@@ -730,6 +763,13 @@ class Harness:
         for thread in self.threads.values():
             while thread.is_alive():  # join in slices so Ctrl-C reaches the main thread
                 thread.join(0.5)
+
+    def supervise(self) -> None:
+        while not self.stop.wait(SUPERVISE_INTERVAL):
+            try:
+                self.deployment.supervise(self.say)
+            except Exception as exc:  # noqa: BLE001 - a supervisor that died would hide every later death
+                self.say(f"supervisor: {type(exc).__name__}: {exc}")
 
     def report(self) -> bool:
         """The SYS lines from a last look at the simulator; True when every goal was met."""
@@ -751,6 +791,8 @@ class Harness:
             print(f"SYS {name}: {shown} billed_after_failure={outcome.billed} alive={alive} (goal: {GOALS[name]})")
         alive_total = sum(1 for i in instances if not i["destroyed"])
         print(f"SYS alive_total: {alive_total} (goal: 0)")
+        restarts = self.deployment.restarts
+        print(f"SYS components restarted after dying on their own: {len(restarts)} {restarts or ''}".rstrip())
         return ok and alive_total == 0
 
     def report_probes(self) -> None:
