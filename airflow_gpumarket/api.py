@@ -328,7 +328,7 @@ def _require_image_login(field: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class CreationField:
-    """One field of the spec's create-instance body.
+    """One field of a creation body of the spec (an instance's, an endpoint's).
 
     ``rule`` checks a given value (None means "not sent"); ``text`` fields are plain strings whose value can be
     checked even while it still holds Jinja, the others only once rendered; ``doc`` is the one-line description.
@@ -365,9 +365,9 @@ CREATION_FIELDS: tuple[CreationField, ...] = (
 CREATION_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in CREATION_FIELDS)
 
 
-def creation_fields_doc(indent: str) -> str:
-    """One ``:param:`` line per creation field, for the docstrings of the operators that take them."""
-    return "".join(f"{indent}:param {f.name}: {f.doc}.\n" for f in CREATION_FIELDS)
+def fields_doc(table: Iterable[CreationField], indent: str) -> str:
+    """One ``:param:`` line per field of a table, for the docstrings of the operators that take them."""
+    return "".join(f"{indent}:param {f.name}: {f.doc}.\n" for f in table)
 
 
 def build_create_instance_body(*, label: str | None = None, **fields: Any) -> dict[str, Any]:
@@ -442,40 +442,38 @@ def build_volume_listing_body(
     )
 
 
-ENDPOINT_NUMBER_FIELDS = (
-    "min_load",
-    "min_cold_load",
-    "target_util",
-    "cold_mult",
-    "max_queue_time",
-    "target_queue_time",
-    "inactivity_timeout",
-    "overrecruit_ratio",
+#: The spec's endpoint creation fields, in its order; bounds are "not shown": numbers must be finite and >= 0.
+ENDPOINT_FIELD_TABLE: tuple[CreationField, ...] = (
+    CreationField("min_load", require_non_negative_number, "minimum load for the endpoint"),
+    CreationField("min_cold_load", require_non_negative_number, "cold workers are kept below this load"),
+    CreationField("target_util", require_non_negative_number, "target utilisation"),
+    CreationField("cold_mult", require_non_negative_number, "multiplier for cold start"),
+    CreationField("cold_workers", require_non_negative_int, "number of cold workers"),
+    CreationField("max_workers", require_non_negative_int, "maximum number of workers"),
+    CreationField("max_queue_time", require_non_negative_number, "seconds of queueing before scaling up"),
+    CreationField("target_queue_time", require_non_negative_number, "desired queue time, <= max_queue_time"),
+    CreationField("autoscaler_instance", require_text, "autoscaler environment to attach to", text=True),
+    CreationField(
+        "endpoint_state", lambda f, v: require_choice(f, v, ENDPOINT_STATES), "active, suspended or stopped", text=True
+    ),
+    CreationField("endpoint_name", require_text, "name of the endpoint", text=True),
+    CreationField("inactivity_timeout", require_non_negative_number, "idle seconds before it may be suspended"),
+    CreationField("overrecruit_ratio", require_non_negative_number, "over-recruiting of workers for spikes"),
 )
-ENDPOINT_INT_FIELDS = ("cold_workers", "max_workers")
-ENDPOINT_TEXT_FIELDS = ("autoscaler_instance", "endpoint_state", "endpoint_name")
-ENDPOINT_FIELDS = ENDPOINT_NUMBER_FIELDS + ENDPOINT_INT_FIELDS + ENDPOINT_TEXT_FIELDS
+ENDPOINT_FIELDS: tuple[str, ...] = tuple(f.name for f in ENDPOINT_FIELD_TABLE)
 
 
 def build_endpoint_body(**fields: Any) -> dict[str, Any]:
-    """Body of ``POST /endptjobs``. Bounds are "not shown" in the spec: numbers must be finite and >= 0."""
+    """Body of ``POST /endptjobs``: the given fields of ``ENDPOINT_FIELD_TABLE``, each checked by its rule."""
     unknown = set(fields) - set(ENDPOINT_FIELDS)
     if unknown:
         raise GpuMarketValidationError(
             sorted(unknown)[0], f"is not an endpoint field; allowed: {', '.join(ENDPOINT_FIELDS)}"
         )
     body = _drop_none(fields)
-    for name in ENDPOINT_NUMBER_FIELDS:
-        if name in body:
-            require_non_negative_number(name, body[name])
-    for name in ENDPOINT_INT_FIELDS:
-        if name in body:
-            require_non_negative_int(name, body[name])
-    for name in ("autoscaler_instance", "endpoint_name"):
-        if name in body:
-            require_text(name, body[name])
-    if "endpoint_state" in body:
-        require_choice("endpoint_state", body["endpoint_state"], ENDPOINT_STATES)
+    for field in ENDPOINT_FIELD_TABLE:
+        if field.name in body:
+            field.rule(field.name, body[field.name])
     if "target_queue_time" in body and "max_queue_time" in body and body["target_queue_time"] > body["max_queue_time"]:
         raise GpuMarketValidationError(
             "target_queue_time",

@@ -679,7 +679,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
 
 GpuMarketRentingBaseOperator.__doc__ = (
-    (GpuMarketRentingBaseOperator.__doc__ or "").rstrip() + "\n" + api.creation_fields_doc("    ")
+    (GpuMarketRentingBaseOperator.__doc__ or "").rstrip() + "\n" + api.fields_doc(api.CREATION_FIELDS, "    ")
 )
 
 

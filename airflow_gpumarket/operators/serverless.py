@@ -18,10 +18,7 @@ class GpuMarketCreateEndpointOperator(GpuMarketBaseOperator):
     endpoint_state enum and ``target_queue_time <= max_queue_time`` are checked when the DAG is parsed.
     Creating is not idempotent: the call is not re-sent after a failure that may have been processed.
 
-    :param endpoint_name: name of the endpoint.
-    :param endpoint_state: active, suspended or stopped.
-    :param min_load, min_cold_load, target_util, cold_mult, cold_workers, max_workers, max_queue_time,
-        target_queue_time, autoscaler_instance, inactivity_timeout, overrecruit_ratio: see the spec.
+    The fields (from ``api.ENDPOINT_FIELD_TABLE``):
     """
 
     template_fields: Sequence[str] = api.ENDPOINT_FIELDS
@@ -62,6 +59,11 @@ class GpuMarketCreateEndpointOperator(GpuMarketBaseOperator):
         endpoint_id = result.get("result")
         self.log.info("Created endpoint %r: id %s", self.endpoint_name, endpoint_id)
         return endpoint_id  # type: ignore[return-value]
+
+
+GpuMarketCreateEndpointOperator.__doc__ = (
+    (GpuMarketCreateEndpointOperator.__doc__ or "").rstrip() + "\n" + (api.fields_doc(api.ENDPOINT_FIELD_TABLE, "    "))
+)
 
 
 class GpuMarketDeleteDeploymentOperator(GpuMarketBaseOperator):

@@ -220,3 +220,5 @@ def test_endpoint_fields_are_named_once_in_the_api_and_the_operator_takes_each()
     keywords = set(inspect.signature(GpuMarketCreateEndpointOperator.__init__).parameters)
     assert set(api.ENDPOINT_FIELDS) <= keywords
     assert len(set(api.ENDPOINT_FIELDS)) == len(api.ENDPOINT_FIELDS) == 13
+    for name in api.ENDPOINT_FIELDS:  # the docs come from the table too: one :param each
+        assert GpuMarketCreateEndpointOperator.__doc__.count(f":param {name}:") == 1, name

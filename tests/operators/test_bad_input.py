@@ -157,6 +157,8 @@ def test_creation_fields_are_named_once_in_the_api_table_and_the_operator_takes_
     assert set(api.CREATION_FIELD_NAMES) <= keywords
     assert set(api.CREATION_FIELD_NAMES) <= set(GpuMarketRentingBaseOperator.template_fields)
     assert len(set(api.CREATION_FIELD_NAMES)) == len(api.CREATION_FIELD_NAMES) == 17
+    for name in api.CREATION_FIELD_NAMES:  # the docs come from the table too: one :param each
+        assert GpuMarketRentingBaseOperator.__doc__.count(f":param {name}:") == 1, name
 
 
 def test_a_field_the_spec_does_not_name_is_refused_naming_it():
