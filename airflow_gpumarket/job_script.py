@@ -4,8 +4,13 @@ The service emits no events, but every instance gets a restricted key (``CONTAIN
 destroy that one instance. The wrapper runs the user's command, then:
 
 - exit status 0 -> destroys its own instance (all billing stops at once);
-- any other status -> stops its own instance (compute billing stops; the disk is kept for inspection until the
-  operator destroys it).
+- any other status -> stops its own instance (compute billing stops; the operator reads the end of the job's
+  log, then destroys the instance).
+
+The command's stdout and stderr both go to the wrapper's output, which the service keeps as the container's log
+(read back through the logs endpoint, see ``airflow_gpumarket.job_logs``); the wrapper's last line before ending
+billing is ``EXIT_STATUS_LINE``, which the operator parses. The command is written to a temporary file that the
+wrapper removes when it ends.
 
 The operator only has to read the outcome: gone = succeeded, stopped = failed. The wrapper keeps the command's
 exit status as its own, needs only ``sh`` plus one of curl, python3 or wget, and retries its callback. It assumes
@@ -24,23 +29,29 @@ from airflow_gpumarket.exceptions import GpuMarketValidationError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-# {url}, {delimiter}, {command} and {export_env} are filled in; everything else is literal shell.
+#: The line the wrapper prints when the command ended; the operator reads the status from it.
+EXIT_STATUS_LINE = "gpumarket: job exited with status {rc}"
+# {url}, {delimiter}, {command}, {export_env}, {exit_line}, {tries} and {timeout} are filled in; everything else
+# is literal shell.
 #: Tries of the wrapper's own call that ends billing, and seconds each waits for an answer.
 END_BILLING_TRIES = 6
 END_BILLING_TIMEOUT_SECONDS = 30
 
 _TEMPLATE = """#!/bin/sh
 # airflow-provider-gpumarket job wrapper: run the command, then end billing from inside the instance.
-# exit 0 -> destroy this instance; other exit status -> stop it (disk kept for inspection).
+# exit 0 -> destroy this instance; other exit status -> stop it (the operator reads its log, then destroys it).
 GPM_URL='{url}'"$CONTAINER_ID/"
 GPM_JOB="${{TMPDIR:-/tmp}}/gpumarket-job-$$.sh"
+trap 'rm -f "$GPM_JOB"' EXIT
+trap 'exit 143' HUP INT TERM
 cat > "$GPM_JOB" <<'{delimiter}'
 {command}
 {delimiter}
 {export_env}echo "gpumarket: job started"
-sh "$GPM_JOB"
+sh "$GPM_JOB" 2>&1
 rc=$?
-echo "gpumarket: job exited with status $rc"
+rm -f "$GPM_JOB"
+echo "{exit_line}"
 if [ "$rc" -eq 0 ]; then m=DELETE; b=''; else m=PUT; b='{{"state":"stopped"}}'; fi
 gpm_call() {{
   if command -v curl >/dev/null 2>&1; then
@@ -94,6 +105,7 @@ def build_job_onstart(command: str, *, base_url: str, export_env: Iterable[str] 
         export_env=export,
         tries=END_BILLING_TRIES,
         timeout=END_BILLING_TIMEOUT_SECONDS,
+        exit_line=EXIT_STATUS_LINE.format(rc="$rc"),
     )
     try:
         return api.pack_onstart(script)

@@ -126,3 +126,28 @@ def test_empty_command_is_refused(command):
 def test_invalid_env_name_to_export_is_refused():
     with pytest.raises(GpuMarketValidationError, match="^env"):
         build_job_onstart("true", base_url=BASE, export_env=["NOT-VALID"])
+
+
+def test_stdout_and_stderr_reach_the_wrappers_output_with_the_status_line_last_before_billing(tmp_path):
+    proc, _ = _run(build_job_onstart("echo out; echo err >&2; exit 3", base_url=BASE), tmp_path, {"curl": 0})
+    lines = proc.stdout.splitlines()
+    assert lines == ["gpumarket: job started", "out", "err", "gpumarket: job exited with status 3"]
+    assert proc.stderr == ""
+
+
+def test_the_wrapper_removes_the_script_it_wrote(tmp_path):
+    proc, _ = _run(build_job_onstart('ls "$TMPDIR"', base_url=BASE), tmp_path, {"curl": 0})
+    assert re.search(r"gpumarket-job-\d+\.sh", proc.stdout)  # there while the command ran
+    assert not list(tmp_path.glob("gpumarket-job-*"))
+
+
+def test_the_script_is_removed_when_the_wrapper_is_terminated(tmp_path):
+    script = tmp_path / "onstart.sh"
+    script.write_text(build_job_onstart("echo started; sleep 30", base_url=BASE))
+    env = {"PATH": os.environ["PATH"], "CONTAINER_ID": "77", "CONTAINER_API_KEY": "k", "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(["/bin/sh", str(script)], env=env, stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline() == b"gpumarket: job started\n"
+    assert list(tmp_path.glob("gpumarket-job-*"))
+    os.killpg(proc.pid, 15)  # as a stop or destroy of the container ends its processes
+    proc.wait(timeout=10)
+    assert not list(tmp_path.glob("gpumarket-job-*"))
