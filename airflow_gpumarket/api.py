@@ -49,6 +49,8 @@ PATH_CLOUD_INTEGRATIONS = f"{API_PREFIX}/users/cloud_integrations"
 API_V1_PREFIX = "/api/v1"
 PATH_INSTANCES_V1 = f"{API_V1_PREFIX}/instances/"
 PATH_CURRENT_USER = f"{API_PREFIX}/users/current"
+#: Asks the service to upload the container's (or the host daemon's) log; answers a ``result_url`` to fetch it from.
+PATH_REQUEST_LOGS = f"{API_PREFIX}/instances/request_logs/{{instance_id}}/"
 
 # --- Enums ---------------------------------------------------------------------------------------------------
 RUNTYPES = ("ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args")
@@ -523,6 +525,51 @@ def build_regen_backup_codes_body(
             "tfa_method": tfa_method,
             "backup_code": backup_code,
         }
+    )
+
+
+# --- Logs (live service; not in the spec: from the official client's source and the published OpenAPI) -----------
+#: Lines asked for when no tail is given (the official client's default).
+LOG_TAIL_DEFAULT = 1000
+#: Fetching the uploaded log: tries while it is not there yet, seconds between them, seconds per request (as the
+#: official client does).
+LOG_FETCH_TRIES = 30
+LOG_FETCH_INTERVAL_SECONDS = 0.3
+LOG_FETCH_TIMEOUT_SECONDS = 10.0
+#: The most of one uploaded log that is read; its end is kept.
+LOG_MAX_BYTES = 1 << 20
+
+
+def build_request_logs_body(
+    *, tail: int | str | None = None, filter: str | None = None, daemon_logs: bool | None = None
+) -> dict[str, Any]:
+    """The logs request's body: ``tail`` as a string number of lines, ``filter`` (a server-side grep),
+    ``daemon_logs`` "true" for the host daemon's log instead of the container's."""
+    body: dict[str, Any] = {}
+    if tail is not None:
+        text = str(tail).strip() if isinstance(tail, int | str) and not isinstance(tail, bool) else ""
+        if not text.isdigit() or int(text) <= 0:
+            raise GpuMarketValidationError("tail", f"must be a positive number of lines, got {tail!r}")
+        body["tail"] = text
+    if filter is not None:
+        require_text("filter", filter)
+        body["filter"] = filter
+    if daemon_logs is not None:
+        require_bool("daemon_logs", daemon_logs)
+        if daemon_logs:
+            body["daemon_logs"] = "true"
+    return body
+
+
+def log_result_url(operation: str, body: Any) -> str:
+    """The ``result_url`` of a logs answer; a ``GpuMarketError`` for an answer without a usable one (an
+    http(s) URL: it is fetched without the API key, so nothing else is followed)."""
+    url = body.get("result_url") if isinstance(body, Mapping) else None
+    if isinstance(url, str) and url.startswith(("https://", "http://")):
+        return url
+    excerpt = str(body)[:BODY_EXCERPT_CHARS]
+    raise GpuMarketError(
+        f"{operation}: the answer has no http(s) result_url to fetch the log from: {excerpt}", operation=operation
     )
 
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-from airflow_gpumarket import api
+from airflow_gpumarket import api, job_logs
 
 LABEL_PREFIX = "afgm-"
 _LABEL = re.compile(r"^afgm-([0-9a-f]{12})-(\d{1,12})$")
@@ -129,6 +129,7 @@ class Rental:
     lease_cap: float | None = None  # the lease is never moved past this epoch second
     ambiguous: bool = False  # the create's answer was lost and retried: a duplicate may exist
     ssh_host: str | None = None
+    key_digest: str | None = None  # sha256 of the instance key: masks it in the job's log where the key is not held
     tried: list[int] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
 
@@ -261,12 +262,29 @@ class Watch:
         return renewed_label(self.label, now=now, keepalive=self.keepalive, lease_cap=self.lease_cap)
 
 
+#: Events after which a job's instance still exists, so the end of its log can be read (and is, in job mode).
+ENDS_WITH_LOG = (EventKind.JOB_FAILED, EventKind.TIMEOUT)
+
+
+def ends_with_log(event: Mapping[str, Any]) -> bool:
+    return event.get("status") in {kind.value for kind in ENDS_WITH_LOG}
+
+
 def describe_event(event: Mapping[str, Any], instance_id: int) -> str:
-    """A sentence for the task log and for exception messages."""
+    """A sentence for the task log and for exception messages; with the job's exit status and last output lines
+    when the event carries them."""
     try:
         kind = event_kind(event)
     except ValueError:
         return f"instance {instance_id}: unexpected event {event!r}"
+    sentence = _sentence(kind, event, instance_id)
+    tail, status = event.get("log_tail"), event.get("exit_status")
+    lines = [str(line) for line in tail] if isinstance(tail, list) else []
+    detail = job_logs.failure_detail(lines, status if isinstance(status, int) else None)
+    return f"{sentence}; {detail}" if detail else sentence
+
+
+def _sentence(kind: EventKind, event: Mapping[str, Any], instance_id: int) -> str:
     status = event.get("actual_status")
     return {
         EventKind.REACHED: f"instance {instance_id} reached status {status!r}",

@@ -36,6 +36,12 @@ class CreateInstanceResult(TypedDict, total=False):
     ambiguous: bool  # set by the hook when the result was reached after an ambiguous failure
 
 
+class LogsRequestResult(TypedDict, total=False):
+    success: bool
+    result_url: str  # where the log appears shortly after; fetched without the API key
+    msg: str
+
+
 class VolumeListingResult(TypedDict, total=False):
     success: bool
     you_sent: dict

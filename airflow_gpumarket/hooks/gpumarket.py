@@ -11,6 +11,7 @@ import ipaddress
 import math
 import random
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,7 +22,7 @@ import requests
 import tenacity
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
-from airflow_gpumarket import api, types
+from airflow_gpumarket import api, job_logs, types
 from airflow_gpumarket._compat import BaseHook, mask_secret
 from airflow_gpumarket.exceptions import (
     GpuMarketAmbiguousCreateError,
@@ -46,6 +47,8 @@ CLIENT_KEEPALIVE_SECONDS = 4.0
 LIST_PACING_MARGIN = 1.1
 #: The connect timeout, at most: a server that does not accept a connection within this is down.
 CONNECT_TIMEOUT_SECONDS = 10.0
+#: Instance keys this process received from create calls, masked in every log text fetched here (bounded).
+_INSTANCE_KEYS: deque[str] = deque(maxlen=1000)
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,24 @@ class _BearerAuth(requests.auth.AuthBase):
         return "_BearerAuth(***)"
 
 
+class _LogBuffer:
+    """The end of an uploaded log as it is read: at most ``LOG_MAX_BYTES``, starting at a whole line."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.cut = False
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > api.LOG_MAX_BYTES:
+            del self.data[: len(self.data) - api.LOG_MAX_BYTES]
+            self.cut = True
+
+    def text(self) -> str:
+        data = self.data[self.data.find(b"\n") + 1 :] if self.cut else self.data
+        return data.decode("utf-8", "replace")
+
+
 class _GpuMarketHookBase(BaseHook):
     """Connection handling, retry policy and logging shared by the sync and async hooks."""
 
@@ -245,6 +266,32 @@ class _GpuMarketHookBase(BaseHook):
         key = result.get("instance_api_key")
         if isinstance(key, str) and key:
             mask_secret(key)
+            _INSTANCE_KEYS.append(key)
+
+    # --- logs (live service; not in the spec) ---------------------------------------------------------
+    @staticmethod
+    def _logs_request(
+        instance_id: int, tail: int | str | None, filter: str | None, daemon_logs: bool | None
+    ) -> tuple[str, dict[str, Any]]:
+        api.require_positive_int("instance_id", instance_id)
+        body = api.build_request_logs_body(tail=tail, filter=filter, daemon_logs=daemon_logs)
+        return api.PATH_REQUEST_LOGS.format(instance_id=instance_id), body
+
+    def _redact_log(self, text: str, key_digests: Iterable[str | None]) -> str:
+        """The account key, every instance key this process created, the keys known by digest and every
+        ``CONTAINER_API_KEY=`` value, masked."""
+        return job_logs.Redactor((self.settings.api_key, *_INSTANCE_KEYS), key_digests)(text)
+
+    @staticmethod
+    def _log_not_uploaded(instance_id: int, url: str, last: str) -> GpuMarketError:
+        host = urlsplit(url).hostname  # the rest of the URL grants access to the log: not repeated in messages
+        waited = api.LOG_FETCH_TRIES * api.LOG_FETCH_INTERVAL_SECONDS
+        return GpuMarketError(
+            f"get_instance_logs: the log of instance {instance_id} was not at its result URL on {host} after "
+            f"{api.LOG_FETCH_TRIES} tries over {waited:.0f} s (last answer: {last}); the service may be slow to "
+            "upload it: ask again later",
+            operation="get_instance_logs",
+        )
 
 
 class GpuMarketHook(_GpuMarketHookBase):
@@ -484,6 +531,61 @@ class GpuMarketHook(_GpuMarketHookBase):
         except GpuMarketNotFoundError:
             return {"success": True, "already_gone": True}
 
+    def request_instance_logs(
+        self,
+        instance_id: int,
+        *,
+        tail: int | str | None = None,
+        filter: str | None = None,
+        daemon_logs: bool | None = None,
+        retry: bool = True,
+    ) -> types.LogsRequestResult:
+        """Ask the service to upload the instance's container log (or, with ``daemon_logs``, the host daemon's):
+        ``PUT /api/v0/instances/request_logs/{id}/`` (live service; not in the spec). Returns ``result_url``, where
+        the log appears shortly after. ``tail``: the last lines only; ``filter``: a server-side grep. ``retry``
+        False sends one try (for periodic reads, whose next round is the retry)."""
+        path, body = self._logs_request(instance_id, tail, filter, daemon_logs)
+        if not retry:
+            return self._send("request_instance_logs", "PUT", path, body)
+        return self._call("request_instance_logs", "PUT", path, body)
+
+    def get_instance_logs(
+        self,
+        instance_id: int,
+        *,
+        tail: int | str | None = api.LOG_TAIL_DEFAULT,
+        filter: str | None = None,
+        daemon_logs: bool | None = None,
+        retry: bool = True,
+        key_digests: Iterable[str | None] = (),
+    ) -> str:
+        """The log's text: requested (see :meth:`request_instance_logs`), then fetched from ``result_url``
+        without the API key, waiting for the upload as the official client does (``LOG_FETCH_TRIES`` tries
+        ``LOG_FETCH_INTERVAL_SECONDS`` apart). The account key, instance keys this process created, keys whose
+        sha256 is in ``key_digests`` and ``CONTAINER_API_KEY=`` values are masked. At most ``LOG_MAX_BYTES``
+        (the end) is read."""
+        answer = self.request_instance_logs(instance_id, tail=tail, filter=filter, daemon_logs=daemon_logs, retry=retry)
+        url = api.log_result_url("get_instance_logs", answer)
+        last = "nothing"
+        for _ in range(api.LOG_FETCH_TRIES):
+            tenacity.nap.sleep(api.LOG_FETCH_INTERVAL_SECONDS)  # the upload is never there at once
+            try:
+                with self.storage_session.get(url, timeout=api.LOG_FETCH_TIMEOUT_SECONDS, stream=True) as response:
+                    if response.status_code == 200:
+                        buffer = _LogBuffer()
+                        for chunk in response.iter_content(65536):
+                            buffer.add(chunk)
+                        return self._redact_log(buffer.text(), key_digests)
+                    last = f"HTTP {response.status_code}"
+            except requests.RequestException as exc:
+                last = type(exc).__name__
+        raise self._log_not_uploaded(instance_id, url, last)
+
+    @cached_property
+    def storage_session(self) -> requests.Session:
+        """For log uploads: no API key (the storage host must never see it), default certificate checks."""
+        return requests.Session()
+
     # --- host, serverless and account -------------------------------------------------------------------
     def create_volume_listings(
         self, *, machine: int | None = None, machines: list[int] | None = None, hidden_listing: bool | None = None
@@ -711,6 +813,55 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
             return await self._call("destroy_instance", "DELETE", path, patient=True)
         except GpuMarketNotFoundError:
             return {"success": True, "already_gone": True}
+
+    async def request_instance_logs(
+        self,
+        instance_id: int,
+        *,
+        tail: int | str | None = None,
+        filter: str | None = None,
+        daemon_logs: bool | None = None,
+        retry: bool = True,
+    ) -> types.LogsRequestResult:
+        """The async twin of :meth:`GpuMarketHook.request_instance_logs`."""
+        path, body = self._logs_request(instance_id, tail, filter, daemon_logs)
+        if not retry:
+            await self.asettings()
+            return await self._send("request_instance_logs", "PUT", path, body)
+        return await self._call("request_instance_logs", "PUT", path, body)
+
+    async def get_instance_logs(
+        self,
+        instance_id: int,
+        *,
+        tail: int | str | None = api.LOG_TAIL_DEFAULT,
+        filter: str | None = None,
+        daemon_logs: bool | None = None,
+        retry: bool = True,
+        key_digests: Iterable[str | None] = (),
+    ) -> str:
+        """The async twin of :meth:`GpuMarketHook.get_instance_logs`."""
+        import httpx
+
+        answer = await self.request_instance_logs(
+            instance_id, tail=tail, filter=filter, daemon_logs=daemon_logs, retry=retry
+        )
+        url = api.log_result_url("get_instance_logs", answer)
+        last = "nothing"
+        async with httpx.AsyncClient(timeout=api.LOG_FETCH_TIMEOUT_SECONDS, follow_redirects=True) as storage:
+            for _ in range(api.LOG_FETCH_TRIES):
+                await asyncio.sleep(api.LOG_FETCH_INTERVAL_SECONDS)
+                try:
+                    async with storage.stream("GET", url) as response:
+                        if response.status_code == 200:
+                            buffer = _LogBuffer()
+                            async for chunk in response.aiter_bytes():
+                                buffer.add(chunk)
+                            return self._redact_log(buffer.text(), key_digests)
+                        last = f"HTTP {response.status_code}"
+                except httpx.HTTPError as exc:
+                    last = type(exc).__name__
+        raise self._log_not_uploaded(instance_id, url, last)
 
     async def list_pending_price_increases(self) -> types.PendingPriceIncreases:
         return await self._call("list_pending_price_increases", "GET", api.PATH_PENDING_PRICE_INCREASES)

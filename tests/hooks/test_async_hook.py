@@ -213,3 +213,42 @@ def test_async_json_body_is_not_sent_for_reads(server):
     run(lambda h: h.list_instances())
 
     assert "content-type" not in server.requests[0].headers
+
+
+def test_async_logs_are_requested_with_the_key_and_fetched_without_it(server, async_sleeps):
+    storage = "https://storage.example.net/logs/tok-77"
+    server.add(
+        "PUT",
+        "/api/v0/instances/request_logs/7001/",
+        httpx.Response(200, json={"success": True, "result_url": storage}),
+    )
+    server.add(
+        "GET",
+        "/logs/tok-77",
+        httpx.Response(404, text="NoSuchKey"),
+        httpx.Response(200, text=f"epoch 1\nCONTAINER_API_KEY=k123\n{API_KEY}\n"),
+    )
+
+    text = run(lambda h: h.get_instance_logs(7001, tail=50, retry=False))
+
+    assert text == "epoch 1\nCONTAINER_API_KEY=***\n***\n"
+    put, *gets = server.requests
+    assert put.headers["Authorization"] == AUTH_HEADER
+    assert json.loads(put.content) == {"tail": "50"}
+    assert [str(g.url) for g in gets] == [storage, storage]
+    assert all("authorization" not in g.headers for g in gets)
+
+
+def test_async_log_never_uploaded_fails_after_the_bounded_tries(server, async_sleeps):
+    from airflow_gpumarket import api
+    from airflow_gpumarket.exceptions import GpuMarketError
+
+    server.add(
+        "PUT",
+        "/api/v0/instances/request_logs/7001/",
+        httpx.Response(200, json={"success": True, "result_url": "https://storage.example.net/logs/t"}),
+    )
+    server.add("GET", "/logs/t", httpx.Response(404))
+    with pytest.raises(GpuMarketError, match="not at its result URL"):
+        run(lambda h: h.get_instance_logs(7001))
+    assert len(server.requests) == 1 + api.LOG_FETCH_TRIES

@@ -1,0 +1,235 @@
+"""The job's own output, as read through the service's logs endpoint: pure functions, no transport.
+
+The endpoint answers the last ``tail`` lines of the container's log each time it is asked, so successive reads
+overlap. ``LogFollower`` turns those overlapping tails into each line once, keeping only a bounded window of
+recent lines. ``Redactor`` takes secrets out of fetched text before it reaches a log or an exception.
+``exit_status`` reads the status line the job wrapper prints (see ``airflow_gpumarket.job_script``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from airflow_gpumarket import api
+from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketRateLimitError
+from airflow_gpumarket.job_script import EXIT_STATUS_LINE
+
+#: Seconds between reads of a running job's log, by default. Each read is one logs request (a PUT, whose live
+#: budget is not published; changing an instance is allowed 1/s per key) and one download from storage, so 30 s
+#: leaves room for about 30 jobs logging at once per key beside their status reads; rate-limited reads back off.
+DEFAULT_LOG_INTERVAL_SECONDS = 30.0
+#: After a rate-limited read the interval doubles, up to this; a read that works brings it back.
+MAX_LOG_INTERVAL_SECONDS = 600.0
+
+#: Lines of the job's output put into a failure's exception message.
+FAILURE_TAIL_LINES = 20
+#: Characters of one forwarded line at most (a progress bar without newlines is one very long line).
+MAX_LINE_CHARS = 2000
+#: What replaces a secret in fetched text.
+MASK = "***"
+_EXIT_STATUS = re.compile("^" + re.escape(EXIT_STATUS_LINE.format(rc="")) + r"(\d{1,3})\s*$")
+#: Tokens that may be a key: compared by digest with the instance keys the caller knows only by digest.
+_TOKEN = re.compile(r"[A-Za-z0-9_\-]{16,}")
+#: ``CONTAINER_API_KEY=<value>`` (``env`` output, a shell trace): the value is masked whatever it is.
+_NAMED_KEY = re.compile(r"(CONTAINER_API_KEY[\"']?\s*[=:]\s*[\"']?)[^\s\"']+")
+
+
+def key_digest(key: str) -> str:
+    """The sha256 of a key: lets a process that must not hold the key (the triggerer) still recognise it."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Redactor:
+    """Masks the given secrets, any token whose digest is in ``digests``, and every ``CONTAINER_API_KEY=`` value."""
+
+    def __init__(self, secrets: Iterable[str | None] = (), digests: Iterable[str | None] = ()) -> None:
+        self.secrets = tuple(s for s in secrets if s)
+        self.digests = frozenset(d for d in digests if d)
+
+    def __call__(self, text: str) -> str:
+        text = api.redact(text, self.secrets)
+        if self.digests:
+            text = _TOKEN.sub(lambda m: MASK if key_digest(m.group(0)) in self.digests else m.group(0), text)
+        return _NAMED_KEY.sub(lambda m: m.group(1) + MASK, text)
+
+
+def split_lines(text: str, *, complete_only: bool) -> list[str]:
+    """The lines of ``text``; with ``complete_only``, a last line without its newline (still being written) is
+    left out, so it is read whole next time."""
+    lines = text.split("\n")
+    last = lines.pop()  # "" when text ends with a newline
+    if last and not complete_only:
+        lines.append(last)
+    return [line.rstrip("\r")[:MAX_LINE_CHARS] for line in lines]
+
+
+class LogFollower:
+    """Each line of a growing log once, from successive overlapping tails of it.
+
+    ``take`` is given the last lines of the log (at most ``window`` of them) and returns those after the part it
+    has already returned. The overlap is found by matching the start of the new tail against the end of the
+    lines seen, longest match first; only the last ``window`` lines are kept, so memory stays bounded however
+    long the job runs. When the log grew by more than a whole tail between two reads, the lines in between were
+    never fetched: ``skipped`` is then True for that read.
+    """
+
+    def __init__(self, window: int = api.LOG_TAIL_DEFAULT) -> None:
+        self.window = window
+        self._seen: deque[str] = deque(maxlen=window)
+        self.skipped = False
+        self.exit_status: int | None = None
+
+    def take(self, lines: Sequence[str]) -> list[str]:
+        start = self._overlap(lines)
+        self.skipped = bool(self._seen) and start == 0 and len(lines) >= self.window
+        new = list(lines[start:])
+        self._seen.extend(new)
+        status = exit_status(new)
+        if status is not None:
+            self.exit_status = status
+        return new
+
+    def _overlap(self, lines: Sequence[str]) -> int:
+        """How many leading lines of ``lines`` were already returned: the longest k for which the last k lines
+        seen are the first k of ``lines``."""
+        if not lines or not self._seen:
+            return 0
+        seen = list(self._seen)
+        first = lines[0]
+        for i in range(max(0, len(seen) - len(lines)), len(seen)):  # earliest start first: the longest overlap
+            k = len(seen) - i
+            if seen[i] == first and seen[i:] == list(lines[:k]):
+                return k
+        return 0
+
+    def recent(self, n: int = FAILURE_TAIL_LINES) -> list[str]:
+        return list(self._seen)[-n:]
+
+
+def exit_status(lines: Iterable[str]) -> int | None:
+    """The exit status the job wrapper printed, from the last status line among ``lines``; None without one."""
+    found = None
+    for line in lines:
+        match = _EXIT_STATUS.match(line)
+        if match:
+            found = int(match.group(1))
+    return found
+
+
+def failure_detail(lines: Sequence[str], status: int | None) -> str:
+    """What a failure's exception message adds: the exit status and the last lines the job printed."""
+    parts = []
+    if status is not None:
+        parts.append(f"the command ended with exit status {status}")
+    shown = [line for line in lines if not _EXIT_STATUS.match(line)][-FAILURE_TAIL_LINES:]
+    if shown:
+        parts.append("its last output lines:\n" + "\n".join(f"    {line}" for line in shown))
+    return "; ".join(parts)
+
+
+class LogPump:
+    """One wait's reading of a running job's log: when the next read is due, what each read adds to the task log
+    (prefixed with the instance id), and how failed reads slow it down or turn it off.
+
+    Used by the operator's loop, the trigger and the sensor around their own transport. ``interval`` 0 turns
+    reading off (no request to the logs endpoint at all).
+    """
+
+    def __init__(
+        self,
+        instance_id: int,
+        interval: float,
+        *,
+        key_digest: str | None = None,
+        window: int = api.LOG_TAIL_DEFAULT,
+    ) -> None:
+        self.instance_id = instance_id
+        self.interval = interval
+        self.key_digests = (key_digest,) if key_digest else ()
+        self.follower = LogFollower(window)
+        self.off = interval <= 0
+        self._wait = interval
+        self._next_at: float | None = None
+        self._warned = False
+
+    def due(self, now: float) -> bool:
+        """True when a read should be made now; the first is due one interval after the first call (the job
+        has just started then: it cannot have printed much)."""
+        if self.off:
+            return False
+        if self._next_at is None:
+            self._next_at = now + self._wait
+        return now >= self._next_at
+
+    def read(self, now: float, text: str, *, final: bool = False) -> list[str]:
+        """The task-log lines a read adds: each line of the job's output once, prefixed with the instance id."""
+        self._wait = self.interval
+        self._next_at = now + self._wait
+        new = self.follower.take(split_lines(text, complete_only=not final))
+        prefix = f"[instance {self.instance_id}]"
+        out = [f"{prefix} ... (lines in between were not read: over {self.follower.window} lines since the last read)"]
+        return (out if self.follower.skipped else []) + [f"{prefix} {line}" for line in new]
+
+    def failed(self, now: float, exc: GpuMarketError) -> str | None:
+        """Take a failed read; the warning to log, or None when the same kind was already reported."""
+        if isinstance(exc, GpuMarketNotFoundError):
+            self.off = True
+            return (
+                f"The log of instance {self.instance_id} cannot be read ({exc}); not asking again "
+                "(this server may have no logs endpoint)"
+            )
+        if isinstance(exc, GpuMarketRateLimitError):
+            self._wait = min(self._wait * 2, MAX_LOG_INTERVAL_SECONDS)
+        self._next_at = now + self._wait
+        if self._warned:
+            return None
+        self._warned = True
+        return (
+            f"Reading the log of instance {self.instance_id} failed ({exc}); trying again in {self._wait:g} s "
+            "(further failures of this wait are not reported)"
+        )
+
+    def summary(self) -> dict[str, object]:
+        """What a failure event carries: the last lines read and the exit status the wrapper printed."""
+        return {"log_tail": self.follower.recent(), "exit_status": self.follower.exit_status}
+
+
+def forward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -> None:
+    """One read of the job's output through a sync hook into ``log``; a failed read is reported (once) and only
+    delays the next (the job goes on whatever happens here)."""
+    try:
+        text = hook.get_instance_logs(
+            pump.instance_id, tail=pump.follower.window, retry=False, key_digests=pump.key_digests
+        )
+    except GpuMarketError as exc:
+        _report(pump, log, exc)
+        return
+    _emit(pump, log, text, final)
+
+
+async def aforward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -> None:
+    """The async twin of ``forward``, for the trigger."""
+    try:
+        text = await hook.get_instance_logs(
+            pump.instance_id, tail=pump.follower.window, retry=False, key_digests=pump.key_digests
+        )
+    except GpuMarketError as exc:
+        _report(pump, log, exc)
+        return
+    _emit(pump, log, text, final)
+
+
+def _report(pump: LogPump, log: Any, exc: GpuMarketError) -> None:
+    warning = pump.failed(time.time(), exc)
+    if warning:
+        log.warning("%s", warning)
+
+
+def _emit(pump: LogPump, log: Any, text: str, final: bool) -> None:
+    for line in pump.read(time.time(), text, final=final):
+        log.info("%s", line)

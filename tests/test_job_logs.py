@@ -1,0 +1,175 @@
+"""The job's output read through overlapping tails: each line once, bounded memory, secrets masked, exit status."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from airflow_gpumarket import job_logs
+from airflow_gpumarket.exceptions import GpuMarketNotFoundError, GpuMarketRateLimitError, GpuMarketServerError
+from airflow_gpumarket.job_logs import LogFollower, LogPump, Redactor
+
+
+def tail(log: list[str], n: int) -> list[str]:
+    return log[-n:]
+
+
+def test_successive_overlapping_tails_give_each_line_once():
+    follower, log, got = LogFollower(window=5), [], []
+    for i in range(23):
+        log.append(f"step {i}")
+        if i % 3 == 0:
+            got += follower.take(tail(log, 5))
+    got += follower.take(tail(log, 5))
+    assert got == [f"step {i}" for i in range(23)]
+
+
+def test_a_read_with_nothing_new_adds_nothing():
+    follower = LogFollower(window=10)
+    assert follower.take(["a", "b"]) == ["a", "b"]
+    assert follower.take(["a", "b"]) == []
+    assert follower.take(["a", "b", "c"]) == ["c"]
+
+
+def test_repeated_identical_lines_are_matched_by_the_longest_overlap():
+    follower = LogFollower(window=10)
+    assert follower.take(["tick", "tick"]) == ["tick", "tick"]
+    assert follower.take(["tick", "tick", "tick", "done"]) == ["tick", "done"]
+
+
+def test_a_log_that_grew_past_a_whole_tail_between_reads_is_reported_as_skipped():
+    follower = LogFollower(window=3)
+    follower.take(["1", "2", "3"])
+    assert follower.skipped is False
+    assert follower.take(["7", "8", "9"]) == ["7", "8", "9"]
+    assert follower.skipped is True
+
+
+def test_memory_is_bounded_by_the_window():
+    follower = LogFollower(window=50)
+    log: list[str] = []
+    for i in range(5000):
+        log.append(f"line {i}")
+        follower.take(tail(log, 50))
+    assert len(follower._seen) == 50
+    assert follower.recent(3) == ["line 4997", "line 4998", "line 4999"]
+
+
+def test_a_line_still_being_written_waits_for_its_end_except_in_the_final_read():
+    assert job_logs.split_lines("a\nb\npart", complete_only=True) == ["a", "b"]
+    assert job_logs.split_lines("a\nb\npart", complete_only=False) == ["a", "b", "part"]
+    assert job_logs.split_lines("a\r\nb\n", complete_only=True) == ["a", "b"]
+    assert job_logs.split_lines("x" * 5000 + "\n", complete_only=True) == ["x" * job_logs.MAX_LINE_CHARS]
+
+
+def test_exit_status_is_read_from_the_wrappers_last_status_line():
+    assert job_logs.exit_status(["gpumarket: job started", "boom", "gpumarket: job exited with status 3"]) == 3
+    assert job_logs.exit_status(["echo gpumarket: job exited with status 9 (not at line start)"]) is None
+    assert job_logs.exit_status(["no status here"]) is None
+
+
+def test_failure_detail_names_the_exit_status_and_the_last_lines():
+    lines = [f"l{i}" for i in range(30)] + ["gpumarket: job exited with status 3"]
+    detail = job_logs.failure_detail(lines, 3)
+    assert "exit status 3" in detail
+    assert "l29" in detail and "l10" in detail and "l9\n" not in detail  # the last 20 lines only
+    assert job_logs.failure_detail([], None) == ""
+
+
+def test_redactor_masks_given_secrets_keys_known_by_digest_and_container_api_key_values():
+    key = "4f" * 24
+    redact = Redactor(secrets=["account-key-123456"], digests=[job_logs.key_digest(key)])
+    text = f"k={key} acct=account-key-123456 CONTAINER_API_KEY=abc123 sha={'0' * 40}\n"
+    out = redact(text)
+    assert key not in out and "account-key-123456" not in out and "abc123" not in out
+    assert "0" * 40 in out  # a token whose digest is not known stays
+
+
+def pump_with(interval: float = 30.0) -> LogPump:
+    return LogPump(7, interval, window=100)
+
+
+def test_reads_are_due_one_interval_apart_starting_one_interval_after_the_job_started():
+    pump = pump_with(30)
+    assert pump.due(1000.0) is False
+    assert pump.due(1029.0) is False
+    assert pump.due(1030.0) is True
+    pump.read(1030.0, "a\n")
+    assert pump.due(1059.0) is False
+    assert pump.due(1060.0) is True
+
+
+def test_interval_zero_reads_nothing():
+    pump = pump_with(0)
+    assert pump.off and not pump.due(10**9)
+
+
+def test_rate_limited_reads_back_off_and_a_working_read_restores_the_interval():
+    pump = pump_with(30)
+    pump.due(0.0)
+    assert pump.failed(30.0, GpuMarketRateLimitError("429", status_code=429)) is not None
+    assert not pump.due(89.0) and pump.due(90.0)  # 60 s
+    assert pump.failed(90.0, GpuMarketRateLimitError("429", status_code=429)) is None  # reported once
+    assert not pump.due(209.0) and pump.due(210.0)  # 120 s
+    pump.read(210.0, "")
+    assert pump.due(240.0)
+
+
+def test_a_server_without_the_logs_endpoint_turns_reading_off():
+    pump = pump_with(30)
+    assert "not asking again" in (pump.failed(30.0, GpuMarketNotFoundError("404", status_code=404)) or "")
+    assert pump.off and not pump.due(10**9)
+
+
+def test_read_prefixes_lines_with_the_instance_and_reports_skips():
+    pump = LogPump(7, 30.0, window=2)
+    assert pump.read(0.0, "a\nb\n") == ["[instance 7] a", "[instance 7] b"]
+    out = pump.read(30.0, "y\nz\n")
+    assert out[0].startswith("[instance 7] ... (lines in between were not read") and out[1:] == [
+        "[instance 7] y",
+        "[instance 7] z",
+    ]
+
+
+def test_summary_carries_the_last_lines_and_the_exit_status():
+    pump = pump_with()
+    pump.read(0.0, "boom\ngpumarket: job exited with status 3\n", final=True)
+    assert pump.summary() == {"log_tail": ["boom", "gpumarket: job exited with status 3"], "exit_status": 3}
+
+
+class LogsHook:
+    def __init__(self, *answers) -> None:
+        self.answers = list(answers)
+        self.calls: list[dict] = []
+
+    def get_instance_logs(self, instance_id, **kwargs):
+        self.calls.append({"instance_id": instance_id, **kwargs})
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_forward_writes_new_lines_and_reports_a_failed_read_once(caplog):
+    log = logging.getLogger("test.forward")
+    pump = LogPump(7, 30.0, key_digest="d" * 64)
+    hook = LogsHook("a\n", GpuMarketServerError("503", status_code=503), GpuMarketServerError("503"), "a\nb\n")
+    with caplog.at_level(logging.INFO, logger="test.forward"):
+        for _ in range(4):
+            job_logs.forward(hook, pump, log)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
+        "[instance 7] a",
+        "[instance 7] b",
+    ]
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    assert hook.calls[0] == {"instance_id": 7, "tail": 1000, "retry": False, "key_digests": ("d" * 64,)}
+
+
+@pytest.mark.parametrize("interval", [-1, "30", float("nan")])
+def test_a_bad_log_interval_is_refused_at_parse_time(interval):
+    from airflow_gpumarket.exceptions import GpuMarketValidationError
+    from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+
+    with pytest.raises(GpuMarketValidationError, match="log_interval"):
+        GpuMarketRunJobOperator(task_id="t", offer_id=1, image="i", command="true", log_interval=interval)
