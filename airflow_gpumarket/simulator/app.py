@@ -27,10 +27,11 @@ from airflow_gpumarket.api import (
     PATH_INSTANCES_V1,
     PATH_PENDING_PRICE_INCREASES,
     PATH_REGEN_BACKUP_CODES,
+    PATH_REQUEST_LOGS,
     PATH_SEARCH_OFFERS,
     PATH_VOLUMES,
 )
-from airflow_gpumarket.simulator import listing, rules
+from airflow_gpumarket.simulator import listing, logs, rules
 from airflow_gpumarket.simulator.admin import AdminRoutes
 from airflow_gpumarket.simulator.errors import ApiError
 from airflow_gpumarket.simulator.market import Market
@@ -97,6 +98,7 @@ class ApiRoutes:
             (PATH_INSTANCE, ["GET"], w(self.get_instance)),
             (PATH_INSTANCE, ["PUT"], w(self.change_state, instance_key_ok=True)),
             (PATH_INSTANCE, ["DELETE"], w(self.destroy_instance, instance_key_ok=True)),
+            (PATH_REQUEST_LOGS, ["PUT"], w(self.request_logs)),
             (PATH_VOLUMES, ["POST"], w(self.create_volume_listings)),
             (PATH_ENDPOINTS, ["POST"], w(self.create_endpoint)),
             (PATH_REGEN_BACKUP_CODES, ["PUT"], w(self.regenerate_backup_codes)),
@@ -212,6 +214,27 @@ class ApiRoutes:
         with self.market.transaction() as (world, now):
             world.destroy(world.live_instance(instance_id), now)
         return {"success": True}
+
+    async def request_logs(self, request: Request) -> Any:
+        """Snapshot the container's (or the host daemon's) log and "upload" it; the live service's answer shape."""
+        instance_id = _path_int(request, "instance_id", "invalid_id", "Instance")
+        tail, log_filter, daemon = rules.validate_logs_request(rules.parse_json(await request.body(), required=False))
+        market = self.market
+        with market.transaction() as (world, now):
+            inst = world.live.get(instance_id)
+            if inst is None:
+                raise ApiError(404, "invalid_id", f"Instance {instance_id} does not exist or was destroyed")
+            if daemon:
+                text = logs.daemon_log(inst, now)
+            else:
+                ran = market.runner.result(instance_id)
+                text = logs.boot_log(inst) if ran is None else ran["output"]
+            token = market.log_uploads.put(logs.select(text, tail, log_filter), now)
+        return {
+            "success": True,
+            "result_url": f"{str(request.base_url).rstrip('/')}{logs.UPLOAD_PREFIX}{token}",
+            "msg": "The log will be at result_url shortly.",
+        }
 
     # --- host, serverless, account --------------------------------------------------------------------------
     async def create_volume_listings(self, request: Request) -> Any:

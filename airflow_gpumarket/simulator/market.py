@@ -21,6 +21,7 @@ from typing import Any
 
 from airflow_gpumarket.simulator.clock import SimClock
 from airflow_gpumarket.simulator.faults import Faults
+from airflow_gpumarket.simulator.logs import LogUploads
 from airflow_gpumarket.simulator.onstart import OnstartRunner
 from airflow_gpumarket.simulator.ratelimits import RateLimits
 from airflow_gpumarket.simulator.world import World
@@ -69,6 +70,7 @@ class Market:
         self.clock = SimClock(speed, self.world.start_time)
         self.faults = Faults(seed)
         self.runner = OnstartRunner(execute_onstart)
+        self.log_uploads = LogUploads()
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=REQUEST_LOG_SIZE)
         self.internal_errors = 0
         # Instance ids are never reused, not even across resets: a script left over from an earlier test
@@ -200,6 +202,7 @@ class Market:
             self.clock.reset(self._initial_speed, self.world.start_time)
             self.faults.clear(self.seed)
             self.rate_limits.clear()
+            self.log_uploads.clear()
             self.requests.clear()
             self.internal_errors = 0
 

@@ -66,6 +66,9 @@ class OnstartRunner:
             full_env = dict(env)
             full_env.update({k: os.environ[k] for k in INHERITED_VARIABLES if k in os.environ})
             full_env["CONTAINER_ID"] = str(instance_id)
+            # Its own scratch space, removed when the instance stops running: scripts that write temporary files
+            # (the provider's job wrapper does) leave nothing behind on the simulator's host.
+            full_env["TMPDIR"] = workdir
             process = subprocess.Popen(
                 [shutil.which("sh") or "/bin/sh", path],
                 cwd=workdir,
@@ -121,6 +124,7 @@ class OnstartRunner:
         with contextlib.suppress(subprocess.TimeoutExpired):
             run.process.wait(timeout=KILL_AFTER_TERM_SECONDS)
         _signal_group(run.process, signal.SIGKILL)
+        shutil.rmtree(run.workdir, ignore_errors=True)  # the output is kept in memory
 
     def result(self, instance_id: int) -> dict[str, Any] | None:
         with self._lock:

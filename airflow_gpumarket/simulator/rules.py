@@ -284,6 +284,28 @@ def validate_instance_change(body: Any) -> tuple[str | None, str | None]:
     return state, label
 
 
+def validate_logs_request(body: Any) -> tuple[int | None, str | None, bool]:
+    """``PUT /instances/request_logs/{id}/``: optional ``tail`` (a number of lines, as a string the way the
+    official client sends it, or a number), ``filter`` (text) and ``daemon_logs`` ("true"/"false" or a boolean);
+    returns (tail, filter, daemon_logs)."""
+    body = require_object(body)
+    tail = body.get("tail")
+    if tail is not None:
+        text = str(tail).strip() if isinstance(tail, str | int) and not isinstance(tail, bool) else ""
+        if not text.isdigit() or int(text) <= 0:
+            raise bad_request(f'tail must be a positive number of lines such as "1000", got {tail!r}')
+        tail = int(text)
+    log_filter = body.get("filter")
+    if log_filter is not None and not isinstance(log_filter, str):
+        raise bad_request(f"filter must be a string, got {_kind(log_filter)}")
+    daemon = body.get("daemon_logs", False)
+    if isinstance(daemon, str) and daemon.lower() in ("true", "false"):
+        daemon = daemon.lower() == "true"
+    if not isinstance(daemon, bool):
+        raise bad_request(f'daemon_logs must be "true" or "false", got {daemon!r}')
+    return tail, log_filter or None, daemon
+
+
 # --- Search -------------------------------------------------------------------------------------------------
 @dataclass
 class SearchQuery:

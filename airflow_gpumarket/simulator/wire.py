@@ -27,9 +27,11 @@ from airflow_gpumarket.api import (
     PATH_INSTANCES_V1,
     PATH_PENDING_PRICE_INCREASES,
     PATH_REGEN_BACKUP_CODES,
+    PATH_REQUEST_LOGS,
     PATH_SEARCH_OFFERS,
     PATH_VOLUMES,
 )
+from airflow_gpumarket.simulator.logs import UPLOAD_PREFIX
 from airflow_gpumarket.simulator.market import Market
 from airflow_gpumarket.simulator.ratelimits import TOO_FREQUENT
 
@@ -72,6 +74,9 @@ def _path_pattern(template: str, name: str) -> re.Pattern[str]:
 _ASK_PATH = _path_pattern(PATH_CREATE_INSTANCE, "offer_id")
 _INSTANCE_PATH = _path_pattern(PATH_INSTANCE, "instance_id")
 _INSTANCE_OPERATIONS = {"GET": "get_instance", "PUT": "stop_instance", "DELETE": "destroy_instance"}
+_LOGS_PATH = _path_pattern(PATH_REQUEST_LOGS, "instance_id")
+#: The operation name of a fetch of an uploaded log (it needs no key and has no rate limit or faults).
+FETCH_LOG_UPLOAD = "fetch_log_upload"
 
 
 def classify(method: str, path: str) -> str | None:
@@ -83,6 +88,8 @@ def classify(method: str, path: str) -> str | None:
         return _INSTANCE_OPERATIONS[method]
     if method in ("PUT", "POST") and _ASK_PATH.match(path):
         return "create_instance"
+    if method == "PUT" and _LOGS_PATH.match(path):
+        return "request_instance_logs"
     return None
 
 
@@ -94,7 +101,7 @@ def tolerant_path(path: str) -> str:
     for candidate in (path + "/", path.rstrip("/")):
         if candidate in _EXACT_PATHS:
             return candidate
-    if not path.endswith("/") and (_INSTANCE_PATH.match(path + "/") or _ASK_PATH.match(path + "/")):
+    if not path.endswith("/") and any(p.match(path + "/") for p in (_INSTANCE_PATH, _ASK_PATH, _LOGS_PATH)):
         return path + "/"
     return path
 
@@ -160,6 +167,9 @@ class WireLayer:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
+        if path.startswith(UPLOAD_PREFIX):
+            await self._serve_log_upload(scope, send)
+            return
         if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
             if not is_loopback(scope.get("client")):
                 await send_json(send, 403, {"error": "forbidden", "msg": "the /_sim/ admin surface is loopback-only"})
@@ -219,3 +229,18 @@ class WireLayer:
 
         await self.app(scope, receive, record_status)
         market.log_request(method, path, status[0], kind, op)
+
+    async def _serve_log_upload(self, scope: Scope, send: Send) -> None:
+        """An uploaded log, as object storage serves it: no key needed, 404 until the upload has landed. The
+        request log records which key (if any) came along, so tests can prove none did."""
+        market = self.market
+        kind, _ = market.principal(bearer_key(scope))
+        method, path = scope["method"], scope["path"]
+        text = market.log_uploads.get(path[len(UPLOAD_PREFIX) :], market.clock.now()) if method == "GET" else None
+        if text is None:
+            status = 404 if method == "GET" else 405
+            market.log_request(method, path, status, kind, FETCH_LOG_UPLOAD)
+            await send_text(send, status, "NoSuchKey: the object does not exist (yet)" if status == 404 else "")
+            return
+        market.log_request(method, path, 200, kind, FETCH_LOG_UPLOAD)
+        await send_text(send, 200, text)

@@ -211,3 +211,12 @@ def test_onstart_starts_even_when_the_request_that_brought_the_instance_to_runni
         while _time.monotonic() < deadline and not (sim.onstart_result(made["new_contract"]) or {}).get("output"):
             _time.sleep(0.02)  # bounded wait for the subprocess, not for simulated time
         assert "started" in sim.onstart_result(made["new_contract"])["output"]
+
+
+def test_onstart_has_its_own_tmpdir_which_goes_when_the_instance_stops_running(osim, oapi):
+    instance_id = launch(oapi, 'echo "$TMPDIR"; touch "$TMPDIR/scratch"; sleep 30')["new_contract"]
+    boot(osim)
+    tmpdir = Path(wait_for(lambda: osim.onstart_result(instance_id)["output"].strip()))
+    assert wait_for(lambda: (tmpdir / "scratch").exists())
+    oapi.delete(f"/api/v0/instances/{instance_id}/")
+    assert wait_for(lambda: not tmpdir.exists())
