@@ -45,10 +45,13 @@ def is_templated(value: Any) -> bool:
     return False
 
 
-def duration_seconds(name: str, value: timedelta | float) -> float:
-    """A positive duration given as timedelta or seconds; refused at parse time otherwise."""
+def duration_seconds(name: str, value: timedelta | float, *, zero_ok: bool = False) -> float:
+    """A positive duration (or 0 with ``zero_ok``) given as timedelta or seconds; refused at parse time otherwise."""
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    api.require_positive_number(name, seconds)
+    if zero_ok:
+        api.require_non_negative_number(name, seconds)
+    else:
+        api.require_positive_number(name, seconds)
     return float(seconds)
 
 

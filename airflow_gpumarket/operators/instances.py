@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket import api, job_logs, lifecycle
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, TaskDeferred
 from airflow_gpumarket.exceptions import (
     GpuMarketError,
@@ -134,6 +134,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         ``airflow_gpumarket.job_script``); give it or ``onstart``, not both. Runtype then defaults to ``ssh_proxy``.
     :param export_env_to_ssh: the job wrapper also appends ``env``'s variables to ``/etc/environment`` so SSH
         sessions see them (the spec says they are not visible there otherwise).
+    :param log_interval: seconds (or a timedelta) between reads of a running job's output through the service's
+        logs endpoint; new lines go to the task log, prefixed with the instance id, each once (default 30 s; the
+        interval doubles while reads are rate limited). When a job fails, its exit status and last lines go into
+        the exception; when an instance never boots, the host daemon's last lines are logged before the next
+        offer is tried. 0 turns every read of logs off.
 
     The spec's creation fields below are sent as given (``cancel_unavail`` defaults to True so a taken offer
     fails fast and the next is tried); the label is written by the operator (see ``airflow_gpumarket.lifecycle``).
@@ -182,11 +187,13 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         volume_info: Mapping[str, Any] | None = None,
         command: str | None = None,
         export_env_to_ssh: bool = False,
+        log_interval: timedelta | float = job_logs.DEFAULT_LOG_INTERVAL_SECONDS,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.command = command
         self.export_env_to_ssh = export_env_to_ssh
+        self.log_interval = duration_seconds("log_interval", log_interval, zero_ok=True)
         if command is not None and onstart is not None:
             raise GpuMarketValidationError("onstart", "give command (wrapped by the provider) or onstart, not both")
         if command is not None and runtype is None:
@@ -394,6 +401,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             created_at=created_at,
             lease_cap=created_at + self._lease_seconds(),
             ambiguous=bool(result.get("ambiguous")),
+            key_digest=job_logs.key_digest(own_key) if (own_key := result.get("instance_api_key")) else None,
         )
         if rental.ambiguous:
             self._destroy_duplicates(rental)
@@ -452,15 +460,23 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 label=watch.label,
                 keepalive=watch.keepalive,
                 lease_cap=watch.lease_cap,
+                log_interval=self._job_log_interval(),
+                key_digest=rental.key_digest,
                 resume=rental.to_resume(),
             ),
             method_name="execute_complete",
             timeout=timeout,
         )
 
+    def _job_log_interval(self) -> float:
+        """Seconds between reads of the job's output while this task waits (0: none)."""
+        return self.log_interval if self._wait_for == lifecycle.WAIT_JOB else 0.0
+
     def _poll(self, rental: lifecycle.Rental, watch: lifecycle.Watch) -> dict:
-        """The synchronous loop around ``watch`` (the trigger is the asynchronous one), with cost-so-far logging."""
+        """The synchronous loop around ``watch`` (the trigger is the asynchronous one), with cost-so-far logging
+        and the job's output forwarded to the task log."""
         instance_id = rental.instance_id
+        pump = job_logs.LogPump(instance_id, self._job_log_interval(), key_digest=rental.key_digest)
         while True:
             # Wait first: right after creating (or a read) the answer cannot have changed yet.
             time.sleep(self.poll_interval)
@@ -494,8 +510,31 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 lifecycle.estimated_cost(rental.dph_total, rental.elapsed(now)),
             )
             if event is not None:
+                if lifecycle.ends_with_log(event) and not pump.off:
+                    job_logs.forward(self.hook, pump, self.log, final=True)
+                    event.update(pump.summary())
                 event["instance_id"] = instance_id
                 return event
+            if watch.running_since is not None and pump.due(now):
+                job_logs.forward(self.hook, pump, self.log)
+
+    def _log_daemon_tail(self, instance_id: int) -> None:
+        """Before giving up an instance that never ran: what its host daemon said, for diagnosis."""
+        if self.log_interval <= 0:
+            return
+        try:
+            text = self.hook.get_instance_logs(
+                instance_id, tail=job_logs.FAILURE_TAIL_LINES, daemon_logs=True, retry=False
+            )
+        except GpuMarketError as exc:
+            self.log.warning("Could not read the host daemon's log of instance %s: %s", instance_id, exc)
+            return
+        lines = job_logs.split_lines(text, complete_only=False)[-job_logs.FAILURE_TAIL_LINES :]
+        self.log.warning(
+            "The host daemon's log of instance %s ends with:\n%s",
+            instance_id,
+            "\n".join(f"    {line}" for line in lines) or "    (empty)",
+        )
 
     def _stop_if_killed(self, instance_id: int) -> None:
         if self._killed:
@@ -523,6 +562,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         if kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT):
             sentence = lifecycle.describe_event(event, rental.instance_id)
             self.log.warning("Failover: %s", sentence)
+            self._log_daemon_tail(rental.instance_id)
             self._destroy(rental.instance_id)
             rental.reasons.append(sentence)
             return self._rent(context, tried=rental.tried, reasons=rental.reasons)

@@ -8,10 +8,15 @@ from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket import api, job_logs, lifecycle
 from airflow_gpumarket._compat import AirflowFailException, BaseSensorOperator
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
-from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, check_instance_id_argument, instance_id_from
+from airflow_gpumarket.utils import (
+    DEFAULT_DEFERRABLE,
+    check_instance_id_argument,
+    duration_seconds,
+    instance_id_from,
+)
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
@@ -30,6 +35,10 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
     :param wait_for_job: wait for the onstart job's outcome instead of a status.
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``).
     :param poke_interval: seconds between reads (default 10, as the spec recommends).
+    :param log_interval: with ``wait_for_job``, seconds between reads of the job's output (new lines go to the
+        task log, each once; a failed job's exit status and last lines go into the exception), as
+        ``GpuMarketRunJobOperator`` does; default 30 s, 0 reads nothing. In ``reschedule`` mode each poke starts
+        afresh, so lines may repeat there.
     """
 
     template_fields: Sequence[str] = ("instance_id", "target_status")
@@ -43,6 +52,7 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         gpumarket_conn_id: str = "gpumarket_default",
         deferrable: bool | None = None,
         poke_interval: timedelta | float = api.POLL_INTERVAL_SECONDS,
+        log_interval: timedelta | float = job_logs.DEFAULT_LOG_INTERVAL_SECONDS,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
@@ -51,7 +61,9 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         self.wait_for_job = wait_for_job
         self.gpumarket_conn_id = gpumarket_conn_id
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
+        self.log_interval = duration_seconds("log_interval", log_interval, zero_ok=True) if wait_for_job else 0.0
         self._watch: lifecycle.Watch | None = None  # made at the first poke, once the fields are rendered
+        self._pump: job_logs.LogPump | None = None
         api.require_positive_number("poke_interval", self.poke_interval)
         check_instance_id_argument(instance_id)
         if not isinstance(target_status, str) or not target_status:
@@ -88,6 +100,7 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
                 target_status=self.target_status,
                 poll_interval=float(self.poke_interval),  # type: ignore[arg-type]
                 deadline=time.time() + float(self.timeout) if self.timeout else None,  # type: ignore[arg-type]
+                log_interval=self.log_interval,
             ),
             method_name="execute_complete",
         )
@@ -101,14 +114,21 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
                 self.log.warning("Reading instance %s failed (%s); will poke again", instance_id, exc)
                 return False
             raise
-        if self._watch is None:
+        if self._watch is None or self._pump is None:
             self._watch = lifecycle.Watch(wait_for=self._wait_for, target_status=self.target_status)
-        watch = self._watch
+            self._pump = job_logs.LogPump(instance_id, self.log_interval)
+        watch, pump = self._watch, self._pump
         status = None if instance is None else instance.get("actual_status")
-        event = watch.observe(time.time(), status=status, gone=instance is None)
+        now = time.time()
+        event = watch.observe(now, status=status, gone=instance is None)
         self.log.info("Instance %s: %s", instance_id, watch.shown if instance is None else f"status {watch.shown}")
         if event is None:
+            if watch.running_since is not None and pump.due(now):
+                job_logs.forward(self.hook, pump, self.log)
             return False
+        if lifecycle.ends_with_log(event) and not pump.off:
+            job_logs.forward(self.hook, pump, self.log, final=True)
+            event.update(pump.summary())
         event["instance_id"] = instance_id
         return self._conclude(event)
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket import api, job_logs, lifecycle
 from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
 from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.triggers.poller import Observation, poller_for
@@ -36,6 +36,12 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     :param shared_poller: share one poller per connection with the other triggers of this triggerer process (one
         list call per round for all of them, see ``airflow_gpumarket.triggers.poller``); False reads this
         instance on its own every interval.
+    :param log_interval: in ``"job"`` mode, seconds between reads of the job's output through the logs endpoint;
+        new lines go to the trigger's log (which Airflow shows in the task log), each once, prefixed with the
+        instance id; when the job fails, a last read, whose last lines and the exit status go into the event
+        (``log_tail``, ``exit_status``). 0 (the default) reads nothing.
+    :param key_digest: sha256 of the instance's key, so the key is masked in its output although the triggerer
+        never holds it.
     :param resume: state the deferring operator needs back, returned unchanged in every event under ``resume``
         (Airflow also passes the defer kwargs, but ``dag.test()`` drops them; carrying the state in the event
         works under both).
@@ -62,6 +68,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         keepalive: float | None = None,
         lease_cap: float | None = None,
         shared_poller: bool = True,
+        log_interval: float = 0.0,
+        key_digest: str | None = None,
         resume: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -79,6 +87,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.keepalive = keepalive
         self.lease_cap = lease_cap
         self.shared_poller = shared_poller
+        self.log_interval = log_interval
+        self.key_digest = key_digest
         self.resume = resume
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -99,6 +109,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 "keepalive": self.keepalive,
                 "lease_cap": self.lease_cap,
                 "shared_poller": self.shared_poller,
+                "log_interval": self.log_interval,
+                "key_digest": self.key_digest,
                 "resume": self.resume,
             },
         )
@@ -160,9 +172,18 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             await hook.aclose()
         watch.label = renewed
 
+    async def _read_job_log(self, pump: job_logs.LogPump, *, final: bool = False) -> None:
+        hook = self._hook()
+        try:
+            await job_logs.aforward(hook, pump, self.log, final=final)
+        finally:
+            await hook.aclose()
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.time()
         watch = self._watch()
+        interval = self.log_interval if self.wait_for == lifecycle.WAIT_JOB else 0.0
+        pump = job_logs.LogPump(self.instance_id, interval, key_digest=self.key_digest)
         observations = self._observations()
         try:
             async for seen in observations:
@@ -186,8 +207,13 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                         lifecycle.format_duration(time.time() - started),
                     )
                 if event is not None:
+                    if lifecycle.ends_with_log(event) and not pump.off:
+                        await self._read_job_log(pump, final=True)
+                        event.update(pump.summary())
                     yield self._event(event, watch)
                     return
+                if watch.running_since is not None and pump.due(time.time()):
+                    await self._read_job_log(pump)
         finally:
             await observations.aclose()  # type: ignore[attr-defined]
 

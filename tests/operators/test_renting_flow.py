@@ -7,6 +7,7 @@ successive reads return; ``GONE`` means the read and the list agree it no longer
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -36,6 +37,8 @@ class FakeHook:
         self.labels: list[tuple[int, str]] = []
         self.destroy_fails = destroy_fails
         self.settings = SimpleNamespace(base_url="https://api.example.com")
+        self.log_text = ""  # what every logs read answers
+        self.log_reads: list[tuple[int, bool]] = []  # (instance id, daemon log)
 
     def search_offers(self, filters, *, offer_type="ondemand", order=None, limit=None):
         return [{"id": offer_id, "dph_total": 0.5, "gpu_name": "RTX 4090"} for offer_id in self.scripts]
@@ -72,6 +75,10 @@ class FakeHook:
         self.destroyed.append(instance_id)
         return {"success": True, "already_gone": already}
 
+    def get_instance_logs(self, instance_id, *, tail=None, daemon_logs=None, retry=True, key_digests=()):
+        self.log_reads.append((instance_id, bool(daemon_logs)))
+        return self.log_text
+
     def alive(self) -> list[int]:
         return [i for i in self.instances if i not in self.destroyed]
 
@@ -100,6 +107,41 @@ def test_job_that_fails_is_destroyed_and_fails_the_task():
     with pytest.raises(AirflowException, match="failed: the instance is in status 'stopped'"):
         job(hook).execute(ctx())
     assert hook.destroyed == [1001] and hook.alive() == []
+
+
+def test_a_failed_job_names_its_exit_status_and_last_lines_read_before_the_destroy():
+    hook = FakeHook({1: ["running", "stopped"]})
+    hook.log_text = "epoch 1 loss 0.9\nTraceback: boom\ngpumarket: job exited with status 3\n"
+    destroy = hook.destroy_instance
+    hook.destroy_instance = lambda i: (hook.log_reads.append(("destroy", i)), destroy(i))[1]
+    with pytest.raises(AirflowException, match="(?s)exit status 3.*Traceback: boom"):
+        job(hook, log_interval=3600).execute(ctx())
+    assert hook.log_reads == [(1001, False), ("destroy", 1001)]
+
+
+def test_the_jobs_output_reaches_the_task_log_while_it_runs_each_line_once(capsys):
+    hook = FakeHook({1: ["running", "running", "running", "running", GONE]})
+    texts = iter(["a\n", "a\nb\n", "a\nb\nc\n"])
+    hook.get_instance_logs = lambda instance_id, **kw: next(texts)
+    job(hook, log_interval=0.001).execute(ctx())
+    assert re.findall(r"\[instance 1001\] (\w+)", capsys.readouterr().out) == ["a", "b", "c"]
+
+
+def test_a_succeeded_job_is_not_read_again_and_log_interval_zero_reads_nothing():
+    hook = FakeHook({1: ["running", GONE]})
+    job(hook, log_interval=3600).execute(ctx())
+    assert hook.log_reads == []  # the instance destroyed itself: its log went with it
+    hook = FakeHook({1: ["running", "stopped"]})
+    with pytest.raises(AirflowException):
+        job(hook, log_interval=0).execute(ctx())
+    assert hook.log_reads == []
+
+
+def test_the_host_daemons_log_is_read_before_an_instance_that_never_ran_is_given_up():
+    hook = FakeHook({1: [None, "offline"], 2: ["running", GONE]})
+    hook.log_text = "machine 9 is offline\n"
+    job(hook).execute(ctx())
+    assert hook.log_reads == [(1001, True)]
 
 
 @pytest.mark.parametrize("fate", ["exited", "unknown", "offline"])

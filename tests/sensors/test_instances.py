@@ -16,6 +16,12 @@ class Reads:
 
     def __init__(self, *answers) -> None:
         self.answers = list(answers)
+        self.log_text = ""
+        self.log_reads = 0
+
+    def get_instance_logs(self, instance_id, **kwargs):
+        self.log_reads += 1
+        return self.log_text
 
     def find_instance(self, instance_id):
         answer = self.answers.pop(0)
@@ -56,6 +62,22 @@ def test_job_mode_gone_after_running_is_success_and_stopped_is_failure():
     assert op.poke({}) is False
     with pytest.raises(AirflowFailException, match="the job on instance 7 failed"):
         op.poke({})
+
+
+def test_job_mode_failure_names_the_exit_status_and_the_jobs_last_lines():
+    op = sensor("running", "stopped", wait_for_job=True)
+    op.hook.log_text = "loss nan at step 7\ngpumarket: job exited with status 3\n"
+    assert op.poke({}) is False
+    with pytest.raises(AirflowFailException, match="(?s)exit status 3.*loss nan at step 7"):
+        op.poke({})
+
+
+def test_job_mode_with_log_interval_zero_reads_no_log():
+    op = sensor("running", "stopped", wait_for_job=True, log_interval=0)
+    op.poke({})
+    with pytest.raises(AirflowFailException):
+        op.poke({})
+    assert op.hook.log_reads == 0
 
 
 def test_job_mode_a_host_that_fails_before_running_is_not_a_job_failure():

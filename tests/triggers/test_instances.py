@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import re
 import time
 from contextlib import aclosing
 
@@ -31,6 +32,8 @@ class FakeAsyncHook:
         self.labels: list[tuple[int, str]] = []
         self.closed = False
         self._confirming: Exception | None = None
+        self.log_texts = [""]
+        self.log_reads: list[dict] = []
 
     def _next(self):
         self.reads += 1
@@ -68,6 +71,10 @@ class FakeAsyncHook:
     async def destroy_instance(self, instance_id):
         self.destroyed.append(instance_id)
         return {"success": True}
+
+    async def get_instance_logs(self, instance_id, **kwargs):
+        self.log_reads.append(kwargs)
+        return self.log_texts.pop(0) if len(self.log_texts) > 1 else self.log_texts[0]
 
     async def aclose(self):
         self.closed = True
@@ -116,6 +123,8 @@ def test_serialize_round_trip_mirrors_init():
         keepalive=900.0,
         lease_cap=1_900_003_600.0,
         shared_poller=False,
+        log_interval=30.0,
+        key_digest="ab" * 32,
         resume={"rental": {"instance_id": 7}},
     )
     path, kwargs = trigger.serialize()
@@ -145,6 +154,27 @@ def test_job_mode_gone_is_success_and_stopped_is_failure(make_trigger, monkeypat
     assert ok["status"] == lifecycle.EventKind.JOB_SUCCEEDED
     bad = _run(make_trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", "stopped"]), monkeypatch)
     assert bad == {"status": lifecycle.EventKind.JOB_FAILED, "actual_status": "stopped", "instance_id": 7}
+
+
+def test_job_output_is_forwarded_while_it_runs_and_a_failure_event_carries_the_tail(make_trigger, monkeypatch, capsys):
+    hook = FakeAsyncHook(["running", "running", "running", "stopped"])
+    hook.log_texts = ["a\n", "a\nb\n", "a\nb\nboom\ngpumarket: job exited with status 3\n"]
+    trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=1e-9, key_digest="cd" * 32)
+    event = _run(trigger, hook, monkeypatch)
+    assert event["exit_status"] == 3 and event["log_tail"][-2:] == ["boom", "gpumarket: job exited with status 3"]
+    assert "exit status 3" in lifecycle.describe_event(event, 7)
+    forwarded = re.findall(r"\[instance 7\] (\S+)", capsys.readouterr().out)
+    assert forwarded == ["a", "b", "boom", "gpumarket:"]
+    assert hook.log_reads[0] == {"tail": 1000, "retry": False, "key_digests": ("cd" * 32,)}
+
+
+def test_job_output_is_not_read_with_log_interval_zero_nor_after_success(make_trigger, monkeypatch):
+    hook = FakeAsyncHook(["running", "stopped"])
+    event = _run(make_trigger(wait_for=lifecycle.WAIT_JOB), hook, monkeypatch)
+    assert "log_tail" not in event and hook.log_reads == []
+    hook = FakeAsyncHook(["running", "running", GpuMarketNotFoundError("gone")])
+    _run(make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=3600), hook, monkeypatch)
+    assert hook.log_reads == []
 
 
 def test_job_mode_max_runtime_counts_from_the_first_running_read(make_trigger, monkeypatch):
