@@ -253,6 +253,21 @@ def test_official_cli_show_instance_reads_one_instance(cli: Cli, live_sim: LiveS
     assert_simulator_healthy(live_sim)
 
 
+def test_official_cli_logs_requests_and_prints_the_uploaded_log(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim)
+    result = cli("logs", str(instance_id), "--tail", "5")
+    assert_succeeded(result)
+    assert_sent(result, "PUT", f"/api/v0/instances/request_logs/{instance_id}/")
+    assert "container started from image" in result.stdout, result.describe()
+    fetches = [r for r in live_sim.request_log() if r["op"] == "fetch_log_upload"]
+    assert fetches and all(r["key"] == "none" for r in fetches)  # the storage URL never sees a key
+
+    daemon = cli("logs", str(instance_id), "--daemon-logs")
+    assert_succeeded(daemon)
+    assert f"instance {instance_id} created" in daemon.stdout, daemon.describe()
+    assert_simulator_healthy(live_sim)
+
+
 # --- label / stop / destroy -------------------------------------------------------------------------------------
 def test_official_cli_label_instance_changes_the_label(cli: Cli, live_sim: LiveSim):
     instance_id = rent(cli, live_sim)

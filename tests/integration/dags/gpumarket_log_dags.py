@@ -1,0 +1,29 @@
+"""DAGs for the job-log tests: jobs that print and fail or succeed, run with dag.test() on the simulator."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+
+POLL = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
+COMMON = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img", "poll_interval": POLL, "log_interval": 4 * POLL}
+#: A line nobody can know before the job runs, then a failure.
+COMPUTED_THEN_EXIT_3 = 'echo "computed $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo boom >&2; exit 3'
+#: Lines printed over about two seconds of real time (many log reads), then a failure that makes a last read.
+TICKS_THEN_EXIT_5 = 'for i in 1 2 3 4 5 6 7 8; do echo "tick $i"; sleep 0.25; done; exit 5'
+
+
+def _dag(dag_id: str, **job) -> DAG:
+    with DAG(dag_id=dag_id, start_date=datetime(2026, 1, 1), schedule=None, catchup=False) as dag:
+        GpuMarketRunJobOperator(task_id="job", **COMMON, **job)
+    return dag
+
+
+exit3_sync = _dag("gpm_log_exit3_sync", command=COMPUTED_THEN_EXIT_3, deferrable=False)
+exit3_deferred = _dag("gpm_log_exit3_deferred", command=COMPUTED_THEN_EXIT_3, deferrable=True)
+ticks_deferred = _dag("gpm_log_ticks_deferred", command=TICKS_THEN_EXIT_5, deferrable=True)
+ticks_sync = _dag("gpm_log_ticks_sync", command=TICKS_THEN_EXIT_5, deferrable=False)
