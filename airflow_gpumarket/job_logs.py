@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketRateLimitError
-from airflow_gpumarket.job_script import EXIT_STATUS_LINE
+from airflow_gpumarket.job_script import EXIT_STATUS_LINE, STARTED_LINE
 
 #: Seconds between reads of a running job's log, by default. Each read is one logs request (a PUT, whose live
 #: budget is not published; changing an instance is allowed 1/s per key) and one download from storage, so 30 s
@@ -126,7 +126,7 @@ def failure_detail(lines: Sequence[str], status: int | None) -> str:
     parts = []
     if status is not None:
         parts.append(f"the command ended with exit status {status}")
-    shown = [line for line in lines if not _EXIT_STATUS.match(line)][-FAILURE_TAIL_LINES:]
+    shown = [line for line in lines if line != STARTED_LINE and not _EXIT_STATUS.match(line)][-FAILURE_TAIL_LINES:]
     if shown:
         parts.append("its last output lines:\n" + "\n".join(f"    {line}" for line in shown))
     return "; ".join(parts)

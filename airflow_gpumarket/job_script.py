@@ -31,8 +31,10 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: The line the wrapper prints when the command ended; the operator reads the status from it.
 EXIT_STATUS_LINE = "gpumarket: job exited with status {rc}"
-# {url}, {delimiter}, {command}, {export_env}, {exit_line}, {tries} and {timeout} are filled in; everything else
-# is literal shell.
+#: The line the wrapper prints before it runs the command.
+STARTED_LINE = "gpumarket: job started"
+# {url}, {delimiter}, {command}, {export_env}, {started_line}, {exit_line}, {tries} and {timeout} are filled in;
+# everything else is literal shell.
 #: Tries of the wrapper's own call that ends billing, and seconds each waits for an answer.
 END_BILLING_TRIES = 6
 END_BILLING_TIMEOUT_SECONDS = 30
@@ -47,7 +49,7 @@ trap 'exit 143' HUP INT TERM
 cat > "$GPM_JOB" <<'{delimiter}'
 {command}
 {delimiter}
-{export_env}echo "gpumarket: job started"
+{export_env}echo "{started_line}"
 sh "$GPM_JOB" 2>&1
 rc=$?
 rm -f "$GPM_JOB"
@@ -106,6 +108,7 @@ def build_job_onstart(command: str, *, base_url: str, export_env: Iterable[str] 
         tries=END_BILLING_TRIES,
         timeout=END_BILLING_TIMEOUT_SECONDS,
         exit_line=EXIT_STATUS_LINE.format(rc="$rc"),
+        started_line=STARTED_LINE,
     )
     try:
         return api.pack_onstart(script)

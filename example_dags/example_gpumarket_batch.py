@@ -30,6 +30,7 @@ with DAG(
         image="pytorch/pytorch:latest",
         poll_interval=POLL_SECONDS,
         max_runtime=timedelta(hours=1),
+        log_interval=timedelta(minutes=1),  # each shard's output in its task log every minute (10 shards, one key)
         retries=1,
         # Unmapped operators add this callback themselves; partial() never runs their __init__ where Airflow's DAG
         # processor looks for it after a lost worker, so mapped tasks name it.

@@ -4,6 +4,17 @@ Runs as-is on the embedded simulator (`make demo`) and on the real service by ch
 `gpumarket_default` connection. The training command runs on the instance through the provider's onstart
 wrapper, which destroys the instance itself when the command exits 0 (and stops it otherwise); the teardown task
 destroys whatever is left, whatever happened upstream.
+
+While the job runs, the sensor forwards its new output lines to its task log every ``log_interval``. Should the
+command fail (say ``sys.exit("CUDA out of memory")``), the sensor's log ends like this::
+
+    [instance 12000001] epoch 1/3 loss=0.5000
+    [instance 12000001] CUDA out of memory
+    [instance 12000001] gpumarket: job exited with status 1
+    AirflowFailException: the job on instance 12000001 failed: the instance is in status 'stopped' (...); the
+    command ended with exit status 1; its last output lines:
+        epoch 1/3 loss=0.5000
+        CUDA out of memory
 """
 
 from __future__ import annotations
@@ -70,6 +81,7 @@ with DAG(
         instance_id=create.output,
         wait_for_job=True,
         poke_interval=POLL_SECONDS,
+        log_interval=3 * POLL_SECONDS,  # the job's output reaches this log every 30 s (the default); 0 turns it off
         timeout=timedelta(hours=1).total_seconds(),
     )
     destroy = GpuMarketDestroyInstanceOperator(task_id="destroy_instance", instance_id=create.output)
