@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -52,17 +53,18 @@ T = TypeVar("T")
 
 # The scenarios, in the order they are reported; the DAG file has the same names (system_<name>, sys-<name>).
 GOALS = {
-    "deferred_happy": "deferred while the job runs with no task process, success, 0 alive",
+    "deferred_happy": "deferred with no task process, the job's lines in the task log each once, success, 0 alive",
     "mark_failed_deferred": "destroyed <= 30 s after the PATCH, 0 alive",
     "mark_failed_running": "destroyed <= 30 s after the PATCH, 0 alive",
     "kill9_retry": "the retry adopts the only instance, success, 0 alive",
     "lost_worker": "destroyed <= 120 s after Airflow failed the TI, 0 alive",
     "triggerer_restart": "success across a triggerer kill -9 and restart, 0 alive",
-    "exit3": "TI failed, instance destroyed by the time the TI ended (<= 1 s), 0 alive",
+    "exit3": "TI failed, destroyed by the time it ended (<= 1 s), its output and 'exit status 3' in the task log",
+    "exit3_deferred": "the same, deferred: the trigger reads the output, the exception names the exit status",
     "execution_timeout_deferred": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
     "execution_timeout_sync": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
 }
-DEFERRED_SCENARIOS = ("deferred_happy", "mark_failed_deferred", "execution_timeout_deferred")
+DEFERRED_SCENARIOS = ("deferred_happy", "mark_failed_deferred", "execution_timeout_deferred", "exit3_deferred")
 
 
 class Miss(Exception):
@@ -488,6 +490,14 @@ class Scenario:
             return None
         return self.h.sim.real_time(found["destroyed_at"])
 
+    def task_log(self) -> str:
+        """Every log file of this run's task (the worker's, and the triggerer's for deferred waits)."""
+        folder = self.h.deployment.home / "logs" / f"dag_id={self.dag_id}" / f"run_id={self.run_id}" / "task_id=job"
+        return "".join(path.read_text(errors="replace") for path in sorted(folder.rglob("*")) if path.is_file())
+
+    def job_output(self, instance_id: int) -> str:
+        return self.h.sim.get(f"/_sim/instances/{instance_id}/onstart").get("output") or ""
+
     def describe(self) -> str:
         shown = ", ".join(
             f"{i['id']} {'destroyed' if i['destroyed'] else repr(i.get('actual_status'))}" for i in self.instances()
@@ -608,6 +618,12 @@ def deferred_happy(s: Scenario) -> None:
     if final != "success":
         raise Miss(f"TI ended {final!r} ({s.describe()})")
     s.wait_all_destroyed()
+    # The trigger read the job's output while it ran: each line once (the last ones may go with the instance,
+    # which destroyed itself on success).
+    ticks = re.findall(r"\[instance \d+\] (tick \d)", s.task_log())
+    s.say(f"job lines in the task log: {ticks}")
+    if len(ticks) < 3 or len(set(ticks)) != len(ticks) or ticks != sorted(ticks):
+        raise Miss(f"expected the job's tick lines once each, in order, while it ran; found {ticks}")
 
 
 def mark_failed(s: Scenario, deferred: bool) -> None:
@@ -675,6 +691,13 @@ def exit3(s: Scenario) -> None:
         raise Miss("no instance was rented")
     for instance in instances:
         s.wait_destroyed(instance["id"], ended, "the TI ended", 1)
+    computed = re.search(r"^computed [0-9a-f]{12}$", s.job_output(instances[-1]["id"]), re.M)
+    log = s.task_log()
+    wanted = (("the computed line", computed.group(0) if computed else "?"), ("the status", "exit status 3"))
+    missing = [what for what, text in wanted if text not in log]
+    if missing:
+        raise Miss(f"not in the task log: {', '.join(missing)} ({len(log)} characters of log)")
+    s.say(f"task log shows {computed.group(0) if computed else '?'!r} and 'exit status 3'")
 
 
 def execution_timeout(s: Scenario, deferred: bool) -> None:
@@ -698,6 +721,7 @@ SCENARIOS: dict[str, Callable[[Scenario], None]] = {
     "lost_worker": lambda s: kill9(s, retry=False),
     "triggerer_restart": triggerer_restart,
     "exit3": exit3,
+    "exit3_deferred": exit3,
     "execution_timeout_deferred": lambda s: execution_timeout(s, deferred=True),
     "execution_timeout_sync": lambda s: execution_timeout(s, deferred=False),
 }

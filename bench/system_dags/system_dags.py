@@ -21,16 +21,22 @@ from airflow.sdk import DAG
 
 from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
 
+#: A line nobody can know before the job runs (bench/system.py looks for it in the task log), then exit 3.
+COMPUTED_THEN_EXIT_3 = 'echo "computed $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo boom >&2; exit 3'
+#: Numbered lines over about 20 s, read every 3 s while the job runs (the task log must show each once).
+TICKS = "for i in 1 2 3 4 5 6 7 8; do echo tick $i; sleep 2.5; done"
+
 # name: (deferrable, command, extra operator arguments); bench/system.py has the same names.
 SCENARIOS: dict[str, tuple[bool, str, dict]] = {
-    "deferred_happy": (True, "sleep 20", {}),
+    "deferred_happy": (True, TICKS, {"log_interval": 3}),
     "mark_failed_deferred": (True, "sleep 600", {}),
     "mark_failed_running": (False, "sleep 600", {}),
     # The job outlasts the heartbeat timeout plus the retry's start, so the retry finds it still running.
     "kill9_retry": (False, "sleep 100", {"retries": 1, "retry_delay": timedelta(seconds=2)}),
     "lost_worker": (False, "sleep 100000", {"retries": 0}),
     "triggerer_restart": (True, "sleep 40", {}),
-    "exit3": (False, "echo boom >&2; exit 3", {}),
+    "exit3": (False, COMPUTED_THEN_EXIT_3, {}),
+    "exit3_deferred": (True, COMPUTED_THEN_EXIT_3, {}),
     "execution_timeout_deferred": (True, "sleep 600", {"execution_timeout": timedelta(seconds=25)}),
     "execution_timeout_sync": (False, "sleep 600", {"execution_timeout": timedelta(seconds=25)}),
 }
