@@ -201,10 +201,11 @@ class LogPump:
 
 def forward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -> None:
     """One read of the job's output through a sync hook into ``log``; a failed read is reported (once) and only
-    delays the next (the job goes on whatever happens here)."""
+    delays the next (the job goes on whatever happens here). Periodic reads make one try (the next round is the
+    retry); the ``final`` read, whose lines go into the failure message, gets the hook's retries."""
     try:
         text = hook.get_instance_logs(
-            pump.instance_id, tail=pump.follower.window, retry=False, key_digests=pump.key_digests
+            pump.instance_id, tail=pump.follower.window, retry=final, key_digests=pump.key_digests
         )
     except GpuMarketError as exc:
         _report(pump, log, exc)
@@ -216,7 +217,7 @@ async def aforward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -
     """The async twin of ``forward``, for the trigger."""
     try:
         text = await hook.get_instance_logs(
-            pump.instance_id, tail=pump.follower.window, retry=False, key_digests=pump.key_digests
+            pump.instance_id, tail=pump.follower.window, retry=final, key_digests=pump.key_digests
         )
     except GpuMarketError as exc:
         _report(pump, log, exc)

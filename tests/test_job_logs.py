@@ -173,3 +173,11 @@ def test_a_bad_log_interval_is_refused_at_parse_time(interval):
 
     with pytest.raises(GpuMarketValidationError, match="log_interval"):
         GpuMarketRunJobOperator(task_id="t", offer_id=1, image="i", command="true", log_interval=interval)
+
+
+def test_the_final_read_gets_the_hooks_retries_and_periodic_reads_one_try():
+    hook = LogsHook("a\n", "a\n")
+    pump = LogPump(7, 30.0)
+    job_logs.forward(hook, pump, logging.getLogger("test.forward"))
+    job_logs.forward(hook, pump, logging.getLogger("test.forward"), final=True)
+    assert [call["retry"] for call in hook.calls] == [False, True]
