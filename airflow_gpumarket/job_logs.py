@@ -30,6 +30,8 @@ MAX_LOG_INTERVAL_SECONDS = 600.0
 FAILURE_TAIL_LINES = 20
 #: Characters of one forwarded line at most (a progress bar without newlines is one very long line).
 MAX_LINE_CHARS = 2000
+#: Characters of one line in a trigger event's tail (events are stored in Airflow's database).
+EVENT_LINE_CHARS = 500
 #: What replaces a secret in fetched text.
 MASK = "***"
 _EXIT_STATUS = re.compile("^" + re.escape(EXIT_STATUS_LINE.format(rc="")) + r"(\d{1,3})\s*$")
@@ -196,7 +198,8 @@ class LogPump:
 
     def summary(self) -> dict[str, object]:
         """What a failure event carries: the last lines read and the exit status the wrapper printed."""
-        return {"log_tail": self.follower.recent(), "exit_status": self.follower.exit_status}
+        tail = [line[:EVENT_LINE_CHARS] for line in self.follower.recent()]
+        return {"log_tail": tail, "exit_status": self.follower.exit_status}
 
 
 def forward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -> None:

@@ -54,6 +54,19 @@ def test_a_running_jobs_lines_reach_the_task_log_while_it_runs_each_once(example
     assert alive(sim) == []
 
 
+@pytest.mark.parametrize("mode", ["sync", "deferred"])
+def test_a_job_printing_its_instance_key_shows_it_masked(example_dag, sim, capsys, mode):
+    """The trigger never holds the instance key: it masks it by digest. The autouse leak check (R3) also scans
+    this test's whole output for every key the simulator handed out."""
+    run = example_dag(f"gpm_log_leaky_{mode}").test()
+    assert run.state == "failed"
+    out = capsys.readouterr().out
+    assert "CONTAINER_API_KEY=***" in out and "key: ***." in out
+    key = next(iter(sim._market.world.instances.values())).api_key
+    assert key not in out
+    print(out)  # handed back to the leak check
+
+
 def test_log_interval_zero_sends_no_logs_request(sim):
     op = GpuMarketRunJobOperator(
         task_id="job",
@@ -67,4 +80,40 @@ def test_log_interval_zero_sends_no_logs_request(sim):
     with pytest.raises(AirflowException, match="failed"):
         op.execute({"run_id": "r", "ti": None})
     assert not [r for r in sim.requests() if "request_logs" in r["path"]]
+    assert alive(sim) == []
+
+
+def test_the_trigger_masks_an_instance_key_it_only_knows_by_digest(sim, monkeypatch):
+    """In a real deployment the triggerer never held the key: only its digest travels in the trigger's kwargs."""
+    import asyncio
+
+    from airflow_gpumarket import job_logs
+    from airflow_gpumarket.hooks import gpumarket
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.job_script import build_job_onstart
+    from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
+
+    hook = GpuMarketHook()
+    offer = hook.search_offers({"num_gpus": {"gte": 1}}, order=[["dph_total", "asc"]], limit=1)[0]
+    script = build_job_onstart('echo "mine: $CONTAINER_API_KEY"; exit 1', base_url=hook.settings.base_url)
+    made = hook.create_instance(offer["id"], image="img", onstart=script, runtype="ssh")
+    key = made["instance_api_key"]
+    monkeypatch.setattr(gpumarket, "_INSTANCE_KEYS", type(gpumarket._INSTANCE_KEYS)())  # as in another process
+    trigger = GpuMarketInstanceStatusTrigger(
+        instance_id=made["new_contract"],
+        wait_for="job",
+        poll_interval=POLL,
+        log_interval=POLL,
+        key_digest=job_logs.key_digest(key),
+        shared_poller=False,
+    )
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(first_event())
+    assert event["status"] == "job_failed" and "mine: ***" in event["log_tail"]
+    assert key not in str(event)
+    hook.destroy_instance(made["new_contract"])
     assert alive(sim) == []

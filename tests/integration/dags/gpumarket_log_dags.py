@@ -14,6 +14,8 @@ COMMON = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img", "poll_inter
 #: A line nobody can know before the job runs, then a failure.
 COMPUTED_THEN_EXIT_3 = 'echo "computed $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo boom >&2; exit 3'
 #: Lines printed over about two seconds of real time (many log reads), then a failure that makes a last read.
+#: A job that prints the instance key, alone and as env prints it (the task log must not show it).
+PRINTS_ITS_KEY = 'env; echo "$CONTAINER_API_KEY"; echo "key: $CONTAINER_API_KEY."; exit 1'
 TICKS_THEN_EXIT_5 = 'for i in 1 2 3 4 5 6 7 8; do echo "tick $i"; sleep 0.25; done; exit 5'
 
 
@@ -27,3 +29,5 @@ exit3_sync = _dag("gpm_log_exit3_sync", command=COMPUTED_THEN_EXIT_3, deferrable
 exit3_deferred = _dag("gpm_log_exit3_deferred", command=COMPUTED_THEN_EXIT_3, deferrable=True)
 ticks_deferred = _dag("gpm_log_ticks_deferred", command=TICKS_THEN_EXIT_5, deferrable=True)
 ticks_sync = _dag("gpm_log_ticks_sync", command=TICKS_THEN_EXIT_5, deferrable=False)
+leaky_sync = _dag("gpm_log_leaky_sync", command=PRINTS_ITS_KEY, deferrable=False)
+leaky_deferred = _dag("gpm_log_leaky_deferred", command=PRINTS_ITS_KEY, deferrable=True)
