@@ -117,3 +117,20 @@ def test_the_trigger_masks_an_instance_key_it_only_knows_by_digest(sim, monkeypa
     assert key not in str(event)
     hook.destroy_instance(made["new_contract"])
     assert alive(sim) == []
+
+
+@pytest.mark.parametrize(("fate", "said"), [("offline", "is offline"), ("exited", "container exited unexpectedly")])
+def test_the_host_daemons_last_lines_are_logged_before_the_next_offer_is_tried(sim, capsys, fate, said):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    first, second = GpuMarketHook().search_offers({"num_gpus": {"gte": 1}}, order=[["dph_total", "asc"]], limit=2)
+    sim.set_offer_fate(first["id"], fate)
+    sim.set_offer_fate(second["id"], "running")
+    op = GpuMarketRunJobOperator(
+        task_id="job", offer_filters={"num_gpus": {"gte": 1}}, image="img", poll_interval=POLL, command="true"
+    )
+    assert op.execute({"run_id": "r", "ti": None})["offer_id"] == second["id"]
+    failed = sim.state()["instances"][0]["id"]
+    out = capsys.readouterr().out
+    assert f"The host daemon's log of instance {failed} ends with" in out and said in out
+    assert alive(sim) == []
