@@ -530,11 +530,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             self.log.warning("Could not read the host daemon's log of instance %s: %s", instance_id, exc)
             return
         lines = job_logs.split_lines(text, complete_only=False)[-job_logs.FAILURE_TAIL_LINES :]
-        self.log.warning(
-            "The host daemon's log of instance %s ends with:\n%s",
-            instance_id,
-            "\n".join(f"    {line}" for line in lines) or "    (empty)",
-        )
+        self.log.warning("The host daemon's log of instance %s ends with %d line(s):", instance_id, len(lines))
+        for line in lines:
+            self.log.warning("[instance %s daemon] %s", instance_id, line)
 
     def _stop_if_killed(self, instance_id: int) -> None:
         if self._killed:

@@ -132,5 +132,6 @@ def test_the_host_daemons_last_lines_are_logged_before_the_next_offer_is_tried(s
     assert op.execute({"run_id": "r", "ti": None})["offer_id"] == second["id"]
     failed = sim.state()["instances"][0]["id"]
     out = capsys.readouterr().out
-    assert f"The host daemon's log of instance {failed} ends with" in out and said in out
+    assert f"The host daemon's log of instance {failed} ends with" in out
+    assert f"[instance {failed} daemon]" in out and said in out
     assert alive(sim) == []
