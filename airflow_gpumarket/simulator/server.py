@@ -193,6 +193,12 @@ class MarketSimulator:
     def set_list_limit(self, n: int) -> None:
         self._market.set_list_limit(n)
 
+    def set_rate_limits(self, enabled: bool) -> None:
+        """The live profile's per-endpoint buckets on or off (emptied either way), as ``PUT /_sim/rate-limits``."""
+        with self._market.lock:
+            self._market.rate_limits.enabled = enabled
+            self._market.rate_limits.clear()
+
     def requests(self) -> list[dict[str, Any]]:
         """The request log of the API (not of /_sim/), oldest first."""
         return list(self._market.requests)

@@ -208,6 +208,9 @@ def _run_in_thread(op, ctx):
 
 def test_on_kill_mid_boot_destroys_the_instance(sim):
     sim.set_speed(5)  # a 60-300 s boot now takes 12-60 s: long enough to kill it mid-boot
+    # The buckets refill on the simulated clock: at 5x the search that follows the fixture's own would wait longer
+    # than the connection's millisecond retries do (this test is about on_kill, not rate limits).
+    sim.set_rate_limits(False)
     try:
         op = job()
         thread, outcome = _run_in_thread(op, context())
@@ -218,6 +221,7 @@ def test_on_kill_mid_boot_destroys_the_instance(sim):
         assert not thread.is_alive() and "killed" in str(outcome.get("error"))
     finally:
         sim.set_speed(600)
+        sim.set_rate_limits(True)
     assert alive(sim) == []
 
 
