@@ -199,9 +199,12 @@ def pack_onstart(script: str) -> str:
     if len(script) <= ONSTART_MAX_CHARS:
         return script
     payload = base64.b64encode(gzip.compress(script.encode(), compresslevel=9, mtime=0)).decode()
+    # Unpacked into a file of this shell's own (two scripts on one host must never share one), removed at the end.
     packed = (
         "#!/bin/sh\n# packed by airflow-provider-gpumarket: gzip+base64 of the original script\n"
-        f"echo '{payload}' | base64 -d | gunzip > /tmp/.gpumarket_onstart.sh && exec sh /tmp/.gpumarket_onstart.sh\n"
+        'f="${TMPDIR:-/tmp}/.gpumarket_onstart.$$.sh"\n'
+        f"echo '{payload}' | base64 -d | gunzip > \"$f\" || exit 1\n"
+        'sh "$f"; rc=$?; rm -f "$f"; exit $rc\n'
     )
     if len(packed) > ONSTART_MAX_CHARS:
         raise GpuMarketValidationError(

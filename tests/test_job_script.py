@@ -109,6 +109,9 @@ def test_rule_onstart_limit_long_commands_are_packed_and_still_run(tmp_path):
     proc, calls = _run(script, tmp_path, {"curl": 0})
     assert proc.returncode == 0, proc.stderr
     assert "line 299" in proc.stdout and "DELETE" in calls
+    # Unpacked into $TMPDIR under a name of its own (two jobs on one simulator host never share one), then removed.
+    assert '"${TMPDIR:-/tmp}/.gpumarket_onstart.$$.sh"' in script
+    assert not list(tmp_path.glob(".gpumarket_onstart*"))
 
 
 def test_rule_onstart_limit_fails_clearly_when_even_packing_does_not_fit():
