@@ -20,6 +20,8 @@ _WHERE = {
     "AirflowTaskTimeout": ("airflow.sdk.exceptions", "airflow.exceptions"),
     "TaskDeferred": ("airflow.sdk.exceptions", "airflow.exceptions"),
     "mask_secret": ("airflow.sdk.log", "airflow.utils.log.secrets_masker"),
+    "DecoratedOperator": ("airflow.sdk.bases.decorator", "airflow.decorators.base"),
+    "task_decorator_factory": ("airflow.sdk.bases.decorator", "airflow.decorators.base"),
     "BaseTrigger": ("airflow.triggers.base", "airflow.triggers.base"),
     "TriggerEvent": ("airflow.triggers.base", "airflow.triggers.base"),
 }

@@ -60,6 +60,9 @@ def get_provider_info() -> dict:
                 ],
             }
         ],
+        "task-decorators": [
+            {"class-name": "airflow_gpumarket.decorators.gpumarket.gpumarket_task", "name": "gpumarket"},
+        ],
         "connection-types": [
             {
                 "connection-type": "gpumarket",

@@ -18,6 +18,7 @@ from typing import Any
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketRateLimitError
 from airflow_gpumarket.job_script import EXIT_STATUS_LINE, STARTED_LINE
+from airflow_gpumarket.python_job import is_marker_line
 
 #: Seconds between reads of a running job's log, by default. Each read is one logs request (a PUT, whose live
 #: budget is not published; changing an instance is allowed 1/s per key) and one download from storage, so 30 s
@@ -113,6 +114,13 @@ class LogFollower:
         return list(self._seen)[-n:]
 
 
+def _shown(line: str) -> str:
+    """A line as the task log shows it: a Python job's result line only by its size (the value goes to XCom)."""
+    if is_marker_line(line):
+        return f"(the function's return value: {len(line)} characters, read when the job ends)"
+    return line
+
+
 def exit_status(lines: Iterable[str]) -> int | None:
     """The exit status the job wrapper printed, from the last status line among ``lines``; None without one."""
     found = None
@@ -175,7 +183,7 @@ class LogPump:
         new = self.follower.take(split_lines(text, complete_only=not final))
         prefix = f"[instance {self.instance_id}]"
         out = [f"{prefix} ... (lines in between were not read: over {self.follower.window} lines since the last read)"]
-        return (out if self.follower.skipped else []) + [f"{prefix} {line}" for line in new]
+        return (out if self.follower.skipped else []) + [f"{prefix} {_shown(line)}" for line in new]
 
     def failed(self, now: float, exc: GpuMarketError) -> str | None:
         """Take a failed read; the warning to log, or None when the same kind was already reported."""

@@ -41,7 +41,7 @@ END_BILLING_TIMEOUT_SECONDS = 30
 
 _TEMPLATE = """#!/bin/sh
 # airflow-provider-gpumarket job wrapper: run the command, then end billing from inside the instance.
-# exit 0 -> destroy this instance; other exit status -> stop it (the operator reads its log, then destroys it).
+# exit 0 -> destroy this instance (or stop it when its log carries a result); other exit status -> stop it.
 GPM_URL='{url}'"$CONTAINER_ID/"
 GPM_JOB="${{TMPDIR:-/tmp}}/gpumarket-job-$$.sh"
 trap 'rm -f "$GPM_JOB"' EXIT
@@ -54,7 +54,7 @@ sh "$GPM_JOB" 2>&1
 rc=$?
 rm -f "$GPM_JOB"
 echo "{exit_line}"
-if [ "$rc" -eq 0 ]; then m=DELETE; b=''; else m=PUT; b='{{"state":"stopped"}}'; fi
+if [ "$rc" -eq 0 ]; then {on_success}; else m=PUT; b='{{"state":"stopped"}}'; fi
 gpm_call() {{
   if command -v curl >/dev/null 2>&1; then
     if [ -n "$b" ]; then set -- -d "$b"; else set --; fi
@@ -78,13 +78,23 @@ exit "$rc"
 """
 
 
-def build_job_onstart(command: str, *, base_url: str, export_env: Iterable[str] = ()) -> str:
+#: What the wrapper does after exit 0: destroy the instance, or (``stop_on_success``) stop it so that its log can
+#: still be read (the Python job's return value travels there) before the operator destroys it.
+_DESTROY = "m=DELETE; b=''"
+_STOP = 'm=PUT; b=\'{"state":"stopped"}\''
+
+
+def build_job_onstart(
+    command: str, *, base_url: str, export_env: Iterable[str] = (), stop_on_success: bool = False
+) -> str:
     """The onstart script for ``command``; packed with gzip+base64 when over the 4048-character limit.
 
     :param command: shell commands to run on the instance.
     :param base_url: the service's base URL as the instance reaches it (the connection's host).
     :param export_env: names of env variables to append to ``/etc/environment`` (``$GPUMARKET_ENV_FILE``
         when set) so SSH sessions see them; the spec says env is not visible there otherwise.
+    :param stop_on_success: after exit 0 stop the instance instead of destroying it (compute billing ends all the
+        same); the operator reads the log, then destroys it.
     :raises GpuMarketValidationError: empty command, or too long even when packed.
     """
     if not isinstance(command, str) or not command.strip():
@@ -109,6 +119,7 @@ def build_job_onstart(command: str, *, base_url: str, export_env: Iterable[str] 
         timeout=END_BILLING_TIMEOUT_SECONDS,
         exit_line=EXIT_STATUS_LINE.format(rc="$rc"),
         started_line=STARTED_LINE,
+        on_success=_STOP if stop_on_success else _DESTROY,
     )
     try:
         return api.pack_onstart(script)

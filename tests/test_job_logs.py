@@ -181,3 +181,11 @@ def test_the_final_read_gets_the_hooks_retries_and_periodic_reads_one_try():
     job_logs.forward(hook, pump, logging.getLogger("test.forward"))
     job_logs.forward(hook, pump, logging.getLogger("test.forward"), final=True)
     assert [call["retry"] for call in hook.calls] == [False, True]
+
+
+def test_a_python_jobs_result_line_is_shown_by_its_size_only():
+    from airflow_gpumarket import python_job
+
+    line = python_job.marker("0123456789ab") + " eyJhIjogMX0="
+    (shown,) = LogPump(7, 30.0).read(0.0, line + "\n")
+    assert "return value" in shown and "eyJhIjogMX0=" not in shown

@@ -155,6 +155,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     template_fields_renderers = {"env": "json", "offer_filters": "json", "onstart": "bash", "command": "bash"}
     ui_color = "#c9e7ff"
     _wait_for = lifecycle.WAIT_STATUS
+    #: The job wrapper stops the instance after exit 0 instead of destroying it (its log is read first).
+    _stop_on_success = False
 
     def __init__(
         self,
@@ -241,7 +243,12 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         if is_templated(self.command) or is_templated(self.env):
             return None  # checked after rendering, before anything is rented
         names = sorted(api.env_variables(self.env or {})) if self.export_env_to_ssh else []
-        return build_job_onstart(self.command, base_url=base_url, export_env=names)  # type: ignore[arg-type]
+        return build_job_onstart(
+            self.command,  # type: ignore[arg-type]
+            base_url=base_url,
+            export_env=names,
+            stop_on_success=self._stop_on_success,
+        )
 
     def _validate(self, *, parse_time: bool = False) -> None:
         """Every rule that can be checked. At parse time, fields still holding Jinja are checked after rendering

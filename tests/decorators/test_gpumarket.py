@@ -1,0 +1,82 @@
+"""@task.gpumarket at parse time: registered with Airflow, refuses what cannot be shipped, accepts XCom inputs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from airflow_gpumarket.decorators.gpumarket import _GpuMarketDecoratedOperator, gpumarket_task
+from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.operators.instances import destroy_rentals_on_failure
+
+COMMON = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img"}
+
+
+def dag():
+    from airflow.sdk import DAG
+
+    return DAG(dag_id="parse", start_date=datetime(2026, 1, 1), schedule=None)
+
+
+def train(data: dict, epochs: int = 1) -> dict:
+    return {"rows": len(data), "epochs": epochs}
+
+
+def test_task_gpumarket_is_registered_with_airflow():
+    from airflow.sdk import task
+
+    with dag():
+        out = task.gpumarket(**COMMON)(train)({"a": 1})
+    assert isinstance(out.operator, _GpuMarketDecoratedOperator)
+    assert out.operator.custom_operator_name == "@task.gpumarket"
+
+
+def test_the_function_is_shipped_without_its_decorator_and_command_is_not_templated():
+    with dag():
+        op = gpumarket_task(**COMMON)(train)({"a": 1}, epochs=3).operator
+    assert "def train(data: dict" in op._source and "@" not in op._source.splitlines()[0]
+    assert "command" not in op.template_fields and {"op_args", "op_kwargs", "image"} <= set(op.template_fields)
+    assert destroy_rentals_on_failure in op.on_failure_callback
+
+
+def test_a_literal_argument_too_large_even_packed_is_refused_at_parse_time():
+    import secrets
+
+    blob = secrets.token_hex(20_000)  # random: does not compress
+    with dag(), pytest.raises(GpuMarketValidationError, match="python_callable.*object storage"):
+        gpumarket_task(**COMMON)(train)({"blob": blob})
+
+
+def test_a_literal_argument_that_is_not_json_is_refused_at_parse_time():
+    with dag(), pytest.raises(GpuMarketValidationError, match="argument 'data'.*not a JSON value"):
+        gpumarket_task(**COMMON)(train)(data={"when": datetime(2026, 1, 1)})
+
+
+def test_upstream_outputs_and_jinja_are_accepted_at_parse_time_and_checked_at_run_time():
+    from airflow.sdk import task
+
+    with dag():
+        upstream = task(lambda: {"a": 1}, task_id="up")()
+        op = gpumarket_task(**COMMON)(train)(upstream, epochs="{{ params.epochs }}").operator
+    assert op.op_args and op.op_kwargs == {"epochs": "{{ params.epochs }}"}
+
+
+def test_a_context_parameter_is_refused_because_the_instance_has_no_context():
+    def uses_ti(ti=None):
+        return 1
+
+    with dag(), pytest.raises(GpuMarketValidationError, match="'ti' is an Airflow context key"):
+        gpumarket_task(**COMMON)(uses_ti)()
+
+
+def test_requirements_are_checked_at_parse_time():
+    with dag(), pytest.raises(GpuMarketValidationError, match="requirements"):
+        gpumarket_task(**COMMON, requirements=["numpy; rm -rf /"])(train)({})
+
+
+def test_the_provider_info_declares_the_decorator():
+    from airflow_gpumarket.get_provider_info import get_provider_info
+
+    (entry,) = get_provider_info()["task-decorators"]
+    assert entry == {"class-name": "airflow_gpumarket.decorators.gpumarket.gpumarket_task", "name": "gpumarket"}

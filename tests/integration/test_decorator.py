@@ -1,0 +1,64 @@
+"""@task.gpumarket on the simulator: the return value reaches the next task, an exception fails the task with its
+traceback, mapping rents one instance per mapped task, and nothing is left alive."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import alive, offers_rented_twice_at_once, task_states
+
+
+@pytest.mark.parametrize("mode", ["sync", "deferred"])
+def test_the_return_value_reaches_the_next_task(example_dag, sim, mode):
+    run = example_dag(f"gpm_dec_pipeline_{mode}").test()
+    assert run.state == "success", task_states(run)
+    assert len(sim.state()["instances"]) == 1
+    assert alive(sim) == []
+
+
+def test_an_exception_fails_the_task_with_the_remote_traceback(example_dag, sim, capsys):
+    run = example_dag("gpm_dec_raises").test()
+    assert run.state == "failed"
+    out = capsys.readouterr().out
+    assert "ZeroDivisionError: division by zero" in out and "return a / b" in out
+    assert "exit status 1" in out
+    assert alive(sim) == []
+
+
+def test_mapping_rents_one_instance_per_mapped_task(example_dag, sim):
+    run = example_dag("gpm_dec_mapped").test()
+    assert run.state == "success", task_states(run)
+    assert len(sim.state()["instances"]) == 4
+    assert offers_rented_twice_at_once(sim) == []
+    assert alive(sim) == []
+
+
+def test_an_argument_too_large_at_run_time_fails_before_anything_is_rented(example_dag, sim, capsys):
+    run = example_dag("gpm_dec_big_xcom").test()
+    assert run.state == "failed"
+    assert "object storage" in capsys.readouterr().out
+    assert sim.state()["instances"] == []
+
+
+def test_the_exception_message_carries_the_remote_traceback(sim):
+    from datetime import datetime
+    from types import SimpleNamespace
+
+    from airflow.sdk import DAG
+
+    from airflow_gpumarket._compat import AirflowException
+    from airflow_gpumarket.decorators.gpumarket import gpumarket_task
+
+    from .dags.gpumarket_decorator_dags import COMMON
+
+    def parse(text: str) -> int:
+        return int(text)
+
+    with DAG(dag_id="direct", start_date=datetime(2026, 1, 1), schedule=None):
+        op = gpumarket_task(**COMMON, deferrable=False)(parse)("not a number").operator
+    with pytest.raises(AirflowException) as caught:
+        op.execute({"run_id": "r1", "ti": SimpleNamespace(try_number=1, map_index=-1, start_date=None)})
+    message = str(caught.value)
+    assert "exit status 1" in message and "ValueError: invalid literal for int()" in message
+    assert "return int(text)" in message
+    assert alive(sim) == []
