@@ -155,3 +155,12 @@ def test_a_bad_value_from_an_upstream_task_fails_before_anything_is_rented(examp
     run = example_dag("gpm_xcom_bad_argument").test()
     assert run.state == "failed"
     assert sim.state()["instances"] == []
+
+
+def test_taskflow_training_pipeline_returns_its_metrics_to_the_next_task(example_dag, sim, capsys):
+    run = example_dag("example_gpumarket_taskflow").test()
+    assert run.state == "success", task_states(run)
+    assert alive(sim) == []
+    assert len(sim.state()["instances"]) == 1
+    out = capsys.readouterr().out
+    assert "s3://example-bucket/datasets/mnist-2026-01/model-e3.pt: validation loss 0.1225 -> promote" in out
