@@ -107,12 +107,29 @@ def destroy_rentals_on_failure(context: Any) -> None:
     fails a task whose worker stopped heartbeating (the worker was lost and no provider code could run). Either
     way, this destroys every instance carrying the task instance's label key. For mapped tasks (``partial()`` does
     not run the operator's ``__init__`` where the DAG processor looks), pass it yourself:
-    ``.partial(..., on_failure_callback=destroy_rentals_on_failure)``.
+    ``.partial(..., on_failure_callback=destroy_rentals_on_failure)`` (``@task.gpumarket`` does it itself). There
+    the task is the mapped task itself, never unmapped: its connection comes from the ``partial()`` arguments and
+    the label key from the failed task instance's map index.
     """
-    task = context.get("task") if isinstance(context, Mapping) else None
-    if not isinstance(task, GpuMarketRentingBaseOperator):
+    task: Any = context.get("task") if isinstance(context, Mapping) else None
+    if isinstance(task, GpuMarketRentingBaseOperator):
+        task._destroy_rentals_of_this_task(context, "the task failed")
         return
-    task._destroy_rentals_of_this_task(context, "the task failed")
+    operator_class = getattr(task, "operator_class", None)  # a mapped task (MappedOperator)
+    if not (isinstance(operator_class, type) and issubclass(operator_class, GpuMarketRentingBaseOperator)):
+        return
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    partial_kwargs = getattr(task, "partial_kwargs", None) or {}
+    hook = GpuMarketHook(partial_kwargs.get("gpumarket_conn_id", GpuMarketHook.default_conn_name))
+    ti = context.get("ti")
+    key = lifecycle.rental_key(
+        task.dag_id or "", str(context.get("run_id")), task.task_id, getattr(ti, "map_index", -1)
+    )
+    log = getattr(task, "log", None) or hook.log
+    for instance in lifecycle.rentals_of(hook.list_instances(), key):
+        log.warning("The task failed: destroying instance %s so it stops billing", instance["id"])
+        hook.destroy_instance(int(instance["id"]))
 
 
 class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):

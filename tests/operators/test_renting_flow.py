@@ -328,3 +328,43 @@ def test_create_instance_operator_hands_over_a_running_instance_without_destroyi
     result = op.execute(ctx())
     assert result["instance_id"] == 1001 and hook.destroyed == []
     assert op._instance_id is None  # a later on_kill has nothing of its own to destroy
+
+
+@pytest.mark.parametrize("kind", ["classic", "taskflow"])
+def test_failure_callback_destroys_what_a_lost_worker_of_a_mapped_task_rented(monkeypatch, kind):
+    """The DAG processor hands the callback the mapped task itself (never unmapped)."""
+    from airflow.sdk import DAG
+
+    from airflow_gpumarket.decorators.gpumarket import gpumarket_task
+    from airflow_gpumarket.hooks import gpumarket
+
+    hook = FakeHook({1: ["running"], 2: ["running"]})
+    used: list[str] = []
+
+    class Hook:
+        default_conn_name = "gpumarket_default"
+
+        def __new__(cls, conn_id):
+            used.append(conn_id)
+            return hook
+
+    monkeypatch.setattr(gpumarket, "GpuMarketHook", Hook)
+    common = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img", "gpumarket_conn_id": "gpu"}
+    with DAG(dag_id="mapped", start_date=datetime(2026, 1, 1), schedule=None):
+        if kind == "classic":
+            mapped = GpuMarketRunJobOperator.partial(
+                task_id="job", on_failure_callback=destroy_rentals_on_failure, **common
+            ).expand(command=["a", "b"])
+        else:
+
+            def square(x: int) -> int:
+                return x * x
+
+            mapped = gpumarket_task(**common)(square).expand(x=[1, 2]).operator
+    key = lifecycle.rental_key("mapped", "run-1", mapped.task_id, 1)
+    for offer, label_key in ((1, lifecycle.rental_key("mapped", "run-1", mapped.task_id, 0)), (2, key)):
+        hook.create_instance(offer, label=lifecycle.make_label(label_key, 4_000_000_000))
+    ti = SimpleNamespace(try_number=1, map_index=1, start_date=None)
+    destroy_rentals_on_failure({"run_id": "run-1", "ti": ti, "task": mapped})
+    assert hook.destroyed == [1002]  # map index 1's instance only
+    assert used == ["gpu"]  # the connection of the partial() arguments
