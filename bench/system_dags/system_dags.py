@@ -17,7 +17,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, task
 
 from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
 
@@ -92,3 +92,32 @@ for _name, (_deferrable, _command, _extra) in SCENARIOS.items():
             setattr(
                 _job, _attribute, [*(_existing if isinstance(_existing, list) else [_existing]), probe_for(_attribute)]
             )
+
+
+# A mapped @task.gpumarket whose worker is lost: the DAG processor runs the failure callback with the mapped task
+# itself (never unmapped), so the callback must find the rental from the partial() arguments and the map index.
+with DAG(
+    dag_id="system_lost_worker_mapped",
+    start_date=datetime(2026, 1, 1),
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    tags=["gpumarket-system"],
+):
+
+    @task.gpumarket(
+        offer_filters={"gpu_name": {"eq": "sys-lost_worker_mapped"}},
+        image="system-test",
+        deferrable=False,
+        poll_interval=1,
+        boot_timeout=timedelta(minutes=2),
+        max_runtime=timedelta(minutes=15),
+        retries=0,
+    )
+    def job(seconds: int) -> int:
+        import time
+
+        time.sleep(seconds)
+        return seconds
+
+    job.expand(seconds=[100_000])
