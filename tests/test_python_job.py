@@ -82,3 +82,14 @@ def test_a_requirement_that_is_not_one_is_refused(requirement):
 def test_a_result_line_that_does_not_decode_is_no_result():
     assert python_job.read_result(python_job.marker(KEY) + " not-base64!\n", KEY) == (False, None)
     assert python_job.read_result("nothing here\n", KEY) == (False, None)
+
+
+def test_a_thread_the_function_left_running_cannot_print_after_the_result(tmp_path):
+    fake = python_job.marker(KEY) + " eyJmb3JnZWQiOiB0cnVlfQ=="
+    source = (
+        "def f():\n    import threading, time\n"
+        f"    threading.Thread(target=lambda: (time.sleep(0.5), print({fake!r}, flush=True))).start()\n"
+        "    return 'real'\n"
+    )
+    proc = run(source, "f", tmp_path=tmp_path)
+    assert proc.returncode == 0 and python_job.read_result(proc.stdout, KEY) == (True, "real")
