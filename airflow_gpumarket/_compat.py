@@ -1,7 +1,9 @@
-"""Airflow names imported in one place, so Airflow 2.11 support can be added here without touching the rest.
+"""Airflow names imported in one place, so one provider serves Airflow 2.11 and Airflow 3.
 
-Airflow 3 exposes the authoring interface under ``airflow.sdk``; 2.x keeps it in ``airflow.models``/``airflow.hooks``.
-Names resolve lazily (PEP 562): a DAG file that imports an operator does not pay for the trigger or hook bases.
+The names that moved between Airflow 2 (``airflow.models``, ``airflow.hooks``, ``airflow.decorators``) and 3
+(``airflow.sdk``) come through ``apache-airflow-providers-common-compat``, as in the official providers; the
+trigger bases did not move. Names resolve lazily (PEP 562): a DAG file that imports an operator does not pay for
+the trigger or hook bases.
 """
 
 from __future__ import annotations
@@ -9,21 +11,22 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# name -> (Airflow 3 module, Airflow 2.11 module)
+_COMMON_COMPAT = "airflow.providers.common.compat.sdk"
+# name -> the module it comes from
 _WHERE = {
-    "BaseHook": ("airflow.sdk", "airflow.hooks.base"),
-    "BaseOperator": ("airflow.sdk", "airflow.models"),
-    "BaseSensorOperator": ("airflow.sdk", "airflow.sensors.base"),
-    "PokeReturnValue": ("airflow.sdk", "airflow.sensors.base"),
-    "AirflowException": ("airflow.sdk.exceptions", "airflow.exceptions"),
-    "AirflowFailException": ("airflow.sdk.exceptions", "airflow.exceptions"),
-    "AirflowTaskTimeout": ("airflow.sdk.exceptions", "airflow.exceptions"),
-    "TaskDeferred": ("airflow.sdk.exceptions", "airflow.exceptions"),
-    "mask_secret": ("airflow.sdk.log", "airflow.utils.log.secrets_masker"),
-    "DecoratedOperator": ("airflow.sdk.bases.decorator", "airflow.decorators.base"),
-    "task_decorator_factory": ("airflow.sdk.bases.decorator", "airflow.decorators.base"),
-    "BaseTrigger": ("airflow.triggers.base", "airflow.triggers.base"),
-    "TriggerEvent": ("airflow.triggers.base", "airflow.triggers.base"),
+    "BaseHook": _COMMON_COMPAT,
+    "BaseOperator": _COMMON_COMPAT,
+    "BaseSensorOperator": _COMMON_COMPAT,
+    "PokeReturnValue": _COMMON_COMPAT,
+    "AirflowException": _COMMON_COMPAT,
+    "AirflowFailException": _COMMON_COMPAT,
+    "AirflowTaskTimeout": _COMMON_COMPAT,
+    "TaskDeferred": _COMMON_COMPAT,
+    "mask_secret": _COMMON_COMPAT,
+    "DecoratedOperator": _COMMON_COMPAT,
+    "task_decorator_factory": _COMMON_COMPAT,
+    "BaseTrigger": "airflow.triggers.base",
+    "TriggerEvent": "airflow.triggers.base",
 }
 
 __all__ = sorted(_WHERE)
@@ -32,10 +35,6 @@ __all__ = sorted(_WHERE)
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    current, legacy = _WHERE[name]
-    try:
-        value = getattr(importlib.import_module(current), name)
-    except (ImportError, AttributeError):  # Airflow 2.11
-        value = getattr(importlib.import_module(legacy), name)
+    value = getattr(importlib.import_module(_WHERE[name]), name)
     globals()[name] = value
     return value

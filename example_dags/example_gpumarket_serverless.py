@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import DAG, task
+from airflow.providers.common.compat.sdk import DAG, task
 
 from airflow_gpumarket.operators.serverless import GpuMarketCreateEndpointOperator, GpuMarketDeleteDeploymentOperator
 

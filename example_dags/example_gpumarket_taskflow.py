@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, task
+from airflow.providers.common.compat.sdk import DAG, task
 
 # 10 s is the spec's recommended poll interval; the simulator's clock is sped up, so tests and the demo poll faster.
 POLL_SECONDS = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
