@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install lint typecheck test demo bench chaos system clean
+.PHONY: install lint typecheck test test-airflow2 demo bench chaos system clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,21 @@ typecheck: install
 
 test: lint typecheck
 	$(BIN)/pytest
+
+# Airflow 2.11 support is under way (issue 14): the same tests on the newest Airflow 2.11.x, in a virtual
+# environment of their own (the simulator's and the official CLI's suites do not depend on Airflow: run once).
+VENV2     := .venv-airflow2
+AIRFLOW2  ?= 2.11.*
+$(VENV2)/.installed: pyproject.toml
+	@test -x $(VENV2)/bin/python || $(PYTHON) -m venv $(VENV2)
+	$(VENV2)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(VENV2)/bin/python -m pip install --quiet --disable-pip-version-check "apache-airflow==$(AIRFLOW2)" \
+	  "apache-airflow-providers-common-compat>=1.23" "fastapi>=0.110" "uvicorn>=0.27" "pytest>=8" "requests-mock>=1.11"
+	$(VENV2)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@touch $@
+
+test-airflow2: $(VENV2)/.installed
+	$(VENV2)/bin/pytest --ignore=tests/simulator --ignore=tests/cli
 
 demo: install
 	$(BIN)/python scripts/demo.py
@@ -51,4 +66,4 @@ system: install
 	$(BIN)/python bench/system.py
 
 clean:
-	rm -rf $(VENV) .airflow .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV2) .airflow .pytest_cache .mypy_cache .ruff_cache

@@ -8,9 +8,11 @@ the ``airflow_db`` fixture. The DAGs folder holds copies of ``example_dags/`` an
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 
 _home = tempfile.mkdtemp(prefix="gpumarket-tests-airflow-")
@@ -26,9 +28,36 @@ _repo = Path(__file__).resolve().parent.parent
 for _source in [*(_repo / "example_dags").glob("*.py"), *(_repo / "tests" / "integration" / "dags").glob("*.py")]:
     shutil.copy(_source, _dags / _source.name)
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_dags)
+if version("apache-airflow").startswith("2."):  # Airflow 2.11 refuses SQLite with its default LocalExecutor
+    os.environ["AIRFLOW__CORE__EXECUTOR"] = "SequentialExecutor"
 
 import airflow  # noqa: E402,F401  (pins the configuration above)
 import pytest  # noqa: E402
+
+AIRFLOW_2 = version("apache-airflow").startswith("2.")
+
+
+@pytest.fixture(autouse=True)
+def _loggers_enabled():
+    """Airflow 2.11 re-applies its logging configuration when it runs a task, which disables every logger that
+    existed before and is not named there (the provider's trigger loggers among them); a real triggerer configures
+    logging before any trigger logs. Each test starts with every logger enabled."""
+    if AIRFLOW_2:
+        for logger in logging.Logger.manager.loggerDict.values():
+            if isinstance(logger, logging.Logger):
+                logger.disabled = False
+
+
+@pytest.fixture
+def task_log(capsys, caplog):
+    """A reader of what the tasks, operators and triggers of a test logged: Airflow 3 prints their logs to stdout
+    (structlog, which caplog does not see); Airflow 2.11 sends them through the standard library's root logger,
+    which caplog sees (its console handler may or may not write to the stdout that capsys holds)."""
+
+    def read() -> str:
+        return caplog.text if AIRFLOW_2 else capsys.readouterr().out
+
+    return read
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ COMMON = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img"}
 
 
 def dag():
-    from airflow.sdk import DAG
+    from airflow.providers.common.compat.sdk import DAG
 
     return DAG(dag_id="parse", start_date=datetime(2026, 1, 1), schedule=None)
 
@@ -24,7 +24,7 @@ def train(data: dict, epochs: int = 1) -> dict:
 
 
 def test_task_gpumarket_is_registered_with_airflow():
-    from airflow.sdk import task
+    from airflow.providers.common.compat.sdk import task
 
     with dag():
         out = task.gpumarket(**COMMON)(train)({"a": 1})
@@ -54,7 +54,7 @@ def test_a_literal_argument_that_is_not_json_is_refused_at_parse_time():
 
 
 def test_upstream_outputs_and_jinja_are_accepted_at_parse_time_and_checked_at_run_time():
-    from airflow.sdk import task
+    from airflow.providers.common.compat.sdk import task
 
     with dag():
         upstream = task(lambda: {"a": 1}, task_id="up")()

@@ -9,10 +9,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from importlib.metadata import version
 
 import pytest
 
 POLL = 0.05
+AIRFLOW_2 = version("apache-airflow").startswith("2.")  # the top-level conftest has the same flag
+
+
+def not_yet_on_airflow_2(reason: str) -> pytest.MarkDecorator:
+    """A test that does not pass on Airflow 2.11 yet (issue 14 is open): expected to fail there, reason named."""
+    return pytest.mark.xfail(AIRFLOW_2, reason=f"Airflow 2.11, not yet supported: {reason}", strict=False)
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +70,10 @@ def offers_rented_twice_at_once(sim) -> list[int]:
 @pytest.fixture
 def example_dag(airflow_db, sim):
     """Load an example DAG file fresh (after the simulator's connection and poll interval are set)."""
-    from airflow.dag_processing.dagbag import DagBag
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # Airflow 2.11
+        from airflow.models.dagbag import DagBag
 
     def load(dag_id: str):
         bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
@@ -80,7 +90,11 @@ def task_states(dag_run) -> dict[str, str]:
 def _stored_texts() -> list[str]:
     """Every XCom value and rendered template field Airflow stored during the run."""
     from airflow.models.renderedtifields import RenderedTaskInstanceFields
-    from airflow.models.xcom import XComModel
+
+    try:
+        from airflow.models.xcom import XComModel
+    except ImportError:  # Airflow 2.11
+        from airflow.models.xcom import BaseXCom as XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
 

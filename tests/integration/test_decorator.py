@@ -16,10 +16,10 @@ def test_the_return_value_reaches_the_next_task(example_dag, sim, mode):
     assert alive(sim) == []
 
 
-def test_an_exception_fails_the_task_with_the_remote_traceback(example_dag, sim, capsys):
+def test_an_exception_fails_the_task_with_the_remote_traceback(example_dag, sim, task_log):
     run = example_dag("gpm_dec_raises").test()
     assert run.state == "failed"
-    out = capsys.readouterr().out
+    out = task_log()
     assert "ZeroDivisionError: division by zero" in out and "return a / b" in out
     assert "exit status 1" in out
     assert alive(sim) == []
@@ -33,10 +33,10 @@ def test_mapping_rents_one_instance_per_mapped_task(example_dag, sim):
     assert alive(sim) == []
 
 
-def test_an_argument_too_large_at_run_time_fails_before_anything_is_rented(example_dag, sim, capsys):
+def test_an_argument_too_large_at_run_time_fails_before_anything_is_rented(example_dag, sim, task_log):
     run = example_dag("gpm_dec_big_xcom").test()
     assert run.state == "failed"
-    assert "object storage" in capsys.readouterr().out
+    assert "object storage" in task_log()
     assert sim.state()["instances"] == []
 
 
@@ -44,7 +44,7 @@ def test_the_exception_message_carries_the_remote_traceback(sim):
     from datetime import datetime
     from types import SimpleNamespace
 
-    from airflow.sdk import DAG
+    from airflow.providers.common.compat.sdk import DAG
 
     from airflow_gpumarket._compat import AirflowException
     from airflow_gpumarket.decorators.gpumarket import gpumarket_task

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from airflow_gpumarket import lifecycle
 
-from .conftest import alive, offers_rented_twice_at_once, rented_offers, task_states
+from .conftest import alive, not_yet_on_airflow_2, offers_rented_twice_at_once, rented_offers, task_states
 
 
 def test_training_pipeline_in_explicit_steps(example_dag, sim):
@@ -109,13 +109,13 @@ def test_daily_price_increase_check_is_quiet_when_none_concern_our_contracts(sim
     assert sensor.poke({}).xcom_value == []
 
 
-def test_price_increase_sensor_warns_when_the_server_truncates_the_list(sim, capsys):
+def test_price_increase_sensor_warns_when_the_server_truncates_the_list(sim, task_log):
     from airflow_gpumarket.sensors.price_increases import GpuMarketPendingPriceIncreaseSensor
 
     sim.set_list_limit(1)
     result = GpuMarketPendingPriceIncreaseSensor(task_id="t", deferrable=False).poke({})
     assert len(result.xcom_value) == 1
-    assert "truncated the pending price increase list" in capsys.readouterr().out
+    assert "truncated the pending price increase list" in task_log()
 
 
 def test_backup_codes_regenerated_through_the_hook_are_never_logged(sim):
@@ -127,11 +127,11 @@ def test_backup_codes_regenerated_through_the_hook_are_never_logged(sim):
     assert result["backup_codes"] == sim.state()["tfa"]["backup_codes"]  # scanned after the test (R3)
 
 
-def test_r3_scan_finds_a_key_planted_in_real_task_output(example_dag, sim, capsys):
+def test_r3_scan_finds_a_key_planted_in_real_task_output(example_dag, sim, task_log):
     from .conftest import leaks
 
     run = example_dag("example_gpumarket_batch").test()
-    output = capsys.readouterr().out
+    output = task_log()
     assert "embed_shard" in output  # the scan reads the real task log stream
     keys = {inst.api_key for inst in sim._market.world.instances.values()}
     assert len(keys) == 3 and run.state == "success"
@@ -157,10 +157,11 @@ def test_a_bad_value_from_an_upstream_task_fails_before_anything_is_rented(examp
     assert sim.state()["instances"] == []
 
 
-def test_taskflow_training_pipeline_returns_its_metrics_to_the_next_task(example_dag, sim, capsys):
+@not_yet_on_airflow_2("a task's print() does not reach pytest's capture there")
+def test_taskflow_training_pipeline_returns_its_metrics_to_the_next_task(example_dag, sim, task_log):
     run = example_dag("example_gpumarket_taskflow").test()
     assert run.state == "success", task_states(run)
     assert alive(sim) == []
     assert len(sim.state()["instances"]) == 1
-    out = capsys.readouterr().out
+    out = task_log()
     assert "s3://example-bucket/datasets/mnist-2026-01/model-e3.pt: validation loss 0.1225 -> promote" in out

@@ -9,7 +9,7 @@ import pytest
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
 
-from .conftest import POLL, alive
+from .conftest import POLL, alive, not_yet_on_airflow_2
 
 
 def computed_line(sim) -> str:
@@ -19,10 +19,10 @@ def computed_line(sim) -> str:
 
 
 @pytest.mark.parametrize("mode", ["sync", "deferred"])
-def test_a_failed_jobs_output_and_exit_status_reach_the_task_log(example_dag, sim, capsys, mode):
+def test_a_failed_jobs_output_and_exit_status_reach_the_task_log(example_dag, sim, task_log, mode):
     run = example_dag(f"gpm_log_exit3_{mode}").test()
     assert run.state == "failed"
-    log = capsys.readouterr().out
+    log = task_log()
     line = computed_line(sim)
     instance_id = sim.state()["instances"][0]["id"]
     assert f"[instance {instance_id}] {line}" in log or f"    {line}" in log
@@ -41,12 +41,20 @@ def test_a_failed_jobs_exception_names_its_exit_status_and_last_lines(sim):
     assert alive(sim) == []
 
 
-@pytest.mark.parametrize("mode", ["sync", "deferred"])
-def test_a_running_jobs_lines_reach_the_task_log_while_it_runs_each_once(example_dag, sim, capsys, mode):
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "sync",
+        pytest.param(
+            "deferred", marks=not_yet_on_airflow_2("its dag.test() runs the trigger inline without its log lines")
+        ),
+    ],
+)
+def test_a_running_jobs_lines_reach_the_task_log_while_it_runs_each_once(example_dag, sim, task_log, mode):
     run = example_dag(f"gpm_log_ticks_{mode}").test()
     assert run.state == "failed"
     instance_id = sim.state()["instances"][0]["id"]
-    log = capsys.readouterr().out
+    log = task_log()
     forwarded = re.findall(rf"\[instance {instance_id}\] (tick \d)", log)
     assert forwarded == [f"tick {i}" for i in range(1, 9)]
     # Read while the job ran: the first lines are in the log before the stop was seen.
@@ -55,12 +63,12 @@ def test_a_running_jobs_lines_reach_the_task_log_while_it_runs_each_once(example
 
 
 @pytest.mark.parametrize("mode", ["sync", "deferred"])
-def test_a_job_printing_its_instance_key_shows_it_masked(example_dag, sim, capsys, mode):
+def test_a_job_printing_its_instance_key_shows_it_masked(example_dag, sim, task_log, mode):
     """The trigger never holds the instance key: it masks it by digest. The autouse leak check (R3) also scans
     this test's whole output for every key the simulator handed out."""
     run = example_dag(f"gpm_log_leaky_{mode}").test()
     assert run.state == "failed"
-    out = capsys.readouterr().out
+    out = task_log()
     assert "CONTAINER_API_KEY=***" in out and "key: ***." in out
     key = next(iter(sim._market.world.instances.values())).api_key
     assert key not in out
@@ -120,7 +128,7 @@ def test_the_trigger_masks_an_instance_key_it_only_knows_by_digest(sim, monkeypa
 
 
 @pytest.mark.parametrize(("fate", "said"), [("offline", "is offline"), ("exited", "container exited unexpectedly")])
-def test_the_host_daemons_last_lines_are_logged_before_the_next_offer_is_tried(sim, capsys, fate, said):
+def test_the_host_daemons_last_lines_are_logged_before_the_next_offer_is_tried(sim, task_log, fate, said):
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
     first, second = GpuMarketHook().search_offers({"num_gpus": {"gte": 1}}, order=[["dph_total", "asc"]], limit=2)
@@ -131,7 +139,7 @@ def test_the_host_daemons_last_lines_are_logged_before_the_next_offer_is_tried(s
     )
     assert op.execute({"run_id": "r", "ti": None})["offer_id"] == second["id"]
     failed = sim.state()["instances"][0]["id"]
-    out = capsys.readouterr().out
+    out = task_log()
     assert f"The host daemon's log of instance {failed} ends with" in out
     assert f"[instance {failed} daemon]" in out and said in out
     assert alive(sim) == []

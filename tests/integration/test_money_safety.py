@@ -19,7 +19,7 @@ from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
 
-from .conftest import POLL, alive, task_states
+from .conftest import POLL, alive, not_yet_on_airflow_2, task_states
 
 FILTERS = {"num_gpus": {"gte": 1}}
 
@@ -206,6 +206,7 @@ def _run_in_thread(op, ctx):
     return thread, outcome
 
 
+@not_yet_on_airflow_2("its ExecutorSafeguard refuses execute() called from a thread of the test")
 def test_on_kill_mid_boot_destroys_the_instance(sim):
     sim.set_speed(5)  # a 60-300 s boot now takes 12-60 s: long enough to kill it mid-boot
     # The buckets refill on the simulated clock: at 5x the search that follows the fixture's own would wait longer
@@ -225,6 +226,7 @@ def test_on_kill_mid_boot_destroys_the_instance(sim):
     assert alive(sim) == []
 
 
+@not_yet_on_airflow_2("its ExecutorSafeguard refuses execute() called from a thread of the test")
 def test_on_kill_mid_job_destroys_the_instance_and_stops_the_job(sim):
     op = job(command="echo started; sleep 60")
     thread, outcome = _run_in_thread(op, context())
@@ -327,12 +329,14 @@ def test_deferrable_job_failure_fails_the_task_and_destroys(example_dag, sim):
     assert alive(sim) == []
 
 
+@not_yet_on_airflow_2("its dag.test() lets AirflowTaskTimeout (a BaseException there) escape")
 def test_execution_timeout_destroys_the_instance(example_dag, sim):
     run = example_dag("gpm_job_execution_timeout").test()
     assert run.state == "failed"
     assert alive(sim) == []
 
 
+@not_yet_on_airflow_2("its dag.test() lets AirflowTaskTimeout (a BaseException there) escape")
 def test_execution_timeout_while_deferred_fails_the_task_and_destroys_the_instance(example_dag, sim):
     """Airflow times each run of the task's code on its own; a deferred wait must carry execution_timeout."""
     started = time.monotonic()
@@ -392,6 +396,7 @@ def test_the_worker_keeps_the_jobs_lease_alive_through_the_label(sim):
     assert alive(sim) == []
 
 
+@not_yet_on_airflow_2("the test imports Airflow 3's trigger-failure names (TRIGGER_FAIL_REPR)")
 @pytest.mark.parametrize("error", ["timeout", "trigger crashed"])
 def test_deferred_task_whose_trigger_times_out_or_crashes_destroys_the_instance(sim, error):
     """execution_timeout while deferred with no triggerer running (or a crashed trigger) fails the task through

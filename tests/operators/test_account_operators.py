@@ -108,12 +108,12 @@ RESULT = {
 }
 
 
-def test_volume_listing_returns_and_logs_per_machine_results(requests_mock, capsys):
+def test_volume_listing_returns_and_logs_per_machine_results(requests_mock, task_log):
     requests_mock.post(f"{BASE}/api/v0/volumes", json=RESULT)
     op = GpuMarketCreateVolumeListingOperator(task_id="t", machines=[1, 2], hidden_listing=True)
     assert op.execute({}) == RESULT
     assert requests_mock.last_request.json() == {"machines": [1, 2], "hidden_listing": True}
-    log = capsys.readouterr().out
+    log = task_log()
     assert "Machine 1: new contracts 11 (100 GB)" in log
     assert "updated contracts [12]" in log
 
@@ -151,12 +151,12 @@ def _pending(requests_mock, items, truncated=False):
     )
 
 
-def test_price_sensor_succeeds_with_the_increases_and_reports_old_and_new_costs(requests_mock, capsys):
+def test_price_sensor_succeeds_with_the_increases_and_reports_old_and_new_costs(requests_mock, task_log):
     _pending(requests_mock, [INCREASE])
     sensor = GpuMarketPendingPriceIncreaseSensor(task_id="t", deferrable=False)
     result = sensor.poke({})
     assert isinstance(result, PokeReturnValue) and result.xcom_value == [INCREASE]
-    log = capsys.readouterr().out
+    log = task_log()
     assert "contract 42" in log and "GPU 0.0002 -> 0.0003 (+50%)" in log
 
 
@@ -179,10 +179,10 @@ def test_price_sensor_alert_mode_fails_the_task(requests_mock):
         sensor.poke({})
 
 
-def test_price_sensor_warns_when_the_server_truncated_the_list(requests_mock, capsys):
+def test_price_sensor_warns_when_the_server_truncated_the_list(requests_mock, task_log):
     _pending(requests_mock, [INCREASE], truncated=True)
     GpuMarketPendingPriceIncreaseSensor(task_id="t", deferrable=False).poke({})
-    assert "truncated the pending price increase list" in capsys.readouterr().out
+    assert "truncated the pending price increase list" in task_log()
 
 
 def test_price_sensor_check_once_succeeds_empty_when_nothing_is_pending(requests_mock):

@@ -119,12 +119,12 @@ def test_a_failed_job_names_its_exit_status_and_last_lines_read_before_the_destr
     assert hook.log_reads == [(1001, False), ("destroy", 1001)]
 
 
-def test_the_jobs_output_reaches_the_task_log_while_it_runs_each_line_once(capsys):
+def test_the_jobs_output_reaches_the_task_log_while_it_runs_each_line_once(task_log):
     hook = FakeHook({1: ["running", "running", "running", "running", GONE]})
     texts = iter(["a\n", "a\nb\n", "a\nb\nc\n"])
     hook.get_instance_logs = lambda instance_id, **kw: next(texts)
     job(hook, log_interval=0.001).execute(ctx())
-    assert re.findall(r"\[instance 1001\] (\w+)", capsys.readouterr().out) == ["a", "b", "c"]
+    assert re.findall(r"\[instance 1001\] (\w+)", task_log()) == ["a", "b", "c"]
 
 
 def test_a_succeeded_job_is_not_read_again_and_log_interval_zero_reads_nothing():
@@ -333,7 +333,7 @@ def test_create_instance_operator_hands_over_a_running_instance_without_destroyi
 @pytest.mark.parametrize("kind", ["classic", "taskflow"])
 def test_failure_callback_destroys_what_a_lost_worker_of_a_mapped_task_rented(monkeypatch, kind):
     """The DAG processor hands the callback the mapped task itself (never unmapped)."""
-    from airflow.sdk import DAG
+    from airflow.providers.common.compat.sdk import DAG
 
     from airflow_gpumarket.decorators.gpumarket import gpumarket_task
     from airflow_gpumarket.hooks import gpumarket

@@ -9,6 +9,7 @@ import inspect
 import re
 import time
 from contextlib import aclosing
+from importlib.metadata import version
 
 import pytest
 
@@ -156,14 +157,19 @@ def test_job_mode_gone_is_success_and_stopped_is_failure(make_trigger, monkeypat
     assert bad == {"status": lifecycle.EventKind.JOB_FAILED, "actual_status": "stopped", "instance_id": 7}
 
 
-def test_job_output_is_forwarded_while_it_runs_and_a_failure_event_carries_the_tail(make_trigger, monkeypatch, capsys):
+@pytest.mark.xfail(
+    version("apache-airflow").startswith("2."),
+    reason="Airflow 2.11, not yet supported (issue 14): the trigger's log lines do not reach pytest's capture there",
+    strict=False,
+)
+def test_job_output_is_forwarded_while_it_runs_and_a_failure_event_has_the_tail(make_trigger, monkeypatch, task_log):
     hook = FakeAsyncHook(["running", "running", "running", "stopped"])
     hook.log_texts = ["a\n", "a\nb\n", "a\nb\nboom\ngpumarket: job exited with status 3\n"]
     trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=1e-9, key_digest="cd" * 32)
     event = _run(trigger, hook, monkeypatch)
     assert event["exit_status"] == 3 and event["log_tail"][-2:] == ["boom", "gpumarket: job exited with status 3"]
     assert "exit status 3" in lifecycle.describe_event(event, 7)
-    forwarded = re.findall(r"\[instance 7\] (\S+)", capsys.readouterr().out)
+    forwarded = re.findall(r"\[instance 7\] (\S+)", task_log())
     assert forwarded == ["a", "b", "boom", "gpumarket:"]
     assert hook.log_reads[0] == {"tail": 1000, "retry": False, "key_digests": ("cd" * 32,)}
 

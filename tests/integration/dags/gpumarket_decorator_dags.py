@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-from airflow.sdk import DAG, task
+from airflow.providers.common.compat.sdk import DAG, task
 
 POLL = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
 COMMON = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img", "poll_interval": POLL}

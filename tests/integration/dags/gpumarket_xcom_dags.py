@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-from airflow.sdk import DAG, task
+from airflow.providers.common.compat.sdk import DAG, task
 
 from airflow_gpumarket.operators.instances import (
     GpuMarketCreateInstanceOperator,
