@@ -17,11 +17,6 @@ POLL = 0.05
 AIRFLOW_2 = version("apache-airflow").startswith("2.")  # the top-level conftest has the same flag
 
 
-def not_yet_on_airflow_2(reason: str) -> pytest.MarkDecorator:
-    """A test that does not pass on Airflow 2.11 yet (issue 14 is open): expected to fail there, reason named."""
-    return pytest.mark.xfail(AIRFLOW_2, reason=f"Airflow 2.11, not yet supported: {reason}", strict=False)
-
-
 @pytest.fixture(scope="session")
 def job_sim_server():
     from airflow_gpumarket.simulator import MarketSimulator

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from airflow_gpumarket import lifecycle
 
-from .conftest import alive, not_yet_on_airflow_2, offers_rented_twice_at_once, rented_offers, task_states
+from .conftest import alive, offers_rented_twice_at_once, rented_offers, task_states
 
 
 def test_training_pipeline_in_explicit_steps(example_dag, sim):
@@ -157,7 +157,6 @@ def test_a_bad_value_from_an_upstream_task_fails_before_anything_is_rented(examp
     assert sim.state()["instances"] == []
 
 
-@not_yet_on_airflow_2("a task's print() does not reach pytest's capture there")
 def test_taskflow_training_pipeline_returns_its_metrics_to_the_next_task(example_dag, sim, task_log):
     run = example_dag("example_gpumarket_taskflow").test()
     assert run.state == "success", task_states(run)

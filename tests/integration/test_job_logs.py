@@ -9,7 +9,7 @@ import pytest
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
 
-from .conftest import POLL, alive, not_yet_on_airflow_2
+from .conftest import POLL, alive
 
 
 def computed_line(sim) -> str:
@@ -45,9 +45,7 @@ def test_a_failed_jobs_exception_names_its_exit_status_and_last_lines(sim):
     "mode",
     [
         "sync",
-        pytest.param(
-            "deferred", marks=not_yet_on_airflow_2("its dag.test() runs the trigger inline without its log lines")
-        ),
+        "deferred",
     ],
 )
 def test_a_running_jobs_lines_reach_the_task_log_while_it_runs_each_once(example_dag, sim, task_log, mode):

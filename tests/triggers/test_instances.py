@@ -9,7 +9,6 @@ import inspect
 import re
 import time
 from contextlib import aclosing
-from importlib.metadata import version
 
 import pytest
 
@@ -157,11 +156,6 @@ def test_job_mode_gone_is_success_and_stopped_is_failure(make_trigger, monkeypat
     assert bad == {"status": lifecycle.EventKind.JOB_FAILED, "actual_status": "stopped", "instance_id": 7}
 
 
-@pytest.mark.xfail(
-    version("apache-airflow").startswith("2."),
-    reason="Airflow 2.11, not yet supported (issue 14): the trigger's log lines do not reach pytest's capture there",
-    strict=False,
-)
 def test_job_output_is_forwarded_while_it_runs_and_a_failure_event_has_the_tail(make_trigger, monkeypatch, task_log):
     hook = FakeAsyncHook(["running", "running", "running", "stopped"])
     hook.log_texts = ["a\n", "a\nb\n", "a\nb\nboom\ngpumarket: job exited with status 3\n"]
