@@ -1,8 +1,9 @@
 """Provider registration, read by Airflow through the ``apache_airflow_provider`` entry point.
 
 Plain data and the defaults of ``api`` (no imports of hooks or operators), so ``airflow providers list`` stays
-cheap. The connection form is declared here (``conn-fields``/``ui-field-behaviour``, the Airflow 3.2+ way) rather
-than in hook methods; its defaults are the hook's own (``api.REQUEST_TIMEOUT_SECONDS``, ``api.RetryPolicy``).
+cheap. The connection form is declared here (``conn-fields``/``ui-field-behaviour``, the Airflow 3.2+ way); the
+hook's ``get_ui_field_behaviour``/``get_connection_form_widgets`` hand the same declaration to Airflow 2.11's
+webserver. Its defaults are the hook's own (``api.REQUEST_TIMEOUT_SECONDS``, ``api.RetryPolicy``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,45 @@ from airflow_gpumarket import __version__, api
 
 #: The one integration every hook, operator, sensor and trigger of the provider belongs to.
 INTEGRATION = "GPU Market"
+
+
+#: The connection form: read by Airflow 3.2+ from the provider info, by Airflow 2.11 through the hook's methods.
+CONNECTION_FORM: dict = {
+    "ui-field-behaviour": {
+        "hidden-fields": ["schema", "login", "port", "extra"],
+        "relabeling": {"host": "Base URL", "password": "API key"},
+        "placeholders": {
+            "host": "https://api.example.com (or http://127.0.0.1:PORT for the simulator)",
+            "password": "API key from the web console",
+        },
+    },
+    "conn-fields": {
+        "timeout": {
+            "label": "Request timeout (s)",
+            "description": "Seconds to wait for each HTTP response.",
+            "schema": {"type": ["number", "null"], "default": api.REQUEST_TIMEOUT_SECONDS, "minimum": 1},
+        },
+        "max_retries": {
+            "label": "Max retries",
+            "description": "Retries of a failed read, stop or destroy (429, 5xx, connection errors).",
+            "schema": {"type": ["integer", "null"], "default": api.RetryPolicy.max_retries, "minimum": 0},
+        },
+        "retry_min_wait": {
+            "label": "First retry wait (s)",
+            "description": "Backoff doubles from here, with jitter; a Retry-After header wins.",
+            "schema": {"type": ["number", "null"], "default": api.RetryPolicy.min_wait, "minimum": 0},
+        },
+        "retry_max_wait": {
+            "label": "Longest retry wait (s)",
+            "schema": {"type": ["number", "null"], "default": api.RetryPolicy.max_wait, "minimum": 0},
+        },
+        "ca_bundle": {
+            "label": "CA bundle path",
+            "description": "Path to a CA bundle for TLS verification (verification is always on).",
+            "schema": {"type": ["string", "null"]},
+        },
+    },
+}
 
 
 def get_provider_info() -> dict:
@@ -68,40 +108,7 @@ def get_provider_info() -> dict:
                 "connection-type": "gpumarket",
                 "hook-class-name": "airflow_gpumarket.hooks.gpumarket.GpuMarketHook",
                 "hook-name": "GPU Market",
-                "ui-field-behaviour": {
-                    "hidden-fields": ["schema", "login", "port", "extra"],
-                    "relabeling": {"host": "Base URL", "password": "API key"},
-                    "placeholders": {
-                        "host": "https://api.example.com (or http://127.0.0.1:PORT for the simulator)",
-                        "password": "API key from the web console",
-                    },
-                },
-                "conn-fields": {
-                    "timeout": {
-                        "label": "Request timeout (s)",
-                        "description": "Seconds to wait for each HTTP response.",
-                        "schema": {"type": ["number", "null"], "default": api.REQUEST_TIMEOUT_SECONDS, "minimum": 1},
-                    },
-                    "max_retries": {
-                        "label": "Max retries",
-                        "description": "Retries of a failed read, stop or destroy (429, 5xx, connection errors).",
-                        "schema": {"type": ["integer", "null"], "default": api.RetryPolicy.max_retries, "minimum": 0},
-                    },
-                    "retry_min_wait": {
-                        "label": "First retry wait (s)",
-                        "description": "Backoff doubles from here, with jitter; a Retry-After header wins.",
-                        "schema": {"type": ["number", "null"], "default": api.RetryPolicy.min_wait, "minimum": 0},
-                    },
-                    "retry_max_wait": {
-                        "label": "Longest retry wait (s)",
-                        "schema": {"type": ["number", "null"], "default": api.RetryPolicy.max_wait, "minimum": 0},
-                    },
-                    "ca_bundle": {
-                        "label": "CA bundle path",
-                        "description": "Path to a CA bundle for TLS verification (verification is always on).",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                },
+                **CONNECTION_FORM,
             }
         ],
     }

@@ -123,3 +123,20 @@ def test_every_module_list_names_the_one_declared_integration():
     declared = {i["integration-name"] for i in info["integrations"]}
     used = {entry["integration-name"] for kind in ("hooks", "operators", "sensors", "triggers") for entry in info[kind]}
     assert declared == used == {"GPU Market"}
+
+
+def test_connection_form_reaches_airflow_from_one_declaration_on_2_11_and_3():
+    """Airflow 3.2+ reads the form from the provider info; Airflow 2.11 asks the hook's own methods, which hand it
+    the same declaration (2.11's webserver takes only integer, string, password and boolean fields)."""
+    from airflow.providers_manager import ProvidersManager
+
+    from airflow_gpumarket.get_provider_info import CONNECTION_FORM
+
+    manager = ProvidersManager()
+    behaviour = manager.field_behaviours["gpumarket"]
+    declared = CONNECTION_FORM["ui-field-behaviour"]
+    assert behaviour["hidden_fields"] == declared["hidden-fields"]
+    assert behaviour["relabeling"] == {"host": "Base URL", "password": "API key"}
+    assert behaviour["placeholders"] == declared["placeholders"]
+    extras = {name for name in manager.connection_form_widgets if name.startswith("extra__gpumarket__")}
+    assert extras == {f"extra__gpumarket__{name}" for name in CONNECTION_FORM["conn-fields"]}

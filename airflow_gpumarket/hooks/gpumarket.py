@@ -304,6 +304,42 @@ class GpuMarketHook(_GpuMarketHookBase):
     instance is never re-sent blindly: see :meth:`create_instance`. Results are plain JSON dicts and lists.
     """
 
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """The connection form's hidden, relabelled and hinted fields, for Airflow 2.11's webserver (Airflow 3.2+
+        reads the same declaration from the provider info, ``get_provider_info.CONNECTION_FORM``)."""
+        from airflow_gpumarket.get_provider_info import CONNECTION_FORM
+
+        return {key.replace("-", "_"): value for key, value in CONNECTION_FORM["ui-field-behaviour"].items()}
+
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        """The connection form's extra fields for Airflow 2.11's webserver, built from the provider info's
+        ``conn-fields``. Flask AppBuilder, which Airflow 3 does not install, is imported here only. Both methods
+        are defined on this class itself: Airflow 2.11 does not look for them on a base class."""
+        from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
+        from wtforms import IntegerField, StringField
+        from wtforms.validators import NumberRange, Optional
+
+        from airflow_gpumarket.get_provider_info import CONNECTION_FORM
+
+        widgets = {}
+        for name, spec in CONNECTION_FORM["conn-fields"].items():
+            schema = spec["schema"]
+            validators: list[Any] = [Optional()]
+            field: Any = StringField  # 2.11's form takes no FloatField: a number is text the hook parses and checks
+            if "integer" in schema["type"]:
+                field = IntegerField
+                validators.append(NumberRange(min=schema.get("minimum")))
+            widgets[name] = field(
+                spec["label"],
+                description=spec.get("description", ""),
+                default=schema.get("default"),
+                validators=validators,
+                widget=BS3TextFieldWidget(),
+            )
+        return widgets
+
     @cached_property
     def session(self) -> requests.Session:
         session = requests.Session()
