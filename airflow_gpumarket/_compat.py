@@ -25,6 +25,7 @@ _WHERE = {
     "mask_secret": _COMMON_COMPAT,
     "DecoratedOperator": _COMMON_COMPAT,
     "task_decorator_factory": _COMMON_COMPAT,
+    "AIRFLOW_V_3_0_PLUS": "airflow.providers.common.compat.version_compat",
     "BaseTrigger": "airflow.triggers.base",
     "TriggerEvent": "airflow.triggers.base",
 }

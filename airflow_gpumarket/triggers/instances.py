@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow_gpumarket import api, job_logs, lifecycle
+from airflow_gpumarket import _compat, api, job_logs, lifecycle
 from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
 from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.triggers.poller import Observation, poller_for
@@ -27,7 +27,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     :param max_runtime: seconds the job may run, counted from when this trigger first sees the instance running
         (a restarted trigger counts again; ``deadline`` stays the absolute bound).
     :param destroy_on_kill: destroy the instance when a user marks the deferred task failed or clears it
-        (Airflow 3.3+ calls ``on_kill``); True for operators that rented the instance, False for sensors.
+        (Airflow 3.3+ calls ``on_kill``; on Airflow 2.11 ``cleanup`` finds it out, see there); True for operators
+        that rented the instance, False for sensors.
     :param dph_total: the offer's price, only to log the cost so far.
     :param label: the instance's label as the operator last wrote it (its lease is read from it).
     :param keepalive: keep the label's lease this many seconds ahead, renewing it by a label change every third
@@ -90,6 +91,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.log_interval = log_interval
         self.key_digest = key_digest
         self.resume = resume
+        self._fired = False  # an event was handed to Airflow: the task resumes and owns the instance again
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -218,6 +220,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             await observations.aclose()  # type: ignore[attr-defined]
 
     def _event(self, event: dict[str, Any], watch: lifecycle.Watch) -> TriggerEvent:
+        self._fired = True
         event["instance_id"] = self.instance_id
         if watch.label is not None:
             event["label"] = watch.label  # as renewed: the resumed operator's copy is older
@@ -238,3 +241,44 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             self.log.error("Task killed while deferred, and destroying instance %s failed: %s", self.instance_id, exc)
         finally:
             await hook.aclose()
+
+    async def cleanup(self) -> None:
+        """Airflow 2.11 never calls ``on_kill``; its triggerer calls ``cleanup`` whenever this trigger stops: after
+        its event, when the triggerer stops or hands the trigger to another triggerer, and when the task left the
+        deferred state under it (a user marked it failed or cleared it, or Airflow timed the deferral out). Only
+        the last destroys, told apart by the task instance's state in the metadata database, which 2.11's
+        triggerer reaches. Airflow 3's triggerer has no database: 3.3+ calls ``on_kill`` instead."""
+        if self._fired or not self.destroy_on_kill or _compat.AIRFLOW_V_3_0_PLUS:
+            return
+        ti = getattr(self, "task_instance", None)  # set by 2.11's triggerer
+        if ti is None:
+            return
+        try:
+            state = await asyncio.to_thread(_task_instance_state, ti)
+        except Exception as exc:  # a database hiccup must not destroy a job that is still wanted
+            self.log.warning(
+                "Could not read the state of %s (%s); instance %s left to its lease", ti, exc, self.instance_id
+            )
+            return
+        if state == _DEFERRED:
+            return  # the triggerer stopped or handed the trigger on: the wait goes on elsewhere
+        self.log.warning("The task is no longer deferred (state %s)", state)
+        await self.on_kill()
+
+
+_DEFERRED = "deferred"
+
+
+def _task_instance_state(ti: Any) -> str | None:
+    """The state of the task instance ``ti`` names, read from Airflow 2.11's metadata database (None when the row
+    is gone, as when its DAG run was deleted)."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = (
+            session.query(TaskInstance.state)
+            .filter_by(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=ti.map_index)
+            .one_or_none()
+        )
+    return None if row is None else row[0]

@@ -9,11 +9,13 @@ import inspect
 import re
 import time
 from contextlib import aclosing
+from types import SimpleNamespace
 
 import pytest
 
-from airflow_gpumarket import lifecycle
+from airflow_gpumarket import _compat, lifecycle
 from airflow_gpumarket.exceptions import GpuMarketAuthError, GpuMarketNotFoundError, GpuMarketServerError
+from airflow_gpumarket.triggers import instances as trigger_module
 from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
 
@@ -239,6 +241,84 @@ def test_on_kill_of_a_sensor_trigger_leaves_the_instance_alone(make_trigger, mon
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
     asyncio.run(trigger.on_kill())
     assert hook.destroyed == []
+
+
+AIRFLOW_2 = not _compat.AIRFLOW_V_3_0_PLUS
+TI = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1)
+
+
+@pytest.mark.parametrize(
+    ("state", "destroy_on_kill", "destroyed_on_airflow_2"),
+    [
+        ("failed", True, True),  # a user marked the deferred task failed
+        (None, True, True),  # cleared, or its DAG run deleted
+        ("scheduled", True, True),  # Airflow timed the deferral out: the task resumes into __fail__
+        ("deferred", True, False),  # the triggerer stopped or handed the trigger to another one
+        ("failed", False, False),  # a sensor's trigger: the instance is not the task's
+    ],
+)
+def test_cleanup_destroys_only_when_the_task_left_the_deferred_state_under_it_on_airflow_2(
+    make_trigger, monkeypatch, state, destroy_on_kill, destroyed_on_airflow_2
+):
+    """Airflow 2.11 never calls a trigger's on_kill; Airflow 3 calls cleanup where nothing may be destroyed."""
+    hook = FakeAsyncHook(["running"])
+    trigger = make_trigger(destroy_on_kill=destroy_on_kill)
+    trigger.task_instance = TI  # what 2.11's triggerer sets
+    monkeypatch.setattr(trigger, "_hook", lambda: hook)
+    monkeypatch.setattr(trigger_module, "_task_instance_state", lambda ti: state)
+    asyncio.run(trigger.cleanup())
+    assert hook.destroyed == ([7] if destroyed_on_airflow_2 and AIRFLOW_2 else [])
+
+
+def test_cleanup_after_the_trigger_fired_never_destroys(make_trigger, monkeypatch):
+    """After an event the task instance is scheduled to resume: the instance is the resumed task's again."""
+    hook = FakeAsyncHook(["running"])
+    trigger = make_trigger(destroy_on_kill=True)
+    trigger.task_instance = TI
+    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
+    monkeypatch.setattr(trigger_module, "_task_instance_state", lambda ti: "scheduled")
+    asyncio.run(trigger.cleanup())
+    assert hook.destroyed == []
+
+
+def test_cleanup_leaves_the_instance_to_its_lease_when_the_state_cannot_be_read(make_trigger, monkeypatch):
+    def unreadable(ti):
+        raise RuntimeError("database is locked")
+
+    hook = FakeAsyncHook(["running"])
+    trigger = make_trigger(destroy_on_kill=True)
+    trigger.task_instance = TI
+    monkeypatch.setattr(trigger, "_hook", lambda: hook)
+    monkeypatch.setattr(trigger_module, "_task_instance_state", unreadable)
+    asyncio.run(trigger.cleanup())
+    assert hook.destroyed == []
+
+
+@pytest.mark.skipif(not AIRFLOW_2, reason="Airflow 3's triggerer has no metadata database to read")
+def test_cleanup_reads_the_task_instance_state_from_airflow_2_metadata_database(airflow_db):
+    from datetime import UTC, datetime
+
+    from airflow.models.dag import DAG
+    from airflow.operators.empty import EmptyOperator
+    from airflow.utils.session import create_session
+    from airflow.utils.types import DagRunType
+
+    dag = DAG("gpm_cleanup_state", start_date=datetime(2026, 1, 1, tzinfo=UTC), schedule=None)
+    EmptyOperator(task_id="wait", dag=dag)
+    when = datetime.now(UTC)
+    run = dag.create_dagrun(
+        state="running",
+        run_id=f"r-{when.timestamp()}",
+        execution_date=when,
+        run_type=DagRunType.MANUAL,
+        data_interval=(when, when),
+    )
+    ti = run.get_task_instance("wait")
+    for state in ("deferred", "failed"):
+        with create_session() as session:
+            ti.set_state(state, session=session)
+        assert trigger_module._task_instance_state(ti) == state
+    assert trigger_module._task_instance_state(SimpleNamespace(**{**vars(TI), "dag_id": "no_such_dag"})) is None
 
 
 def test_resume_state_is_returned_in_every_event(make_trigger, monkeypatch):
