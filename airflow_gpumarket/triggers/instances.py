@@ -260,8 +260,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 "Could not read the state of %s (%s); instance %s left to its lease", ti, exc, self.instance_id
             )
             return
-        if state == _DEFERRED:
-            return  # the triggerer stopped or handed the trigger on: the wait goes on elsewhere
+        if state == _DEFERRED:  # the triggerer stopped or handed the trigger on: the wait goes on elsewhere
+            self.log.info("Trigger stopped with the task still deferred: instance %s kept", self.instance_id)
+            return
         self.log.warning("The task is no longer deferred (state %s)", state)
         await self.on_kill()
 

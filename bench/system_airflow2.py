@@ -1,0 +1,192 @@
+"""A real Airflow 2.11 deployment (scheduler and triggerer as separate processes) against the simulator, for the
+one guarantee that works differently there: Airflow 2.11 never calls a trigger's ``on_kill``, so a deferred task
+marked failed is seen by the trigger's ``cleanup``, which must destroy then and only then.
+
+Run with the 2.11 environment: ``make system-airflow2`` (about 2 minutes). Two scenarios side by side:
+
+- ``mark_failed_deferred``: the job defers; the task is marked failed the way 2.11's UI does it
+  (``DAG.set_task_instance_state``); the instance must be destroyed within 30 s.
+- ``triggerer_stop``: the job defers; the triggerer gets SIGTERM (its triggers' ``cleanup`` runs with the task
+  still deferred) and is started again 5 s later; the job must succeed on the instance it had.
+
+SQLite with 2.11's SequentialExecutor (2.11 refuses SQLite with any other executor): enough here, as both tasks
+spend their time deferred. Prints one ``SYS2`` line per scenario and ``SYS2 alive_total``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import requests
+
+BIN = Path(sys.executable).parent
+SPEED = 20
+DAGS = """
+from datetime import datetime
+from airflow.providers.common.compat.sdk import DAG
+from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+
+for name, command in (("mark_failed_deferred", "sleep 600"), ("triggerer_stop", "sleep 45")):
+    with DAG(f"sys2_{name}", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
+        GpuMarketRunJobOperator(task_id="job", offer_filters={"gpu_name": {"eq": f"sys-{name}"}}, image="img",
+                                command=command, deferrable=True, poll_interval=2, retries=0)
+"""
+SCENARIOS = ("mark_failed_deferred", "triggerer_stop")
+
+
+def main() -> int:
+    home = Path(tempfile.mkdtemp(prefix="gpm-system-airflow2-"))
+    (home / "dags").mkdir()
+    (home / "dags" / "sys2_dags.py").write_text(textwrap.dedent(DAGS))
+    world = {
+        "offers": [{"id": 800_000 + n, "gpu_name": f"sys-{name}", "dph_total": 1.0} for n, name in enumerate(SCENARIOS)]
+    }
+    (home / "world.json").write_text(json.dumps(world))
+    processes: dict[str, subprocess.Popen] = {}
+
+    def start(name: str, cmd: list[str], env: dict) -> subprocess.Popen:
+        log = open(home / f"{name}.log", "ab")  # noqa: SIM115 - the process keeps it
+        processes[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return processes[name]
+
+    try:
+        start(
+            "simulator",
+            [
+                str(BIN / "gpumarket-sim"),
+                "--port",
+                "0",
+                "--speed",
+                str(SPEED),
+                "--execute-onstart",
+                "--world",
+                str(home / "world.json"),
+            ],
+            dict(os.environ),
+        )
+        first = _wait_for_line(home / "simulator.log", "listening on")
+        url = next(word for word in first.split() if word.startswith("http://"))
+        conn_uri = first.split("AIRFLOW_CONN_GPUMARKET_DEFAULT=", 1)[1].split()[0]
+        env = {
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # the executor runs `airflow tasks run`
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "SequentialExecutor",
+            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+            "AIRFLOW_CONN_GPUMARKET_DEFAULT": conn_uri,
+        }
+        os.environ.update(env)  # this process reads the same metadata database
+        subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
+        start("scheduler", [str(BIN / "airflow"), "scheduler"], env)
+        start("triggerer", [str(BIN / "airflow"), "triggerer"], env)
+        print(f"SYS2 Airflow home {home}; simulator at {url}", flush=True)
+
+        from airflow.models.dagbag import DagBag
+
+        bag = DagBag(str(home / "dags"), include_examples=False)
+        subprocess.run([str(BIN / "airflow"), "dags", "reserialize"], env=env, check=True, capture_output=True)
+        for name in SCENARIOS:
+            subprocess.run(
+                [str(BIN / "airflow"), "dags", "unpause", f"sys2_{name}"], env=env, check=True, capture_output=True
+            )
+            subprocess.run(
+                [str(BIN / "airflow"), "dags", "trigger", f"sys2_{name}", "-r", "run"],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
+
+        _wait(lambda: all(_state(f"sys2_{n}") == "deferred" for n in SCENARIOS), 180, "both tasks deferred", processes)
+        marked = time.time()
+        from airflow.utils.state import TaskInstanceState
+
+        bag.get_dag("sys2_mark_failed_deferred").set_task_instance_state(
+            task_id="job", run_id="run", state=TaskInstanceState.FAILED
+        )
+        destroyed = _wait(lambda: _destroyed_at(url, "sys-mark_failed_deferred"), 60, "the marked task's destroy")
+        print(
+            f"SYS2 mark_failed_deferred: destroyed {destroyed - marked:.1f} s after the mark (goal: <= 30 s)"
+            if destroyed
+            else "SYS2 mark_failed_deferred: NOT destroyed within 60 s",
+            flush=True,
+        )
+        processes["triggerer"].send_signal(signal.SIGTERM)
+        processes["triggerer"].wait(timeout=60)
+        time.sleep(5)  # the triggerer is down for a moment, as in a rolling restart
+        start("triggerer", [str(BIN / "airflow"), "triggerer"], env)
+
+        outcome = _wait(
+            lambda: _state("sys2_triggerer_stop") in ("success", "failed") and _state("sys2_triggerer_stop"),
+            240,
+            "triggerer_stop's end",
+        )
+        rented = len(_instances(url, "sys-triggerer_stop"))
+        print(f"SYS2 triggerer_stop: task {outcome}, {rented} instance(s) rented (goal: success, 1)", flush=True)
+        alive = [i for i in _instances(url, None) if not i.get("destroyed")]
+        print(f"SYS2 alive_total: {len(alive)} (goal: 0)", flush=True)
+        ok = destroyed and outcome == "success" and rented == 1 and not alive
+        return 0 if ok else 1
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def _wait_for_line(log: Path, text: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in (log.read_text(errors="replace") if log.exists() else "").splitlines():
+            if text in line:
+                return line
+        time.sleep(0.1)
+    raise RuntimeError(f"{text!r} not in {log}")
+
+
+def _wait(condition, timeout: float, what: str, processes: dict | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dead = [name for name, process in (processes or {}).items() if process.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{', '.join(dead)} exited while waiting for {what}; see its log")
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    print(f"SYS2 timed out waiting for {what}", flush=True)
+    return None
+
+
+def _state(dag_id: str) -> str | None:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.query(TaskInstance.state).filter_by(dag_id=dag_id, task_id="job").one_or_none()
+    return None if row is None else row[0]
+
+
+def _instances(url: str, gpu_name: str | None) -> list[dict]:
+    instances = requests.get(f"{url}/_sim/state", timeout=30).json()["instances"]
+    return [i for i in instances if gpu_name is None or i.get("gpu_name") == gpu_name]
+
+
+def _destroyed_at(url: str, gpu_name: str) -> float | None:
+    """Real epoch second of the destroy (the simulator's clock runs SPEED x from its start)."""
+    instances = _instances(url, gpu_name)
+    if not instances or not instances[0].get("destroyed"):
+        return None
+    return time.time()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
