@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install lint typecheck test test-fast test-airflow2 demo bench chaos system system-airflow2 clean
+.PHONY: install lint typecheck test test-fast test-airflow2 demo demo-airflow2 bench chaos system system-airflow2 clean
 
 # The main environment: the Airflow that `make demo`, `make system` and `make chaos` run, and the first leg of the
 # tests. The second leg runs the same tests on the newest Airflow 2.11.x, in a virtual environment of its own.
@@ -51,6 +51,10 @@ test: test-fast test-airflow2
 
 demo: install
 	$(BIN)/python scripts/demo.py
+
+# The same demo on the newest Airflow 2.11.x (its own Airflow home, .airflow/airflow2).
+demo-airflow2: $(VENV2)/.installed
+	$(VENV2)/bin/python scripts/demo.py
 
 # Figures against the embedded simulator, one line each: NAME: value (goal: ...). Not part of `make test`.
 bench: install

@@ -2,12 +2,14 @@
 one guarantee that works differently there: Airflow 2.11 never calls a trigger's ``on_kill``, so a deferred task
 marked failed is seen by the trigger's ``cleanup``, which must destroy then and only then.
 
-Run with the 2.11 environment: ``make system-airflow2`` (about 2 minutes). Two scenarios side by side:
+Run with the 2.11 environment: ``make system-airflow2`` (about 3 minutes). Three scenarios:
 
 - ``mark_failed_deferred``: the job defers; the task is marked failed the way 2.11's UI does it
   (``DAG.set_task_instance_state``); the instance must be destroyed within 30 s.
 - ``triggerer_stop``: the job defers; the triggerer gets SIGTERM (its triggers' ``cleanup`` runs with the task
   still deferred) and is started again 5 s later; the job must succeed on the instance it had.
+- ``lost_worker`` (then, alone): ``kill -9`` of a running job's task processes, ``retries=0``; the failure
+  callback that 2.11's DAG processor runs must destroy the instance within 120 s.
 
 SQLite with 2.11's SequentialExecutor (2.11 refuses SQLite with any other executor): enough here, as both tasks
 spend their time deferred. Prints one ``SYS2`` line per scenario and ``SYS2 alive_total``.
@@ -25,6 +27,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import requests
 
 BIN = Path(sys.executable).parent
@@ -34,12 +37,16 @@ from datetime import datetime
 from airflow.providers.common.compat.sdk import DAG
 from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
 
-for name, command in (("mark_failed_deferred", "sleep 600"), ("triggerer_stop", "sleep 45")):
+for name, command, deferrable in (
+    ("mark_failed_deferred", "sleep 600", True),
+    ("triggerer_stop", "sleep 45", True),
+    ("lost_worker", "sleep 100000", False),
+):
     with DAG(f"sys2_{name}", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
         GpuMarketRunJobOperator(task_id="job", offer_filters={"gpu_name": {"eq": f"sys-{name}"}}, image="img",
-                                command=command, deferrable=True, poll_interval=2, retries=0)
+                                command=command, deferrable=deferrable, poll_interval=2, retries=0)
 """
-SCENARIOS = ("mark_failed_deferred", "triggerer_stop")
+SCENARIOS = ("mark_failed_deferred", "triggerer_stop", "lost_worker")
 
 
 def main() -> int:
@@ -83,6 +90,8 @@ def main() -> int:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "SequentialExecutor",
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+            # 2.11's name for what 3.x calls task_instance_heartbeat_timeout (300 s by default), as in make system
+            "AIRFLOW__SCHEDULER__SCHEDULER_ZOMBIE_TASK_THRESHOLD": "25",
             "AIRFLOW_CONN_GPUMARKET_DEFAULT": conn_uri,
         }
         os.environ.update(env)  # this process reads the same metadata database
@@ -95,18 +104,12 @@ def main() -> int:
 
         bag = DagBag(str(home / "dags"), include_examples=False)
         subprocess.run([str(BIN / "airflow"), "dags", "reserialize"], env=env, check=True, capture_output=True)
-        for name in SCENARIOS:
-            subprocess.run(
-                [str(BIN / "airflow"), "dags", "unpause", f"sys2_{name}"], env=env, check=True, capture_output=True
-            )
-            subprocess.run(
-                [str(BIN / "airflow"), "dags", "trigger", f"sys2_{name}", "-r", "run"],
-                env=env,
-                check=True,
-                capture_output=True,
-            )
+        for name in SCENARIOS[:2]:  # lost_worker holds the SequentialExecutor: it runs once these two are done
+            _trigger(env, name)
 
-        _wait(lambda: all(_state(f"sys2_{n}") == "deferred" for n in SCENARIOS), 180, "both tasks deferred", processes)
+        _wait(
+            lambda: all(_state(f"sys2_{n}") == "deferred" for n in SCENARIOS[:2]), 180, "both tasks deferred", processes
+        )
         marked = time.time()
         from airflow.utils.state import TaskInstanceState
 
@@ -129,17 +132,46 @@ def main() -> int:
             lambda: _state("sys2_triggerer_stop") in ("success", "failed") and _state("sys2_triggerer_stop"),
             240,
             "triggerer_stop's end",
+            processes,
         )
         rented = len(_instances(url, "sys-triggerer_stop"))
         print(f"SYS2 triggerer_stop: task {outcome}, {rented} instance(s) rented (goal: success, 1)", flush=True)
+
+        # The worker lost: kill -9 of `airflow tasks run` and its task process while the job runs; 2.11's scheduler
+        # hears from the executor that the task died and its DAG processor runs the failure callbacks.
+        _trigger(env, "lost_worker")
+        _wait(
+            lambda: [i for i in _instances(url, "sys-lost_worker") if i.get("actual_status") == "running"],
+            180,
+            "lost_worker's instance running",
+            processes,
+        )
+        time.sleep(3)
+        for process in psutil.process_iter(["cmdline"]):
+            if "sys2_lost_worker" in " ".join(process.info["cmdline"] or []):
+                process.kill()
+        killed = time.time()
+        gone = _wait(lambda: _destroyed_at(url, "sys-lost_worker"), 180, "lost_worker's destroy", processes)
+        lost_state = _state("sys2_lost_worker")
+        print(
+            f"SYS2 lost_worker: TI {lost_state}, destroyed {gone - killed:.1f} s after the kill -9 (goal: <= 120 s)"
+            if gone
+            else f"SYS2 lost_worker: TI {lost_state}, NOT destroyed within 180 s of the kill -9",
+            flush=True,
+        )
         alive = [i for i in _instances(url, None) if not i.get("destroyed")]
         print(f"SYS2 alive_total: {len(alive)} (goal: 0)", flush=True)
-        ok = destroyed and outcome == "success" and rented == 1 and not alive
+        ok = destroyed and outcome == "success" and rented == 1 and gone and lost_state == "failed" and not alive
         return 0 if ok else 1
     finally:
         for process in processes.values():
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
+
+
+def _trigger(env: dict, name: str) -> None:
+    for command in (["dags", "unpause", f"sys2_{name}"], ["dags", "trigger", f"sys2_{name}", "-r", "run"]):
+        subprocess.run([str(BIN / "airflow"), *command], env=env, check=True, capture_output=True)
 
 
 def _wait_for_line(log: Path, text: str, timeout: float = 30) -> str:

@@ -1,6 +1,7 @@
 """`make demo`: rent a GPU on the embedded simulator with a real Airflow DAG, run work on it, destroy it.
 
-1. An Airflow home under ./.airflow (ignored by git) with its SQLite database, created on first use.
+1. An Airflow home under ./.airflow (ignored by git; ./.airflow/airflow2 when run with Airflow 2.11, as
+   `make demo-airflow2` does) with its SQLite database, created on first use.
 2. `gpumarket-sim --execute-onstart` on a free loopback port, with its clock sped up.
 3. `airflow dags test example_gpumarket_training` against it.
 4. A summary from the simulator's ledger: offer rented, instance, what the job printed, duration, cost, and the
@@ -16,15 +17,22 @@ import subprocess
 import sys
 import time
 import urllib.request
+from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-AIRFLOW_HOME = ROOT / ".airflow"
+AIRFLOW_2 = version("apache-airflow").startswith("2.")  # `make demo` runs 3.3.2; run from .venv-airflow2 for 2.11
+AIRFLOW_HOME = ROOT / ".airflow" / "airflow2" if AIRFLOW_2 else ROOT / ".airflow"
 DAG_ID = "example_gpumarket_training"
 SPEED = "60"  # simulated seconds per real second: a 1-5 minute boot takes 1-5 seconds
-# A task log line: "2026-01-01T00:00:00.000000Z [info     ] message [logger] loc=..."
-LOG_LINE = re.compile(r"T(?P<time>\d\d:\d\d:\d\d)\.\d+Z \[(?P<level>\w+)\s*\] (?P<message>.*?) \[airflow")
+LOG_LINE = re.compile(
+    # Airflow 2.11: "[2026-01-01T00:00:00.000+0000] {file.py:12} INFO - message"
+    r"\[\d{4}-\d\d-\d\dT(?P<time>\d\d:\d\d:\d\d)\.\d+[+-]\d{4}\] \{[^}]*\} (?P<level>\w+) - (?P<message>.*)"
+    if AIRFLOW_2
+    # Airflow 3: "2026-01-01T00:00:00.000000Z [info     ] message [logger] loc=..."
+    else r"T(?P<time>\d\d:\d\d:\d\d)\.\d+Z \[(?P<level>\w+)\s*\] (?P<message>.*?) \[airflow"
+)
 
 
 def airflow_env(conn_uri: str | None = None) -> dict[str, str]:
@@ -52,9 +60,9 @@ def get_json(url: str) -> dict:
 
 def main() -> int:
     started = time.time()
-    AIRFLOW_HOME.mkdir(exist_ok=True)
+    AIRFLOW_HOME.mkdir(parents=True, exist_ok=True)
     if not (AIRFLOW_HOME / "airflow.db").exists():
-        step("Creating the Airflow metadata database in .airflow/ (first run only)")
+        step(f"Creating the Airflow metadata database in {AIRFLOW_HOME.relative_to(ROOT)}/ (first run only)")
         subprocess.run(
             [str(BIN / "airflow"), "db", "migrate"], env=airflow_env(), check=True, stdout=subprocess.DEVNULL
         )
@@ -84,7 +92,7 @@ def main() -> int:
         interesting = ("Renting offer", "Created instance", "status", "job", "Destroyed", "Failover", "rror")
         for line in log_path.read_text().splitlines():
             match = LOG_LINE.search(line)
-            if match and match["level"] != "debug" and any(word in match["message"] for word in interesting):
+            if match and match["level"].lower() != "debug" and any(word in match["message"] for word in interesting):
                 print(f"    {match['time']}  {match['message']}")
         summary(url, result.returncode, started, log_path)
         alive = [i for i in get_json(f"{url}/_sim/state")["instances"] if not i.get("destroyed")]
