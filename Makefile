@@ -5,16 +5,19 @@ SHELL  := /bin/bash
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
 .PHONY: install lint typecheck test test-fast test-airflow2 demo demo-airflow2 bench chaos system system-airflow2 clean
 
 # The main environment: the Airflow that `make demo`, `make system` and `make chaos` run, and the first leg of the
 # tests. The second leg runs the same tests on the newest Airflow 2.11.x, in a virtual environment of its own.
+# Each stamp names the Airflow version asked for, so `make test AIRFLOW2=2.11.0` installs that one; "newest
+# 2.11.x" is whatever was newest when .venv-airflow2 was made (`make clean` to take a newer one).
 AIRFLOW3  ?= 3.3.2
 AIRFLOW2  ?= 2.11.*
 VENV2     := .venv-airflow2
+STAMP     := $(VENV)/.installed-airflow-$(AIRFLOW3)
+STAMP2    := $(VENV2)/.installed-airflow-$(subst *,x,$(AIRFLOW2))
 PIP_QUIET := --quiet --disable-pip-version-check
 
 $(STAMP): pyproject.toml Makefile
@@ -25,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-$(VENV2)/.installed: pyproject.toml Makefile
+$(STAMP2): pyproject.toml Makefile
 	@test -x $(VENV2)/bin/python || $(PYTHON) -m venv $(VENV2)
 	$(VENV2)/bin/python -m pip install $(PIP_QUIET) --upgrade pip
 	$(VENV2)/bin/python -m pip install $(PIP_QUIET) -e '.[dev]' "apache-airflow==$(AIRFLOW2)"
@@ -43,7 +46,7 @@ test-fast: lint typecheck
 	$(BIN)/pytest
 
 # The simulator's and the official CLI's suites do not import Airflow: the first leg runs them.
-test-airflow2: $(VENV2)/.installed
+test-airflow2: $(STAMP2)
 	@echo "== tests on Airflow $$($(VENV2)/bin/python -c 'import airflow; print(airflow.__version__)')"
 	$(VENV2)/bin/pytest --ignore=tests/simulator --ignore=tests/cli
 
@@ -53,7 +56,7 @@ demo: install
 	$(BIN)/python scripts/demo.py
 
 # The same demo on the newest Airflow 2.11.x (its own Airflow home, .airflow/airflow2).
-demo-airflow2: $(VENV2)/.installed
+demo-airflow2: $(STAMP2)
 	$(VENV2)/bin/python scripts/demo.py
 
 # Figures against the embedded simulator, one line each: NAME: value (goal: ...). Not part of `make test`.
@@ -78,7 +81,7 @@ system: install
 
 # The 2.11 guarantee that works differently there (a deferred task marked failed, seen by the trigger's cleanup),
 # on a real 2.11 scheduler and triggerer: SYS2 lines (bench/system_airflow2.py). Not part of `make test`; ~2 min.
-system-airflow2: $(VENV2)/.installed
+system-airflow2: $(STAMP2)
 	$(VENV2)/bin/python bench/system_airflow2.py
 
 clean:

@@ -25,7 +25,6 @@ _WHERE = {
     "mask_secret": _COMMON_COMPAT,
     "DecoratedOperator": _COMMON_COMPAT,
     "task_decorator_factory": _COMMON_COMPAT,
-    "AIRFLOW_V_3_0_PLUS": "airflow.providers.common.compat.version_compat",
     "BaseTrigger": "airflow.triggers.base",
     "TriggerEvent": "airflow.triggers.base",
 }
@@ -39,3 +38,10 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(_WHERE[name]), name)
     globals()[name] = value
     return value
+
+
+def is_airflow_2() -> bool:
+    """True on Airflow 2 (2.11), where some Airflow 3 features are missing (the README's guarantee table)."""
+    from airflow import __version__
+
+    return __version__.startswith("2.")

@@ -7,7 +7,8 @@ Run with the 2.11 environment: ``make system-airflow2`` (about 3 minutes). Three
 - ``mark_failed_deferred``: the job defers; the task is marked failed the way 2.11's UI does it
   (``DAG.set_task_instance_state``); the instance must be destroyed within 30 s.
 - ``triggerer_stop``: the job defers; the triggerer gets SIGTERM (its triggers' ``cleanup`` runs with the task
-  still deferred) and is started again 5 s later; the job must succeed on the instance it had.
+  still deferred) and is started again 5 s later; the job must run to its end (exit code 0) and succeed on the
+  instance it had.
 - ``lost_worker`` (then, alone): ``kill -9`` of a running job's task processes, ``retries=0``; the failure
   callback that 2.11's DAG processor runs must destroy the instance within 120 s.
 
@@ -134,8 +135,14 @@ def main() -> int:
             "triggerer_stop's end",
             processes,
         )
-        rented = len(_instances(url, "sys-triggerer_stop"))
-        print(f"SYS2 triggerer_stop: task {outcome}, {rented} instance(s) rented (goal: success, 1)", flush=True)
+        rentals = _instances(url, "sys-triggerer_stop")
+        # Gone is success for a job, so a wrong destroy would pass as one: the job itself must have run to its end.
+        exit_code = _onstart_exit_code(url, rentals[0]["id"]) if rentals else None
+        print(
+            f"SYS2 triggerer_stop: task {outcome}, {len(rentals)} instance(s) rented, job exit code {exit_code} "
+            "(goal: success, 1, 0)",
+            flush=True,
+        )
 
         # The worker lost: kill -9 of `airflow tasks run` and its task process while the job runs; 2.11's scheduler
         # hears from the executor that the task died and its DAG processor runs the failure callbacks.
@@ -152,7 +159,8 @@ def main() -> int:
                 process.kill()
         killed = time.time()
         gone = _wait(lambda: _destroyed_at(url, "sys-lost_worker"), 180, "lost_worker's destroy", processes)
-        lost_state = _state("sys2_lost_worker")
+        # The callback runs inside Airflow's failure handling, before the failed state is written.
+        lost_state = _wait(lambda: _state("sys2_lost_worker") == "failed" and "failed", 60, "lost_worker's TI failed")
         print(
             f"SYS2 lost_worker: TI {lost_state}, destroyed {gone - killed:.1f} s after the kill -9 (goal: <= 120 s)"
             if gone
@@ -161,7 +169,15 @@ def main() -> int:
         )
         alive = [i for i in _instances(url, None) if not i.get("destroyed")]
         print(f"SYS2 alive_total: {len(alive)} (goal: 0)", flush=True)
-        ok = destroyed and outcome == "success" and rented == 1 and gone and lost_state == "failed" and not alive
+        ok = (
+            destroyed
+            and outcome == "success"
+            and len(rentals) == 1
+            and exit_code == 0
+            and gone
+            and lost_state == "failed"
+            and not alive
+        )
         return 0 if ok else 1
     finally:
         for process in processes.values():
@@ -212,8 +228,12 @@ def _instances(url: str, gpu_name: str | None) -> list[dict]:
     return [i for i in instances if gpu_name is None or i.get("gpu_name") == gpu_name]
 
 
+def _onstart_exit_code(url: str, instance_id: int) -> int | None:
+    return requests.get(f"{url}/_sim/instances/{instance_id}/onstart", timeout=30).json().get("exit_code")
+
+
 def _destroyed_at(url: str, gpu_name: str) -> float | None:
-    """Real epoch second of the destroy (the simulator's clock runs SPEED x from its start)."""
+    """The time this script first saw the instance destroyed (it looks every 0.5 s), None while it is alive."""
     instances = _instances(url, gpu_name)
     if not instances or not instances[0].get("destroyed"):
         return None

@@ -150,6 +150,9 @@ def test_the_script_is_removed_when_the_wrapper_is_terminated(tmp_path):
     env = {"PATH": os.environ["PATH"], "CONTAINER_ID": "77", "CONTAINER_API_KEY": "k", "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen(["/bin/sh", str(script)], env=env, stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None and proc.stdout.readline() == b"gpumarket: job started\n"
+    # The job's own first line: its process exists, so the signal reaches it too (a job forked just after the
+    # signal would run on, and the wrapper, which runs its trap only once the job ends, with it).
+    assert proc.stdout.readline() == b"started\n"
     assert list(tmp_path.glob("gpumarket-job-*"))
     os.killpg(proc.pid, 15)  # as a stop or destroy of the container ends its processes
     proc.wait(timeout=10)

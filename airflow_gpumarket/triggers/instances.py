@@ -245,41 +245,56 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     async def cleanup(self) -> None:
         """Airflow 2.11 never calls ``on_kill``; its triggerer calls ``cleanup`` whenever this trigger stops: after
         its event, when the triggerer stops or hands the trigger to another triggerer, and when the task left the
-        deferred state under it (a user marked it failed or cleared it, or Airflow timed the deferral out). Only
-        the last destroys, told apart by the task instance's state in the metadata database, which 2.11's
-        triggerer reaches. Airflow 3's triggerer has no database: 3.3+ calls ``on_kill`` instead."""
-        if self._fired or not self.destroy_on_kill or _compat.AIRFLOW_V_3_0_PLUS:
+        deferred state under it. Only a user's doing destroys: the same try of the task instance, read from the
+        metadata database (which 2.11's triggerer reaches), marked failed or cleared (see ``_left_by_a_user``).
+        Airflow 3's triggerer has no database: 3.3+ calls ``on_kill`` instead."""
+        if self._fired or not self.destroy_on_kill or not _compat.is_airflow_2():
             return
         ti = getattr(self, "task_instance", None)  # set by 2.11's triggerer
         if ti is None:
             return
         try:
-            state = await asyncio.to_thread(_task_instance_state, ti)
+            now = await asyncio.to_thread(_task_instance_now, ti)
         except Exception as exc:  # a database hiccup must not destroy a job that is still wanted
             self.log.warning(
                 "Could not read the state of %s (%s); instance %s left to its lease", ti, exc, self.instance_id
             )
             return
-        if state == _DEFERRED:  # the triggerer stopped or handed the trigger on: the wait goes on elsewhere
-            self.log.info("Trigger stopped with the task still deferred: instance %s kept", self.instance_id)
+        if not _left_by_a_user(now, ti.try_number):
+            self.log.info("Trigger stopped, the task goes on (%s): instance %s kept", now, self.instance_id)
             return
-        self.log.warning("The task is no longer deferred (state %s)", state)
+        self.log.warning("The task left the deferred state under its trigger (%s)", now)
         await self.on_kill()
 
 
-_DEFERRED = "deferred"
+#: Task instance states that a user's "mark failed", "mark skipped" or "clear" (None) leaves behind, and "removed"
+#: (the task left the DAG). Not "success": a resumed task that already ended well looks the same, and the
+#: instance it handed over may be a downstream task's (a user's "mark success" is left to the lease).
+_LEFT_BY_A_USER = (None, "failed", "skipped", "removed")
 
 
-def _task_instance_state(ti: Any) -> str | None:
-    """The state of the task instance ``ti`` names, read from Airflow 2.11's metadata database (None when the row
-    is gone, as when its DAG run was deleted)."""
+def _left_by_a_user(now: tuple[str | None, int, str | None] | None, try_number: int) -> bool:
+    """Whether the task instance, as read now (state, try_number, next_method; None: the row is gone), was taken
+    out of the deferred state by a user rather than by Airflow. Airflow moves it on to scheduled, queued or
+    running when an event fires (perhaps another triggerer's copy of this trigger, in an HA hand-over) or the
+    deferral times out (next_method ``__fail__``: the task's own failure path destroys, or a retry adopts); a new
+    try means a clear was followed by a rerun, which adopts the instance by its label."""
+    if now is None:
+        return True  # its DAG run was deleted: nobody will come back for the instance
+    state, now_try, _next_method = now
+    return now_try == try_number and state in _LEFT_BY_A_USER
+
+
+def _task_instance_now(ti: Any) -> tuple[str | None, int, str | None] | None:
+    """State, try number and next method of the task instance ``ti`` names, read from Airflow 2.11's metadata
+    database (None when the row is gone, as when its DAG run was deleted)."""
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
 
     with create_session() as session:
         row = (
-            session.query(TaskInstance.state)
+            session.query(TaskInstance.state, TaskInstance.try_number, TaskInstance.next_method)
             .filter_by(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=ti.map_index)
             .one_or_none()
         )
-    return None if row is None else row[0]
+    return None if row is None else (row[0], row[1], row[2])

@@ -4,6 +4,7 @@ destroys what the task rented."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import re
@@ -243,40 +244,45 @@ def test_on_kill_of_a_sensor_trigger_leaves_the_instance_alone(make_trigger, mon
     assert hook.destroyed == []
 
 
-AIRFLOW_2 = not _compat.AIRFLOW_V_3_0_PLUS
-TI = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1)
+AIRFLOW_2 = _compat.is_airflow_2()
+TI = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=1)
 
 
 @pytest.mark.parametrize(
-    ("state", "destroy_on_kill", "destroyed_on_airflow_2"),
+    ("now", "destroy_on_kill", "destroyed_on_airflow_2"),
     [
-        ("failed", True, True),  # a user marked the deferred task failed
-        (None, True, True),  # cleared, or its DAG run deleted
-        ("scheduled", True, True),  # Airflow timed the deferral out: the task resumes into __fail__
-        ("deferred", True, False),  # the triggerer stopped or handed the trigger to another one
-        ("failed", False, False),  # a sensor's trigger: the instance is not the task's
+        (("failed", 1, "execute_complete"), True, True),  # a user marked the deferred task failed
+        ((None, 1, None), True, True),  # cleared, not yet rerun
+        (None, True, True),  # its DAG run was deleted
+        (("deferred", 1, "execute_complete"), True, False),  # the triggerer stopped or handed the trigger on
+        (("scheduled", 1, "execute_complete"), True, False),  # another triggerer's copy fired (HA hand-over)
+        (("scheduled", 1, "__fail__"), True, False),  # the deferral timed out: the task's failure path has it
+        (("running", 2, None), True, False),  # cleared and rerun: the new try adopts the instance
+        (("failed", 2, None), True, False),  # ... and that try already failed: its own failure path destroyed
+        (("success", 1, "execute_complete"), True, False),  # may be a resumed task that handed the instance over
+        (("failed", 1, "execute_complete"), False, False),  # a sensor's trigger: the instance is not the task's
     ],
 )
-def test_cleanup_destroys_only_when_the_task_left_the_deferred_state_under_it_on_airflow_2(
-    make_trigger, monkeypatch, state, destroy_on_kill, destroyed_on_airflow_2
+def test_cleanup_destroys_only_when_a_user_took_the_task_out_of_deferral_on_airflow_2(
+    make_trigger, monkeypatch, now, destroy_on_kill, destroyed_on_airflow_2
 ):
     """Airflow 2.11 never calls a trigger's on_kill; Airflow 3 calls cleanup where nothing may be destroyed."""
     hook = FakeAsyncHook(["running"])
     trigger = make_trigger(destroy_on_kill=destroy_on_kill)
     trigger.task_instance = TI  # what 2.11's triggerer sets
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
-    monkeypatch.setattr(trigger_module, "_task_instance_state", lambda ti: state)
+    monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: now)
     asyncio.run(trigger.cleanup())
     assert hook.destroyed == ([7] if destroyed_on_airflow_2 and AIRFLOW_2 else [])
 
 
 def test_cleanup_after_the_trigger_fired_never_destroys(make_trigger, monkeypatch):
-    """After an event the task instance is scheduled to resume: the instance is the resumed task's again."""
+    """After an event the task instance resumes: the instance is the task's again, whatever happens next."""
     hook = FakeAsyncHook(["running"])
     trigger = make_trigger(destroy_on_kill=True)
     trigger.task_instance = TI
     assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
-    monkeypatch.setattr(trigger_module, "_task_instance_state", lambda ti: "scheduled")
+    monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: ("failed", 1, "execute_complete"))
     asyncio.run(trigger.cleanup())
     assert hook.destroyed == []
 
@@ -289,13 +295,40 @@ def test_cleanup_leaves_the_instance_to_its_lease_when_the_state_cannot_be_read(
     trigger = make_trigger(destroy_on_kill=True)
     trigger.task_instance = TI
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
-    monkeypatch.setattr(trigger_module, "_task_instance_state", unreadable)
+    monkeypatch.setattr(trigger_module, "_task_instance_now", unreadable)
     asyncio.run(trigger.cleanup())
     assert hook.destroyed == []
 
 
+@pytest.mark.skipif(not AIRFLOW_2, reason="Airflow 3's triggerer never runs a trigger's cleanup this way")
+@pytest.mark.parametrize(("now", "destroyed"), [(("failed", 1, "execute_complete"), [7]), (("deferred", 1, None), [])])
+def test_airflow_2_triggerer_cancelling_a_trigger_runs_its_cleanup(make_trigger, monkeypatch, now, destroyed):
+    """2.11's own TriggerRunner.run_trigger, cancelled as its update loop cancels a trigger whose task instance is
+    no longer deferred (or as a stopping triggerer does): the provider's cleanup runs, with task_instance set."""
+    from airflow.jobs.triggerer_job_runner import TriggerRunner
+
+    hook = FakeAsyncHook(["loading"])  # never running: the trigger waits until it is cancelled
+    trigger = make_trigger(destroy_on_kill=True)
+    monkeypatch.setattr(trigger, "_hook", lambda: hook)
+    monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: now)
+    runner = TriggerRunner()
+    runner.set_trigger_logging_metadata(SimpleNamespace(**vars(TI), trigger_timeout=None), 1, trigger)
+    runner.triggers[1] = {"name": "d/r/t/-1/1 (ID 1)", "events": 0}
+
+    async def run_then_cancel():
+        running = asyncio.create_task(runner.run_trigger(1, trigger))
+        while hook.reads < 3:
+            await asyncio.sleep(0)
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+    asyncio.run(run_then_cancel())
+    assert hook.destroyed == destroyed
+
+
 @pytest.mark.skipif(not AIRFLOW_2, reason="Airflow 3's triggerer has no metadata database to read")
-def test_cleanup_reads_the_task_instance_state_from_airflow_2_metadata_database(airflow_db):
+def test_cleanup_reads_the_task_instance_from_airflow_2_metadata_database(airflow_db):
     from datetime import UTC, datetime
 
     from airflow.models.dag import DAG
@@ -317,8 +350,8 @@ def test_cleanup_reads_the_task_instance_state_from_airflow_2_metadata_database(
     for state in ("deferred", "failed"):
         with create_session() as session:
             ti.set_state(state, session=session)
-        assert trigger_module._task_instance_state(ti) == state
-    assert trigger_module._task_instance_state(SimpleNamespace(**{**vars(TI), "dag_id": "no_such_dag"})) is None
+        assert trigger_module._task_instance_now(ti) == (state, ti.try_number, None)
+    assert trigger_module._task_instance_now(SimpleNamespace(**{**vars(TI), "dag_id": "no_such_dag"})) is None
 
 
 def test_resume_state_is_returned_in_every_event(make_trigger, monkeypatch):
