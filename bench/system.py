@@ -206,6 +206,29 @@ class Simulator:
             return [dict(i) for i in self.instances if i.get("gpu_name") == gpu_name]
 
 
+def start_simulator(processes: Processes, world: Path) -> tuple[Simulator, str]:
+    """`gpumarket-sim --execute-onstart` with ``world``, its clock at SPEED x, started through ``processes``
+    (log: simulator.log in their home): its admin surface and the connection URI it prints."""
+    log = processes.home / "simulator.log"
+    process = processes.start(
+        "simulator",
+        [str(BIN / "gpumarket-sim"), "--port", "0", "--speed", str(SPEED), "--execute-onstart", "--world", str(world)],
+        dict(os.environ),
+        log.name,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        first_line = next((line for line in text.splitlines() if "listening on" in line), None)
+        if first_line is not None:
+            url = next(word for word in first_line.split() if word.startswith("http://"))
+            return Simulator(url), first_line.split("AIRFLOW_CONN_GPUMARKET_DEFAULT=", 1)[1].split()[0]
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)  # the simulator writes its first line within about a second
+    raise RuntimeError(f"gpumarket-sim did not start; see {log}")
+
+
 # --- Airflow -----------------------------------------------------------------------------------------------
 
 
@@ -326,18 +349,8 @@ class Deployment:
 
     def start(self, say: Callable[[str], None]) -> None:
         say(f"Airflow home {self.home}")
-        sim = self.processes.start(
-            "simulator",
-            [str(BIN / "gpumarket-sim"), "--port", "0", "--speed", str(SPEED), "--execute-onstart"]
-            + ["--world", str(self._write_world(self.home / "world.json"))],
-            dict(os.environ),
-            "simulator.log",
-        )
-        first_line = self._first_line(sim, self.home / "simulator.log")
-        url = next(word for word in first_line.split() if word.startswith("http://"))
-        conn_uri = first_line.split("AIRFLOW_CONN_GPUMARKET_DEFAULT=", 1)[1].split()[0]
-        self.sim = Simulator(url)
-        say(f"simulator at {url} (speed {SPEED:g}x)")
+        self.sim, conn_uri = start_simulator(self.processes, self._write_world(self.home / "world.json"))
+        say(f"simulator at {self.sim.url} (speed {SPEED:g}x)")
         self.env = self.airflow_env(conn_uri)
         with open(self.home / "db-migrate.log", "wb") as log:
             subprocess.run(
@@ -365,19 +378,6 @@ class Deployment:
         ]
         path.write_text(json.dumps({"offers": offers}))
         return path
-
-    @staticmethod
-    def _first_line(process: subprocess.Popen, log: Path) -> str:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            text = log.read_text(errors="replace") if log.exists() else ""
-            for line in text.splitlines():
-                if "listening on" in line:
-                    return line
-            if process.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise RuntimeError(f"gpumarket-sim did not start; see {log}")
 
     def wait_ready(self, say: Callable[[str], None], timeout: float = 180) -> None:
         """Until every component reports healthy and the DAG processor has serialized every scenario's DAG."""

@@ -12,8 +12,9 @@ Run with the 2.11 environment: ``make system-airflow2`` (about 3 minutes). Three
 - ``lost_worker`` (then, alone): ``kill -9`` of a running job's task processes, ``retries=0``; the failure
   callback that 2.11's DAG processor runs must destroy the instance within 120 s.
 
-SQLite with 2.11's SequentialExecutor (2.11 refuses SQLite with any other executor): enough here, as both tasks
-spend their time deferred. Prints one ``SYS2`` line per scenario and ``SYS2 alive_total``.
+SQLite with 2.11's SequentialExecutor (2.11 refuses SQLite with any other executor): enough here, as the first
+two tasks spend their time deferred and the third runs alone. Processes, simulator and its admin surface are
+``bench/system.py``'s. Prints one ``SYS2`` line per scenario and ``SYS2 alive_total``.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ import time
 from pathlib import Path
 
 import psutil
-import requests
+from system import BIN, HEARTBEAT_TIMEOUT, Processes, Simulator, start_simulator
 
-BIN = Path(sys.executable).parent
-SPEED = 20
+COMPONENTS = ("scheduler", "triggerer")
+JOB_RUNNING = 3  # seconds the lost worker's job runs before its task processes are killed
+TRIGGERER_DOWN = 5  # seconds between the triggerer's SIGTERM and its restart, as in a rolling restart
 DAGS = """
 from datetime import datetime
 from airflow.providers.common.compat.sdk import DAG
@@ -58,31 +60,9 @@ def main() -> int:
         "offers": [{"id": 800_000 + n, "gpu_name": f"sys-{name}", "dph_total": 1.0} for n, name in enumerate(SCENARIOS)]
     }
     (home / "world.json").write_text(json.dumps(world))
-    processes: dict[str, subprocess.Popen] = {}
-
-    def start(name: str, cmd: list[str], env: dict) -> subprocess.Popen:
-        log = open(home / f"{name}.log", "ab")  # noqa: SIM115 - the process keeps it
-        processes[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        return processes[name]
-
+    processes = Processes(home)
     try:
-        start(
-            "simulator",
-            [
-                str(BIN / "gpumarket-sim"),
-                "--port",
-                "0",
-                "--speed",
-                str(SPEED),
-                "--execute-onstart",
-                "--world",
-                str(home / "world.json"),
-            ],
-            dict(os.environ),
-        )
-        first = _wait_for_line(home / "simulator.log", "listening on")
-        url = next(word for word in first.split() if word.startswith("http://"))
-        conn_uri = first.split("AIRFLOW_CONN_GPUMARKET_DEFAULT=", 1)[1].split()[0]
+        sim, conn_uri = start_simulator(processes, home / "world.json")
         env = {
             **os.environ,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # the executor runs `airflow tasks run`
@@ -92,14 +72,14 @@ def main() -> int:
             "AIRFLOW__CORE__EXECUTOR": "SequentialExecutor",
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
             # 2.11's name for what 3.x calls task_instance_heartbeat_timeout (300 s by default), as in make system
-            "AIRFLOW__SCHEDULER__SCHEDULER_ZOMBIE_TASK_THRESHOLD": "25",
+            "AIRFLOW__SCHEDULER__SCHEDULER_ZOMBIE_TASK_THRESHOLD": str(HEARTBEAT_TIMEOUT),
             "AIRFLOW_CONN_GPUMARKET_DEFAULT": conn_uri,
         }
         os.environ.update(env)  # this process reads the same metadata database
         subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
-        start("scheduler", [str(BIN / "airflow"), "scheduler"], env)
-        start("triggerer", [str(BIN / "airflow"), "triggerer"], env)
-        print(f"SYS2 Airflow home {home}; simulator at {url}", flush=True)
+        for component in COMPONENTS:
+            processes.start(component, [str(BIN / "airflow"), component], env, f"{component}.log")
+        print(f"SYS2 Airflow home {home}; simulator at {sim.url}", flush=True)
 
         from airflow.models.dagbag import DagBag
 
@@ -117,17 +97,18 @@ def main() -> int:
         bag.get_dag("sys2_mark_failed_deferred").set_task_instance_state(
             task_id="job", run_id="run", state=TaskInstanceState.FAILED
         )
-        destroyed = _wait(lambda: _destroyed_at(url, "sys-mark_failed_deferred"), 60, "the marked task's destroy")
+        destroyed = _wait(lambda: _destroyed_at(sim, "sys-mark_failed_deferred"), 60, "the marked task's destroy")
         print(
             f"SYS2 mark_failed_deferred: destroyed {destroyed - marked:.1f} s after the mark (goal: <= 30 s)"
             if destroyed
             else "SYS2 mark_failed_deferred: NOT destroyed within 60 s",
             flush=True,
         )
-        processes["triggerer"].send_signal(signal.SIGTERM)
-        processes["triggerer"].wait(timeout=60)
-        time.sleep(5)  # the triggerer is down for a moment, as in a rolling restart
-        start("triggerer", [str(BIN / "airflow"), "triggerer"], env)
+        triggerer = processes.started["triggerer"]
+        triggerer.send_signal(signal.SIGTERM)
+        triggerer.wait(timeout=60)
+        time.sleep(TRIGGERER_DOWN)
+        processes.start("triggerer", [str(BIN / "airflow"), "triggerer"], env, "triggerer.log")
 
         outcome = _wait(
             lambda: _state("sys2_triggerer_stop") in ("success", "failed") and _state("sys2_triggerer_stop"),
@@ -135,9 +116,9 @@ def main() -> int:
             "triggerer_stop's end",
             processes,
         )
-        rentals = _instances(url, "sys-triggerer_stop")
+        rentals = _instances(sim, "sys-triggerer_stop")
         # Gone is success for a job, so a wrong destroy would pass as one: the job itself must have run to its end.
-        exit_code = _onstart_exit_code(url, rentals[0]["id"]) if rentals else None
+        exit_code = sim.get(f"/_sim/instances/{rentals[0]['id']}/onstart").get("exit_code") if rentals else None
         print(
             f"SYS2 triggerer_stop: task {outcome}, {len(rentals)} instance(s) rented, job exit code {exit_code} "
             "(goal: success, 1, 0)",
@@ -148,17 +129,17 @@ def main() -> int:
         # hears from the executor that the task died and its DAG processor runs the failure callbacks.
         _trigger(env, "lost_worker")
         _wait(
-            lambda: [i for i in _instances(url, "sys-lost_worker") if i.get("actual_status") == "running"],
+            lambda: [i for i in _instances(sim, "sys-lost_worker") if i.get("actual_status") == "running"],
             180,
             "lost_worker's instance running",
             processes,
         )
-        time.sleep(3)
+        time.sleep(JOB_RUNNING)  # the job past its start, as a worker is lost mid-job
         for process in psutil.process_iter(["cmdline"]):
             if "sys2_lost_worker" in " ".join(process.info["cmdline"] or []):
                 process.kill()
         killed = time.time()
-        gone = _wait(lambda: _destroyed_at(url, "sys-lost_worker"), 180, "lost_worker's destroy", processes)
+        gone = _wait(lambda: _destroyed_at(sim, "sys-lost_worker"), 180, "lost_worker's destroy", processes)
         # The callback runs inside Airflow's failure handling, before the failed state is written.
         lost_state = _wait(lambda: _state("sys2_lost_worker") == "failed" and "failed", 60, "lost_worker's TI failed")
         print(
@@ -167,7 +148,7 @@ def main() -> int:
             else f"SYS2 lost_worker: TI {lost_state}, NOT destroyed within 180 s of the kill -9",
             flush=True,
         )
-        alive = [i for i in _instances(url, None) if not i.get("destroyed")]
+        alive = [i for i in _instances(sim, None) if not i.get("destroyed")]
         print(f"SYS2 alive_total: {len(alive)} (goal: 0)", flush=True)
         ok = (
             destroyed
@@ -180,9 +161,7 @@ def main() -> int:
         )
         return 0 if ok else 1
     finally:
-        for process in processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+        processes.stop_all()  # the process groups and what left them (DAG processors, onstart scripts)
 
 
 def _trigger(env: dict, name: str) -> None:
@@ -190,26 +169,16 @@ def _trigger(env: dict, name: str) -> None:
         subprocess.run([str(BIN / "airflow"), *command], env=env, check=True, capture_output=True)
 
 
-def _wait_for_line(log: Path, text: str, timeout: float = 30) -> str:
+def _wait(condition, timeout: float, what: str, processes: Processes | None = None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for line in (log.read_text(errors="replace") if log.exists() else "").splitlines():
-            if text in line:
-                return line
-        time.sleep(0.1)
-    raise RuntimeError(f"{text!r} not in {log}")
-
-
-def _wait(condition, timeout: float, what: str, processes: dict | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        dead = [name for name, process in (processes or {}).items() if process.poll() is not None]
+        dead = processes.died(COMPONENTS + ("simulator",)) if processes else {}
         if dead:
             raise RuntimeError(f"{', '.join(dead)} exited while waiting for {what}; see its log")
         value = condition()
         if value:
             return value
-        time.sleep(0.5)
+        time.sleep(0.5)  # a look every half second: destroy times are read from the simulator's clock
     print(f"SYS2 timed out waiting for {what}", flush=True)
     return None
 
@@ -223,21 +192,16 @@ def _state(dag_id: str) -> str | None:
     return None if row is None else row[0]
 
 
-def _instances(url: str, gpu_name: str | None) -> list[dict]:
-    instances = requests.get(f"{url}/_sim/state", timeout=30).json()["instances"]
-    return [i for i in instances if gpu_name is None or i.get("gpu_name") == gpu_name]
+def _instances(sim: Simulator, gpu_name: str | None) -> list[dict]:
+    return [i for i in sim.refresh() if gpu_name is None or i.get("gpu_name") == gpu_name]
 
 
-def _onstart_exit_code(url: str, instance_id: int) -> int | None:
-    return requests.get(f"{url}/_sim/instances/{instance_id}/onstart", timeout=30).json().get("exit_code")
-
-
-def _destroyed_at(url: str, gpu_name: str) -> float | None:
-    """The time this script first saw the instance destroyed (it looks every 0.5 s), None while it is alive."""
-    instances = _instances(url, gpu_name)
+def _destroyed_at(sim: Simulator, gpu_name: str) -> float | None:
+    """Real epoch second when the simulator destroyed the scenario's instance, None while it is alive."""
+    instances = _instances(sim, gpu_name)
     if not instances or not instances[0].get("destroyed"):
         return None
-    return time.time()
+    return sim.real_time(instances[0]["destroyed_at"])
 
 
 if __name__ == "__main__":
