@@ -248,6 +248,17 @@ AIRFLOW_2 = _compat.is_airflow_2()
 TI = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=1)
 
 
+def _clean_up(trigger, monkeypatch, read_now) -> FakeAsyncHook:
+    """Run the trigger's cleanup as 2.11's triggerer does (task_instance set), its task instance read by
+    ``read_now``: the hook, to see what it destroyed."""
+    hook = FakeAsyncHook(["running"])
+    trigger.task_instance = TI
+    monkeypatch.setattr(trigger, "_hook", lambda: hook)
+    monkeypatch.setattr(trigger_module, "_task_instance_now", read_now)
+    asyncio.run(trigger.cleanup())
+    return hook
+
+
 @pytest.mark.parametrize(
     ("now", "destroy_on_kill", "destroyed_on_airflow_2"),
     [
@@ -267,12 +278,7 @@ def test_cleanup_destroys_only_when_a_user_took_the_task_out_of_deferral_on_airf
     make_trigger, monkeypatch, now, destroy_on_kill, destroyed_on_airflow_2
 ):
     """Airflow 2.11 never calls a trigger's on_kill; Airflow 3 calls cleanup where nothing may be destroyed."""
-    hook = FakeAsyncHook(["running"])
-    trigger = make_trigger(destroy_on_kill=destroy_on_kill)
-    trigger.task_instance = TI  # what 2.11's triggerer sets
-    monkeypatch.setattr(trigger, "_hook", lambda: hook)
-    monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: now)
-    asyncio.run(trigger.cleanup())
+    hook = _clean_up(make_trigger(destroy_on_kill=destroy_on_kill), monkeypatch, lambda ti: now)
     assert hook.destroyed == ([7] if destroyed_on_airflow_2 and AIRFLOW_2 else [])
 
 
@@ -291,13 +297,7 @@ def test_cleanup_leaves_the_instance_to_its_lease_when_the_state_cannot_be_read(
     def unreadable(ti):
         raise RuntimeError("database is locked")
 
-    hook = FakeAsyncHook(["running"])
-    trigger = make_trigger(destroy_on_kill=True)
-    trigger.task_instance = TI
-    monkeypatch.setattr(trigger, "_hook", lambda: hook)
-    monkeypatch.setattr(trigger_module, "_task_instance_now", unreadable)
-    asyncio.run(trigger.cleanup())
-    assert hook.destroyed == []
+    assert _clean_up(make_trigger(destroy_on_kill=True), monkeypatch, unreadable).destroyed == []
 
 
 @pytest.mark.skipif(not AIRFLOW_2, reason="Airflow 3's triggerer never runs a trigger's cleanup this way")
