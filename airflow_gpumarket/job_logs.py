@@ -185,8 +185,15 @@ class LogPump:
         out = [f"{prefix} ... (lines in between were not read: over {self.follower.window} lines since the last read)"]
         return (out if self.follower.skipped else []) + [f"{prefix} {_shown(line)}" for line in new]
 
-    def failed(self, now: float, exc: GpuMarketError) -> str | None:
-        """Take a failed read; the warning to log, or None when the same kind was already reported."""
+    def failed(self, now: float, exc: GpuMarketError, *, final: bool = False) -> str | None:
+        """Take a failed read; the warning to log, or None when the same kind was already reported. The final
+        read (after the job ended) is always reported, with what is lost."""
+        if final:
+            self.off = True
+            return (
+                f"The final read of the log of instance {self.instance_id} failed after retries ({exc}): the job's "
+                "output since the last read and its exit status are lost (the instance is destroyed all the same)"
+            )
         if isinstance(exc, GpuMarketNotFoundError):
             self.off = True
             return (
@@ -205,7 +212,8 @@ class LogPump:
         )
 
     def summary(self) -> dict[str, object]:
-        """What a failure event carries: the last lines read and the exit status the wrapper printed."""
+        """What the event that ends a job carries: the last lines read and the exit status the wrapper printed
+        (None when no status line was read)."""
         tail = [line[:EVENT_LINE_CHARS] for line in self.follower.recent()]
         return {"log_tail": tail, "exit_status": self.follower.exit_status}
 
@@ -219,7 +227,7 @@ def forward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -> None:
             pump.instance_id, tail=pump.follower.window, retry=final, key_digests=pump.key_digests
         )
     except GpuMarketError as exc:
-        _report(pump, log, exc)
+        _report(pump, log, exc, final)
         return
     _emit(pump, log, text, final)
 
@@ -231,13 +239,13 @@ async def aforward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -
             pump.instance_id, tail=pump.follower.window, retry=final, key_digests=pump.key_digests
         )
     except GpuMarketError as exc:
-        _report(pump, log, exc)
+        _report(pump, log, exc, final)
         return
     _emit(pump, log, text, final)
 
 
-def _report(pump: LogPump, log: Any, exc: GpuMarketError) -> None:
-    warning = pump.failed(time.time(), exc)
+def _report(pump: LogPump, log: Any, exc: GpuMarketError, final: bool) -> None:
+    warning = pump.failed(time.time(), exc, final=final)
     if warning:
         log.warning("%s", warning)
 

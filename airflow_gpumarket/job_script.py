@@ -3,16 +3,20 @@
 The service emits no events, but every instance gets a restricted key (``CONTAINER_API_KEY``) that may stop or
 destroy that one instance. The wrapper runs the user's command, then:
 
-- exit status 0 -> destroys its own instance (all billing stops at once);
-- any other status -> stops its own instance (compute billing stops; the operator reads the end of the job's
-  log, then destroys the instance).
+- any exit status -> stops its own instance (compute billing stops at once; disk storage bills until the
+  operator, having read the end of the job's log with every line since its last read and the exit status,
+  destroys the instance a few seconds later);
+- exit status 0 with ``stop_on_success=False`` (the operator reads no log: ``log_interval=0``, or a created
+  instance's command that nobody waits for) -> destroys its own instance (all billing stops at once; its output
+  goes with it).
 
 The command's stdout and stderr both go to the wrapper's output, which the service keeps as the container's log
 (read back through the logs endpoint, see ``airflow_gpumarket.job_logs``); the wrapper's last line before ending
 billing is ``EXIT_STATUS_LINE``, which the operator parses. The command is written to a temporary file that the
 wrapper removes when it ends.
 
-The operator only has to read the outcome: gone = succeeded, stopped = failed. The wrapper keeps the command's
+The operator reads the outcome from the log's status line (with ``stop_on_success=False``: gone = succeeded,
+stopped = failed). The wrapper keeps the command's
 exit status as its own, needs only ``sh`` plus one of curl, python3 or wget, and retries its callback. It assumes
 the instance exposes ``CONTAINER_API_KEY`` (stated by the spec) and ``CONTAINER_ID`` (its own id; assumed, not in
 the spec) to the onstart script. The API key of the account never appears in the script.

@@ -270,6 +270,28 @@ def ends_with_log(event: Mapping[str, Any]) -> bool:
     return event.get("status") in {kind.value for kind in ENDS_WITH_LOG}
 
 
+def with_job_end(event: dict[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
+    """``event`` with what the final read of the job's log found (``job_logs.LogPump.summary``), judged.
+
+    The job wrapper stops its instance whatever the command's exit status when it stops on success (see
+    ``airflow_gpumarket.job_script``), and prints the status first: an instance no longer running whose log
+    ends with exit status 0 is a job that succeeded (whatever the service shows after a stop: the spec does not
+    say, and the live service is reported to show "stopped" or "exited"). Anything else (another status, a host
+    failure or a stop by hand before the command ended, no status line read) stays a failure: an outcome the
+    log does not prove is never reported as a success.
+    """
+    event.update(summary)
+    if event.get("status") == EventKind.JOB_FAILED.value and event.get("exit_status") == 0:
+        event["status"] = EventKind.JOB_SUCCEEDED.value
+    return event
+
+
+def destroyed_itself(event: Mapping[str, Any]) -> bool:
+    """A job that succeeded by destroying its own instance (the wrapper's destroy on success) rather than
+    stopping it: nothing is left to destroy."""
+    return event.get("status") == EventKind.JOB_SUCCEEDED.value and event.get("actual_status") is None
+
+
 def describe_event(event: Mapping[str, Any], instance_id: int) -> str:
     """A sentence for the task log and for exception messages; with the job's exit status and last output lines
     when the event carries them."""
@@ -277,7 +299,11 @@ def describe_event(event: Mapping[str, Any], instance_id: int) -> str:
         kind = event_kind(event)
     except ValueError:
         return f"instance {instance_id}: unexpected event {event!r}"
-    sentence = _sentence(kind, event, instance_id)
+    return with_job_detail(_sentence(kind, event, instance_id), event)
+
+
+def with_job_detail(sentence: str, event: Mapping[str, Any]) -> str:
+    """``sentence`` followed by the job's exit status and last output lines, when the event carries them."""
     tail, status = event.get("log_tail"), event.get("exit_status")
     lines = [str(line) for line in tail] if isinstance(tail, list) else []
     detail = job_logs.failure_detail(lines, status if isinstance(status, int) else None)
@@ -291,9 +317,12 @@ def _sentence(kind: EventKind, event: Mapping[str, Any], instance_id: int) -> st
         EventKind.NEVER_RUNS: f"instance {instance_id} ended in status {status!r}, which never becomes running "
         "(the host failed); it must be destroyed and another offer tried",
         EventKind.GONE: f"instance {instance_id} no longer exists (destroyed)",
-        EventKind.JOB_SUCCEEDED: f"the job on instance {instance_id} exited 0 and the instance destroyed itself",
-        EventKind.JOB_FAILED: f"the job on instance {instance_id} failed: the instance is in status {status!r} "
-        "(the job wrapper stops the instance when the command exits non-zero, or the host failed mid-job)",
+        EventKind.JOB_SUCCEEDED: (
+            f"the job on instance {instance_id} exited 0 and the instance destroyed itself"
+            if status is None
+            else f"the job on instance {instance_id} exited 0 and stopped its instance (compute billing ended)"
+        ),
+        EventKind.JOB_FAILED: _job_failed_sentence(event, instance_id),
         EventKind.BOOT_TIMEOUT: f"instance {instance_id} did not reach running before boot_timeout "
         f"(last status {status!r})",
         EventKind.TIMEOUT: (
@@ -305,6 +334,21 @@ def _sentence(kind: EventKind, event: Mapping[str, Any], instance_id: int) -> st
         EventKind.LEASE_EXPIRED: f"instance {instance_id} is gone, but its lease had expired before (nothing "
         "renewed it), so the reaper may have destroyed it: the job's outcome is unknown",
     }[kind]
+
+
+def _job_failed_sentence(event: Mapping[str, Any], instance_id: int) -> str:
+    status = event.get("actual_status")
+    if "exit_status" in event and event.get("exit_status") is None:
+        return (
+            f"the job on instance {instance_id} ended (the instance is in status {status!r}), but no exit status "
+            "could be read from its log, so it is not reported as a success (the final log read failed, the host "
+            "failed or someone stopped the instance before the command ended, or the service has no logs "
+            "endpoint: set log_interval=0 there)"
+        )
+    return (
+        f"the job on instance {instance_id} failed: the instance is in status {status!r} "
+        "(the job wrapper stops the instance when the command exits non-zero, or the host failed mid-job)"
+    )
 
 
 def format_duration(seconds: float) -> str:

@@ -55,6 +55,7 @@ T = TypeVar("T")
 # The scenarios, in the order they are reported; the DAG file has the same names (system_<name>, sys-<name>).
 GOALS = {
     "deferred_happy": "deferred with no task process, the job's lines in the task log each once, success, 0 alive",
+    "short_job_deferred": "a 3-second deferred job's three lines each once in the task log, success, 0 alive",
     "mark_failed_deferred": "destroyed <= 30 s after the PATCH, 0 alive",
     "mark_failed_running": "destroyed <= 30 s after the PATCH, 0 alive",
     "kill9_retry": "the retry adopts the only instance, success, 0 alive",
@@ -66,7 +67,13 @@ GOALS = {
     "execution_timeout_deferred": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
     "execution_timeout_sync": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
 }
-DEFERRED_SCENARIOS = ("deferred_happy", "mark_failed_deferred", "execution_timeout_deferred", "exit3_deferred")
+DEFERRED_SCENARIOS = (
+    "deferred_happy",
+    "short_job_deferred",
+    "mark_failed_deferred",
+    "execution_timeout_deferred",
+    "exit3_deferred",
+)
 
 
 class Miss(Exception):
@@ -624,12 +631,29 @@ def deferred_happy(s: Scenario) -> None:
     if final != "success":
         raise Miss(f"TI ended {final!r} ({s.describe()})")
     s.wait_all_destroyed()
-    # The trigger read the job's output while it ran: each line once (the last ones may go with the instance,
-    # which destroyed itself on success).
+    # The trigger read the job's output while it ran and once more after it stopped its instance: every line
+    # once, in order.
     ticks = re.findall(r"\[instance \d+\] (tick \d)", s.task_log())
     s.say(f"job lines in the task log: {ticks}")
-    if len(ticks) < 3 or len(set(ticks)) != len(ticks) or ticks != sorted(ticks):
-        raise Miss(f"expected the job's tick lines once each, in order, while it ran; found {ticks}")
+    if ticks != [f"tick {i}" for i in range(1, 9)]:
+        raise Miss(f"expected the job's 8 tick lines once each, in order; found {ticks}")
+
+
+def short_job(s: Scenario) -> None:
+    """A job too short for any read while it runs: its lines come from the final read of the stopped instance."""
+    s.trigger()
+    s.expect_state("success", 180)
+    s.wait_all_destroyed()
+    (instance,) = s.instances()
+    first = re.search(r"^first [0-9a-f]{12}$", s.job_output(instance["id"]), re.M)
+    wanted = [first.group(0) if first else "first ?", "second", "third"]
+    shown = re.findall(r"\[instance \d+\] (first [0-9a-f]{12}|second|third)\b", s.task_log())
+    s.say(
+        f"task log shows {shown}; billed {instance['compute_seconds']:.0f} simulated s of compute, "
+        f"{instance['storage_seconds'] - instance['compute_seconds']:.0f} s of storage only (simulator at {SPEED:g}x)"
+    )
+    if shown != wanted:
+        raise Miss(f"expected {wanted} once each in the task log; found {shown}")
 
 
 def mark_failed(s: Scenario, deferred: bool) -> None:
@@ -729,6 +753,7 @@ def execution_timeout(s: Scenario, deferred: bool) -> None:
 
 SCENARIOS: dict[str, Callable[[Scenario], None]] = {
     "deferred_happy": deferred_happy,
+    "short_job_deferred": short_job,
     "mark_failed_deferred": lambda s: mark_failed(s, deferred=True),
     "mark_failed_running": lambda s: mark_failed(s, deferred=False),
     "kill9_retry": lambda s: kill9(s, retry=True),

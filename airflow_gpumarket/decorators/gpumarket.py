@@ -67,7 +67,6 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
         **GpuMarketRunJobOperator.template_fields_renderers,
         **DecoratedOperator.template_fields_renderers,
     }
-    _stop_on_success = True
 
     def __init__(
         self,
@@ -106,6 +105,9 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             python=self.python,
         )
 
+    def _stops_on_success(self) -> bool:
+        return True  # the return value is read from the log after exit 0, whatever log_interval says
+
     def _job_script(self, base_url: str) -> str | None:
         try:
             return super()._job_script(base_url)
@@ -127,17 +129,20 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
     def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
         assert event is not None  # a job is always waited for
         kind = lifecycle.event_kind(event)
-        if kind is lifecycle.EventKind.JOB_SUCCEEDED:  # stopped after success, so gone means someone destroyed it
+        if lifecycle.destroyed_itself(event):  # stopped after success, so gone means someone destroyed it
             self._instance_id = None
             raise AirflowException(
                 f"instance {rental.instance_id} was destroyed before the function's return value was read from its "
                 "log (by hand, or by the reaper after its lease ran out); the value is lost"
             )
-        if kind is not lifecycle.EventKind.JOB_FAILED:
+        if kind not in (lifecycle.EventKind.JOB_FAILED, lifecycle.EventKind.JOB_SUCCEEDED):
             return super()._complete(context, rental, event)
+        # The wait's final read forwarded the output but keeps no whole marker line: the value is read again.
         text = self._result_log(rental)
         lines = job_logs.split_lines(text, complete_only=False)
         status = job_logs.exit_status(lines)
+        if status is None:
+            status = event.get("exit_status")  # what the wait's final read saw
         found, value = python_job.read_result(text, self._rental_key(context))
         if status == 0 and found:
             self._destroy(rental.instance_id)
@@ -151,8 +156,10 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
                 rental.dph_total,
             )
             return value
-        shown = [line for line in lines if not python_job.is_marker_line(line)]
-        event.update({"log_tail": shown[-job_logs.FAILURE_TAIL_LINES :], "exit_status": status})
+        if text:
+            shown = [line for line in lines if not python_job.is_marker_line(line)]
+            event.update({"log_tail": shown[-job_logs.FAILURE_TAIL_LINES :]})
+        event.update({"status": lifecycle.EventKind.JOB_FAILED.value, "exit_status": status})
         if status == 0:
             self._destroy(rental.instance_id)
             raise AirflowException(

@@ -172,8 +172,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     template_fields_renderers = {"env": "json", "offer_filters": "json", "onstart": "bash", "command": "bash"}
     ui_color = "#c9e7ff"
     _wait_for = lifecycle.WAIT_STATUS
-    #: The job wrapper stops the instance after exit 0 instead of destroying it (its log is read first).
-    _stop_on_success = False
 
     def __init__(
         self,
@@ -264,8 +262,14 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             self.command,  # type: ignore[arg-type]
             base_url=base_url,
             export_env=names,
-            stop_on_success=self._stop_on_success,
+            stop_on_success=self._stops_on_success(),
         )
+
+    def _stops_on_success(self) -> bool:
+        """Whether the job wrapper stops the instance after exit 0 (so the end of its log can be read before this
+        task destroys it) rather than destroying it. Not for a job that nobody here waits for: a created
+        instance's command ends its billing for good (``GpuMarketCreateInstanceOperator``)."""
+        return False
 
     def _validate(self, *, parse_time: bool = False) -> None:
         """Every rule that can be checked. At parse time, fields still holding Jinja are checked after rendering
@@ -534,9 +538,10 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 lifecycle.estimated_cost(rental.dph_total, rental.elapsed(now)),
             )
             if event is not None:
-                if lifecycle.ends_with_log(event) and not pump.off:
-                    job_logs.forward(self.hook, pump, self.log, final=True)
-                    event.update(pump.summary())
+                if lifecycle.ends_with_log(event) and pump.interval > 0:
+                    if not pump.off:
+                        job_logs.forward(self.hook, pump, self.log, final=True)
+                    lifecycle.with_job_end(event, pump.summary())
                 event["instance_id"] = instance_id
                 return event
             if watch.running_since is not None and pump.due(now):
@@ -580,7 +585,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         kind = lifecycle.event_kind(event)
         if kind is lifecycle.EventKind.TIMEOUT and self._execution_timeout_is_binding(context, rental, event):
             self._destroy(rental.instance_id)
-            raise AirflowTaskTimeout(self._timed_out(rental.instance_id))
+            raise AirflowTaskTimeout(lifecycle.with_job_detail(self._timed_out(rental.instance_id), event))
         if kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT):
             sentence = lifecycle.describe_event(event, rental.instance_id)
             self.log.warning("Failover: %s", sentence)
@@ -789,9 +794,12 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
 class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
     """The whole lifecycle in one task: rent, run ``command`` through onstart, wait for it, destroy.
 
-    The command is wrapped (``airflow_gpumarket.job_script``) so the instance ends its own billing when the
-    command exits: destroyed on exit 0 (the task succeeds), stopped otherwise (the task fails). The instance is
-    destroyed in every case before the task ends.
+    The command is wrapped (``airflow_gpumarket.job_script``) so the instance ends its own compute billing when
+    the command exits: it prints its exit status and stops the instance. The task then reads the end of the job's
+    log (every line since the last read reaches the task log, up to ``api.LOG_TAIL_DEFAULT`` lines), destroys the
+    instance, and succeeds when the status read is 0. With ``log_interval=0`` nothing is read: the wrapper destroys
+    the instance after exit 0 (gone = success) and stops it otherwise. The instance is destroyed in every case
+    before the task ends.
 
     :param command: shell commands to run on the instance (templated; required).
     :param max_runtime: the job's own time limit, counted from when the instance is first seen running, which is
@@ -839,10 +847,22 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
     def _limits(self, rental: lifecycle.Rental) -> tuple[float | None, float | None]:
         return rental.created_at + self.boot_timeout + self.max_runtime, self.max_runtime
 
+    def _stops_on_success(self) -> bool:
+        """The wrapper stops the instance after exit 0 and the final read of its log shows every line and the exit
+        status before the destroy. With ``log_interval=0`` nothing reads the log, so the wrapper destroys the
+        instance after exit 0 and "gone" means success (its output goes with it)."""
+        return self.log_interval > 0
+
     def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
         assert event is not None  # a job is always waited for
         succeeded = lifecycle.event_kind(event) is lifecycle.EventKind.JOB_SUCCEEDED
-        if succeeded:
+        if succeeded and lifecycle.destroyed_itself(event) and self._stops_on_success():
+            self._instance_id = None  # the wrapper stops after exit 0 here: somebody else destroyed it first
+            raise AirflowException(
+                f"instance {rental.instance_id} was destroyed before the end of its job could be read (by hand, or "
+                "by the reaper after its lease ran out): the job's outcome and its last output are unknown"
+            )
+        if succeeded and lifecycle.destroyed_itself(event):
             self._instance_id = None  # a 404 proved it: the instance destroyed itself, billing has ended
         else:
             self._destroy(rental.instance_id)

@@ -126,9 +126,10 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
             if watch.running_since is not None and pump.due(now):
                 job_logs.forward(self.hook, pump, self.log)
             return False
-        if lifecycle.ends_with_log(event) and not pump.off:
-            job_logs.forward(self.hook, pump, self.log, final=True)
-            event.update(pump.summary())
+        if lifecycle.ends_with_log(event) and pump.interval > 0:
+            if not pump.off:
+                job_logs.forward(self.hook, pump, self.log, final=True)
+            lifecycle.with_job_end(event, pump.summary())
         event["instance_id"] = instance_id
         return self._conclude(event)
 

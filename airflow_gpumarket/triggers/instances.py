@@ -209,9 +209,10 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                         lifecycle.format_duration(time.time() - started),
                     )
                 if event is not None:
-                    if lifecycle.ends_with_log(event) and not pump.off:
-                        await self._read_job_log(pump, final=True)
-                        event.update(pump.summary())
+                    if lifecycle.ends_with_log(event) and pump.interval > 0:
+                        if not pump.off:
+                            await self._read_job_log(pump, final=True)
+                        lifecycle.with_job_end(event, pump.summary())
                     yield self._event(event, watch)
                     return
                 if watch.running_since is not None and pump.due(time.time()):

@@ -25,10 +25,14 @@ from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
 COMPUTED_THEN_EXIT_3 = 'echo "computed $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo boom >&2; exit 3'
 #: Numbered lines over about 20 s, read every 3 s while the job runs (the task log must show each once).
 TICKS = "for i in 1 2 3 4 5 6 7 8; do echo tick $i; sleep 2.5; done"
+#: A 3-second job that succeeds: no periodic read happens while it runs (default log_interval), so its three lines
+#: reach the task log only through the final read of the stopped instance.
+SHORT = 'echo "first $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo second; sleep 3; echo third'
 
 # name: (deferrable, command, extra operator arguments); bench/system.py has the same names.
 SCENARIOS: dict[str, tuple[bool, str, dict]] = {
     "deferred_happy": (True, TICKS, {"log_interval": 3}),
+    "short_job_deferred": (True, SHORT, {}),
     "mark_failed_deferred": (True, "sleep 600", {}),
     "mark_failed_running": (False, "sleep 600", {}),
     # The job outlasts the heartbeat timeout plus the retry's start, so the retry finds it still running.

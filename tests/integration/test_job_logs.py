@@ -61,6 +61,21 @@ def test_a_running_jobs_lines_reach_the_task_log_while_it_runs_each_once(example
 
 
 @pytest.mark.parametrize("mode", ["sync", "deferred"])
+def test_a_short_successful_jobs_every_line_reaches_the_task_log_before_its_instance_is_destroyed(
+    example_dag, sim, task_log, mode
+):
+    run = example_dag(f"gpm_log_short_{mode}").test()
+    assert run.state == "success"
+    (instance,) = sim.state()["instances"]
+    first = re.search(r"^first [0-9a-f]{12}$", sim.onstart_result(instance["id"])["output"], re.M).group(0)
+    shown = re.findall(rf"\[instance {instance['id']}\] (first [0-9a-f]{{12}}|second|third)\b", task_log())
+    assert shown == [first, "second", "third"]
+    # Compute billing ended with the job (the wrapper's stop); only storage billed until the destroy.
+    assert instance["destroyed"] and instance["storage_seconds"] >= instance["compute_seconds"]
+    assert alive(sim) == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "deferred"])
 def test_a_job_printing_its_instance_key_shows_it_masked(example_dag, sim, task_log, mode):
     """The trigger never holds the instance key: it masks it by digest. The autouse leak check (R3) also scans
     this test's whole output for every key the simulator handed out."""

@@ -70,10 +70,27 @@ def test_job_exiting_non_zero_fails_the_task_and_destroys_the_instance(sim):
     assert alive(sim) == []
 
 
-def test_job_exiting_zero_ends_billing_from_inside_the_instance(sim):
-    result = job(command="echo done").execute(context())
+def test_job_exiting_zero_stops_its_instance_from_inside_and_the_task_destroys_it_after_the_final_read(
+    sim, task_log
+):
+    result = job(command="echo computed 42").execute(context())
     assert result["job_status"] == "succeeded"
-    # The instance destroyed itself with its own key; the operator's destroy then found it already gone.
+    # Compute billing ended with the instance's own key (a stop); the task read the log, then destroyed it.
+    calls = [
+        (r["method"], r["key"], "request_logs" in r["path"])
+        for r in sim.requests()
+        if r["path"].startswith("/api/v0/instances/")
+    ]
+    stop, read, destroy = ("PUT", "instance", False), ("PUT", "account", True), ("DELETE", "account", False)
+    assert stop in calls and calls.index(stop) < calls.index(read) < calls.index(destroy)
+    assert f"[instance {result['instance_id']}] computed 42" in task_log()
+    assert alive(sim) == []
+
+
+def test_with_log_interval_zero_a_job_exiting_zero_destroys_its_own_instance(sim):
+    result = job(command="echo done", log_interval=0).execute(context())
+    assert result["job_status"] == "succeeded"
+    # The instance destroyed itself with its own key; nothing read its log.
     destroys = [r for r in sim.requests() if r["method"] == "DELETE" and r["status"] == 200]
     assert destroys and destroys[0]["key"] == "instance"
     assert alive(sim) == []

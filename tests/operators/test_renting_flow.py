@@ -2,7 +2,8 @@
 
 The simulator tests (tests/integration) run the same paths end to end; these pin down the operator's own decisions
 (which instance, when, with which message) without a server. Each instance has a script of statuses that its
-successive reads return; ``GONE`` means the read and the list agree it no longer exists.
+successive reads return; ``GONE`` means the read and the list agree it no longer exists; ``DONE`` is a job that
+exited 0 and stopped its instance (the job wrapper's way when the task reads the log), its log ending in status 0.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from airflow_gpumarket.operators.instances import (
 )
 
 GONE = "gone"
+DONE = "done"
+EXIT_0 = "gpumarket: job exited with status 0\n"
 
 
 class FakeHook:
@@ -51,7 +54,12 @@ class FakeHook:
 
     def _status(self, instance_id):
         script = self.reads[instance_id]
-        return script.pop(0) if len(script) > 1 else script[0]
+        status = script.pop(0) if len(script) > 1 else script[0]
+        if status == DONE:
+            if not self.log_text.endswith(EXIT_0):
+                self.log_text += EXIT_0
+            return "stopped"
+        return status
 
     def find_instance(self, instance_id):
         if instance_id in self.destroyed:
@@ -96,15 +104,49 @@ def job(hook: FakeHook, **kwargs) -> GpuMarketRunJobOperator:
     return op
 
 
-def test_job_that_exits_zero_succeeds_and_needs_no_destroy():
-    hook = FakeHook({1: [None, "loading", "running", GONE]})
+def test_job_that_exits_zero_succeeds_and_its_stopped_instance_is_destroyed_after_the_final_read(task_log):
+    hook = FakeHook({1: [None, "loading", "running", DONE]})
+    hook.log_text = "gpumarket: job started\nepoch 1\nsaved model.pt\n"
+    destroy = hook.destroy_instance
+    hook.destroy_instance = lambda i: (hook.log_reads.append(("destroy", i)), destroy(i))[1]
     result = job(hook).execute(ctx())
-    assert result["job_status"] == "succeeded" and hook.destroyed == []
+    assert result["job_status"] == "succeeded"
+    assert hook.log_reads == [(1001, False), ("destroy", 1001)] and hook.alive() == []
+    log = task_log()
+    assert "[instance 1001] epoch 1" in log and "[instance 1001] saved model.pt" in log
+
+
+def test_with_log_interval_zero_a_job_that_exits_zero_destroys_itself_and_needs_no_destroy():
+    hook = FakeHook({1: [None, "loading", "running", GONE]})
+    op = job(hook, log_interval=0)
+    assert "m=DELETE" in op._job_script("https://api.example.com")  # the wrapper's destroy on success
+    result = op.execute(ctx())
+    assert result["job_status"] == "succeeded" and hook.destroyed == [] and hook.log_reads == []
+
+
+def test_a_job_stopped_without_a_readable_exit_status_is_not_a_success_and_is_destroyed(task_log):
+    hook = FakeHook({1: ["running", "stopped"]})
+
+    def unreadable(instance_id, **kw):
+        raise GpuMarketServerError("logs: HTTP 503 after retries", status_code=503)
+
+    hook.get_instance_logs = unreadable
+    with pytest.raises(AirflowException, match="no exit status could be read from its log"):
+        job(hook).execute(ctx())
+    assert hook.alive() == []
+    assert "The final read of the log of instance 1001 failed after retries" in task_log()
+
+
+def test_a_job_whose_instance_was_destroyed_by_someone_else_is_not_a_success():
+    hook = FakeHook({1: ["running", GONE]})  # the wrapper stops after exit 0 here: gone is not its doing
+    with pytest.raises(AirflowException, match="destroyed before the end of its job could be read"):
+        job(hook).execute(ctx())
 
 
 def test_job_that_fails_is_destroyed_and_fails_the_task():
     hook = FakeHook({1: ["running", "stopped"]})
-    with pytest.raises(AirflowException, match="failed: the instance is in status 'stopped'"):
+    hook.log_text = "gpumarket: job exited with status 1\n"
+    with pytest.raises(AirflowException, match="failed: the instance is in status 'stopped'.*exit status 1"):
         job(hook).execute(ctx())
     assert hook.destroyed == [1001] and hook.alive() == []
 
@@ -120,17 +162,16 @@ def test_a_failed_job_names_its_exit_status_and_last_lines_read_before_the_destr
 
 
 def test_the_jobs_output_reaches_the_task_log_while_it_runs_each_line_once(task_log):
-    hook = FakeHook({1: ["running", "running", "running", "running", GONE]})
-    texts = iter(["a\n", "a\nb\n", "a\nb\nc\n"])
+    hook = FakeHook({1: ["running", "running", "running", "running", "stopped"]})
+    texts = iter(["a\n", "a\nb\n", "a\nb\nc\n", "a\nb\nc\nd\n" + EXIT_0])
     hook.get_instance_logs = lambda instance_id, **kw: next(texts)
     job(hook, log_interval=0.001).execute(ctx())
-    assert re.findall(r"\[instance 1001\] (\w+)", task_log()) == ["a", "b", "c"]
+    assert re.findall(r"\[instance 1001\] (\w+)", task_log()) == ["a", "b", "c", "d", "gpumarket"]
 
 
-def test_a_succeeded_job_is_not_read_again_and_log_interval_zero_reads_nothing():
+def test_log_interval_zero_reads_nothing_whether_the_job_succeeds_or_fails():
     hook = FakeHook({1: ["running", GONE]})
-    job(hook, log_interval=3600).execute(ctx())
-    assert hook.log_reads == []  # the instance destroyed itself: its log went with it
+    job(hook, log_interval=0).execute(ctx())
     hook = FakeHook({1: ["running", "stopped"]})
     with pytest.raises(AirflowException):
         job(hook, log_interval=0).execute(ctx())
@@ -138,17 +179,17 @@ def test_a_succeeded_job_is_not_read_again_and_log_interval_zero_reads_nothing()
 
 
 def test_the_host_daemons_log_is_read_before_an_instance_that_never_ran_is_given_up():
-    hook = FakeHook({1: [None, "offline"], 2: ["running", GONE]})
+    hook = FakeHook({1: [None, "offline"], 2: ["running", DONE]})
     hook.log_text = "machine 9 is offline\n"
     job(hook).execute(ctx())
-    assert hook.log_reads == [(1001, True)]
+    assert hook.log_reads == [(1001, True), (1002, False)]  # the daemon's log, then the job's final read
 
 
 @pytest.mark.parametrize("fate", ["exited", "unknown", "offline"])
 def test_host_that_never_runs_is_destroyed_before_the_next_offer_is_tried(fate):
-    hook = FakeHook({1: [None, fate], 2: ["running", GONE]})
+    hook = FakeHook({1: [None, fate], 2: ["running", DONE]})
     result = job(hook).execute(ctx())
-    assert result["instance_id"] == 1002 and hook.destroyed == [1001]
+    assert result["instance_id"] == 1002 and hook.destroyed == [1001, 1002]
 
 
 def test_boot_timeout_destroys_and_fails_over_and_the_last_failure_names_every_reason():
@@ -231,7 +272,7 @@ def test_the_worker_renews_the_lease_through_the_label(monkeypatch):
 
     clock = Clock()
     monkeypatch.setattr(instances, "time", clock)
-    hook = FakeHook({1: ["running"] * 12 + [GONE]})
+    hook = FakeHook({1: ["running"] * 12 + [DONE]})
     op = job(hook, keepalive=timedelta(minutes=3), poll_interval=60)
     assert op.execute(ctx())["job_status"] == "succeeded"
     leases = [lifecycle.lease_of(label) for _, label in hook.labels]
@@ -240,7 +281,7 @@ def test_the_worker_renews_the_lease_through_the_label(monkeypatch):
 
 
 def test_retry_adopts_a_running_earlier_instance_and_destroys_the_other_leftovers():
-    hook = FakeHook({1: ["running"], 2: ["running", GONE]})
+    hook = FakeHook({1: ["running"], 2: ["running", DONE]})
     op = job(hook)
     key = op._rental_key(ctx())
     for offer_id in (1, 2):  # two instances of earlier tries (one a duplicate of an ambiguous create)
@@ -249,7 +290,7 @@ def test_retry_adopts_a_running_earlier_instance_and_destroys_the_other_leftover
         instance["actual_status"] = "running"
     result = op.execute(ctx(try_number=2))
     assert result["instance_id"] == 1002  # the newest is kept, the older destroyed
-    assert hook.destroyed == [1001] and len(hook.instances) == 2  # nothing rented anew
+    assert hook.destroyed == [1001, 1002] and len(hook.instances) == 2  # nothing rented anew
 
 
 def fired(deferred: pytest.ExceptionInfo, kind: lifecycle.EventKind, **facts) -> dict:
@@ -273,11 +314,11 @@ def test_a_resumed_job_that_succeeded_reports_its_cost_from_the_rental_in_the_ev
     hook = FakeHook({1: ["running"]})
     with pytest.raises(TaskDeferred) as deferred:
         job(hook, deferrable=True).execute(ctx())
-    hook.destroyed.append(1001)  # the job exited 0: the instance destroyed itself, nothing can be read again
     renewed = lifecycle.make_label("0" * 12, time.time() + 900)
-    event = fired(deferred, lifecycle.EventKind.JOB_SUCCEEDED, label=renewed)
+    event = fired(deferred, lifecycle.EventKind.JOB_SUCCEEDED, label=renewed, actual_status="stopped", exit_status=0)
     result = job(hook, deferrable=True).execute_complete(ctx(), event)
     assert result["job_status"] == "succeeded" and result["dph_total"] == 0.5 and result["offer_id"] == 1
+    assert hook.alive() == []  # the job stopped its instance; the resumed task destroyed it
     assert result["label"] == renewed  # the trigger's latest renewal, not the label written at creation
 
 
@@ -368,3 +409,4 @@ def test_failure_callback_destroys_what_a_lost_worker_of_a_mapped_task_rented(mo
     destroy_rentals_on_failure({"run_id": "run-1", "ti": ti, "task": mapped})
     assert hook.destroyed == [1002]  # map index 1's instance only
     assert used == ["gpu"]  # the connection of the partial() arguments
+

@@ -59,8 +59,13 @@ def test_an_instance_that_disappears_fails_the_wait():
 def test_job_mode_gone_after_running_is_success_and_stopped_is_failure():
     assert pokes(sensor("running", GONE, wait_for_job=True), 2) == [False, True]
     op = sensor("running", "stopped", wait_for_job=True)
+    op.hook.log_text = "gpumarket: job exited with status 1\n"
     assert op.poke({}) is False
     with pytest.raises(AirflowFailException, match="the job on instance 7 failed"):
+        op.poke({})
+    op = sensor("running", "stopped", wait_for_job=True)  # no exit status line: not a success either
+    assert op.poke({}) is False
+    with pytest.raises(AirflowFailException, match="no exit status could be read"):
         op.poke({})
 
 

@@ -171,6 +171,31 @@ def test_job_output_is_forwarded_while_it_runs_and_a_failure_event_has_the_tail(
     assert hook.log_reads[0] == {"tail": 1000, "retry": False, "key_digests": ("cd" * 32,)}
 
 
+def test_a_job_that_stopped_its_instance_after_exit_zero_succeeds_with_every_line_forwarded(
+    make_trigger, monkeypatch, task_log
+):
+    hook = FakeAsyncHook(["running", "stopped"])  # a 3-second job: no read happened while it ran
+    hook.log_texts = ["gpumarket: job started\none\ntwo\nthree\ngpumarket: job exited with status 0\n"]
+    event = _run(make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=30), hook, monkeypatch)
+    assert event["status"] == lifecycle.EventKind.JOB_SUCCEEDED and event["actual_status"] == "stopped"
+    assert event["exit_status"] == 0 and hook.destroyed == []  # the resumed task destroys it
+    assert re.findall(r"\[instance 7\] (one|two|three)", task_log()) == ["one", "two", "three"]
+    assert hook.log_reads == [{"tail": 1000, "retry": True, "key_digests": ()}]
+
+
+def test_an_unreadable_final_log_is_not_a_success_and_says_what_was_lost(make_trigger, monkeypatch, task_log):
+    hook = FakeAsyncHook(["running", "stopped"])
+
+    async def unreadable(instance_id, **kwargs):
+        raise GpuMarketServerError("logs: HTTP 503 after retries", status_code=503)
+
+    hook.get_instance_logs = unreadable
+    event = _run(make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=30), hook, monkeypatch)
+    assert event["status"] == lifecycle.EventKind.JOB_FAILED and event["exit_status"] is None
+    assert "no exit status could be read" in lifecycle.describe_event(event, 7)
+    assert "The final read of the log of instance 7 failed after retries" in task_log()
+
+
 def test_job_output_is_not_read_with_log_interval_zero_nor_after_success(make_trigger, monkeypatch):
     hook = FakeAsyncHook(["running", "stopped"])
     event = _run(make_trigger(wait_for=lifecycle.WAIT_JOB), hook, monkeypatch)

@@ -17,11 +17,14 @@ COMPUTED_THEN_EXIT_3 = 'echo "computed $(od -An -N6 -tx1 /dev/urandom | tr -d " 
 #: A job that prints the instance key, alone and as env prints it (the task log must not show it).
 PRINTS_ITS_KEY = 'env; echo "$CONTAINER_API_KEY"; echo "key: $CONTAINER_API_KEY."; exit 1'
 TICKS_THEN_EXIT_5 = 'for i in 1 2 3 4 5 6 7 8; do echo "tick $i"; sleep 0.25; done; exit 5'
+#: A short job that succeeds before any read while it runs (the default log_interval of 30 s): its lines reach the
+#: task log only through the final read of the instance it stopped.
+SHORT_SUCCESS = 'echo "first $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo second; sleep 1; echo third'
 
 
 def _dag(dag_id: str, **job) -> DAG:
     with DAG(dag_id=dag_id, start_date=datetime(2026, 1, 1), schedule=None, catchup=False) as dag:
-        GpuMarketRunJobOperator(task_id="job", **COMMON, **job)
+        GpuMarketRunJobOperator(task_id="job", **{**COMMON, **job})
     return dag
 
 
@@ -31,3 +34,5 @@ ticks_deferred = _dag("gpm_log_ticks_deferred", command=TICKS_THEN_EXIT_5, defer
 ticks_sync = _dag("gpm_log_ticks_sync", command=TICKS_THEN_EXIT_5, deferrable=False)
 leaky_sync = _dag("gpm_log_leaky_sync", command=PRINTS_ITS_KEY, deferrable=False)
 leaky_deferred = _dag("gpm_log_leaky_deferred", command=PRINTS_ITS_KEY, deferrable=True)
+short_sync = _dag("gpm_log_short_sync", command=SHORT_SUCCESS, deferrable=False, log_interval=30)
+short_deferred = _dag("gpm_log_short_deferred", command=SHORT_SUCCESS, deferrable=True, log_interval=30)
