@@ -410,15 +410,17 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             offer.get("dph_total", "?"),
             label,
         )
+        # Until the answer names the instance, a failure (or on_kill) looks for it by this label: the request may
+        # have made it. Cleared only once the id is held, or the service said no instance was made.
         self._creating_label = label
         try:
             result = self.hook.create_instance(int(offer["id"]), **body)
         except GpuMarketOfferUnavailableError as exc:
+            self._creating_label = None
             self.log.warning("Offer %s is no longer available (%s); trying the next one", offer["id"], exc.msg or exc)
             return None
-        finally:
-            self._creating_label = None
         self._instance_id = int(result["new_contract"])
+        self._creating_label = None
         self.log.info("Created instance %s on offer %s", self._instance_id, offer["id"])
         rental = lifecycle.Rental(
             instance_id=self._instance_id,

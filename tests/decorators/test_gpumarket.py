@@ -80,3 +80,71 @@ def test_the_provider_info_declares_the_decorator():
 
     (entry,) = get_provider_info()["task-decorators"]
     assert entry == {"class-name": "airflow_gpumarket.decorators.gpumarket.gpumarket_task", "name": "gpumarket"}
+
+
+# --- the decorator's own destroys, with a mocked hook (issue 21) ------------------------------------------------
+class LogHook:
+    """Answers every read of an instance's log with ``text``; records destroys."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.destroyed: list[int] = []
+
+    def get_instance_logs(self, instance_id, **kwargs):
+        return self.text
+
+    def destroy_instance(self, instance_id):
+        self.destroyed.append(instance_id)
+        return {"success": True}
+
+
+def _ended(text: str, **event):
+    from types import SimpleNamespace
+
+    from airflow_gpumarket import lifecycle
+
+    with dag():
+        op = gpumarket_task(**COMMON)(train)({"a": 1}).operator
+    hook = LogHook(text)
+    op.__dict__["hook"] = hook
+    context = {"run_id": "run-1", "ti": SimpleNamespace(try_number=1, map_index=-1)}
+    rental = lifecycle.Rental(
+        instance_id=1001, offer_id=1, dph_total=0.5, gpu_name="x", label=None, created_at=0.0
+    )
+    event = {"status": "job_succeeded", "actual_status": "stopped", "exit_status": 0, **event}
+    return op, hook, context, rental, event
+
+
+def _result_line(op, context, value) -> str:
+    import base64
+    import json
+
+    from airflow_gpumarket import python_job
+
+    payload = base64.b64encode(json.dumps(value).encode()).decode()
+    return f"{python_job.marker(op._rental_key(context))} {payload}"
+
+
+def test_a_returned_value_is_read_from_the_stopped_instance_which_is_then_destroyed():
+    op, hook, context, rental, event = _ended("")
+    hook.text = f"{_result_line(op, context, {'rows': 1})}\ngpumarket: job exited with status 0\n"
+    assert op._complete(context, rental, event) == {"rows": 1}
+    assert hook.destroyed == [1001]
+
+
+def test_exit_zero_without_a_readable_return_value_destroys_and_fails():
+    from airflow_gpumarket._compat import AirflowException
+
+    op, hook, context, rental, event = _ended("gpumarket: job exited with status 0\n")
+    with pytest.raises(AirflowException, match="return value could not be read"):
+        op._complete(context, rental, event)
+    assert hook.destroyed == [1001]
+
+
+def test_an_unreadable_log_after_the_wait_saw_exit_zero_is_still_not_a_return_value():
+    from airflow_gpumarket._compat import AirflowException
+
+    op, hook, context, rental, event = _ended("")  # the wait's final read saw status 0; this read gets nothing
+    with pytest.raises(AirflowException, match="return value could not be read"):
+        op._complete(context, rental, event)
+    assert hook.destroyed == [1001]

@@ -410,3 +410,102 @@ def test_failure_callback_destroys_what_a_lost_worker_of_a_mapped_task_rented(mo
     assert hook.destroyed == [1002]  # map index 1's instance only
     assert used == ["gpu"]  # the connection of the partial() arguments
 
+
+# --- destroy paths without a server (issue 21) ------------------------------------------------------------------
+def test_a_create_that_made_an_instance_and_then_failed_destroys_it_through_the_in_flight_guard():
+    """The answer to a create was lost after the server made the instance (the hook's retries gave up): the task
+    fails, and the guard finds the instance by the label it was being created with."""
+    hook = FakeHook({1: ["running"]})
+    create = hook.create_instance
+
+    def made_then_lost(offer_id, **body):
+        create(offer_id, **body)
+        raise GpuMarketServerError("create_instance: HTTP 502 after retries", status_code=502)
+
+    hook.create_instance = made_then_lost
+    with pytest.raises(GpuMarketServerError):
+        job(hook).execute(ctx())
+    assert hook.destroyed == [1001] and hook.alive() == []
+
+
+def test_an_ambiguous_create_destroys_the_duplicate_the_retried_request_left():
+    hook = FakeHook({1: ["running", DONE]})
+    create = hook.create_instance
+
+    def twice(offer_id, **body):
+        create(offer_id, **body)  # the first request landed after all...
+        made = create(offer_id, **body)  # ...and the hook's re-send made a second one
+        return {**made, "ambiguous": True}
+
+    hook.create_instance = twice
+    result = job(hook).execute(ctx())
+    assert result["instance_id"] == 1002 and hook.destroyed[0] == 1001 and hook.alive() == []
+
+
+def test_an_ambiguous_create_sweeps_again_when_the_wait_ends_for_a_duplicate_that_landed_late():
+    hook = FakeHook({1: ["running", DONE], 2: ["running"]})
+    create = hook.create_instance
+    op = job(hook)
+
+    def ambiguous(offer_id, **body):
+        return {**create(offer_id, **body), "ambiguous": True}
+
+    reads = hook.find_instance
+
+    def late_duplicate(instance_id):
+        if len(hook.instances) == 1:  # the delayed first request lands while the job runs
+            create(2, label=hook.instances[1001]["label"])
+        return reads(instance_id)
+
+    hook.create_instance, hook.find_instance = ambiguous, late_duplicate
+    op.execute(ctx())
+    assert 1002 in hook.destroyed and hook.alive() == []
+
+
+def test_airflow_timing_out_a_synchronous_wait_destroys_the_instance():
+    """In the worker, Airflow raises AirflowTaskTimeout inside execute when execution_timeout elapses."""
+    hook = FakeHook({1: ["running"]})
+    reads = iter([{"id": 1001, "actual_status": "running"}])
+
+    def read(instance_id):
+        value = next(reads, None)
+        if value is None:
+            raise AirflowTaskTimeout("Timeout, PID: 1")
+        return value
+
+    hook.find_instance = read
+    with pytest.raises(AirflowTaskTimeout):
+        job(hook, execution_timeout=timedelta(seconds=30)).execute(ctx())
+    assert hook.destroyed == [1001] and hook.alive() == []
+
+
+def test_a_synchronous_wait_that_reaches_a_binding_execution_timeout_destroys_and_names_the_last_lines():
+    hook = FakeHook({1: ["running"]})
+    hook.log_text = "step 41\nstep 42\n"
+    op = job(hook, execution_timeout=timedelta(seconds=30))
+    op._limits = lambda rental: (time.time() - 1, None)  # the wait's own deadline passed...
+    late = ctx()
+    late["ti"].start_date = datetime.now(UTC) - timedelta(seconds=120)  # ...after execution_timeout's
+    with pytest.raises(AirflowTaskTimeout, match="(?s)execution_timeout .* elapsed.*step 42"):
+        op.execute(late)
+    assert hook.destroyed == [1001] and hook.alive() == []
+
+
+def test_deferring_with_no_execution_time_left_destroys_instead_of_deferring():
+    hook = FakeHook({1: ["running"]})
+    late = ctx()
+    late["ti"].start_date = datetime.now(UTC) - timedelta(seconds=120)  # the try began 2 minutes ago
+    with pytest.raises(AirflowTaskTimeout, match="execution_timeout"):
+        job(hook, deferrable=True, execution_timeout=timedelta(seconds=60)).execute(late)
+    assert hook.destroyed == [1001] and hook.alive() == []
+
+
+def test_a_deferred_execution_timeout_names_the_jobs_last_lines():
+    hook = FakeHook({1: ["running"]})
+    op = job(hook, deferrable=True, execution_timeout=timedelta(seconds=60))
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx())
+    event = fired(deferred, lifecycle.EventKind.TIMEOUT, actual_status="running", log_tail=["epoch 7 of 9"])
+    with pytest.raises(AirflowTaskTimeout, match="(?s)execution_timeout .* elapsed.*epoch 7 of 9"):
+        job(hook, deferrable=True, execution_timeout=timedelta(seconds=60)).execute_complete(ctx(), event)
+    assert hook.alive() == []
