@@ -45,7 +45,7 @@ END_BILLING_TIMEOUT_SECONDS = 30
 
 _TEMPLATE = """#!/bin/sh
 # airflow-provider-gpumarket job wrapper: run the command, then end billing from inside the instance.
-# exit 0 -> destroy this instance (or stop it when its log carries a result); other exit status -> stop it.
+# exit 0 -> stop this instance (destroy it when nobody reads its log); other exit status -> stop it.
 GPM_URL='{url}'"$CONTAINER_ID/"
 GPM_JOB="${{TMPDIR:-/tmp}}/gpumarket-job-$$.sh"
 trap 'rm -f "$GPM_JOB"' EXIT
@@ -83,7 +83,8 @@ exit "$rc"
 
 
 #: What the wrapper does after exit 0: destroy the instance, or (``stop_on_success``) stop it so that its log can
-#: still be read (the Python job's return value travels there) before the operator destroys it.
+#: still be read (every line since the last read, the exit status, a Python job's return value) before the operator
+#: destroys it.
 _DESTROY = "m=DELETE; b=''"
 _STOP = 'm=PUT; b=\'{"state":"stopped"}\''
 
