@@ -1,10 +1,12 @@
 """`make system`: a system test of a real Airflow 3 deployment against the embedded simulator.
 
-1. A fresh Airflow home under .airflow/system-<time> (ignored by git): SQLite, LocalExecutor, DAGs from
-   bench/system_dags, short heartbeat/trigger timeouts so the failure scenarios are quick.
+1. A fresh Airflow home under .airflow/system-<time> (ignored by git): PostgreSQL (bench/postgres.py, a
+   throwaway server on a loopback port), LocalExecutor, DAGs from bench/system_dags, short heartbeat/trigger
+   timeouts so the failure scenarios are quick.
 2. `gpumarket-sim --execute-onstart` (its own process, clock at SPEED x), then `airflow api-server`, `scheduler`,
    `dag-processor` and `triggerer`, each in its own process group, logging to files in the Airflow home.
-3. Nine scenarios, one DAG each (bench/system_dags/system_dags.py), run concurrently where they do not interfere
+3. The scenarios (GOALS below; `--scenarios a,b` runs some of them), one DAG each
+   (bench/system_dags/system_dags.py), run concurrently where they do not interfere
    (triggerer_restart waits until no other scenario is deferred). Each rents only its own `sys-<scenario>` offers.
    They are driven through the api-server's REST API v2 (trigger, read the task instance, mark it failed), `ps`
    (psutil) to find and kill task processes, and the simulator's admin surface `/_sim/...`.
@@ -12,11 +14,16 @@
    `SYS alive_total: N (goal: 0)`. Nothing is destroyed by this script: it counts what is alive, stops the
    processes it started (also on failure or Ctrl-C), and exits non-zero if any scenario missed its goal.
 
-    python bench/system.py
+    python bench/system.py                       # every scenario (make system)
+    python bench/system.py --scenarios mark_failed_deferred,triggerer_restart
+
+The Airflow is the one of the Python that runs the script: `make system-airflow32` runs the deferred scenarios
+with Airflow 3.2, whose triggerer calls a trigger's cleanup and never its on_kill.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -37,13 +44,13 @@ from typing import Any, TypeVar
 
 import psutil
 import requests
+from postgres import Postgres
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 DAGS_FOLDER = ROOT / "bench" / "system_dags"
 SPEED = 20.0  # simulated seconds per real second: a 60-300 s boot takes 3-15 real seconds
 HEARTBEAT_TIMEOUT = 25  # [scheduler] task_instance_heartbeat_timeout, seconds
-SQLITE_BUSY_TIMEOUT = 60  # seconds an Airflow process waits for SQLite's write lock before failing
 SUPERVISE_INTERVAL = 2.0  # seconds between two looks for components that died on their own
 EXECUTION_TIMEOUT = 25  # the execution_timeout of the execution_timeout_* DAGs, seconds
 TRIGGERER_DOWN = 10  # seconds between killing the triggerer and starting a new one
@@ -302,6 +309,7 @@ class Deployment:
         self.sim: Simulator | None = None
         self.api = AirflowApi(f"http://127.0.0.1:{self.api_port}")
         self.restarts: list[str] = []  # components that died on their own and were restarted
+        self.postgres = Postgres(self.home / "postgres.log")
 
     def airflow_env(self, conn_uri: str) -> dict[str, str]:
         # Nothing Airflow-related leaks in from the caller's environment: the deployment is the same everywhere.
@@ -334,13 +342,9 @@ class Deployment:
             AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
             AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="15",
             AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES="1",
-            # SQLite lets one writer at a time; the driver's 5 s wait for the lock is too short on a busy 2-core
-            # machine (the scheduler then dies with "database is locked").
-            AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS="gpumarket_system_settings.SQLITE_CONNECT_ARGS",
-            PYTHONPATH=os.pathsep.join(filter(None, [str(self.home), os.environ.get("PYTHONPATH")])),
-        )
-        (self.home / "gpumarket_system_settings.py").write_text(
-            f"SQLITE_CONNECT_ARGS = {{'timeout': {SQLITE_BUSY_TIMEOUT}}}\n"
+            # PostgreSQL, as production runs it: SQLite's single write lock stalled whole runs (the api-server
+            # stopped answering for minutes while a writer held it).
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=self.postgres.url,
         )
         return env
 
@@ -358,6 +362,9 @@ class Deployment:
         say(f"Airflow home {self.home}")
         self.sim, conn_uri = start_simulator(self.processes, self._write_world(self.home / "world.json"))
         say(f"simulator at {self.sim.url} (speed {SPEED:g}x)")
+        self.postgres.start()
+        pg = self.postgres
+        say(f"PostgreSQL {pg.bin.parent.name} at 127.0.0.1:{pg.port}, data in {pg.root}")
         self.env = self.airflow_env(conn_uri)
         with open(self.home / "db-migrate.log", "wb") as log:
             subprocess.run(
@@ -508,6 +515,20 @@ class Scenario:
         folder = self.h.deployment.home / "logs" / f"dag_id={self.dag_id}" / f"run_id={self.run_id}" / "task_id=job"
         return "".join(path.read_text(errors="replace") for path in sorted(folder.rglob("*")) if path.is_file())
 
+    def task_messages(self) -> str:
+        """The messages of the task's log lines in time order, one per line (Airflow 3 writes JSON lines): a job
+        line the task log shows is a whole message, not a piece of a longer one such as the trigger's event, which
+        Airflow logs whole with the lines it carries."""
+        timed = []  # (timestamp, message): the worker's and the triggerer's files merged in time, as the UI shows them
+        for line in self.task_log().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                timed.append((str(record.get("timestamp", "")), str(record.get("event", ""))))
+        return "\n".join(message for _, message in sorted(timed, key=lambda pair: pair[0]))
+
     def job_output(self, instance_id: int) -> str:
         return self.h.sim.get(f"/_sim/instances/{instance_id}/onstart").get("output") or ""
 
@@ -633,7 +654,7 @@ def deferred_happy(s: Scenario) -> None:
     s.wait_all_destroyed()
     # The trigger read the job's output while it ran and once more after it stopped its instance: every line
     # once, in order.
-    ticks = re.findall(r"\[instance \d+\] (tick \d)", s.task_log())
+    ticks = re.findall(r"^\[instance \d+\] (tick \d)$", s.task_messages(), re.M)
     s.say(f"job lines in the task log: {ticks}")
     if ticks != [f"tick {i}" for i in range(1, 9)]:
         raise Miss(f"expected the job's 8 tick lines once each, in order; found {ticks}")
@@ -647,7 +668,7 @@ def short_job(s: Scenario) -> None:
     (instance,) = s.instances()
     first = re.search(r"^first [0-9a-f]{12}$", s.job_output(instance["id"]), re.M)
     wanted = [first.group(0) if first else "first ?", "second", "third"]
-    shown = re.findall(r"\[instance \d+\] (first [0-9a-f]{12}|second|third)\b", s.task_log())
+    shown = re.findall(r"^\[instance \d+\] (first [0-9a-f]{12}|second|third)$", s.task_messages(), re.M)
     s.say(
         f"task log shows {shown}; billed {instance['compute_seconds']:.0f} simulated s of compute, "
         f"{instance['storage_seconds'] - instance['compute_seconds']:.0f} s of storage only (simulator at {SPEED:g}x)"
@@ -693,7 +714,7 @@ def kill9(s: Scenario, retry: bool) -> None:
 
 def triggerer_restart(s: Scenario) -> None:
     for other in DEFERRED_SCENARIOS:  # killing the triggerer would disturb their deferred tasks
-        while s.h.threads[other].is_alive():
+        while other in s.h.threads and s.h.threads[other].is_alive():
             if s.h.stop.is_set():
                 raise Interrupted()
             if time.time() > s.h.deadline:
@@ -772,13 +793,13 @@ assert list(SCENARIOS) == list(GOALS)
 
 
 class Harness:
-    def __init__(self) -> None:
+    def __init__(self, names: list[str]) -> None:
         self.started = time.time()
         self.deadline = self.started + RUN_BUDGET
         self.stop = threading.Event()
         self.print_lock = threading.Lock()
         self.deployment = Deployment()
-        self.scenarios = {name: Scenario(name, self) for name in SCENARIOS}
+        self.scenarios = {name: Scenario(name, self) for name in names}
         self.threads: dict[str, threading.Thread] = {}
         self.quiet = False
 
@@ -891,12 +912,24 @@ class Harness:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--scenarios",
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        default=list(SCENARIOS),
+        help=f"comma-separated names, of: {', '.join(SCENARIOS)} (default: all)",
+    )
+    names = parser.parse_args().scenarios
+    unknown = [name for name in names if name not in SCENARIOS]
+    if unknown:
+        parser.error(f"--scenarios: no scenario named {', '.join(unknown)}; the names are {', '.join(SCENARIOS)}")
+
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored (`cmd &`)
-    harness = Harness()
+    harness = Harness(names)
     ok = False
     try:
         harness.run()
@@ -920,6 +953,7 @@ def main() -> int:
                 harness.where_the_logs_are()
         finally:
             harness.deployment.processes.stop_all()
+            harness.deployment.postgres.stop()
     return 0 if ok else 1
 
 
