@@ -9,6 +9,7 @@ the trigger or hook bases.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 
 _COMMON_COMPAT = "airflow.providers.common.compat.sdk"
@@ -40,8 +41,20 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def is_airflow_2() -> bool:
-    """True on Airflow 2 (2.11), where some Airflow 3 features are missing (the README's guarantee table)."""
+def airflow_version() -> tuple[int, int]:
+    """The running Airflow's major and minor version, e.g. (3, 2)."""
     from airflow import __version__
 
-    return __version__.startswith("2.")
+    major, minor = re.findall(r"\d+", __version__)[:2]  # "3.1.0rc1" -> (3, 1)
+    return int(major), int(minor)
+
+
+def is_airflow_2() -> bool:
+    """True on Airflow 2 (2.11), where some Airflow 3 features are missing (the README's guarantee table)."""
+    return airflow_version()[0] == 2
+
+
+def triggerer_calls_on_kill() -> bool:
+    """True from Airflow 3.3, whose triggerer calls a trigger's ``on_kill`` when a user marks its deferred task
+    failed or clears it. Before, only ``cleanup`` runs, for that and for every other reason a trigger stops."""
+    return airflow_version() >= (3, 3)

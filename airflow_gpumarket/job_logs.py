@@ -166,6 +166,15 @@ class LogPump:
         self._wait = interval
         self._next_at: float | None = None
         self._warned = False
+        self._began_running: bool | None = None  # whether the first status this wait read was running
+        self._said_repeats = False
+
+    def began(self, running: bool) -> None:
+        """Take a status this wait read; only the first counts. A job already running then (this wait resumed on
+        another triggerer, or a retry took the instance over) has printed lines that may have been shown before:
+        nothing records which, so the first read says how many of its lines may repeat."""
+        if self._began_running is None:
+            self._began_running = running
 
     def due(self, now: float) -> bool:
         """True when a read should be made now; the first is due one interval after the first call (the job
@@ -182,8 +191,21 @@ class LogPump:
         self._next_at = now + self._wait
         new = self.follower.take(split_lines(text, complete_only=not final))
         prefix = f"[instance {self.instance_id}]"
-        out = [f"{prefix} ... (lines in between were not read: over {self.follower.window} lines since the last read)"]
-        return (out if self.follower.skipped else []) + [f"{prefix} {_shown(line)}" for line in new]
+        out = [f"{prefix} {_shown(line)}" for line in new]
+        if self.follower.skipped:
+            out.insert(
+                0,
+                f"{prefix} ... (lines in between were not read: over {self.follower.window} lines since the last read)",
+            )
+        if new and self._began_running and not self._said_repeats:
+            self._said_repeats = True
+            out.insert(
+                0,
+                f"{prefix} (this wait found the job already running: after a triggerer restart or a retry that took "
+                f"the instance over, the {len(new)} lines below, the log as it stood then, may repeat lines shown "
+                "before)",
+            )
+        return out
 
     def failed(self, now: float, exc: GpuMarketError, *, final: bool = False) -> str | None:
         """Take a failed read; the warning to log, or None when the same kind was already reported. The final
@@ -232,16 +254,42 @@ def forward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -> None:
     _emit(pump, log, text, final)
 
 
-async def aforward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -> None:
-    """The async twin of ``forward``, for the trigger."""
+async def aforward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -> list[str]:
+    """The async twin of ``forward``, for the trigger, with one difference: the lines of the ``final`` read are
+    returned instead of logged, for the event (see ``held_for_the_task``). Airflow (3.2 and 3.3 alike) closes a
+    trigger's log file when the trigger reports itself finished, which races with the lines it logged just
+    before: the last read's lines were seen lost in a real deployment. The resumed task logs them itself."""
     try:
         text = await hook.get_instance_logs(
             pump.instance_id, tail=pump.follower.window, retry=final, key_digests=pump.key_digests
         )
     except GpuMarketError as exc:
         _report(pump, log, exc, final)
-        return
+        return []
+    if final:
+        return pump.read(time.time(), text, final=True)
     _emit(pump, log, text, final)
+    return []
+
+
+#: Lines of a trigger's final read that its event carries to the resumed task at most (each cut to
+#: ``EVENT_LINE_CHARS``); of more, the last ones, after a line that says how many were left out.
+EVENT_FINAL_LINES = 200
+
+
+def held_for_the_task(lines: Sequence[str], instance_id: int) -> list[str]:
+    """The task-log lines of a trigger's final read as its event carries them: at most ``EVENT_FINAL_LINES``."""
+    kept = [line[:EVENT_LINE_CHARS] for line in lines[-EVENT_FINAL_LINES:]]
+    left_out = len(lines) - len(kept)
+    if left_out:
+        kept.insert(0, f"[instance {instance_id}] ... ({left_out} earlier lines of the last read not shown)")
+    return kept
+
+
+def show_held(event: dict[str, Any], log: Any) -> None:
+    """Log, in the resumed task, the lines a trigger's final read held for it (``held_for_the_task``)."""
+    for line in event.pop("final_lines", None) or ():
+        log.info("%s", line)
 
 
 def _report(pump: LogPump, log: Any, exc: GpuMarketError, final: bool) -> None:

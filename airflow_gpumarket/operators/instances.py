@@ -353,7 +353,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             if rental.instance_id != instance_id:
                 raise AirflowException(f"Unexpected trigger event for instance {rental.instance_id}: {event!r}")
             rental.label = event.get("label") or rental.label  # the trigger's renewals came later
-            return self._finish(context, rental, dict(event))
+            event = dict(event)
+            job_logs.show_held(event, self.log)
+            return self._finish(context, rental, event)
 
     def _destroy_rentals_of_this_task(self, context: Any, reason: BaseException | str) -> None:
         for instance in lifecycle.rentals_of(self.hook.list_instances(), self._rental_key(context)):
@@ -522,6 +524,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             self._stop_if_killed(instance_id)  # on_kill ran during the read: "gone" would not be the job's doing
             if instance is not None:
                 rental.ssh_host = rental.ssh_host or instance.get("ssh_host")
+                pump.began(instance.get("actual_status") == api.STATUS_RUNNING)
                 self._renew_lease(rental, watch)
             now = time.time()
             event = watch.observe(

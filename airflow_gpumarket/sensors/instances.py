@@ -134,6 +134,8 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         return self._conclude(event)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        event = dict(event)
+        job_logs.show_held(event, self.log)
         return self._conclude(event)
 
     def _conclude(self, event: dict[str, Any]) -> bool:

@@ -12,6 +12,9 @@ from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
 from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.triggers.poller import Observation, poller_for
 
+#: Seconds ``cleanup`` waits for the task instance's state before leaving the instance to its lease.
+STATE_READ_TIMEOUT = 15
+
 
 class GpuMarketInstanceStatusTrigger(BaseTrigger):
     """Poll one instance until a status is reached, it can never be reached, or the job on it ends.
@@ -27,7 +30,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     :param max_runtime: seconds the job may run, counted from when this trigger first sees the instance running
         (a restarted trigger counts again; ``deadline`` stays the absolute bound).
     :param destroy_on_kill: destroy the instance when a user marks the deferred task failed or clears it
-        (Airflow 3.3+ calls ``on_kill``; on Airflow 2.11 ``cleanup`` finds it out, see there); True for operators
+        (Airflow 3.3+ calls ``on_kill``; before 3.3 ``cleanup`` finds it out, see there); True for operators
         that rented the instance, False for sensors.
     :param dph_total: the offer's price, only to log the cost so far.
     :param label: the instance's label as the operator last wrote it (its lease is read from it).
@@ -174,10 +177,10 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             await hook.aclose()
         watch.label = renewed
 
-    async def _read_job_log(self, pump: job_logs.LogPump, *, final: bool = False) -> None:
+    async def _read_job_log(self, pump: job_logs.LogPump, *, final: bool = False) -> list[str]:
         hook = self._hook()
         try:
-            await job_logs.aforward(hook, pump, self.log, final=final)
+            return await job_logs.aforward(hook, pump, self.log, final=final)
         finally:
             await hook.aclose()
 
@@ -199,6 +202,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                         "Reading instance %s failed after retries (%s); still polling", self.instance_id, seen.error
                     )
                 elif not seen.gone:
+                    pump.began(seen.status == api.STATUS_RUNNING)
                     await self._renew_lease(watch)
                 event = watch.observe(time.time(), status=seen.status, gone=seen.gone, unread=seen.error is not None)
                 if watch.changed:
@@ -211,7 +215,15 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 if event is not None:
                     if lifecycle.ends_with_log(event) and pump.interval > 0:
                         if not pump.off:
-                            await self._read_job_log(pump, final=True)
+                            final_lines = await self._read_job_log(pump, final=True)
+                            if final_lines:
+                                self.log.info(
+                                    "The last read of the log of instance %s found %d new lines: the resumed task "
+                                    "shows them",
+                                    self.instance_id,
+                                    len(final_lines),
+                                )
+                                event["final_lines"] = job_logs.held_for_the_task(final_lines, self.instance_id)
                         lifecycle.with_job_end(event, pump.summary())
                     yield self._event(event, watch)
                     return
@@ -244,21 +256,30 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             await hook.aclose()
 
     async def cleanup(self) -> None:
-        """Airflow 2.11 never calls ``on_kill``; its triggerer calls ``cleanup`` whenever this trigger stops: after
-        its event, when the triggerer stops or hands the trigger to another triggerer, and when the task left the
-        deferred state under it. Only a user's doing destroys: the same try of the task instance, read from the
-        metadata database (which 2.11's triggerer reaches), marked failed or cleared (see ``_left_by_a_user``).
-        Airflow 3's triggerer has no database: 3.3+ calls ``on_kill`` instead."""
-        if self._fired or not self.destroy_on_kill or not _compat.is_airflow_2():
+        """Before 3.3 Airflow never calls ``on_kill``; its triggerer calls ``cleanup`` whenever this trigger stops:
+        after its event, when the triggerer stops or hands the trigger to another triggerer, and when the task left
+        the deferred state under it. Only a user's doing destroys: the task instance, read now, marked failed or
+        cleared (see ``_left_by_a_user``). 2.11's triggerer reads the metadata database; 3.0-3.2's asks the Task
+        SDK, as the standard provider's ``WorkflowTrigger`` does. 3.3+ calls ``on_kill`` instead.
+
+        The read and the destroy run as a task of their own: 3.2's triggerer cancels a trigger it dropped again on
+        each pass of its loop (about every second), which would cut them off half-way."""
+        if self._fired or not self.destroy_on_kill or _compat.triggerer_calls_on_kill():
             return
-        ti = getattr(self, "task_instance", None)  # set by 2.11's triggerer
+        ti = getattr(self, "task_instance", None)  # set by the triggerer
         if ti is None:
             return
+        work = asyncio.ensure_future(self._destroy_if_left_by_a_user(ti))
+        _CLEANUPS.add(work)  # the loop keeps only a weak reference to a task
+        work.add_done_callback(_CLEANUPS.discard)
+        await asyncio.shield(work)
+
+    async def _destroy_if_left_by_a_user(self, ti: Any) -> None:
         try:
-            now = await asyncio.to_thread(_task_instance_now, ti)
-        except Exception as exc:  # a database hiccup must not destroy a job that is still wanted
+            now = await asyncio.wait_for(asyncio.to_thread(_task_instance_now, ti), timeout=STATE_READ_TIMEOUT)
+        except Exception as exc:  # a database hiccup or a triggerer shutting down must not destroy a wanted job
             self.log.warning(
-                "Could not read the state of %s (%s); instance %s left to its lease", ti, exc, self.instance_id
+                "Could not read the state of %s (%r); instance %s left to its lease", ti, exc, self.instance_id
             )
             return
         if not _left_by_a_user(now, ti.try_number):
@@ -268,27 +289,35 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         await self.on_kill()
 
 
+#: Cleanups under way (see ``cleanup``), so that none is garbage-collected before it ends.
+_CLEANUPS: set[asyncio.Future] = set()
+
 #: Task instance states that a user's "mark failed", "mark skipped" or "clear" (None) leaves behind, and "removed"
 #: (the task left the DAG). Not "success": a resumed task that already ended well looks the same, and the
 #: instance it handed over may be a downstream task's (a user's "mark success" is left to the lease).
 _LEFT_BY_A_USER = (None, "failed", "skipped", "removed")
 
 
-def _left_by_a_user(now: tuple[str | None, int, str | None] | None, try_number: int) -> bool:
+def _left_by_a_user(now: tuple[str | None, int | None, str | None] | None, try_number: int) -> bool:
     """Whether the task instance, as read now (state, try_number, next_method; None: the row is gone), was taken
     out of the deferred state by a user rather than by Airflow. Airflow moves it on to scheduled, queued or
     running when an event fires (perhaps another triggerer's copy of this trigger, in an HA hand-over) or the
     deferral times out (next_method ``__fail__``: the task's own failure path destroys, or a retry adopts); a new
-    try means a clear was followed by a rerun, which adopts the instance by its label."""
+    try means a clear was followed by a rerun, which adopts the instance by its label. A try number of None
+    (3.0-3.2 do not tell it) counts as the same try: the read follows the user's action by about a second, before
+    a rerun could reach its instance."""
     if now is None:
         return True  # its DAG run was deleted: nobody will come back for the instance
     state, now_try, _next_method = now
-    return now_try == try_number and state in _LEFT_BY_A_USER
+    return now_try in (try_number, None) and state in _LEFT_BY_A_USER
 
 
-def _task_instance_now(ti: Any) -> tuple[str | None, int, str | None] | None:
-    """State, try number and next method of the task instance ``ti`` names, read from Airflow 2.11's metadata
-    database (None when the row is gone, as when its DAG run was deleted)."""
+def _task_instance_now(ti: Any) -> tuple[str | None, int | None, str | None] | None:
+    """State, try number and next method of the task instance ``ti`` names (None when the row is gone, as when its
+    DAG run was deleted). Airflow 2.11: read from the metadata database. Airflow 3.0-3.2: the state alone, through
+    the Task SDK's supervisor (their triggerer has no database); try number and next method are None."""
+    if not _compat.is_airflow_2():
+        return _task_instance_now_from_the_task_sdk(ti)
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
 
@@ -299,3 +328,18 @@ def _task_instance_now(ti: Any) -> tuple[str | None, int, str | None] | None:
             .one_or_none()
         )
     return None if row is None else (row[0], row[1], row[2])
+
+
+def _task_instance_now_from_the_task_sdk(ti: Any) -> tuple[str | None, None, None] | None:
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    by_run = RuntimeTaskInstance.get_task_states(
+        dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[ti.task_id], run_ids=[ti.run_id]
+    )
+    # The answer names a mapped task instance "<task_id>_<map_index>".
+    key = ti.task_id if ti.map_index < 0 else f"{ti.task_id}_{ti.map_index}"
+    states = by_run.get(ti.run_id, {})
+    if key not in states:
+        return None
+    state = states[key]
+    return (None if state is None else getattr(state, "value", state), None, None)  # the enum's value

@@ -8,13 +8,14 @@ import contextlib
 import importlib
 import inspect
 import re
+import threading
 import time
 from contextlib import aclosing
 from types import SimpleNamespace
 
 import pytest
 
-from airflow_gpumarket import _compat, lifecycle
+from airflow_gpumarket import _compat, job_logs, lifecycle
 from airflow_gpumarket.exceptions import GpuMarketAuthError, GpuMarketNotFoundError, GpuMarketServerError
 from airflow_gpumarket.triggers import instances as trigger_module
 from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
@@ -160,7 +161,7 @@ def test_job_mode_gone_is_success_and_stopped_is_failure(make_trigger, monkeypat
 
 
 def test_job_output_is_forwarded_while_it_runs_and_a_failure_event_has_the_tail(make_trigger, monkeypatch, task_log):
-    hook = FakeAsyncHook(["running", "running", "running", "stopped"])
+    hook = FakeAsyncHook(["loading", "running", "running", "running", "stopped"])
     hook.log_texts = ["a\n", "a\nb\n", "a\nb\nboom\ngpumarket: job exited with status 3\n"]
     trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=1e-9, key_digest="cd" * 32)
     event = _run(trigger, hook, monkeypatch)
@@ -171,16 +172,55 @@ def test_job_output_is_forwarded_while_it_runs_and_a_failure_event_has_the_tail(
     assert hook.log_reads[0] == {"tail": 1000, "retry": False, "key_digests": ("cd" * 32,)}
 
 
-def test_a_job_that_stopped_its_instance_after_exit_zero_succeeds_with_every_line_forwarded(
+def test_a_job_that_stopped_its_instance_after_exit_zero_succeeds_with_every_line_for_the_resumed_task(
     make_trigger, monkeypatch, task_log
 ):
-    hook = FakeAsyncHook(["running", "stopped"])  # a 3-second job: no read happened while it ran
+    """The final read's lines travel in the event (Airflow may close the trigger's log file before lines logged
+    just before the event reach it); the resumed task logs them."""
+    hook = FakeAsyncHook(["loading", "running", "stopped"])  # a 3-second job: no read happened while it ran
     hook.log_texts = ["gpumarket: job started\none\ntwo\nthree\ngpumarket: job exited with status 0\n"]
     event = _run(make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=30), hook, monkeypatch)
     assert event["status"] == lifecycle.EventKind.JOB_SUCCEEDED and event["actual_status"] == "stopped"
     assert event["exit_status"] == 0 and hook.destroyed == []  # the resumed task destroys it
-    assert re.findall(r"\[instance 7\] (one|two|three)", task_log()) == ["one", "two", "three"]
+    assert [re.sub(r"^\[instance 7\] ", "", line) for line in event["final_lines"]] == [
+        "gpumarket: job started",
+        "one",
+        "two",
+        "three",
+        "gpumarket: job exited with status 0",
+    ]
+    assert "[instance 7] one" not in task_log()
     assert hook.log_reads == [{"tail": 1000, "retry": True, "key_digests": ()}]
+
+
+def test_the_final_lines_an_event_carries_are_capped_and_say_what_was_left_out():
+    lines = [f"[instance 7] line {i}" for i in range(job_logs.EVENT_FINAL_LINES + 5)]
+    lines[-1] += "x" * 10_000
+    held = job_logs.held_for_the_task(lines, 7)
+    assert held[0] == "[instance 7] ... (5 earlier lines of the last read not shown)"
+    assert held[1] == "[instance 7] line 5" and len(held) == job_logs.EVENT_FINAL_LINES + 1
+    assert len(held[-1]) == job_logs.EVENT_LINE_CHARS
+    assert job_logs.held_for_the_task(lines[:3], 7) == lines[:3]
+
+
+@pytest.mark.parametrize(("first", "marked"), [("running", True), ("loading", False)])
+def test_a_wait_that_finds_the_job_running_says_how_many_lines_may_repeat(
+    make_trigger, monkeypatch, task_log, first, marked
+):
+    """A triggerer restart makes a new trigger, which cannot know what the old one forwarded: when the job was
+    already running at its first read, its first log read says how many of its lines may repeat; later reads
+    are new lines only, each once."""
+    hook = FakeAsyncHook([first, "running", "running", "stopped"])
+    hook.log_texts = ["a\nb\n", "a\nb\nc\n", "a\nb\nc\ngpumarket: job exited with status 0\n"]
+    event = _run(make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=1e-9), hook, monkeypatch)
+    found = re.findall(r"\[instance 7\] (.*)", task_log() + "\n".join(event.get("final_lines", [])))
+    lines = [re.split(r"\s{2,}| \[airflow_gpumarket", line)[0] for line in found]  # without the log's decoration
+    notes = [line for line in lines if line.startswith("(this wait found the job already running")]
+    job_lines = [line for line in lines if not line.startswith("(")]
+    assert job_lines == ["a", "b", "c", "gpumarket: job exited with status 0"]
+    assert len(notes) == (1 if marked else 0)
+    if marked:
+        assert lines.index(notes[0]) == 0 and "the 2 lines below" in notes[0]
 
 
 def test_an_unreadable_final_log_is_not_a_success_and_says_what_was_lost(make_trigger, monkeypatch, task_log):
@@ -273,9 +313,17 @@ AIRFLOW_2 = _compat.is_airflow_2()
 TI = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=1)
 
 
+@pytest.fixture(params=[False, True], ids=["before-3.3", "3.3+"])
+def calls_on_kill(request, monkeypatch):
+    """Whether the triggerer calls on_kill (Airflow 3.3+) or only cleanup (2.11 and 3.0-3.2), on any installed
+    Airflow: the rules are the provider's, only the state read differs (tested on its own below)."""
+    monkeypatch.setattr(_compat, "triggerer_calls_on_kill", lambda: request.param)
+    return request.param
+
+
 def _clean_up(trigger, monkeypatch, read_now) -> FakeAsyncHook:
-    """Run the trigger's cleanup as 2.11's triggerer does (task_instance set), its task instance read by
-    ``read_now``: the hook, to see what it destroyed."""
+    """Run the trigger's cleanup as a triggerer does (task_instance set), its task instance read by ``read_now``:
+    the hook, to see what it destroyed."""
     hook = FakeAsyncHook(["running"])
     trigger.task_instance = TI
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
@@ -285,7 +333,7 @@ def _clean_up(trigger, monkeypatch, read_now) -> FakeAsyncHook:
 
 
 @pytest.mark.parametrize(
-    ("now", "destroy_on_kill", "destroyed_on_airflow_2"),
+    ("now", "destroy_on_kill", "destroyed_without_on_kill"),
     [
         (("failed", 1, "execute_complete"), True, True),  # a user marked the deferred task failed
         ((None, 1, None), True, True),  # cleared, not yet rerun
@@ -297,17 +345,25 @@ def _clean_up(trigger, monkeypatch, read_now) -> FakeAsyncHook:
         (("failed", 2, None), True, False),  # ... and that try already failed: its own failure path destroyed
         (("success", 1, "execute_complete"), True, False),  # may be a resumed task that handed the instance over
         (("failed", 1, "execute_complete"), False, False),  # a sensor's trigger: the instance is not the task's
+        # Airflow 3.0-3.2 tell the state only: no try number, no next method
+        (("failed", None, None), True, True),
+        ((None, None, None), True, True),
+        (("deferred", None, None), True, False),
+        (("scheduled", None, None), True, False),
+        (("running", None, None), True, False),
+        (("up_for_retry", None, None), True, False),
+        (("success", None, None), True, False),
     ],
 )
-def test_cleanup_destroys_only_when_a_user_took_the_task_out_of_deferral_on_airflow_2(
-    make_trigger, monkeypatch, now, destroy_on_kill, destroyed_on_airflow_2
+def test_cleanup_destroys_only_when_a_user_took_the_task_out_of_deferral_before_airflow_3_3(
+    make_trigger, monkeypatch, calls_on_kill, now, destroy_on_kill, destroyed_without_on_kill
 ):
-    """Airflow 2.11 never calls a trigger's on_kill; Airflow 3 calls cleanup where nothing may be destroyed."""
+    """Before 3.3 no triggerer calls a trigger's on_kill; from 3.3 cleanup runs where nothing may be destroyed."""
     hook = _clean_up(make_trigger(destroy_on_kill=destroy_on_kill), monkeypatch, lambda ti: now)
-    assert hook.destroyed == ([7] if destroyed_on_airflow_2 and AIRFLOW_2 else [])
+    assert hook.destroyed == ([7] if destroyed_without_on_kill and not calls_on_kill else [])
 
 
-def test_cleanup_after_the_trigger_fired_never_destroys(make_trigger, monkeypatch):
+def test_cleanup_after_the_trigger_fired_never_destroys(make_trigger, monkeypatch, calls_on_kill):
     """After an event the task instance resumes: the instance is the task's again, whatever happens next."""
     hook = FakeAsyncHook(["running"])
     trigger = make_trigger(destroy_on_kill=True)
@@ -318,18 +374,100 @@ def test_cleanup_after_the_trigger_fired_never_destroys(make_trigger, monkeypatc
     assert hook.destroyed == []
 
 
-def test_cleanup_leaves_the_instance_to_its_lease_when_the_state_cannot_be_read(make_trigger, monkeypatch):
+def test_cleanup_leaves_the_instance_to_its_lease_when_the_state_cannot_be_read(
+    make_trigger, monkeypatch, calls_on_kill
+):
     def unreadable(ti):
         raise RuntimeError("database is locked")
 
     assert _clean_up(make_trigger(destroy_on_kill=True), monkeypatch, unreadable).destroyed == []
 
 
-@pytest.mark.skipif(not AIRFLOW_2, reason="Airflow 3's triggerer never runs a trigger's cleanup this way")
-@pytest.mark.parametrize(("now", "destroyed"), [(("failed", 1, "execute_complete"), [7]), (("deferred", 1, None), [])])
-def test_airflow_2_triggerer_cancelling_a_trigger_runs_its_cleanup(make_trigger, monkeypatch, now, destroyed):
-    """2.11's own TriggerRunner.run_trigger, cancelled as its update loop cancels a trigger whose task instance is
-    no longer deferred (or as a stopping triggerer does): the provider's cleanup runs, with task_instance set."""
+def test_cleanup_leaves_the_instance_to_its_lease_when_the_state_read_hangs(make_trigger, monkeypatch):
+    """A triggerer shutting down may never answer: cleanup gives up after STATE_READ_TIMEOUT and keeps it."""
+    monkeypatch.setattr(_compat, "triggerer_calls_on_kill", lambda: False)
+    monkeypatch.setattr(trigger_module, "STATE_READ_TIMEOUT", 0.05)
+    released = threading.Event()
+
+    def hangs(ti):
+        released.wait(5)
+        return ("failed", 1, None)
+
+    try:
+        assert _clean_up(make_trigger(destroy_on_kill=True), monkeypatch, hangs).destroyed == []
+    finally:
+        released.set()
+
+
+def test_a_cleanup_cancelled_again_half_way_still_destroys(make_trigger, monkeypatch):
+    """3.2's triggerer cancels a dropped trigger again on each pass of its loop: the read and the destroy go on."""
+    monkeypatch.setattr(_compat, "triggerer_calls_on_kill", lambda: False)
+    hook = FakeAsyncHook(["running"])
+    trigger = make_trigger(destroy_on_kill=True)
+    trigger.task_instance = TI
+    monkeypatch.setattr(trigger, "_hook", lambda: hook)
+    reading = threading.Event()
+
+    def slow_read(ti):
+        reading.set()
+        time.sleep(0.2)
+        return ("failed", None, None)
+
+    monkeypatch.setattr(trigger_module, "_task_instance_now", slow_read)
+
+    async def cancelled_twice():
+        cleaning = asyncio.ensure_future(trigger.cleanup())
+        while not reading.is_set():
+            await asyncio.sleep(0.01)
+        cleaning.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await cleaning
+        while trigger_module._CLEANUPS:  # the triggerer's loop goes on running it
+            await asyncio.sleep(0.01)
+
+    asyncio.run(cancelled_twice())
+    assert hook.destroyed == [7]
+
+
+@pytest.mark.skipif(AIRFLOW_2, reason="Airflow 2.11's triggerer reads the metadata database (tested below)")
+@pytest.mark.parametrize(
+    ("ti", "answer", "now"),
+    [
+        (TI, {"r": {"t": "failed"}}, ("failed", None, None)),
+        (TI, {"r": {"t": None}}, (None, None, None)),  # cleared
+        (TI, {}, None),  # its DAG run is gone
+        (TI, {"r": {}}, None),  # the task left the DAG's run
+        (SimpleNamespace(**{**vars(TI), "map_index": 0}), {"r": {"t_0": "deferred"}}, ("deferred", None, None)),
+    ],
+)
+def test_cleanup_reads_the_task_instance_state_through_the_task_sdk_on_airflow_3(monkeypatch, ti, answer, now):
+    """Airflow 3.0-3.2: the same call the standard provider's WorkflowTrigger makes (GetTaskStates through the
+    triggerer's supervisor), keyed by run id, then task id (``<task_id>_<map_index>`` when mapped)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+    from airflow.utils.state import TaskInstanceState
+
+    asked = []
+
+    def get_task_states(**kw):
+        asked.append(kw)
+        return {run: {k: (TaskInstanceState(v) if v else v) for k, v in tasks.items()} for run, tasks in answer.items()}
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    assert trigger_module._task_instance_now(ti) == now
+    assert asked == [dict(dag_id="d", map_index=ti.map_index, task_ids=["t"], run_ids=["r"])]
+
+
+@pytest.mark.parametrize(
+    ("by_a_user", "now", "destroyed"),
+    [(True, ("failed", 1, "execute_complete"), [7]), (False, ("deferred", 1, None), [])],
+    ids=["marked-failed", "triggerer-stopping"],
+)
+def test_the_installed_triggerer_cancelling_a_trigger_destroys_only_for_a_user(
+    make_trigger, monkeypatch, by_a_user, now, destroyed
+):
+    """The installed Airflow's own TriggerRunner.run_trigger, cancelled as its update loop cancels a trigger whose
+    task instance a user took out of deferral (3.3+ says so in the cancel message and calls on_kill; 2.11 and
+    3.0-3.2 call cleanup, which reads the state), or as a stopping triggerer cancels every trigger."""
     from airflow.jobs.triggerer_job_runner import TriggerRunner
 
     hook = FakeAsyncHook(["loading"])  # never running: the trigger waits until it is cancelled
@@ -337,14 +475,19 @@ def test_airflow_2_triggerer_cancelling_a_trigger_runs_its_cleanup(make_trigger,
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
     monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: now)
     runner = TriggerRunner()
-    runner.set_trigger_logging_metadata(SimpleNamespace(**vars(TI), trigger_timeout=None), 1, trigger)
+    if AIRFLOW_2:
+        runner.set_trigger_logging_metadata(SimpleNamespace(**vars(TI), trigger_timeout=None), 1, trigger)
+    else:
+        trigger.task_instance = SimpleNamespace(**vars(TI), id="0199-ti", context_carrier=None)
     runner.triggers[1] = {"name": "d/r/t/-1/1 (ID 1)", "events": 0}
+    message = getattr(importlib.import_module(TriggerRunner.__module__), "_USER_ACTION_CANCEL_MSG", None)
 
     async def run_then_cancel():
         running = asyncio.create_task(runner.run_trigger(1, trigger))
-        while hook.reads < 3:
+        while hook.reads < 3 and not running.done():
             await asyncio.sleep(0)
-        running.cancel()
+        assert not running.done(), running.exception()
+        running.cancel(message if by_a_user else None)
         with contextlib.suppress(asyncio.CancelledError):
             await running
 
