@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install lint typecheck test test-fast test-airflow2 demo demo-airflow2 bench chaos system system-airflow2 system-airflow32 postgresql clean
+.PHONY: install lint typecheck test test-fast test-airflow2 demo demo-airflow2 bench chaos system system-airflow2 system-airflow32 services clean
 
 # The main environment: the Airflow that `make demo`, `make system` and `make chaos` run, and the first leg of the
 # tests. The second leg runs the same tests on the newest Airflow 2.11.x, in a virtual environment of its own.
@@ -41,7 +41,7 @@ typecheck: install
 	$(BIN)/mypy airflow_gpumarket
 
 # Day-to-day: lint, types and the suite on Airflow 3.3.2 only.
-test-fast: lint typecheck
+test-fast: lint typecheck bench-quick
 	@echo "== tests on Airflow $(AIRFLOW3)"
 	$(BIN)/pytest
 
@@ -60,11 +60,21 @@ demo-airflow2: $(STAMP2)
 	$(VENV2)/bin/python scripts/demo.py
 
 # Figures against the embedded simulator, one line each: NAME: value (goal: ...). Not part of `make test`.
+# bench_provider.py prints figure lines only; Airflow's log lines go to .airflow/bench/bench_provider.log.
 bench: install
 	@mkdir -p .airflow/bench
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_simulator.py
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_triggerer.py
-	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_provider.py 2>/dev/null | grep -E '^P[0-9]'
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_provider.py
+
+# The same scripts as a smoke run (tiny sizes, the same code paths and lines; under a minute), part of test-fast so
+# that a benchmark cannot rot unseen. It fails on an error, not on a missed goal: its figures mean nothing.
+.PHONY: bench-quick
+bench-quick: install
+	@mkdir -p .airflow/bench-quick
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_simulator.py --quick
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_triggerer.py --quick
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_provider.py --quick
 
 chaos: install
 	@mkdir -p .airflow/chaos-client
@@ -74,29 +84,38 @@ chaos: install
 	       tail -n 40 $(CHAOS_LOG); exit 1; }
 	@grep -aE '^(R1|    )' $(CHAOS_LOG)
 
-# make system's metadata database is PostgreSQL, as in production: Debian's package, installed when missing (apt
-# needs root), run by bench/postgres.py from a temporary folder on a loopback port and removed afterwards. Airflow
-# reaches it through psycopg2 and, on Airflow 3, asyncpg, pinned and installed into the venv that runs the target.
+# make system runs what production runs: PostgreSQL and the CeleryExecutor with Redis as its broker. The services
+# are Debian's packages, installed when missing (apt needs root), each run by bench/system.py from a temporary
+# folder on a loopback port and stopped afterwards (PostgreSQL as its unprivileged user when run as root). The
+# Python side, pinned, goes into the venv that runs the target: the PostgreSQL drivers (psycopg2 for Airflow's sync
+# engine, asyncpg for its async one) and the Celery provider. make test needs none of it.
 PG_DRIVERS := psycopg2-binary==2.9.13 asyncpg==0.32.0
+# celery 5.6+ dropped celery.backends.database.retry, which this provider version imports: 5.5.3.
+CELERY     := apache-airflow-providers-celery==3.26.0 celery==5.5.3 kombu==5.5.4 redis==5.2.1
 
-postgresql:
-	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
-	  if [ "$$(id -u)" != 0 ]; then echo "make system needs PostgreSQL: sudo apt-get install postgresql"; exit 1; fi; \
-	  echo "installing Debian's postgresql package"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+services:
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "make system needs:$$missing (sudo apt-get install$$missing)"; exit 1; fi; \
+	  echo "installing Debian's$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(VENV)/.installed-pg-drivers: $(STAMP)
-	$(BIN)/python -m pip install $(PIP_QUIET) $(PG_DRIVERS)
+$(VENV)/.installed-system: $(STAMP)
+	$(BIN)/python -m pip install $(PIP_QUIET) $(PG_DRIVERS) $(CELERY) "apache-airflow==$(AIRFLOW3)"
 	@touch $@
 
-# A real Airflow deployment (api-server, scheduler, dag-processor, triggerer; LocalExecutor, PostgreSQL) against
-# the simulator: one SYS line per failure scenario (bench/system.py). Not part of `make test`; about 3 minutes.
-system: install postgresql $(VENV)/.installed-pg-drivers
+# A real Airflow deployment against the simulator, shaped as production runs it (api-server, two schedulers, a
+# dag-processor, two triggerers, two Celery workers; PostgreSQL, Redis): one SYS line per failure scenario
+# (bench/system.py). Not part of `make test`; about 4 minutes.
+system: install services $(VENV)/.installed-system
 	$(BIN)/python bench/system.py
 
 # The deferred scenarios on Airflow 3.2, whose triggerer never calls a trigger's on_kill: a deferred task marked
-# failed is destroyed by the trigger's cleanup, which reads the task's state through the Task SDK. ~2 minutes.
+# failed is destroyed by the trigger's cleanup, which reads the task's state through the Task SDK. The small shape
+# (LocalExecutor, one scheduler, one triggerer; PostgreSQL): ~2 minutes.
 AIRFLOW32 ?= 3.2.2
 VENV32    := .venv-airflow32
 STAMP32   := $(VENV32)/.installed-airflow-$(AIRFLOW32)
@@ -112,8 +131,8 @@ $(STAMP32): pyproject.toml Makefile
 	$(VENV32)/bin/python -m pip install $(PIP_QUIET) -e '.[dev]' "apache-airflow==$(AIRFLOW32)" $(AIRFLOW32_PINS) $(PG_DRIVERS)
 	@touch $@
 
-system-airflow32: $(STAMP32) postgresql
-	$(VENV32)/bin/python bench/system.py --scenarios $(SYSTEM32_SCENARIOS)
+system-airflow32: $(STAMP32) services
+	$(VENV32)/bin/python bench/system.py --shape small --scenarios $(SYSTEM32_SCENARIOS)
 
 # The 2.11 guarantee that works differently there (a deferred task marked failed, seen by the trigger's cleanup),
 # on a real 2.11 scheduler and triggerer: SYS2 lines (bench/system_airflow2.py). Not part of `make test`; ~2 min.

@@ -1,18 +1,22 @@
 """`make system`: a system test of a real Airflow 3 deployment against the embedded simulator.
 
 1. A fresh Airflow home under .airflow/system-<time> (ignored by git): PostgreSQL (bench/postgres.py, a
-   throwaway server on a loopback port), LocalExecutor, DAGs from bench/system_dags, short heartbeat/trigger
-   timeouts so the failure scenarios are quick.
-2. `gpumarket-sim --execute-onstart` (its own process, clock at SPEED x), then `airflow api-server`, `scheduler`,
-   `dag-processor` and `triggerer`, each in its own process group, logging to files in the Airflow home.
+   throwaway server on a loopback port), DAGs from bench/system_dags, short heartbeat/trigger timeouts so the
+   failure scenarios are quick.
+2. `gpumarket-sim --execute-onstart` (its own process, clock at SPEED x), then the deployment's shape (`--shape`):
+   production (default) is Redis, `airflow api-server`, two `scheduler`s, a `dag-processor`, two `triggerer`s
+   and two `celery worker`s (CeleryExecutor); small is the LocalExecutor with one scheduler and one triggerer.
+   Each process runs in its own process group, logging to files in the Airflow home.
 3. The scenarios (GOALS below; `--scenarios a,b` runs some of them), one DAG each
    (bench/system_dags/system_dags.py), run concurrently where they do not interfere
    (triggerer_restart waits until no other scenario is deferred). Each rents only its own `sys-<scenario>` offers.
    They are driven through the api-server's REST API v2 (trigger, read the task instance, mark it failed), `ps`
    (psutil) to find and kill task processes, and the simulator's admin surface `/_sim/...`.
-4. One line per scenario, `SYS <name>: <outcome> billed_after_failure=<s> alive=<n> (goal: ...)`, then
-   `SYS alive_total: N (goal: 0)`. Nothing is destroyed by this script: it counts what is alive, stops the
-   processes it started (also on failure or Ctrl-C), and exits non-zero if any scenario missed its goal.
+4. `SYS deployment: executor=... database=postgresql schedulers=N triggerers=N workers=N`, one line per scenario,
+   `SYS <name>: PASS|FAIL billed_after_failure=<s> alive=<n> (goal: ...)`, and last
+   `SYS: <passed>/<total> scenarios pass, <n> instances alive`. Nothing is destroyed by this script: it counts
+   what is alive, stops the processes it started (also on failure or Ctrl-C), and exits non-zero if any scenario
+   missed its goal.
 
     python bench/system.py                       # every scenario (make system)
     python bench/system.py --scenarios mark_failed_deferred,triggerer_restart
@@ -295,15 +299,59 @@ class AirflowApi:
         raise RuntimeError(f"{method} {path}: {error}")
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What runs: the executor and how many of each scaled component."""
+
+    executor: str
+    schedulers: int
+    triggerers: int
+    workers: int  # Celery workers (0 with the LocalExecutor, whose workers are the scheduler's children)
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """The Airflow processes by name (``scheduler-2``, ``worker-1``, ...); the first of each kind has no number
+        when it is the only one."""
+
+        def named(kind: str, count: int) -> list[str]:
+            return [kind] if count == 1 else [f"{kind}-{i}" for i in range(1, count + 1)]
+
+        return (
+            "api-server",
+            *named("scheduler", self.schedulers),
+            "dag-processor",
+            *named("triggerer", self.triggerers),
+            *named("worker", self.workers),
+        )
+
+    def of(self, kind: str) -> list[str]:
+        return [name for name in self.components if name.split("-")[0] == kind and name != "dag-processor"]
+
+    def line(self) -> str:
+        return (
+            f"SYS deployment: executor={self.executor} database=postgresql schedulers={self.schedulers} "
+            f"triggerers={self.triggerers} workers={self.workers}"
+        )
+
+
+#: What production runs (make system): Celery with Redis, two of each, as managed offerings do for availability.
+PRODUCTION = Shape("CeleryExecutor", schedulers=2, triggerers=2, workers=2)
+#: The smaller deployment (make system-airflow32): one scheduler forking its own workers, one triggerer.
+SMALL = Shape("LocalExecutor", schedulers=1, triggerers=1, workers=0)
+#: Task slots of each Celery worker (the LocalExecutor's parallelism is the same in total).
+WORKER_CONCURRENCY = 6
+
+
 class Deployment:
-    """A fresh Airflow home, the simulator and the four Airflow components."""
+    """A fresh Airflow home, the simulator, PostgreSQL, Redis (Celery's broker) and the Airflow components."""
 
-    COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
-
-    def __init__(self) -> None:
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+        self.components = shape.components
         self.home = ROOT / ".airflow" / f"system-{time.strftime('%Y%m%d-%H%M%S')}"
         self.home.mkdir(parents=True)
         self.processes = Processes(self.home)
+        self.redis_port = free_port()
         self.api_port = free_port()
         self.env: dict[str, str] = {}
         self.sim: Simulator | None = None
@@ -321,8 +369,8 @@ class Deployment:
             AIRFLOW__CORE__DAGS_FOLDER=str(DAGS_FOLDER),
             AIRFLOW__CORE__LOAD_EXAMPLES="False",
             AIRFLOW__CORE__UNIT_TEST_MODE="False",
-            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
-            AIRFLOW__CORE__PARALLELISM="12",  # LocalExecutor forks this many workers up front
+            AIRFLOW__CORE__EXECUTOR=self.shape.executor,
+            AIRFLOW__CORE__PARALLELISM=str(2 * WORKER_CONCURRENCY),  # LocalExecutor forks this many workers up front
             AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{base}/execution/",
@@ -345,12 +393,15 @@ class Deployment:
             # PostgreSQL, as production runs it: SQLite's single write lock stalled whole runs (the api-server
             # stopped answering for minutes while a writer held it).
             AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=self.postgres.url,
+            AIRFLOW__CELERY__BROKER_URL=f"redis://127.0.0.1:{self.redis_port}/0",
+            AIRFLOW__CELERY__RESULT_BACKEND="db+" + self.postgres.url,
+            AIRFLOW__CELERY__WORKER_CONCURRENCY=str(WORKER_CONCURRENCY),
         )
         return env
 
     def supervise(self, say: Callable[[str], None]) -> None:
         """Restart a component that died on its own, as a service manager would, and say why it died."""
-        for name, code in self.processes.died(self.COMPONENTS).items():
+        for name, code in self.processes.died(self.components).items():
             log = self.home / f"{name}.log"
             lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
             last = next((line for line in reversed(lines) if line.strip()), "(empty log)")
@@ -370,17 +421,30 @@ class Deployment:
             subprocess.run(
                 [str(BIN / "airflow"), "db", "migrate"], env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True
             )
-        say("airflow db migrate done; starting api-server, scheduler, dag-processor, triggerer")
-        for component in self.COMPONENTS:
-            self.start_component(component)
+        if self.shape.workers:
+            redis = ["redis-server", "--bind", "127.0.0.1", "--port", str(self.redis_port), "--save", ""]
+            redis += ["--appendonly", "no", "--dir", str(self.home)]  # nothing written: a broker for one run
+            self.processes.start("redis", redis, self.env, "redis.log")
+            say(f"Redis at 127.0.0.1:{self.redis_port} (Celery's broker)")
+        say(f"airflow db migrate done; starting {', '.join(self.components)}")
+        for name in self.components:
+            self.start_component(name)
 
-    def start_component(self, component: str, name: str | None = None) -> None:
-        cmd = [str(BIN / "airflow"), component]
-        if component == "api-server":
-            cmd += ["--host", "127.0.0.1", "--port", str(self.api_port), "--workers", "1"]
-        elif component in ("scheduler", "triggerer"):
-            cmd += ["--skip-serve-logs"]  # no log-server ports to collide with; the logs are files here
-        self.processes.start(name or component, cmd, self.env, f"{component}.log")
+    def start_component(self, name: str) -> None:
+        kind = name if name == "dag-processor" else name.split("-")[0]
+        if kind == "api":
+            cmd = [str(BIN / "airflow"), "api-server", "--host", "127.0.0.1", "--port", str(self.api_port)]
+            cmd += ["--workers", "1"]
+        elif kind == "worker":
+            # One hostname each (two workers on one machine); no log server (its port would collide): the logs
+            # are files in the shared Airflow home.
+            cmd = [str(BIN / "airflow"), "celery", "worker", "--celery-hostname", f"{name}@%h", "--skip-serve-logs"]
+            cmd += ["--concurrency", str(WORKER_CONCURRENCY), "--without-gossip", "--without-mingle"]
+        elif kind in ("scheduler", "triggerer"):
+            cmd = [str(BIN / "airflow"), kind, "--skip-serve-logs"]
+        else:
+            cmd = [str(BIN / "airflow"), kind]
+        self.processes.start(name, cmd, self.env, f"{name}.log")
 
     @staticmethod
     def _write_world(path: Path) -> Path:
@@ -406,7 +470,7 @@ class Deployment:
                 raise RuntimeError(f"Airflow not healthy after {timeout} s: {health or 'api-server not answering'}")
             time.sleep(1)
         self.api.login()
-        say("api-server, scheduler, dag-processor and triggerer healthy")
+        say(f"{', '.join(self.components)} healthy")
         wanted = {f"system_{name}" for name in GOALS}
         while True:
             dags = self.api.call("GET", "/dags", dag_id_pattern="system_", limit=100)["dags"]
@@ -422,6 +486,11 @@ class Deployment:
             time.sleep(1)
         say(f"{len(wanted)} DAGs parsed")
 
+    def task_parents(self) -> set[int]:
+        """The components whose descendants run task instances: the schedulers (LocalExecutor) or workers."""
+        names = self.shape.of("worker") or self.shape.of("scheduler")
+        return {self.processes.started[n].pid for n in names if n in self.processes.started}
+
     @property
     def processor_pid(self) -> int | None:
         process = self.processes.started.get("dag-processor")
@@ -433,8 +502,9 @@ class Deployment:
                 raise RuntimeError(f"{name} exited with status {process.returncode}; see {self.home}")
 
     def task_processes(self, ti_id: str) -> list[psutil.Process]:
-        """The supervisor ("airflow worker -- LocalExecutor: <ti id>") and task runner ("airflow worker -- <ti id>")
-        of one task instance try: both carry the TI's id in their process title."""
+        """The supervisor ("airflow worker -- LocalExecutor: <ti id>", or Celery's "airflow task supervisor: <the
+        workload, with the ti id>") and task runner ("airflow worker -- <ti id>") of one task instance try: both
+        carry the TI's id in their process title."""
         found = []
         for process in psutil.process_iter(["cmdline"]):
             if ti_id in " ".join(process.info["cmdline"] or []):
@@ -603,13 +673,13 @@ class Scenario:
         """kill -9 the TI's supervisor and task runner (found by the TI id in their titles) and their children;
         only processes under our scheduler are touched."""
         ti_id = str(self.ti()["id"])
-        scheduler = self.h.deployment.processes.started["scheduler"].pid
+        parents = self.h.deployment.task_parents()
 
         def ours() -> list[psutil.Process]:
             found = []
             for process in self.h.deployment.task_processes(ti_id):
                 try:
-                    if scheduler in {parent.pid for parent in process.parents()}:
+                    if parents & {parent.pid for parent in process.parents()}:
                         found.append(process)
                 except psutil.NoSuchProcess:
                     pass
@@ -723,11 +793,12 @@ def triggerer_restart(s: Scenario) -> None:
     s.trigger()
     s.wait_running("deferred")
     time.sleep(2)
-    s.h.deployment.processes.kill_group("triggerer")
-    s.say(f"triggerer killed (kill -9 of its process group); restarting it in {TRIGGERER_DOWN} s")
+    victim = s.h.deployment.shape.of("triggerer")[0]  # with two, the other takes its triggers over
+    s.h.deployment.processes.kill_group(victim)
+    s.say(f"{victim} killed (kill -9 of its process group); restarting it in {TRIGGERER_DOWN} s")
     time.sleep(TRIGGERER_DOWN)
-    s.h.deployment.start_component("triggerer")
-    s.say("triggerer restarted")
+    s.h.deployment.start_component(victim)
+    s.say(f"{victim} restarted")
     s.expect_state("success", 180)
     s.wait_all_destroyed()
 
@@ -793,15 +864,16 @@ assert list(SCENARIOS) == list(GOALS)
 
 
 class Harness:
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], shape: Shape) -> None:
         self.started = time.time()
         self.deadline = self.started + RUN_BUDGET
         self.stop = threading.Event()
         self.print_lock = threading.Lock()
-        self.deployment = Deployment()
+        self.deployment = Deployment(shape)
         self.scenarios = {name: Scenario(name, self) for name in names}
         self.threads: dict[str, threading.Thread] = {}
         self.quiet = False
+        self.summary = f"SYS: 0/{len(names)} scenarios pass, alive unknown (the simulator was never reached)"
 
     @property
     def api(self) -> AirflowApi:
@@ -867,6 +939,8 @@ class Harness:
             print(f"could not read the simulator's state: {exc}")
             instances = self.sim.instances
         ok = True
+        print(self.deployment.shape.line())
+        passed = 0
         for name, scenario in self.scenarios.items():
             outcome = scenario.outcome
             alive = sum(1 for i in instances if i.get("gpu_name") == scenario.gpu and not i["destroyed"])
@@ -875,12 +949,14 @@ class Harness:
             if outcome.reason is None and alive:
                 outcome.reason = f"{alive} instance(s) of this scenario alive at the end"
             ok = ok and outcome.reason is None
+            passed += outcome.reason is None
             shown = "PASS" if outcome.reason is None else f"FAIL ({outcome.reason})"
             print(f"SYS {name}: {shown} billed_after_failure={outcome.billed} alive={alive} (goal: {GOALS[name]})")
         alive_total = sum(1 for i in instances if not i["destroyed"])
         print(f"SYS alive_total: {alive_total} (goal: 0)")
         restarts = self.deployment.restarts
         print(f"SYS components restarted after dying on their own: {len(restarts)} {restarts or ''}".rstrip())
+        self.summary = f"SYS: {passed}/{len(self.scenarios)} scenarios pass, {alive_total} instances alive"
         return ok and alive_total == 0
 
     def report_probes(self) -> None:
@@ -903,7 +979,7 @@ class Harness:
     def where_the_logs_are(self) -> None:
         home = self.deployment.home
         print(f"Logs: Airflow home {home}")
-        for name in ("simulator", "db-migrate", *Deployment.COMPONENTS):
+        for name in ("simulator", "db-migrate", *self.deployment.components):
             print(f"  {name}: {home / (name + '.log')}")
         print(f"  dag-processor children: {home / 'logs' / 'dag_processor'}")
         for name, scenario in self.scenarios.items():
@@ -919,7 +995,15 @@ def main() -> int:
         default=list(SCENARIOS),
         help=f"comma-separated names, of: {', '.join(SCENARIOS)} (default: all)",
     )
-    names = parser.parse_args().scenarios
+    parser.add_argument(
+        "--shape",
+        choices=("production", "small"),
+        default="production",
+        help="production: CeleryExecutor with Redis, 2 schedulers, 2 triggerers, 2 workers (default); small: "
+        "LocalExecutor, one scheduler, one triggerer. PostgreSQL either way.",
+    )
+    args = parser.parse_args()
+    names = args.scenarios
     unknown = [name for name in names if name not in SCENARIOS]
     if unknown:
         parser.error(f"--scenarios: no scenario named {', '.join(unknown)}; the names are {', '.join(SCENARIOS)}")
@@ -929,7 +1013,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored (`cmd &`)
-    harness = Harness(names)
+    harness = Harness(names, PRODUCTION if args.shape == "production" else SMALL)
     ok = False
     try:
         harness.run()
@@ -948,12 +1032,13 @@ def main() -> int:
             if harness.deployment.sim is not None:
                 ok = harness.report() and ok
                 harness.report_probes()
-            print(f"wall-clock time: {time.time() - harness.started:.0f} s (goal: < 720 s)", flush=True)
+            print(f"wall-clock time: {time.time() - harness.started:.0f} s (goal: < 600 s)", flush=True)
             if not ok:
                 harness.where_the_logs_are()
         finally:
             harness.deployment.processes.stop_all()
             harness.deployment.postgres.stop()
+        print(harness.summary, flush=True)  # the last line, for a person or a script
     return 0 if ok else 1
 
 
