@@ -12,7 +12,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,7 @@ import requests
 import tenacity
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
-from airflow_gpumarket import api, job_logs, types
+from airflow_gpumarket import api, job_logs, pacing, types
 from airflow_gpumarket._compat import BaseHook, mask_secret
 from airflow_gpumarket.exceptions import (
     GpuMarketAmbiguousCreateError,
@@ -49,6 +49,8 @@ LIST_PACING_MARGIN = 1.1
 CONNECT_TIMEOUT_SECONDS = 10.0
 #: Instance keys this process received from create calls, masked in every log text fetched here (bounded).
 _INSTANCE_KEYS: deque[str] = deque(maxlen=1000)
+#: The list budget's pacer of each (server, key) this process uses: one per key, whatever the number of hooks.
+_LIST_PACERS: dict[tuple[str, str], pacing.SharedPacer] = {}
 
 
 @dataclass(frozen=True)
@@ -181,18 +183,19 @@ class _GpuMarketHookBase(BaseHook):
         self.gpumarket_conn_id = gpumarket_conn_id
         #: Whether this server has the live service's paged v1 instance list; learnt from the first listing.
         self._list_v1 = True
-        #: Monotonic time before which this hook sends no further list request (see ``_list_pace``).
-        self._list_next_at = 0.0
 
     def _list_pace(self) -> float:
         """Seconds to wait before the next list request, and book its slot. The live list allows 0.5 requests/s
-        without burst and charges a penalty for each refusal, so every list call of one hook (pages of a walk,
-        and the shared poller's successive rounds) is spaced a little wider than the budget: sent exactly at
-        the rate, clock jitter alone would draw 429s."""
-        now = time.monotonic()
-        wait = max(0.0, self._list_next_at - now)
-        self._list_next_at = now + wait + LIST_PACING_MARGIN / api.LIST_RATE_PER_SECOND
-        return wait
+        per key and client address, without burst, and charges a penalty for each refusal, so every list call of
+        every process of this machine on this key (pages of a walk, the shared pollers' rounds, reapers) takes
+        its turn through one ``pacing.SharedPacer``, spaced a little wider than the budget: sent exactly at the
+        rate, clock jitter alone would draw 429s."""
+        settings = self.settings
+        pacer = _LIST_PACERS.get((settings.base_url, settings.api_key))
+        if pacer is None:
+            pacer = pacing.SharedPacer(settings.base_url, settings.api_key, "list_instances")
+            _LIST_PACERS[(settings.base_url, settings.api_key)] = pacer
+        return pacer.book(LIST_PACING_MARGIN / api.LIST_RATE_PER_SECOND)
 
     def _fall_back_from_v1(self, listing: api.InstanceListing, exc: GpuMarketError) -> bool:
         """True, with ``listing`` restarted on the v0 list, when ``exc`` says this server has no v1 list."""
@@ -386,10 +389,19 @@ class GpuMarketHook(_GpuMarketHookBase):
         *,
         params: Mapping[str, str] | None = None,
         patient: bool = False,
+        paced: Callable[[], float] | None = None,
     ) -> Any:
-        """``_send`` with retries: only for idempotent calls (reads, stop, destroy, account listings)."""
-        try:
+        """``_send`` with retries: only for idempotent calls (reads, stop, destroy, account listings). ``paced``
+        books a slot of a request budget before every try, a retry's too, and says how long to wait for it (a retry
+        sent outside the budget would draw the next call's 429)."""
+
+        def send() -> Any:
+            if paced is not None and (wait := paced()) > 0:
+                time.sleep(wait)
             return self._send(operation, method, path, body, params)
+
+        try:
+            return send()
         except GpuMarketError as exc:
             seconds = self._first_retry_wait(exc, patient=patient)
             if seconds is None:
@@ -398,7 +410,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         retry = tenacity.retry_if_exception(api.is_retryable)
         for attempt in tenacity.Retrying(**self._retry_kwargs(retry, tries_done=1, patient=patient)):
             with attempt:
-                return self._send(operation, method, path, body, params)
+                return send()
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     def _call_unless_processed(self, operation: str, method: str, path: str, body: Any) -> Any:
@@ -510,11 +522,8 @@ class GpuMarketHook(_GpuMarketHookBase):
         listing = api.InstanceListing(label=label, ids=ids, v1=self._list_v1)
         while (request := listing.request()) is not None:
             path, params = request
-            wait = self._list_pace()
-            if wait > 0:
-                time.sleep(wait)
             try:
-                body = self._call("list_instances", "GET", path, params=params)
+                body = self._call("list_instances", "GET", path, params=params, paced=self._list_pace)
             except GpuMarketError as exc:
                 if self._fall_back_from_v1(listing, exc):
                     continue
@@ -784,11 +793,18 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         *,
         params: Mapping[str, str] | None = None,
         patient: bool = False,
+        paced: Callable[[], float] | None = None,
     ) -> Any:
         """Same rules as the sync hook's ``_call``: a plain first try, tenacity after a retryable failure."""
         await self.asettings()
-        try:
+
+        async def send() -> Any:
+            if paced is not None and (wait := paced()) > 0:
+                await asyncio.sleep(wait)
             return await self._send(operation, method, path, body, params)
+
+        try:
+            return await send()
         except GpuMarketError as exc:
             seconds = self._first_retry_wait(exc, patient=patient)
             if seconds is None:
@@ -797,7 +813,7 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         retry = tenacity.retry_if_exception(api.is_retryable)
         async for attempt in tenacity.AsyncRetrying(**self._retry_kwargs(retry, tries_done=1, patient=patient)):
             with attempt:
-                return await self._send(operation, method, path, body, params)
+                return await send()
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     async def get_instance(self, instance_id: int) -> types.Instance:
@@ -820,14 +836,12 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         self, *, label: str | None = None, ids: Iterable[int] | None = None
     ) -> list[types.Instance]:
         """The async twin of :meth:`GpuMarketHook.list_instances`."""
+        await self.asettings()  # the pacer is keyed by the connection's server and key
         listing = api.InstanceListing(label=label, ids=ids, v1=self._list_v1)
         while (request := listing.request()) is not None:
             path, params = request
-            wait = self._list_pace()
-            if wait > 0:
-                await asyncio.sleep(wait)
             try:
-                body = await self._call("list_instances", "GET", path, params=params)
+                body = await self._call("list_instances", "GET", path, params=params, paced=self._list_pace)
             except GpuMarketError as exc:
                 if self._fall_back_from_v1(listing, exc):
                     continue

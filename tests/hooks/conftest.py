@@ -65,7 +65,7 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         slept[0] += seconds
 
     class HookClock:
-        """The ``time`` module as the hook sees it: a recorded sleep moves its monotonic clock forward."""
+        """The ``time`` module as the hook and its pacer see it: a recorded sleep moves their clocks forward."""
 
         def __getattr__(self, name: str):
             return getattr(time, name)
@@ -74,10 +74,15 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         def monotonic() -> float:
             return time.monotonic() + slept[0]
 
+        @staticmethod
+        def time() -> float:  # the machine-wide list pacer books wall-clock slots
+            return time.time() + slept[0]
+
         sleep = staticmethod(fake_sleep)
 
     monkeypatch.setattr(tenacity.nap.time, "sleep", fake_sleep)
     monkeypatch.setattr("airflow_gpumarket.hooks.gpumarket.time", HookClock())
+    monkeypatch.setattr("airflow_gpumarket.pacing.time", HookClock())
     return recorded
 
 

@@ -83,6 +83,31 @@ def test_live_list_pages_are_spaced_a_little_wider_than_the_published_list_rate(
     assert 1 / api.LIST_RATE_PER_SECOND < sleeps[0] <= LIST_PACING_MARGIN / api.LIST_RATE_PER_SECOND
 
 
+def test_a_rate_limited_list_page_is_retried_in_a_slot_of_the_list_budget_of_its_own(requests_mock, hook, sleeps):
+    """A retry sent outside the budget draws the next page's 429 (each refusal costs a penalty token): the retry
+    books its own slot, after its backoff."""
+    requests_mock.get(V1, [{"status_code": 429, "text": "API requests too frequent"}, page([{"id": 1}])])
+
+    assert hook.list_instances() == [{"id": 1}]
+
+    from airflow_gpumarket.hooks.gpumarket import LIST_PACING_MARGIN
+
+    backoff, slot = sleeps
+    assert backoff == 0.0  # the connection's retry_min_wait is 0
+    assert 1 / api.LIST_RATE_PER_SECOND < slot <= LIST_PACING_MARGIN / api.LIST_RATE_PER_SECOND
+
+
+def test_list_calls_of_every_hook_of_this_process_share_one_budget(requests_mock, sleeps):
+    """Two hooks (two tasks of one worker, a reaper beside a sensor) on one key: the second waits for its slot."""
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    requests_mock.get(V1, **page([{"id": 1}]))
+    GpuMarketHook().list_instances()
+    GpuMarketHook().list_instances()
+
+    assert len(sleeps) == 1 and sleeps[0] > 1 / api.LIST_RATE_PER_SECOND
+
+
 def test_live_list_v0_410_is_never_used_when_v1_answers(requests_mock, hook):
     requests_mock.get(V0, **DEPRECATED_410)
     requests_mock.get(V1, **page([{"id": 1}]))

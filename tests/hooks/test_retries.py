@@ -25,6 +25,15 @@ ASK = url("/api/v0/asks/101/")
 CREATED = {"success": True, "new_contract": 7001, "instance_api_key": "inst-key-0123456789abcdef"}
 
 
+@pytest.fixture(autouse=True)
+def _no_list_pacing(monkeypatch):
+    """The retry policy is exercised through list_instances here; the list budget's slot waits, which every try
+    takes too (tests/hooks/test_live_service.py), would mix with the backoffs recorded."""
+    from airflow_gpumarket.hooks.gpumarket import _GpuMarketHookBase
+
+    monkeypatch.setattr(_GpuMarketHookBase, "_list_pace", lambda self: 0.0)
+
+
 def ok(json) -> dict:
     return {"status_code": 200, "json": json}
 
