@@ -11,6 +11,7 @@ seconds after the instance became running), CPU seconds, peak RSS growth. Each c
     python bench/bench_triggerer.py            # all cases
     python bench/bench_triggerer.py --case 1000 shared
     python bench/bench_triggerer.py --quick    # smoke run: N=10 only, same lines, fails on errors only
+    python bench/bench_triggerer.py --ha       # P1-HA only (about 5 minutes)
 
 Profile: ``live``, chosen on purpose for every case, so that the shared poller walks the paged
 ``GET /api/v1/instances/`` (25 ids a page) as it does against the service today (``spec`` would measure the v0
@@ -21,6 +22,11 @@ and the client's list budget (``api.LIST_RATE_PER_SECOND``, the published 0.5/s)
 client paces its page walk by the budget of the service it talks to. The ``--live`` cases turn the published
 per-endpoint buckets on instead (list 0.5 requests/s, no burst, refilled on the simulated clock, which runs at 1x
 there) and leave the client's budget as published.
+
+P1-HA (``--ha`` alone, and after the default cases): 300 waits on one key under the published buckets (simulator at
+10x), split over 1, 2 and 3 triggerer-like processes on this machine, each with its own shared poller; once with
+the list slots booked machine-wide (``airflow_gpumarket.pacing``, as shipped) and once, as the baseline, with each
+process pacing alone (a slot folder of its own). Detection delays are in simulated seconds.
 
 Exits non-zero when a case fails (its stderr's last lines are printed on stderr), so that ``make bench`` and
 ``make bench-quick`` fail with it.
@@ -56,13 +62,20 @@ QUICK_SIZES = (10,)
 #: clock runs at 1x and boots take their real 1-5 minutes.
 LIVE_SPEED = 1.0
 LIVE_CASES = ((10, "live-shared"), (1000, "live-shared"))
+#: P1-HA: the waits, the processes they are split over, the clock (the published buckets scale with it).
+HA_N = 300
+HA_PROCESSES = (1, 2, 3)
+HA_SPEED = 10.0
+HA_QUICK_N = 10
 
 
-def start_simulator(n: int, live_limits: bool = False) -> tuple[subprocess.Popen, str, str]:
+def start_simulator(
+    n: int, live_limits: bool = False, speed: float | None = None
+) -> tuple[subprocess.Popen, str, str]:
     world = {"offers": [{"id": i + 1, "gpu_name": "RTX 4090", "dph_total": 0.5} for i in range(n)]}
     path = Path(tempfile.mkdtemp(prefix="gpm-bench-")) / "world.json"
     path.write_text(json.dumps(world))
-    speed = LIVE_SPEED if live_limits else SPEED
+    speed = speed or (LIVE_SPEED if live_limits else SPEED)
     # The live profile, on purpose (see the module docstring). Set-up creates the instances with its buckets off;
     # run_case then puts the bench's own bucket in place, or (a live case) turns the published ones on.
     cmd = [sys.executable, "-m", "airflow_gpumarket.simulator.cli", "--port", "0", "--speed", str(speed)]
@@ -159,6 +172,100 @@ def run_case(n: int, mode: str) -> dict:
         process.wait(timeout=10)
 
 
+def watch_in_this_process(url: str, key: str, ids: list[int], speed: float) -> dict[int, float]:
+    """One triggerer-like process of P1-HA: the shared poller watching ``ids``; when each was seen running."""
+    os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = json.dumps(
+        {"conn_type": "gpumarket", "host": url, "password": key, "extra": {"max_retries": 8}}
+    )
+    from airflow_gpumarket import api
+    from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
+
+    api.LIST_RATE_PER_SECOND *= speed  # the published budget runs with the simulator's clock
+    seen: dict[int, float] = {}
+
+    async def watch(instance_id: int) -> None:
+        trigger = GpuMarketInstanceStatusTrigger(instance_id=instance_id, poll_interval=LIVE_POLL / speed)
+        async with aclosing(trigger.run()) as events:
+            async for _event in events:
+                seen[instance_id] = time.time()
+                return
+
+    async def all_triggers() -> None:
+        await asyncio.wait_for(asyncio.gather(*(watch(i) for i in ids)), timeout=900)
+
+    asyncio.run(all_triggers())
+    return seen
+
+
+def run_ha_case(n: int, processes: int, shared_pacing: bool, speed: float = 10.0) -> dict:
+    """P1-HA: ``n`` deferred waits on one key under the published buckets, split over ``processes`` triggerer-like
+    processes (each with its own shared poller), their list slots booked machine-wide or (the baseline) each
+    process pacing itself as if it owned the key."""
+    process, url, key = start_simulator(n, speed=speed)
+    pacing_dirs = [tempfile.mkdtemp(prefix="gpm-pacing-") for _ in range(processes)]
+    try:
+        session = requests.Session()
+        session.headers["Authorization"] = f"Bearer {key}"
+        ids = [
+            session.put(f"{url}/api/v0/asks/{i + 1}/", json={"image": "bench", "label": f"b{i}"}).json()["new_contract"]
+            for i in range(n)
+        ]
+        session.put(f"{url}/_sim/rate-limits", json={"enabled": True}).raise_for_status()
+        sim_t0, real_t0 = session.get(f"{url}/_sim/state").json()["now"], time.time()
+        log_start = len(session.get(f"{url}/_sim/state").json()["requests"])
+        children = []
+        for k in range(processes):
+            env = dict(os.environ, GPUMARKET_PACING_DIR=pacing_dirs[0 if shared_pacing else k])
+            share = json.dumps(ids[k::processes])
+            cmd = [sys.executable, __file__, "--ha-child", url, key, share, str(speed)]
+            children.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        seen: dict[int, float] = {}
+        for child in children:
+            out, err = child.communicate(timeout=1200)
+            if child.returncode != 0:
+                raise RuntimeError(f"a watching process failed ({child.returncode}): {err.strip()[-800:]}")
+            seen.update({int(i): t for i, t in json.loads(out.strip().splitlines()[-1]).items()})
+        state = session.get(f"{url}/_sim/state").json()
+        lists = [r for r in state["requests"][log_start:] if r["path"].startswith(("/api/v0/instances", "/api/v1/"))]
+        running_at = {i["id"]: i["first_running_at"] for i in state["instances"]}
+        # Simulated seconds between an instance becoming running and its trigger seeing it.
+        delays = sorted((seen[i] - real_t0) * speed - (running_at[i] - sim_t0) for i in ids)
+        return {
+            "p50": statistics.median(delays),
+            "p99": delays[min(len(delays) - 1, int(len(delays) * 0.99))],
+            "429s": sum(1 for r in lists if r["status"] == 429),
+            "lists": len(lists),
+        }
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def run_ha(sizes: tuple[int, ...], n: int, speed: float, pacings: tuple[bool, ...] = (True, False)) -> int:
+    print(
+        f"# P1-HA: {n} waits on one key under the published buckets (list 0.5/s, no burst), simulator at "
+        f"{speed:g}x, poll {LIVE_POLL:g} simulated s; seconds are simulated; each line beside one process"
+    )
+    failed = 0
+    for shared in pacings:
+        one: dict | None = None
+        for processes in sizes:
+            try:
+                r = run_ha_case(n, processes, shared, speed)
+            except Exception as exc:  # noqa: BLE001 - report the case, go on with the others
+                print(f"P1-HA processes={processes} {'shared' if shared else 'own'} pacing: FAILED ({exc})")
+                failed += 1
+                continue
+            one = one or r
+            print(
+                f"P1-HA {processes} process(es), {'pacing shared by the machine' if shared else 'each pacing alone'}"
+                f": detection p50 {r['p50']:.0f} s p99 {r['p99']:.0f} s ({r['p99'] / max(one['p99'], 1e-9):.2f}x one "
+                f"process), {r['429s']} 429s ({r['429s'] / max(one['429s'], 1):.2f}x), {r['lists']} list calls "
+                "(goal with 2-3 processes: p99 <= 1.3x, 429s <= 1.2x one process's)"
+            )
+    return failed
+
+
 def run_in_child(n: int, mode: str) -> dict | None:
     """One case in a fresh process; None (with the child's last stderr lines on stderr) when it failed."""
     out = subprocess.run([sys.executable, __file__, "--case", str(n), mode], capture_output=True, text=True)
@@ -179,10 +286,18 @@ def main() -> int:
     parser.add_argument("--case", nargs=2, metavar=("N", "MODE"))
     parser.add_argument("--live", action="store_true", help="only the cases under the live profile's buckets")
     parser.add_argument("--quick", action="store_true", help="a smoke run: N=10 only, same lines")
+    parser.add_argument("--ha", action="store_true", help="only P1-HA: the waits split over 1, 2, 3 processes")
+    parser.add_argument("--ha-child", nargs=4, metavar=("URL", "KEY", "IDS", "SPEED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         print(json.dumps(run_case(int(args.case[0]), args.case[1])))
         return 0
+    if args.ha_child:
+        url, key, ids, speed = args.ha_child
+        print(json.dumps(watch_in_this_process(url, key, json.loads(ids), float(speed))))
+        return 0
+    if args.ha:
+        return 1 if run_ha(HA_PROCESSES, HA_N, HA_SPEED) else 0
     failed = 0
     if args.live:
         print(f"# P1 live: the published buckets (list 0.5/s, no burst), poll {LIVE_POLL:g} s, clock 1x")
@@ -215,6 +330,10 @@ def main() -> int:
                 f"detection p50 {r['p50']:.2f} s p99 {r['p99']:.2f} s, CPU {r['cpu_s']:.2f} s, "
                 f"RSS +{r['rss_growth_mb']:.1f} MB (goal at N=1000: 0 429s, p99 <= {bound:g} s, RSS <= +100 MB)"
             )
+    if args.quick:  # boots of 1-5 s at 60x; the machine-wide pacing only
+        failed += run_ha((1, 2), HA_QUICK_N, SPEED, pacings=(True,))
+    else:
+        failed += run_ha(HA_PROCESSES, HA_N, HA_SPEED)
     return 1 if failed else 0
 
 

@@ -58,6 +58,7 @@ HEARTBEAT_TIMEOUT = 25  # [scheduler] task_instance_heartbeat_timeout, seconds
 SUPERVISE_INTERVAL = 2.0  # seconds between two looks for components that died on their own
 EXECUTION_TIMEOUT = 25  # the execution_timeout of the execution_timeout_* DAGs, seconds
 TRIGGERER_DOWN = 10  # seconds between killing the triggerer and starting a new one
+POSTGRES_DOWN = 10  # seconds PostgreSQL stays down in postgres_restart
 TRIGGER_SPACING = 0.5  # seconds between the starts of two scenarios
 RUN_BUDGET = 630  # seconds from the script's start until every wait gives up: with the teardown, under 12 minutes
 FINISHED = {"success", "failed", "skipped", "upstream_failed", "removed"}
@@ -77,7 +78,19 @@ GOALS = {
     "exit3_deferred": "the same, deferred: the trigger reads the output, the exception names the exit status",
     "execution_timeout_deferred": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
     "execution_timeout_sync": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
+    # High availability (production shape only), each alone after the others: the fault touches every scenario.
+    "triggerer_ha": "kill -9 the triggerer running a deferred job, no restart: the other resumes it; no destroy, "
+    "one rental, every line in the task log, success, 0 alive",
+    "scheduler_kill": "kill -9 one of two schedulers while a sync job runs: success on its one rental, 0 alive",
+    "worker_kill": "kill -9 the Celery worker running a sync job, retries=0: destroyed <= 120 s after Airflow "
+    "failed the TI, 0 alive",
+    "postgres_restart": f"PostgreSQL down {POSTGRES_DOWN} s under a deferred and a sync job: both succeed on one "
+    "rental each, every component healthy again, 0 alive",
 }
+#: Scenarios that disturb every other one: each runs alone, after all the others, in this order.
+ALONE = ("triggerer_restart", "triggerer_ha", "scheduler_kill", "worker_kill", "postgres_restart")
+#: The ones that need two schedulers, triggerers and Celery workers (skipped on the small shape).
+HA = ("triggerer_ha", "scheduler_kill", "worker_kill", "postgres_restart")
 DEFERRED_SCENARIOS = (
     "deferred_happy",
     "short_job_deferred",
@@ -396,6 +409,14 @@ class Deployment:
             AIRFLOW__CELERY__BROKER_URL=f"redis://127.0.0.1:{self.redis_port}/0",
             AIRFLOW__CELERY__RESULT_BACKEND="db+" + self.postgres.url,
             AIRFLOW__CELERY__WORKER_CONCURRENCY=str(WORKER_CONCURRENCY),
+            # Each component reports its own name as its host (as if each ran on a machine of its own), so that a
+            # job row tells which triggerer runs a trigger.
+            AIRFLOW__CORE__HOSTNAME_CALLABLE="gpumarket_system_host.hostname",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(self.home), os.environ.get("PYTHONPATH")])),
+        )
+        (self.home / "gpumarket_system_host.py").write_text(
+            "import os\nimport socket\n\n\ndef hostname():\n"
+            "    return os.environ.get('GPUMARKET_SYSTEM_HOST') or socket.getfqdn()\n"
         )
         return env
 
@@ -444,7 +465,7 @@ class Deployment:
             cmd = [str(BIN / "airflow"), kind, "--skip-serve-logs"]
         else:
             cmd = [str(BIN / "airflow"), kind]
-        self.processes.start(name, cmd, self.env, f"{name}.log")
+        self.processes.start(name, cmd, {**self.env, "GPUMARKET_SYSTEM_HOST": name}, f"{name}.log")
 
     @staticmethod
     def _write_world(path: Path) -> Path:
@@ -486,6 +507,22 @@ class Deployment:
             time.sleep(1)
         say(f"{len(wanted)} DAGs parsed")
 
+    def log_of(self, name: str) -> str:
+        log = self.home / f"{name}.log"
+        return log.read_text(errors="replace") if log.exists() else ""
+
+    def wait_healthy(self, timeout: float) -> None:
+        """Until the api-server reports every component healthy (the scenarios' own waits are bounded too)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            health = self.api.health() or {}
+            unhealthy = [k for k, v in health.items() if isinstance(v, dict) and v.get("status") != "healthy"]
+            if health and not unhealthy:
+                return
+            if time.monotonic() > deadline:
+                raise Miss(f"not healthy {timeout:.0f} s later: {unhealthy or 'api-server not answering'}")
+            time.sleep(1)
+
     def task_parents(self) -> set[int]:
         """The components whose descendants run task instances: the schedulers (LocalExecutor) or workers."""
         names = self.shape.of("worker") or self.shape.of("scheduler")
@@ -507,7 +544,14 @@ class Deployment:
         carry the TI's id in their process title."""
         found = []
         for process in psutil.process_iter(["cmdline"]):
-            if ti_id in " ".join(process.info["cmdline"] or []):
+            title = " ".join(process.info["cmdline"] or [])
+            if ti_id not in title:
+                continue
+            # A Celery pool process keeps the supervisor's title after the task left it (until its next task):
+            # only a supervisor with its task runner under it holds the task.
+            with contextlib.suppress(psutil.Error):
+                if title.startswith("airflow supervisor:") and not process.children():
+                    continue
                 found.append(process)
         return found
 
@@ -539,6 +583,23 @@ class Scenario:
         self.h.say(f"{self.name}: {text}")
 
     # REST API
+    def triggerer_running_the_trigger(self) -> str:
+        """The component whose triggerer job runs this TI's trigger: Airflow names the trigger's log file after
+        that job's id (``attempt=N.log.trigger.<job id>.log``), and the job's hostname is the component's name."""
+        folder = self.h.deployment.home / "logs" / f"dag_id={self.dag_id}" / f"run_id={self.run_id}" / "task_id=job"
+        files = sorted(folder.glob("attempt=*.log.trigger.*.log"), key=lambda path: path.stat().st_mtime)
+        if not files:
+            raise Miss(f"no trigger log file under {folder}")
+        job_id = int(files[-1].name.split(".trigger.")[1].split(".")[0])
+        jobs = self.h.api.call("GET", "/jobs", job_type="TriggererJob", limit=100)["jobs"]
+        host = next((job["hostname"] for job in jobs if job["id"] == job_id), None)
+        if host not in self.h.deployment.shape.of("triggerer"):
+            raise Miss(f"triggerer job {job_id} runs the trigger, on host {host!r}: not one of this deployment's")
+        return host
+
+    def run_state(self) -> str | None:
+        return self.h.api.call("GET", f"/dags/{self.dag_id}/dagRuns/{self.run_id}").get("state")
+
     def trigger(self) -> None:
         """Create the DAG run under a run id of our own, so a retried POST can never make a second run."""
         run_id = f"system-{time.strftime('%H%M%S')}-{secrets.token_hex(3)}"
@@ -782,14 +843,22 @@ def kill9(s: Scenario, retry: bool) -> None:
     s.wait_destroyed(instance["id"], failed_at, "Airflow failed the TI", 120)
 
 
-def triggerer_restart(s: Scenario) -> None:
-    for other in DEFERRED_SCENARIOS:  # killing the triggerer would disturb their deferred tasks
-        while other in s.h.threads and s.h.threads[other].is_alive():
+def wait_alone(s: Scenario) -> None:
+    """Until every scenario that is not ALONE, and every ALONE one before this, has ended."""
+    earlier = ALONE[: ALONE.index(s.name)]
+    for other, thread in s.h.threads.items():
+        if other == s.name or (other in ALONE and other not in earlier):
+            continue
+        while thread.is_alive():
             if s.h.stop.is_set():
                 raise Interrupted()
             if time.time() > s.h.deadline:
-                raise Miss(f"run budget spent waiting for {other} to end before killing the triggerer")
-            s.h.threads[other].join(0.5)
+                raise Miss(f"run budget spent waiting for {other} to end first")
+            thread.join(0.5)
+
+
+def triggerer_restart(s: Scenario) -> None:
+    wait_alone(s)
     s.trigger()
     s.wait_running("deferred")
     time.sleep(2)
@@ -843,6 +912,118 @@ def execution_timeout(s: Scenario, deferred: bool) -> None:
     s.expect_state("failed", 30)
 
 
+def triggerer_ha(s: Scenario) -> None:
+    """The triggerer that runs the trigger dies for good: the other one takes the trigger over once the dead one's
+    heartbeat is older than [triggerer] triggerer_health_check_threshold, and the new copy resumes the wait."""
+    wait_alone(s)
+    s.trigger()
+    s.wait_running("deferred")
+    time.sleep(4)  # a few lines read by the first triggerer
+    victim = s.triggerer_running_the_trigger()
+    s.h.deployment.processes.kill_group(victim)
+    killed = time.time()
+    s.say(f"{victim} (running the trigger) killed with kill -9; not restarted until the job ends")
+    try:
+        s.expect_state("success", 180)
+    finally:
+        s.h.deployment.start_component(victim)
+    s.say(f"success {time.time() - killed:.0f} s after the kill")
+    s.wait_all_destroyed()
+    rented = s.instances()
+    if len(rented) != 1:
+        raise Miss(f"{len(rented)} instances rented for one task instance")
+    ticks = re.findall(r"^\[instance \d+\] (tick \d+)$", s.task_messages(), re.M)
+    wanted = [f"tick {i}" for i in range(1, 13)]
+    s.say(f"job lines in the task log: {ticks}")
+    if sorted(set(ticks), key=wanted.index) != wanted or _without_marked_repeats(s, ticks) != wanted:
+        raise Miss(f"expected ticks 1-12 in order (repeats only where marked); found {ticks}")
+
+
+def _without_marked_repeats(s: Scenario, ticks: list[str]) -> list[str]:
+    """The ticks with the block a resumed wait marked as possibly repeated reduced to its new lines."""
+    messages = s.task_messages().splitlines()
+    out: list[str] = []
+    for message in messages:
+        if message.startswith("[instance ") and "this wait found the job already running" in message:
+            continue
+        found = re.match(r"^\[instance \d+\] (tick \d+)$", message)
+        if found and found.group(1) not in out:
+            out.append(found.group(1))
+    return out
+
+
+def scheduler_kill(s: Scenario) -> None:
+    """One of two schedulers dies mid-run: the job, running in a Celery worker, does not depend on it."""
+    wait_alone(s)
+    s.trigger()
+    s.wait_running("running")
+    victim = s.h.deployment.shape.of("scheduler")[0]
+    s.h.deployment.processes.kill_group(victim)
+    killed = time.time()
+    s.say(f"{victim} killed with kill -9; the other scheduler goes on")
+    try:
+        s.expect_state("success", 180)
+    finally:
+        s.h.deployment.start_component(victim)
+    s.say(f"success {time.time() - killed:.0f} s after the kill")
+    s.wait_all_destroyed()
+    if len(s.instances()) != 1:
+        raise Miss(f"{len(s.instances())} instances rented for one task instance")
+
+
+def worker_kill(s: Scenario) -> None:
+    """The machine of a Celery worker is lost with a job on it: kill -9 the worker and everything under it."""
+    wait_alone(s)
+    s.trigger()
+    instance = s.wait_running("running")
+    ti_id = str(s.ti()["id"])
+    deployment = s.h.deployment
+    runner = deployment.task_processes(ti_id)
+    workers = {deployment.processes.started[n].pid: n for n in deployment.shape.of("worker")}
+    victim = next(
+        (workers[a.pid] for p in runner for a in p.parents() if a.pid in workers), None
+    )
+    if victim is None:
+        raise Miss(f"no Celery worker found above the task's processes {[p.pid for p in runner]}")
+    process = psutil.Process(deployment.processes.started[victim].pid)
+    everything = [process, *process.children(recursive=True)]
+    deployment.processes.kill_group(victim)
+    for child in everything:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    killed = time.time()
+    s.say(f"{victim} and its {len(everything) - 1} descendants killed with kill -9")
+    try:
+        s.expect_state("failed", HEARTBEAT_TIMEOUT + 90)
+    finally:
+        deployment.start_component(victim)
+    failed_at = epoch(s.last_ti["end_date"])
+    assert failed_at is not None
+    s.say(f"Airflow failed the TI {failed_at - killed:.0f} s after the kill (its end_date)")
+    s.wait_destroyed(instance["id"], failed_at, "Airflow failed the TI", 120)
+
+
+def postgres_restart(s: Scenario) -> None:
+    """The metadata database goes away for a while under a deferred wait and a sync one (the same DAG's two
+    tasks): Airflow's components reconnect or are restarted by the supervisor, as a service manager would."""
+    wait_alone(s)
+    s.trigger()
+    running = lambda: sum(i.get("actual_status") == "running" for i in s.instances()) == 2 or None  # noqa: E731
+    s.wait("both jobs running", 180, running)
+    s.h.deployment.postgres.restart(POSTGRES_DOWN)
+    back = time.time()
+    s.say(f"PostgreSQL was down {POSTGRES_DOWN} s")
+    final = s.wait("end of both tasks", 240, lambda: s.run_state() if s.run_state() in FINISHED else None)
+    if final != "success":
+        raise Miss(f"DAG run ended {final!r} ({s.describe()})")
+    s.wait_all_destroyed()
+    rented = s.instances()
+    if len(rented) != 2:
+        raise Miss(f"{len(rented)} instances for two tasks")
+    s.h.deployment.wait_healthy(120)
+    s.say(f"both tasks succeeded, every component healthy {time.time() - back:.0f} s after PostgreSQL came back")
+
+
 SCENARIOS: dict[str, Callable[[Scenario], None]] = {
     "deferred_happy": deferred_happy,
     "short_job_deferred": short_job,
@@ -856,6 +1037,10 @@ SCENARIOS: dict[str, Callable[[Scenario], None]] = {
     "exit3_deferred": exit3,
     "execution_timeout_deferred": lambda s: execution_timeout(s, deferred=True),
     "execution_timeout_sync": lambda s: execution_timeout(s, deferred=False),
+    "triggerer_ha": triggerer_ha,
+    "scheduler_kill": scheduler_kill,
+    "worker_kill": worker_kill,
+    "postgres_restart": postgres_restart,
 }
 assert list(SCENARIOS) == list(GOALS)
 
@@ -992,8 +1177,9 @@ def main() -> int:
     parser.add_argument(
         "--scenarios",
         type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
-        default=list(SCENARIOS),
-        help=f"comma-separated names, of: {', '.join(SCENARIOS)} (default: all)",
+        default=None,
+        help=f"comma-separated names, of: {', '.join(SCENARIOS)} (default: all the shape can run; the small shape "
+        f"cannot run {', '.join(HA)})",
     )
     parser.add_argument(
         "--shape",
@@ -1003,17 +1189,20 @@ def main() -> int:
         "LocalExecutor, one scheduler, one triggerer. PostgreSQL either way.",
     )
     args = parser.parse_args()
-    names = args.scenarios
+    shape = PRODUCTION if args.shape == "production" else SMALL
+    names = args.scenarios or [n for n in SCENARIOS if shape is PRODUCTION or n not in HA]
     unknown = [name for name in names if name not in SCENARIOS]
     if unknown:
         parser.error(f"--scenarios: no scenario named {', '.join(unknown)}; the names are {', '.join(SCENARIOS)}")
+    if shape is SMALL and set(names) & set(HA):
+        parser.error(f"--scenarios: {', '.join(sorted(set(names) & set(HA)))} need the production shape")
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored (`cmd &`)
-    harness = Harness(names, PRODUCTION if args.shape == "production" else SMALL)
+    harness = Harness(names, shape)
     ok = False
     try:
         harness.run()

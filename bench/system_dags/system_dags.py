@@ -28,6 +28,8 @@ TICKS = "for i in 1 2 3 4 5 6 7 8; do echo tick $i; sleep 2.5; done"
 #: A 3-second job that succeeds: no periodic read happens while it runs (default log_interval), so its three lines
 #: reach the task log only through the final read of the stopped instance.
 SHORT = 'echo "first $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo second; sleep 3; echo third'
+#: Numbered lines over about 30 s: long enough for a triggerer to die mid-job and the other to take over.
+TICKS_30S = "for i in $(seq 1 12); do echo tick $i; sleep 2.5; done"
 
 # name: (deferrable, command, extra operator arguments); bench/system.py has the same names.
 SCENARIOS: dict[str, tuple[bool, str, dict]] = {
@@ -43,6 +45,10 @@ SCENARIOS: dict[str, tuple[bool, str, dict]] = {
     "exit3_deferred": (True, COMPUTED_THEN_EXIT_3, {}),
     "execution_timeout_deferred": (True, "sleep 600", {"execution_timeout": timedelta(seconds=25)}),
     "execution_timeout_sync": (False, "sleep 600", {"execution_timeout": timedelta(seconds=25)}),
+    "triggerer_ha": (True, TICKS_30S, {"log_interval": 3}),
+    "scheduler_kill": (False, "sleep 30", {}),
+    "worker_kill": (False, "sleep 100000", {"retries": 0}),
+    "postgres_restart": (True, "sleep 40", {}),  # with a second, sync task: see below
 }
 # Scenario -> the callback attribute that a heartbeat timeout fires for it (retries left: on_retry_callback).
 PROBED = {"kill9_retry": "on_retry_callback", "lost_worker": "on_failure_callback"}
@@ -90,6 +96,17 @@ for _name, (_deferrable, _command, _extra) in SCENARIOS.items():
             max_runtime=timedelta(minutes=15),
             **_extra,
         )
+        if _name == "postgres_restart":  # the same job in a worker, beside the deferred one
+            GpuMarketRunJobOperator(
+                task_id="job_sync",
+                offer_filters={"gpu_name": {"eq": f"sys-{_name}"}},
+                image="system-test",
+                command=_command,
+                deferrable=False,
+                poll_interval=1,
+                boot_timeout=timedelta(minutes=2),
+                max_runtime=timedelta(minutes=15),
+            )
         if _name in PROBED:
             _attribute = PROBED[_name]
             _existing = getattr(_job, _attribute) or []
