@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -213,18 +214,25 @@ def run_ha_case(n: int, processes: int, shared_pacing: bool, speed: float = 10.0
         session.put(f"{url}/_sim/rate-limits", json={"enabled": True}).raise_for_status()
         sim_t0, real_t0 = session.get(f"{url}/_sim/state").json()["now"], time.time()
         log_start = len(session.get(f"{url}/_sim/state").json()["requests"])
-        children = []
-        for k in range(processes):
-            env = dict(os.environ, GPUMARKET_PACING_DIR=pacing_dirs[0 if shared_pacing else k])
-            share = json.dumps(ids[k::processes])
-            cmd = [sys.executable, __file__, "--ha-child", url, key, share, str(speed)]
-            children.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
         seen: dict[int, float] = {}
-        for child in children:
-            out, err = child.communicate(timeout=1200)
-            if child.returncode != 0:
-                raise RuntimeError(f"a watching process failed ({child.returncode}): {err.strip()[-800:]}")
-            seen.update({int(i): t for i, t in json.loads(out.strip().splitlines()[-1]).items()})
+        with contextlib.ExitStack() as files:
+            children = []
+            for k in range(processes):
+                env = dict(os.environ, GPUMARKET_PACING_DIR=pacing_dirs[0 if shared_pacing else k])
+                share = json.dumps(ids[k::processes])
+                cmd = [sys.executable, __file__, "--ha-child", url, key, share, str(speed)]
+                # Output to files, not pipes: a child whose pipe filled up while this process waited on another
+                # would stall (measured: 17-20 s without a round, the p99 of its share 4x).
+                out = files.enter_context(tempfile.TemporaryFile("w+"))
+                err = files.enter_context(tempfile.TemporaryFile("w+"))
+                children.append((subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env), out, err))
+            for child, out, err in children:
+                child.wait(timeout=1200)
+                out.seek(0)
+                err.seek(0)
+                if child.returncode != 0:
+                    raise RuntimeError(f"a watching process failed ({child.returncode}): {err.read().strip()[-800:]}")
+                seen.update({int(i): t for i, t in json.loads(out.read().strip().splitlines()[-1]).items()})
         state = session.get(f"{url}/_sim/state").json()
         lists = [r for r in state["requests"][log_start:] if r["path"].startswith(("/api/v0/instances", "/api/v1/"))]
         running_at = {i["id"]: i["first_running_at"] for i in state["instances"]}
