@@ -45,10 +45,21 @@ _PATIENT_MAX_TRIES = 200
 CLIENT_KEEPALIVE_SECONDS = 4.0
 #: List calls are spaced this many times the live budget's interval (10 % wider than 1 / 0.5 requests/s).
 LIST_PACING_MARGIN = 1.1
+#: ... plus this many seconds: a request that opens a connection (TCP, TLS: tens to a couple of hundred ms) reaches
+#: the server later than the next one on a warm connection, and two processes' slots would meet there (measured:
+#: one 429 per extra process at start-up, P1-HA).
+LIST_PACING_SLACK_SECONDS = 0.1
 #: The connect timeout, at most: a server that does not accept a connection within this is down.
 CONNECT_TIMEOUT_SECONDS = 10.0
 #: Instance keys this process received from create calls, masked in every log text fetched here (bounded).
 _INSTANCE_KEYS: deque[str] = deque(maxlen=1000)
+
+
+def list_slot_seconds() -> float:
+    """Seconds between two list calls on one key from this machine (see ``LIST_PACING_MARGIN``)."""
+    return LIST_PACING_MARGIN / api.LIST_RATE_PER_SECOND + LIST_PACING_SLACK_SECONDS
+
+
 #: The list budget's pacer of each (server, key) this process uses: one per key, whatever the number of hooks.
 _LIST_PACERS: dict[tuple[str, str], pacing.SharedPacer] = {}
 
@@ -195,7 +206,7 @@ class _GpuMarketHookBase(BaseHook):
         if pacer is None:
             pacer = pacing.SharedPacer(settings.base_url, settings.api_key, "list_instances")
             _LIST_PACERS[(settings.base_url, settings.api_key)] = pacer
-        return pacer.book(LIST_PACING_MARGIN / api.LIST_RATE_PER_SECOND)
+        return pacer.book(list_slot_seconds())
 
     def _fall_back_from_v1(self, listing: api.InstanceListing, exc: GpuMarketError) -> bool:
         """True, with ``listing`` restarted on the v0 list, when ``exc`` says this server has no v1 list."""
