@@ -85,28 +85,17 @@ for _name, (_deferrable, _command, _extra) in SCENARIOS.items():
         max_active_runs=1,
         tags=["gpumarket-system"],
     ):
-        _job = GpuMarketRunJobOperator(
-            task_id="job",
+        _common = dict(
             offer_filters={"gpu_name": {"eq": f"sys-{_name}"}},
             image="system-test",
             command=_command,
-            deferrable=_deferrable,
             poll_interval=1,
             boot_timeout=timedelta(minutes=2),
             max_runtime=timedelta(minutes=15),
-            **_extra,
         )
+        _job = GpuMarketRunJobOperator(task_id="job", deferrable=_deferrable, **_common, **_extra)
         if _name == "postgres_restart":  # the same job in a worker, beside the deferred one
-            GpuMarketRunJobOperator(
-                task_id="job_sync",
-                offer_filters={"gpu_name": {"eq": f"sys-{_name}"}},
-                image="system-test",
-                command=_command,
-                deferrable=False,
-                poll_interval=1,
-                boot_timeout=timedelta(minutes=2),
-                max_runtime=timedelta(minutes=15),
-            )
+            GpuMarketRunJobOperator(task_id="job_sync", deferrable=False, **_common)
         if _name in PROBED:
             _attribute = PROBED[_name]
             _existing = getattr(_job, _attribute) or []

@@ -406,14 +406,14 @@ def test_a_cleanup_cancelled_again_half_way_still_destroys(make_trigger, monkeyp
     trigger = make_trigger(destroy_on_kill=True)
     trigger.task_instance = TI
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
-    reading = threading.Event()
+    reading, cancelled = threading.Event(), threading.Event()
 
-    def slow_read(ti):
+    def read_answered_after_the_second_cancel(ti):
         reading.set()
-        time.sleep(0.2)
+        cancelled.wait(5)
         return ("failed", None, None)
 
-    monkeypatch.setattr(trigger_module, "_task_instance_now", slow_read)
+    monkeypatch.setattr(trigger_module, "_task_instance_now", read_answered_after_the_second_cancel)
 
     async def cancelled_twice():
         cleaning = asyncio.ensure_future(trigger.cleanup())
@@ -422,6 +422,7 @@ def test_a_cleanup_cancelled_again_half_way_still_destroys(make_trigger, monkeyp
         cleaning.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await cleaning
+        cancelled.set()
         while trigger_module._CLEANUPS:  # the triggerer's loop goes on running it
             await asyncio.sleep(0.01)
 
