@@ -222,13 +222,17 @@ class WireLayer:
                 await drop_connection(send)
                 return
 
+        # The request is logged before its answer leaves: a client that reads the log right after its answer
+        # arrived must find the request there (a slow machine showed the race).
         async def record_status(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                market.log_request(method, path, status[0], kind, op)
             await send(message)
 
         await self.app(scope, receive, record_status)
-        market.log_request(method, path, status[0], kind, op)
+        if status[0] is None:
+            market.log_request(method, path, None, kind, op)
 
     async def _serve_log_upload(self, scope: Scope, send: Send) -> None:
         """An uploaded log, as object storage serves it: no key needed, 404 until the upload has landed. The

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
+
+from airflow_gpumarket.simulator.app import build_app
+from airflow_gpumarket.simulator.market import Market
+
+from .conftest import SEED
 
 
 @pytest.fixture
@@ -195,3 +201,34 @@ def test_state_is_a_copy(sim):
     state["offers"].clear()
     assert sim.state()["offers"]
     json.dumps(state)  # plain JSON types only
+
+
+def test_request_log_holds_a_request_before_its_answer_leaves():
+    # A client that reads the log as soon as its answer arrives must find its request there.
+    market = Market(speed=0, seed=SEED, profile="spec")
+    app = build_app(market)
+    seen_at_answer: list[list[tuple[str, str, int]]] = []
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            seen_at_answer.append([(r["method"], r["path"], r["status"]) for r in market.requests])
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/api/v0/instances/",
+        "raw_path": b"/api/v0/instances/",
+        "query_string": b"",
+        "headers": [(b"authorization", f"Bearer {market.api_key}".encode())],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 80),
+        "scheme": "http",
+        "http_version": "1.1",
+        "root_path": "",
+    }
+    asyncio.run(app(scope, receive, send))
+    assert seen_at_answer == [[("GET", "/api/v0/instances/", 200)]]
+    assert len(market.requests) == 1
