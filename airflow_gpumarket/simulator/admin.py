@@ -158,7 +158,8 @@ class AdminRoutes:
         return {"limit": self.market.world.list_limit}
 
     async def get_rate_limits(self, request: Request) -> Any:
-        return {"enabled": self.market.rate_limits.enabled, "profile": self.market.profile}
+        limits = self.market.rate_limits
+        return {"enabled": limits.enabled, "profile": self.market.profile, "refused": limits.refused()}
 
     async def set_rate_limits(self, request: Request) -> Any:
         enabled = (await _body(request)).get("enabled")
@@ -166,4 +167,4 @@ class AdminRoutes:
             raise ValueError('send {"enabled": true} or {"enabled": false}')
         self.market.rate_limits.enabled = enabled
         self.market.rate_limits.clear()
-        return {"enabled": enabled, "profile": self.market.profile}
+        return {"enabled": enabled, "profile": self.market.profile, "refused": {}}

@@ -10,6 +10,7 @@ waits longer. The answer is the live service's plain-text 429, without Retry-Aft
 
 from __future__ import annotations
 
+import collections
 import threading
 
 RATES_PER_SECOND: dict[str, float] = {
@@ -36,10 +37,19 @@ class RateLimits:
         self.enabled = enabled
         self._lock = threading.Lock()
         self._buckets: dict[tuple[str, str, str, str], tuple[float, float]] = {}
+        self._refused: collections.Counter[str] = collections.Counter()
 
     def clear(self) -> None:
+        """Full buckets and no refusals counted."""
         with self._lock:
             self._buckets.clear()
+            self._refused.clear()
+
+    def refused(self) -> dict[str, int]:
+        """How many requests were answered 429 since the last ``clear``, per operation: what a fleet test counts
+        (the request log keeps only its last entries)."""
+        with self._lock:
+            return dict(self._refused)
 
     def take(self, op: str, method: str, key: str, client: str, now: float) -> bool:
         """Take a token at simulated time ``now``; False when the request must be refused."""
@@ -54,4 +64,5 @@ class RateLimits:
                 self._buckets[ident] = (tokens - 1.0, now)
                 return True
             self._buckets[ident] = (max(tokens - PENALTY_TOKENS, -PENALTY_TOKENS), now)
+            self._refused[op] += 1
             return False

@@ -263,6 +263,16 @@ def test_live_rate_limit_is_per_key(limited):
     assert other.get(V1).status_code == 404  # an unknown key is not rate limited: it is refused
 
 
+def test_live_rate_limit_refusals_are_counted_per_operation_until_a_reset(limited):
+    sim, api = limited
+    rates = f"{sim.url}/_sim/rate-limits"
+    assert api.session.get(rates).json()["refused"] == {}
+    assert [api.get(V1).status_code for _ in range(3)] == [200, 429, 429]
+    assert api.session.get(rates).json()["refused"] == {"list_instances_v1": 2}
+    sim.reset()
+    assert api.session.get(rates).json()["refused"] == {}
+
+
 def test_spec_profile_has_no_rate_limits():
     with MarketSimulator(speed=0, profile="spec") as sim:
         api = Api(sim, sim.api_key)
