@@ -793,9 +793,22 @@ LIST_PAGE_LIMIT = 25
 #: A walk through more pages than this fails instead of going on: 10,000 instances is far beyond any account
 #: this provider serves, so it means a server that keeps handing out tokens.
 MAX_LIST_PAGES = 400
-#: Requests per second the live service allows per key and client address on the instance list (its published
-#: figure; the buckets have no burst). Pages of one walk are spaced by this much.
+#: Requests per second the live service allows per key and client address (its published figures; the buckets
+#: have no burst and charge a penalty for each refusal): the instance list, a create, a destroy. The hook books
+#: each of these calls a slot machine-wide (``pacing``), so the pages of a walk, the shared pollers' rounds and a
+#: fleet of tasks starting or failing at once stay within them.
 LIST_RATE_PER_SECOND = 0.5
+CREATE_RATE_PER_SECOND = 1 / 4.5
+DESTROY_RATE_PER_SECOND = 1 / 3
+
+
+def rate_budget(operation: str) -> float | None:
+    """The published budget (requests/s) that paces ``operation``, or None for an operation not paced."""
+    return {
+        "list_instances": LIST_RATE_PER_SECOND,
+        "create_instance": CREATE_RATE_PER_SECOND,
+        "destroy_instance": DESTROY_RATE_PER_SECOND,
+    }.get(operation)
 
 
 class InstanceListing:
@@ -921,9 +934,10 @@ def find_by_label(instances: Iterable[Mapping[str, Any]], label: str) -> Instanc
 
 #: Longest backoff after a 429 that named no wait (the live service's buckets refill within seconds).
 RATE_LIMIT_BACKOFF_CAP_SECONDS = 16.0
-#: How long a destroy keeps trying through 429s: many mapped tasks failing at once share one per-key budget
-#: (0.33 destroys/s on the live service), and giving up would leave instances billing.
-DESTROY_RATE_LIMIT_PATIENCE_SECONDS = 900.0
+#: How long a create or a destroy keeps trying through 429s: many mapped tasks starting or failing at once share
+#: one per-key budget (a create every 4.5 s, 0.33 destroys/s on the live service). A create refused with 429 made
+#: nothing, so waiting is safe and failing would lose the task; a destroy that gives up leaves an instance billing.
+RATE_LIMIT_PATIENCE_SECONDS = 900.0
 
 
 # --- Retry decisions (shared by the sync and async hooks; tenacity does the looping) ---------------------

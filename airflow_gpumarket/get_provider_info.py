@@ -44,6 +44,12 @@ CONNECTION_FORM: dict = {
             "label": "Longest retry wait (s)",
             "schema": {"type": ["number", "null"], "default": api.RetryPolicy.max_wait, "minimum": 0},
         },
+        "rate_limit_scale": {
+            "label": "Rate limit scale",
+            "description": "Creates, destroys and instance lists are paced machine-wide to the published budgets "
+            "times this (default 1); 0 paces nothing. The simulator prints the value that fits it.",
+            "schema": {"type": ["number", "null"], "default": 1.0, "minimum": 0},
+        },
         "ca_bundle": {
             "label": "CA bundle path",
             "description": "Path to a CA bundle for TLS verification (verification is always on).",

@@ -50,12 +50,12 @@ def _loggers_enabled():
 
 @pytest.fixture(autouse=True)
 def _pacing_of_this_test_alone(tmp_path, monkeypatch):
-    """The list budget's slots are booked machine-wide (``airflow_gpumarket.pacing``): each test books in a folder
+    """The budgets' slots are booked machine-wide (``airflow_gpumarket.pacing``): each test books in a folder
     of its own, so one test's slots never make another wait."""
     from airflow_gpumarket.hooks import gpumarket as hook_module
 
     monkeypatch.setenv("GPUMARKET_PACING_DIR", str(tmp_path / "pacing"))
-    monkeypatch.setattr(hook_module, "_LIST_PACERS", {})
+    monkeypatch.setattr(hook_module, "_PACERS", {})
 
 
 @pytest.fixture

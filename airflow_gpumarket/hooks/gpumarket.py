@@ -43,25 +43,29 @@ _PATIENT_MAX_TRIES = 200
 #: balancers in front of them (5 s for uvicorn's default, 60 s and more for common balancers): a connection the
 #: server closed while the client reused it shows up as ``RemoteProtocolError`` in trigger logs.
 CLIENT_KEEPALIVE_SECONDS = 4.0
-#: List calls are spaced this many times the live budget's interval (10 % wider than 1 / 0.5 requests/s).
-LIST_PACING_MARGIN = 1.1
+#: Paced calls (``api.rate_budget``) are spaced this many times the budget's interval (10 % wider) ...
+PACING_MARGIN = 1.1
 #: ... plus this many seconds: a request that opens a connection (TCP, TLS: tens to a couple of hundred ms) reaches
 #: the server later than the next one on a warm connection, and two processes' slots would meet there (measured:
 #: one 429 per extra process at start-up, P1-HA).
-LIST_PACING_SLACK_SECONDS = 0.1
+PACING_SLACK_SECONDS = 0.1
 #: The connect timeout, at most: a server that does not accept a connection within this is down.
 CONNECT_TIMEOUT_SECONDS = 10.0
 #: Instance keys this process received from create calls, masked in every log text fetched here (bounded).
 _INSTANCE_KEYS: deque[str] = deque(maxlen=1000)
 
 
-def list_slot_seconds() -> float:
-    """Seconds between two list calls on one key from this machine (see ``LIST_PACING_MARGIN``)."""
-    return LIST_PACING_MARGIN / api.LIST_RATE_PER_SECOND + LIST_PACING_SLACK_SECONDS
+def slot_seconds(operation: str, rate_limit_scale: float = 1.0) -> float:
+    """Seconds between two ``operation`` calls on one key from this machine (see ``PACING_MARGIN``), for a server
+    whose budgets are ``rate_limit_scale`` times the published ones."""
+    rate = api.rate_budget(operation)
+    if rate is None:
+        raise ValueError(f"{operation} has no published budget")
+    return PACING_MARGIN / (rate * rate_limit_scale) + PACING_SLACK_SECONDS
 
 
-#: The list budget's pacer of each (server, key) this process uses: one per key, whatever the number of hooks.
-_LIST_PACERS: dict[tuple[str, str], pacing.SharedPacer] = {}
+#: The pacer of each (server, key, operation) this process uses: one each, whatever the number of hooks.
+_PACERS: dict[tuple[str, str, str], pacing.SharedPacer] = {}
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class ConnectionSettings:
     timeout: float = api.REQUEST_TIMEOUT_SECONDS
     retry: api.RetryPolicy = api.RetryPolicy()
     verify: bool | str = True
+    #: The server's request budgets as a multiple of the published ones; 0: no pacing (a server without limits).
+    rate_limit_scale: float = 1.0
 
 
 def _is_loopback(hostname: str) -> bool:
@@ -146,7 +152,8 @@ def settings_from_connection(
     )
     timeout = _extra_number(extra, "timeout", api.REQUEST_TIMEOUT_SECONDS, conn_id) or api.REQUEST_TIMEOUT_SECONDS
     ca_bundle = _extra(extra, "ca_bundle")
-    return ConnectionSettings(base_url, password, timeout, policy, ca_bundle or True)
+    rate_limit_scale = _extra_number(extra, "rate_limit_scale", 1.0, conn_id)
+    return ConnectionSettings(base_url, password, timeout, policy, ca_bundle or True, rate_limit_scale)
 
 
 class _BearerAuth(requests.auth.AuthBase):
@@ -195,18 +202,35 @@ class _GpuMarketHookBase(BaseHook):
         #: Whether this server has the live service's paged v1 instance list; learnt from the first listing.
         self._list_v1 = True
 
-    def _list_pace(self) -> float:
-        """Seconds to wait before the next list request, and book its slot. The live list allows 0.5 requests/s
-        per key and client address, without burst, and charges a penalty for each refusal, so every list call of
-        every process of this machine on this key (pages of a walk, the shared pollers' rounds, reapers) takes
-        its turn through one ``pacing.SharedPacer``, spaced a little wider than the budget: sent exactly at the
-        rate, clock jitter alone would draw 429s."""
+    def _pace(self, operation: str) -> float:
+        """Seconds to wait before the next ``operation`` request, and book its slot. The live service allows the
+        list 0.5 requests/s per key and client address, a create one per 4.5 s and a destroy one per 3 s, without
+        burst, and charges a penalty for each refusal. So every such call of every process of this machine on this
+        key (pages of a walk, the shared pollers' rounds, reapers, a fleet of mapped tasks renting or failing at
+        once) takes its turn through one ``pacing.SharedPacer``, spaced a little wider than the budget: sent
+        exactly at the rate, clock jitter alone would draw 429s. The connection's ``rate_limit_scale`` scales the
+        budgets (0: none)."""
         settings = self.settings
-        pacer = _LIST_PACERS.get((settings.base_url, settings.api_key))
+        if not settings.rate_limit_scale:
+            return 0.0
+        key = (settings.base_url, settings.api_key, operation)
+        pacer = _PACERS.get(key)
         if pacer is None:
-            pacer = pacing.SharedPacer(settings.base_url, settings.api_key, "list_instances")
-            _LIST_PACERS[(settings.base_url, settings.api_key)] = pacer
-        return pacer.book(list_slot_seconds())
+            pacer = _PACERS[key] = pacing.SharedPacer(settings.base_url, settings.api_key, operation)
+        return pacer.book(slot_seconds(operation, settings.rate_limit_scale))
+
+    def _list_pace(self) -> float:
+        return self._pace("list_instances")
+
+    def min_list_interval(self) -> float:
+        """Seconds between two list calls that the connection's budget allows (0: it paces nothing); the published
+        budget's until the connection has been read."""
+        settings = self.__dict__.get("settings")
+        scale = settings.rate_limit_scale if settings is not None else 1.0
+        return 1.0 / (api.LIST_RATE_PER_SECOND * scale) if scale else 0.0
+
+    def _destroy_pace(self) -> float:
+        return self._pace("destroy_instance")
 
     def _fall_back_from_v1(self, listing: api.InstanceListing, exc: GpuMarketError) -> bool:
         """True, with ``listing`` restarted on the v0 list, when ``exc`` says this server has no v1 list."""
@@ -227,12 +251,12 @@ class _GpuMarketHookBase(BaseHook):
     def _retry_kwargs(self, retry: Any, *, tries_done: int = 0, patient: bool = False) -> dict[str, Any]:
         """tenacity settings for the tries left after ``tries_done`` (attempt numbers count those too).
 
-        ``patient`` calls (destroy) keep trying through 429s for ``DESTROY_RATE_LIMIT_PATIENCE_SECONDS`` whatever
-        ``max_retries`` says: many tasks failing at once share one rate budget, and giving up leaves an instance
-        billing. Other failures still stop them after ``max_retries``.
+        ``patient`` calls (create, destroy) keep trying through 429s for ``api.RATE_LIMIT_PATIENCE_SECONDS``
+        whatever ``max_retries`` says: many tasks starting or failing at once share one rate budget. Other failures
+        still stop them after ``max_retries``.
         """
         max_attempts = self.settings.retry.max_retries + 1 - tries_done
-        patience = api.DESTROY_RATE_LIMIT_PATIENCE_SECONDS
+        patience = api.RATE_LIMIT_PATIENCE_SECONDS
 
         def stop(state: tenacity.RetryCallState) -> bool:
             exc = state.outcome.exception() if state.outcome else None
@@ -455,7 +479,8 @@ class GpuMarketHook(_GpuMarketHookBase):
         ``fields`` are the spec's creation fields (``api.CREATION_FIELDS``: image, template_hash_id, disk, runtype,
         target_state, price, env, onstart, args_str, ...). Every argument is validated before anything is sent.
         Creation is not idempotent on the wire, so a failure is re-sent only when it surely made nothing (429, 503,
-        connection never established). After an
+        connection never established). Creates are paced machine-wide to the key's budget and keep trying through
+        429s for ``api.RATE_LIMIT_PATIENCE_SECONDS``, so a fleet of tasks renting at once waits its turn. After an
         ambiguous failure (timeout, dropped connection, 500/502/504) the hook looks for an instance carrying
         ``label`` (again after the request timeout, when the first look finds none) and returns it (with
         ``instance_api_key`` None) instead of renting twice; without a label it raises
@@ -467,12 +492,15 @@ class GpuMarketHook(_GpuMarketHookBase):
         body = api.build_create_instance_body(label=label, **fields)
         path = api.PATH_CREATE_INSTANCE.format(offer_id=offer_id)
         failed_at: float | None = None  # monotonic time of the last ambiguous failure
-        for attempt in tenacity.Retrying(**self._retry_kwargs(tenacity.retry_if_exception(api.is_retryable))):
+        retry = tenacity.retry_if_exception(api.is_retryable)
+        for attempt in tenacity.Retrying(**self._retry_kwargs(retry, patient=True)):
             with attempt:
                 if failed_at is not None and label is not None:
                     found = self._find_after_ambiguous_create(label, failed_at)
                     if found is not None:
                         return {"success": True, "new_contract": found, "instance_api_key": None, "ambiguous": True}
+                if (wait := self._pace("create_instance")) > 0:
+                    time.sleep(wait)
                 try:
                     result = self._send("create_instance", "PUT", path, body)
                 except GpuMarketError as exc:
@@ -583,7 +611,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         api.require_positive_int("instance_id", instance_id)
         path = api.PATH_INSTANCE.format(instance_id=instance_id)
         try:
-            return self._call("destroy_instance", "DELETE", path, patient=True)
+            return self._call("destroy_instance", "DELETE", path, patient=True, paced=self._destroy_pace)
         except GpuMarketNotFoundError:
             return {"success": True, "already_gone": True}
 
@@ -871,7 +899,7 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         api.require_positive_int("instance_id", instance_id)
         path = api.PATH_INSTANCE.format(instance_id=instance_id)
         try:
-            return await self._call("destroy_instance", "DELETE", path, patient=True)
+            return await self._call("destroy_instance", "DELETE", path, patient=True, paced=self._destroy_pace)
         except GpuMarketNotFoundError:
             return {"success": True, "already_gone": True}
 

@@ -138,12 +138,28 @@ class MarketSimulator:
         return self._market.api_key
 
     @property
+    def rate_limit_scale(self) -> float:
+        """The connection extra ``rate_limit_scale`` that fits this simulator now. Its buckets refill on its clock,
+        so at speed S they allow S times the published budgets; 0 (the client paces nothing) when it has no
+        buckets (the spec profile, rate limits off) or a frozen clock, which only ``advance`` refills."""
+        market = self._market
+        if market.profile != "live" or not market.rate_limits.enabled or market.clock.speed <= 0:
+            return 0.0
+        return market.clock.speed
+
+    @property
     def conn_uri(self) -> str:
-        """Airflow connection URI; the key is the password, the host has no scheme (plain http implied)."""
-        return f"gpumarket://:{quote(self.api_key, safe='')}@{self._netloc}"
+        """Airflow connection URI; the key is the password, the host has no scheme (plain http implied), the
+        query carries ``rate_limit_scale`` (as of now: a later speed change is not in it)."""
+        return f"gpumarket://:{quote(self.api_key, safe='')}@{self._netloc}?rate_limit_scale={self.rate_limit_scale:g}"
 
     def connection_env(self) -> dict[str, str]:
-        connection = {"conn_type": "gpumarket", "host": self.url, "password": self.api_key}
+        connection = {
+            "conn_type": "gpumarket",
+            "host": self.url,
+            "password": self.api_key,
+            "extra": {"rate_limit_scale": self.rate_limit_scale},
+        }
         return {CONNECTION_ENV: json.dumps(connection)}
 
     # --- admin ----------------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ class SharedInstancePoller:
                 await self._round()
                 interval = min(self._intervals.values(), default=api.POLL_INTERVAL_SECONDS)
                 # Never faster than the list's budget, however short the triggers' intervals are.
-                interval = max(interval, 1.0 / api.LIST_RATE_PER_SECOND) * self._slowdown
+                interval = max(interval, self._hook.min_list_interval()) * self._slowdown
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
                 await self._until_consumed()
         finally:

@@ -108,9 +108,7 @@ def _ended(text: str, **event):
     hook = LogHook(text)
     op.__dict__["hook"] = hook
     context = {"run_id": "run-1", "ti": SimpleNamespace(try_number=1, map_index=-1)}
-    rental = lifecycle.Rental(
-        instance_id=1001, offer_id=1, dph_total=0.5, gpu_name="x", label=None, created_at=0.0
-    )
+    rental = lifecycle.Rental(instance_id=1001, offer_id=1, dph_total=0.5, gpu_name="x", label=None, created_at=0.0)
     event = {"status": "job_succeeded", "actual_status": "stopped", "exit_status": 0, **event}
     return op, hook, context, rental, event
 

@@ -103,15 +103,22 @@ def test_host_path_prefix_is_kept_before_the_api_path(requests_mock, set_conn, h
 # --- Extras ------------------------------------------------------------------------------------------------
 def test_defaults_when_no_extras():
     s = settings()
-    assert (s.timeout, s.verify) == (30.0, True)
+    assert (s.timeout, s.verify, s.rate_limit_scale) == (30.0, True, 1.0)
     assert s.retry == api.RetryPolicy()
 
 
 def test_extras_are_read():
     s = settings(
-        extra={"timeout": 12, "max_retries": "2", "retry_min_wait": 0.5, "retry_max_wait": 9, "ca_bundle": "/ca.pem"}
+        extra={
+            "timeout": 12,
+            "max_retries": "2",
+            "retry_min_wait": 0.5,
+            "retry_max_wait": 9,
+            "ca_bundle": "/ca.pem",
+            "rate_limit_scale": "10",
+        }
     )
-    assert s.timeout == 12.0
+    assert (s.timeout, s.rate_limit_scale) == (12.0, 10.0)
     assert (s.retry.max_retries, s.retry.min_wait, s.retry.max_wait) == (2, 0.5, 9.0)
     assert s.verify == "/ca.pem"
 
@@ -130,6 +137,8 @@ def test_empty_extra_values_mean_the_default():
         ("retry_max_wait", "-5"),
         ("max_retries", "inf"),
         ("timeout", "nan"),
+        ("rate_limit_scale", "fast"),
+        ("rate_limit_scale", -1),
     ],
 )
 def test_bad_extra_value_is_a_clear_error(name, value):

@@ -77,10 +77,10 @@ def test_live_list_pages_are_spaced_a_little_wider_than_the_published_list_rate(
 
     hook.list_instances()
 
-    from airflow_gpumarket.hooks.gpumarket import list_slot_seconds
+    from airflow_gpumarket.hooks.gpumarket import slot_seconds
 
     assert len(sleeps) == 1
-    assert 1 / api.LIST_RATE_PER_SECOND < sleeps[0] <= list_slot_seconds() <= 1.2 / api.LIST_RATE_PER_SECOND
+    assert 1 / api.LIST_RATE_PER_SECOND < sleeps[0] <= slot_seconds("list_instances") <= 1.2 / api.LIST_RATE_PER_SECOND
 
 
 def test_a_rate_limited_list_page_is_retried_in_a_slot_of_the_list_budget_of_its_own(requests_mock, hook, sleeps):
@@ -90,11 +90,47 @@ def test_a_rate_limited_list_page_is_retried_in_a_slot_of_the_list_budget_of_its
 
     assert hook.list_instances() == [{"id": 1}]
 
-    from airflow_gpumarket.hooks.gpumarket import list_slot_seconds
+    from airflow_gpumarket.hooks.gpumarket import slot_seconds
 
     backoff, slot = sleeps
     assert backoff == 0.0  # the connection's retry_min_wait is 0
-    assert 1 / api.LIST_RATE_PER_SECOND < slot <= list_slot_seconds()
+    assert 1 / api.LIST_RATE_PER_SECOND < slot <= slot_seconds("list_instances")
+
+
+@pytest.mark.parametrize(
+    ("operation", "rate"),
+    [("create_instance", api.CREATE_RATE_PER_SECOND), ("destroy_instance", api.DESTROY_RATE_PER_SECOND)],
+)
+def test_creates_and_destroys_of_every_hook_take_turns_in_the_published_budget(requests_mock, sleeps, operation, rate):
+    """Twenty mapped tasks renting (or failing) at once on one key: each call books a slot a little wider than
+    the budget's interval, so none draws a 429 and its penalty."""
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook, slot_seconds
+
+    requests_mock.put(ASK, json={"success": True, "new_contract": 7, "instance_api_key": "k" * 24})
+    requests_mock.delete(INSTANCE_7, json={"success": True})
+    for _ in range(3):
+        hook = GpuMarketHook()
+        hook.create_instance(101, image="img") if operation == "create_instance" else hook.destroy_instance(7)
+
+    assert len(sleeps) == 2
+    assert all(1 / rate < wait <= slot_seconds(operation) <= 1.2 / rate for wait in sleeps)
+
+
+def test_rate_limit_scale_extra_scales_the_budgets_and_zero_turns_pacing_off(requests_mock, sleeps, set_conn):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook, slot_seconds
+
+    requests_mock.delete(INSTANCE_7, json={"success": True})
+    set_conn(extra={"rate_limit_scale": "10"})  # as a URI gives it: a string
+    GpuMarketHook().destroy_instance(7)
+    GpuMarketHook().destroy_instance(7)
+    assert sleeps == [pytest.approx(slot_seconds("destroy_instance", 10), abs=0.05)]
+    assert slot_seconds("destroy_instance", 10) < 1 / api.DESTROY_RATE_PER_SECOND / 5
+
+    sleeps.clear()
+    set_conn(extra={"rate_limit_scale": 0})  # a server without limits: the simulator's spec profile
+    GpuMarketHook().destroy_instance(7)
+    GpuMarketHook().destroy_instance(7)
+    assert sleeps == []
 
 
 def test_list_calls_of_every_hook_of_this_process_share_one_budget(requests_mock, sleeps):

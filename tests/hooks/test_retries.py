@@ -26,12 +26,12 @@ CREATED = {"success": True, "new_contract": 7001, "instance_api_key": "inst-key-
 
 
 @pytest.fixture(autouse=True)
-def _no_list_pacing(monkeypatch):
-    """The retry policy is exercised through list_instances here; the list budget's slot waits, which every try
-    takes too (tests/hooks/test_live_service.py), would mix with the backoffs recorded."""
+def _no_pacing(monkeypatch):
+    """The retry policy is exercised through list, create and destroy calls here; the budgets' slot waits, which
+    every try takes too (tests/hooks/test_live_service.py), would mix with the backoffs recorded."""
     from airflow_gpumarket.hooks.gpumarket import _GpuMarketHookBase
 
-    monkeypatch.setattr(_GpuMarketHookBase, "_list_pace", lambda self: 0.0)
+    monkeypatch.setattr(_GpuMarketHookBase, "_pace", lambda self, operation: 0.0)
 
 
 def ok(json) -> dict:
@@ -307,12 +307,28 @@ def test_create_read_timeout_without_label_is_ambiguous_and_sent_once(requests_m
     assert "ReadTimeout" in str(caught.value)
 
 
-def test_create_429_exhausted_raises_rate_limit_error(requests_mock, hook):
+def test_create_keeps_trying_through_429s_beyond_max_retries(requests_mock, hook):
+    # A 429 made nothing, so a create waits its turn: a fleet of tasks renting at once must not fail on the budget.
+    requests_mock.put(ASK, [{"status_code": 429, "text": "API requests too frequent"}] * 12 + [ok(CREATED)])
+
+    assert hook.create_instance(101, image="img")["new_contract"] == 7001
+    assert requests_mock.call_count == 13  # the connection allows 3 retries
+
+
+def test_create_429s_beyond_the_patience_raise_rate_limit_error(requests_mock, hook, monkeypatch):
+    monkeypatch.setattr("airflow_gpumarket.api.RATE_LIMIT_PATIENCE_SECONDS", 0.0)
     requests_mock.put(ASK, status_code=429)
 
     with pytest.raises(GpuMarketRateLimitError):
         hook.create_instance(101, image="img")
+    assert requests_mock.call_count == 1
 
+
+def test_create_still_stops_after_max_retries_of_503(requests_mock, hook):
+    requests_mock.put(ASK, status_code=503, json={"msg": "down"})
+
+    with pytest.raises(GpuMarketServerError):
+        hook.create_instance(101, image="img")
     assert requests_mock.call_count == 4
 
 

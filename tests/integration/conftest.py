@@ -30,12 +30,11 @@ def sim(job_sim_server, monkeypatch) -> Iterator:
     job_sim_server.reset()
     for name, value in job_sim_server.connection_env().items():
         # Retries wait milliseconds here, not seconds: fault storms stay fast and no test sleeps for timing.
+        # The simulator's clock (and so its rate buckets) runs 600x: its connection's rate_limit_scale says so.
         conn = json.loads(value)
-        conn["extra"] = {"retry_min_wait": 0.01, "retry_max_wait": 0.05, "max_retries": 6, "timeout": 2}
+        conn["extra"] |= {"retry_min_wait": 0.01, "retry_max_wait": 0.05, "max_retries": 6, "timeout": 2}
         monkeypatch.setenv(name, json.dumps(conn))
     monkeypatch.setenv("GPUMARKET_POLL_INTERVAL", str(POLL))
-    # The simulator's clock (and so its rate buckets) runs 600x: the client's list budget scales with it.
-    monkeypatch.setattr("airflow_gpumarket.api.LIST_RATE_PER_SECOND", 0.5 * 600)
     yield job_sim_server
     job_sim_server.clear_faults()
 

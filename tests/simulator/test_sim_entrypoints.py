@@ -101,9 +101,14 @@ def test_console_script_is_installed():
 def test_context_manager_gives_url_key_and_connection():
     with MarketSimulator(api_key="secret-key") as sim:
         assert sim.url == f"http://127.0.0.1:{sim.port}"
-        assert sim.conn_uri == f"gpumarket://:secret-key@127.0.0.1:{sim.port}"
+        assert sim.conn_uri == f"gpumarket://:secret-key@127.0.0.1:{sim.port}?rate_limit_scale=60"
         connection = json.loads(sim.connection_env()["AIRFLOW_CONN_GPUMARKET_DEFAULT"])
-        assert connection == {"conn_type": "gpumarket", "host": sim.url, "password": "secret-key"}
+        assert connection == {
+            "conn_type": "gpumarket",
+            "host": sim.url,
+            "password": "secret-key",
+            "extra": {"rate_limit_scale": 60.0},
+        }
         assert requests.get(f"{sim.url}/api/v1/instances/", headers={"Authorization": "Bearer secret-key"}).ok
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{sim.url}/api/v1/instances/", timeout=2)
@@ -120,8 +125,24 @@ def test_airflow_reads_the_connection_env():
             sim.port,
             "k",
         )
+        assert float(connection.extra_dejson["rate_limit_scale"]) == 60
         from_json = Connection.from_json(sim.connection_env()["AIRFLOW_CONN_GPUMARKET_DEFAULT"], conn_id="y")
         assert from_json.host == sim.url and from_json.password == "k"
+
+
+@pytest.mark.parametrize(
+    ("options", "scale"),
+    [
+        ({"speed": 10}, 10.0),  # its buckets refill 10x as fast as the live service's
+        ({"speed": 10, "rate_limits": False}, 0.0),  # no buckets: nothing to pace
+        ({"speed": 10, "profile": "spec"}, 0.0),
+        ({"speed": 0}, 0.0),  # a frozen clock refills only on advance: real-time pacing means nothing
+    ],
+)
+def test_connection_carries_the_rate_limit_scale_of_the_simulator(options, scale):
+    with MarketSimulator(**options) as sim:
+        assert sim.rate_limit_scale == scale
+        assert sim.conn_uri.endswith(f"?rate_limit_scale={scale:g}")
 
 
 def test_two_simulators_run_side_by_side():

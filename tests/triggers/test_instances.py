@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_gpumarket import _compat, job_logs, lifecycle
+from airflow_gpumarket import _compat, api, job_logs, lifecycle
 from airflow_gpumarket.exceptions import GpuMarketAuthError, GpuMarketNotFoundError, GpuMarketServerError
 from airflow_gpumarket.triggers import instances as trigger_module
 from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
@@ -71,6 +71,9 @@ class FakeAsyncHook:
     async def label_instance(self, instance_id, label):
         self.labels.append((instance_id, label))
         return {"success": True}
+
+    def min_list_interval(self):
+        return 1.0 / api.LIST_RATE_PER_SECOND  # the published budget (tests/triggers/conftest.py speeds it up)
 
     async def destroy_instance(self, instance_id):
         self.destroyed.append(instance_id)
