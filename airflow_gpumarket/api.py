@@ -15,13 +15,14 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 if TYPE_CHECKING:
     from airflow_gpumarket.types import Instance
 
 from airflow_gpumarket.exceptions import (
     GpuMarketAuthError,
+    GpuMarketCreateRefusedError,
     GpuMarketError,
     GpuMarketNotFoundError,
     GpuMarketOfferUnavailableError,
@@ -113,8 +114,12 @@ def require_non_negative_number(field: str, value: Any) -> None:
         raise GpuMarketValidationError(field, f"must be a number of at least 0, got {value!r}")
 
 
+def is_positive_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def require_positive_int(field: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    if not is_positive_int(value):
         raise GpuMarketValidationError(field, f"must be a positive integer, got {value!r}")
 
 
@@ -668,6 +673,14 @@ def raise_for_response(
         if isinstance(body, dict) and body.get("success") is False:
             if is_auth_error(error, msg):
                 raise GpuMarketAuthError(_auth_sentence(operation, status_code, said), **kwargs)
+            contract = body.get("new_contract")
+            if operation == "create_instance" and is_positive_int(contract):
+                raise GpuMarketCreateRefusedError(
+                    f"create_instance failed: the service answered success=false, yet made instance {contract} "
+                    f"(stopped; a bid below the machine's minimum does this).{said}",
+                    new_contract=contract,
+                    **kwargs,
+                )
             raise GpuMarketError(f"{operation} failed: the service answered success=false.{said}", **kwargs)
         return body
     if status_code in (401, 403) or is_auth_error(error, msg):
@@ -794,20 +807,36 @@ LIST_PAGE_LIMIT = 25
 #: this provider serves, so it means a server that keeps handing out tokens.
 MAX_LIST_PAGES = 400
 #: Requests per second the live service allows per key and client address (its published figures; the buckets
-#: have no burst and charge a penalty for each refusal): the instance list, a create, a destroy. The hook books
-#: each of these calls a slot machine-wide (``pacing``), so the pages of a walk, the shared pollers' rounds and a
-#: fleet of tasks starting or failing at once stay within them.
+#: have no burst and charge a penalty for each refusal): the instance list, a create, a destroy, a change of an
+#: instance (label, state: one PUT budget).
 LIST_RATE_PER_SECOND = 0.5
 CREATE_RATE_PER_SECOND = 1 / 4.5
 DESTROY_RATE_PER_SECOND = 1 / 3
+CHANGE_RATE_PER_SECOND = 1.0
+#: Searches and per-instance reads (an instance, its logs) have no published figure: the provider assumes the
+#: simulator's (search 1/s, the others 2/s). A fleet of 220 tasks on one key drew hundreds of 429s there without it.
+SEARCH_RATE_PER_SECOND = 1.0
+READ_RATE_PER_SECOND = 2.0
+#: Operations that keep trying through 429s for ``RATE_LIMIT_PATIENCE_SECONDS`` whatever ``max_retries`` says: the
+#: calls a fleet of tasks makes all at once when it starts (search, create), reads its jobs' final output or fails
+#: (destroy). Refused with 429, none of them did anything, so waiting is safe; giving up fails a task or, for a
+#: destroy, leaves an instance billing.
+PATIENT_OPERATIONS = frozenset({"search_offers", "create_instance", "request_instance_logs", "destroy_instance"})
 
 
-def rate_budget(operation: str) -> float | None:
-    """The published budget (requests/s) that paces ``operation``, or None for an operation not paced."""
+def rate_budget(operation: str) -> tuple[str, float] | None:
+    """(budget, requests/s) that paces ``operation``, or None for an operation not paced. The hook books each such
+    call a slot of its budget machine-wide (``pacing``), so the pages of a walk, the shared pollers' rounds and a
+    fleet of tasks starting or failing at once stay within it."""
     return {
-        "list_instances": LIST_RATE_PER_SECOND,
-        "create_instance": CREATE_RATE_PER_SECOND,
-        "destroy_instance": DESTROY_RATE_PER_SECOND,
+        "list_instances": ("list_instances", LIST_RATE_PER_SECOND),
+        "create_instance": ("create_instance", CREATE_RATE_PER_SECOND),
+        "destroy_instance": ("destroy_instance", DESTROY_RATE_PER_SECOND),
+        "label_instance": ("change_instance", CHANGE_RATE_PER_SECOND),
+        "stop_instance": ("change_instance", CHANGE_RATE_PER_SECOND),
+        "search_offers": ("search_offers", SEARCH_RATE_PER_SECOND),
+        "get_instance": ("get_instance", READ_RATE_PER_SECOND),
+        "request_instance_logs": ("request_instance_logs", READ_RATE_PER_SECOND),
     }.get(operation)
 
 
@@ -934,9 +963,7 @@ def find_by_label(instances: Iterable[Mapping[str, Any]], label: str) -> Instanc
 
 #: Longest backoff after a 429 that named no wait (the live service's buckets refill within seconds).
 RATE_LIMIT_BACKOFF_CAP_SECONDS = 16.0
-#: How long a create or a destroy keeps trying through 429s: many mapped tasks starting or failing at once share
-#: one per-key budget (a create every 4.5 s, 0.33 destroys/s on the live service). A create refused with 429 made
-#: nothing, so waiting is safe and failing would lose the task; a destroy that gives up leaves an instance billing.
+#: How long a ``PATIENT_OPERATIONS`` call keeps trying through 429s.
 RATE_LIMIT_PATIENCE_SECONDS = 900.0
 
 

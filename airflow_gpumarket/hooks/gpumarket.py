@@ -12,10 +12,10 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
@@ -26,6 +26,7 @@ from airflow_gpumarket import api, job_logs, pacing, types
 from airflow_gpumarket._compat import BaseHook, mask_secret
 from airflow_gpumarket.exceptions import (
     GpuMarketAmbiguousCreateError,
+    GpuMarketCreateRefusedError,
     GpuMarketError,
     GpuMarketNotFoundError,
     GpuMarketRateLimitError,
@@ -56,12 +57,12 @@ _INSTANCE_KEYS: deque[str] = deque(maxlen=1000)
 
 
 def slot_seconds(operation: str, rate_limit_scale: float = 1.0) -> float:
-    """Seconds between two ``operation`` calls on one key from this machine (see ``PACING_MARGIN``), for a server
-    whose budgets are ``rate_limit_scale`` times the published ones."""
-    rate = api.rate_budget(operation)
-    if rate is None:
-        raise ValueError(f"{operation} has no published budget")
-    return PACING_MARGIN / (rate * rate_limit_scale) + PACING_SLACK_SECONDS
+    """Seconds between two calls of ``operation``'s budget on one key from this machine (see ``PACING_MARGIN``),
+    for a server whose budgets are ``rate_limit_scale`` times the published ones."""
+    budget = api.rate_budget(operation)
+    if budget is None:
+        raise ValueError(f"{operation} is paced by no budget")
+    return PACING_MARGIN / (budget[1] * rate_limit_scale) + PACING_SLACK_SECONDS
 
 
 #: The pacer of each (server, key, operation) this process uses: one each, whatever the number of hooks.
@@ -203,24 +204,22 @@ class _GpuMarketHookBase(BaseHook):
         self._list_v1 = True
 
     def _pace(self, operation: str) -> float:
-        """Seconds to wait before the next ``operation`` request, and book its slot. The live service allows the
-        list 0.5 requests/s per key and client address, a create one per 4.5 s and a destroy one per 3 s, without
-        burst, and charges a penalty for each refusal. So every such call of every process of this machine on this
-        key (pages of a walk, the shared pollers' rounds, reapers, a fleet of mapped tasks renting or failing at
-        once) takes its turn through one ``pacing.SharedPacer``, spaced a little wider than the budget: sent
-        exactly at the rate, clock jitter alone would draw 429s. The connection's ``rate_limit_scale`` scales the
-        budgets (0: none)."""
+        """Seconds to wait before the next ``operation`` request, and book its slot (0 for an operation that no
+        budget paces: ``api.rate_budget``). The live service keeps a bucket per operation, key and client address,
+        without burst, and charges a penalty for each refusal. So every such call of every process of this machine
+        on this key (pages of a walk, the shared pollers' rounds, reapers, a fleet of mapped tasks renting, reading
+        or failing at once) takes its turn through one ``pacing.SharedPacer`` per budget, spaced a little wider
+        than the budget: sent exactly at the rate, clock jitter alone would draw 429s. The connection's
+        ``rate_limit_scale`` scales the budgets (0: none)."""
         settings = self.settings
-        if not settings.rate_limit_scale:
+        budget = api.rate_budget(operation)
+        if budget is None or not settings.rate_limit_scale:
             return 0.0
-        key = (settings.base_url, settings.api_key, operation)
+        key = (settings.base_url, settings.api_key, budget[0])
         pacer = _PACERS.get(key)
         if pacer is None:
-            pacer = _PACERS[key] = pacing.SharedPacer(settings.base_url, settings.api_key, operation)
+            pacer = _PACERS[key] = pacing.SharedPacer(settings.base_url, settings.api_key, budget[0])
         return pacer.book(slot_seconds(operation, settings.rate_limit_scale))
-
-    def _list_pace(self) -> float:
-        return self._pace("list_instances")
 
     def min_list_interval(self) -> float:
         """Seconds between two list calls that the connection's budget allows (0: it paces nothing); the published
@@ -228,9 +227,6 @@ class _GpuMarketHookBase(BaseHook):
         settings = self.__dict__.get("settings")
         scale = settings.rate_limit_scale if settings is not None else 1.0
         return 1.0 / (api.LIST_RATE_PER_SECOND * scale) if scale else 0.0
-
-    def _destroy_pace(self) -> float:
-        return self._pace("destroy_instance")
 
     def _fall_back_from_v1(self, listing: api.InstanceListing, exc: GpuMarketError) -> bool:
         """True, with ``listing`` restarted on the v0 list, when ``exc`` says this server has no v1 list."""
@@ -251,9 +247,9 @@ class _GpuMarketHookBase(BaseHook):
     def _retry_kwargs(self, retry: Any, *, tries_done: int = 0, patient: bool = False) -> dict[str, Any]:
         """tenacity settings for the tries left after ``tries_done`` (attempt numbers count those too).
 
-        ``patient`` calls (create, destroy) keep trying through 429s for ``api.RATE_LIMIT_PATIENCE_SECONDS``
-        whatever ``max_retries`` says: many tasks starting or failing at once share one rate budget. Other failures
-        still stop them after ``max_retries``.
+        ``patient`` calls (``api.PATIENT_OPERATIONS``) keep trying through 429s for
+        ``api.RATE_LIMIT_PATIENCE_SECONDS`` whatever ``max_retries`` says: many tasks starting or failing at once
+        share one rate budget. Other failures still stop them after ``max_retries``.
         """
         max_attempts = self.settings.retry.max_retries + 1 - tries_done
         patience = api.RATE_LIMIT_PATIENCE_SECONDS
@@ -423,15 +419,14 @@ class GpuMarketHook(_GpuMarketHookBase):
         body: Any = None,
         *,
         params: Mapping[str, str] | None = None,
-        patient: bool = False,
-        paced: Callable[[], float] | None = None,
     ) -> Any:
-        """``_send`` with retries: only for idempotent calls (reads, stop, destroy, account listings). ``paced``
-        books a slot of a request budget before every try, a retry's too, and says how long to wait for it (a retry
-        sent outside the budget would draw the next call's 429)."""
+        """``_send`` with retries: only for idempotent calls (reads, stop, destroy, account listings). Every try, a
+        retry's too, first waits for a slot of the operation's budget (a retry sent outside the budget would draw
+        the next call's 429); ``api.PATIENT_OPERATIONS`` keep trying through 429s."""
+        patient = operation in api.PATIENT_OPERATIONS
 
         def send() -> Any:
-            if paced is not None and (wait := paced()) > 0:
+            if (wait := self._pace(operation)) > 0:
                 time.sleep(wait)
             return self._send(operation, method, path, body, params)
 
@@ -480,7 +475,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         target_state, price, env, onstart, args_str, ...). Every argument is validated before anything is sent.
         Creation is not idempotent on the wire, so a failure is re-sent only when it surely made nothing (429, 503,
         connection never established). Creates are paced machine-wide to the key's budget and keep trying through
-        429s for ``api.RATE_LIMIT_PATIENCE_SECONDS``, so a fleet of tasks renting at once waits its turn. After an
+        429s (``api.PATIENT_OPERATIONS``), so a fleet of tasks renting at once waits its turn. After an
         ambiguous failure (timeout, dropped connection, 500/502/504) the hook looks for an instance carrying
         ``label`` (again after the request timeout, when the first look finds none) and returns it (with
         ``instance_api_key`` None) instead of renting twice; without a label it raises
@@ -503,6 +498,8 @@ class GpuMarketHook(_GpuMarketHookBase):
                     time.sleep(wait)
                 try:
                     result = self._send("create_instance", "PUT", path, body)
+                except GpuMarketCreateRefusedError as exc:
+                    self._destroy_refused_create(exc)
                 except GpuMarketError as exc:
                     if not api.is_retryable(exc) or api.create_surely_not_processed(exc):
                         raise
@@ -528,6 +525,26 @@ class GpuMarketHook(_GpuMarketHookBase):
                     result = {**result, "ambiguous": True}
                 return result
         raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    def _destroy_refused_create(self, refused: GpuMarketCreateRefusedError) -> NoReturn:
+        """Destroy the stopped instance that a refused create made (it bills storage until then), then raise."""
+        fields = {"status_code": refused.status_code, "error": refused.error, "msg": refused.msg}
+        try:
+            self.destroy_instance(refused.new_contract)
+        except GpuMarketError as exc:
+            raise GpuMarketCreateRefusedError(
+                f"{refused.message} Destroying it failed ({exc}): destroy instance {refused.new_contract} by hand "
+                "(or let the reaper find its label); it bills storage until then.",
+                new_contract=refused.new_contract,
+                operation="create_instance",
+                **fields,
+            ) from refused
+        raise GpuMarketCreateRefusedError(
+            f"{refused.message} It has been destroyed: nothing bills.",
+            new_contract=refused.new_contract,
+            operation="create_instance",
+            **fields,
+        ) from None
 
     def _find_after_ambiguous_create(self, label: str, failed_at: float) -> int | None:
         """The id of the instance an ambiguous create made, if any.
@@ -562,7 +579,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         while (request := listing.request()) is not None:
             path, params = request
             try:
-                body = self._call("list_instances", "GET", path, params=params, paced=self._list_pace)
+                body = self._call("list_instances", "GET", path, params=params)
             except GpuMarketError as exc:
                 if self._fall_back_from_v1(listing, exc):
                     continue
@@ -611,7 +628,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         api.require_positive_int("instance_id", instance_id)
         path = api.PATH_INSTANCE.format(instance_id=instance_id)
         try:
-            return self._call("destroy_instance", "DELETE", path, patient=True, paced=self._destroy_pace)
+            return self._call("destroy_instance", "DELETE", path)
         except GpuMarketNotFoundError:
             return {"success": True, "already_gone": True}
 
@@ -629,7 +646,9 @@ class GpuMarketHook(_GpuMarketHookBase):
         the log appears shortly after. ``tail``: the last lines only; ``filter``: a server-side grep. ``retry``
         False sends one try (for periodic reads, whose next round is the retry)."""
         path, body = self._logs_request(instance_id, tail, filter, daemon_logs)
-        if not retry:
+        if not retry:  # one try, in its slot of the budget all the same
+            if (wait := self._pace("request_instance_logs")) > 0:
+                time.sleep(wait)
             return self._send("request_instance_logs", "PUT", path, body)
         return self._call("request_instance_logs", "PUT", path, body)
 
@@ -831,14 +850,13 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         body: Any = None,
         *,
         params: Mapping[str, str] | None = None,
-        patient: bool = False,
-        paced: Callable[[], float] | None = None,
     ) -> Any:
         """Same rules as the sync hook's ``_call``: a plain first try, tenacity after a retryable failure."""
         await self.asettings()
+        patient = operation in api.PATIENT_OPERATIONS
 
         async def send() -> Any:
-            if paced is not None and (wait := paced()) > 0:
+            if (wait := self._pace(operation)) > 0:
                 await asyncio.sleep(wait)
             return await self._send(operation, method, path, body, params)
 
@@ -880,7 +898,7 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         while (request := listing.request()) is not None:
             path, params = request
             try:
-                body = await self._call("list_instances", "GET", path, params=params, paced=self._list_pace)
+                body = await self._call("list_instances", "GET", path, params=params)
             except GpuMarketError as exc:
                 if self._fall_back_from_v1(listing, exc):
                     continue
@@ -899,7 +917,7 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         api.require_positive_int("instance_id", instance_id)
         path = api.PATH_INSTANCE.format(instance_id=instance_id)
         try:
-            return await self._call("destroy_instance", "DELETE", path, patient=True, paced=self._destroy_pace)
+            return await self._call("destroy_instance", "DELETE", path)
         except GpuMarketNotFoundError:
             return {"success": True, "already_gone": True}
 
@@ -914,8 +932,10 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
     ) -> types.LogsRequestResult:
         """The async twin of :meth:`GpuMarketHook.request_instance_logs`."""
         path, body = self._logs_request(instance_id, tail, filter, daemon_logs)
-        if not retry:
+        if not retry:  # one try, in its slot of the budget all the same
             await self.asettings()
+            if (wait := self._pace("request_instance_logs")) > 0:
+                await asyncio.sleep(wait)
             return await self._send("request_instance_logs", "PUT", path, body)
         return await self._call("request_instance_logs", "PUT", path, body)
 

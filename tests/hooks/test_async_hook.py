@@ -53,6 +53,9 @@ def server(monkeypatch):
 
 @pytest.fixture
 def async_sleeps(monkeypatch) -> list[float]:
+    """The waits the async hook asks for (recorded, never slept); a recorded wait moves the budget pacer's clock."""
+    import time
+
     recorded: list[float] = []
     real_sleep = asyncio.sleep
 
@@ -63,7 +66,16 @@ def async_sleeps(monkeypatch) -> list[float]:
             return await real_sleep(seconds, *args, **kwargs)
         recorded.append(seconds)
 
+    class PacerClock:
+        def __getattr__(self, name: str):
+            return getattr(time, name)
+
+        @staticmethod
+        def time() -> float:
+            return time.time() + sum(recorded)
+
     monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    monkeypatch.setattr("airflow_gpumarket.pacing.time", PacerClock())
     return recorded
 
 

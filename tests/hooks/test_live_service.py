@@ -97,23 +97,58 @@ def test_a_rate_limited_list_page_is_retried_in_a_slot_of_the_list_budget_of_its
     assert 1 / api.LIST_RATE_PER_SECOND < slot <= slot_seconds("list_instances")
 
 
-@pytest.mark.parametrize(
-    ("operation", "rate"),
-    [("create_instance", api.CREATE_RATE_PER_SECOND), ("destroy_instance", api.DESTROY_RATE_PER_SECOND)],
-)
-def test_creates_and_destroys_of_every_hook_take_turns_in_the_published_budget(requests_mock, sleeps, operation, rate):
+CALLS = {
+    "create_instance": lambda hook: hook.create_instance(101, image="img"),
+    "destroy_instance": lambda hook: hook.destroy_instance(7),
+    "search_offers": lambda hook: hook.search_offers(),
+    "label_instance": lambda hook: hook.label_instance(7, "x"),
+    "stop_instance": lambda hook: hook.stop_instance(7),
+    # A periodic read of a running job's log: one try only, but in its slot all the same.
+    "request_instance_logs": lambda hook: hook.request_instance_logs(7, retry=False),
+}
+
+
+@pytest.fixture
+def answers(requests_mock):
+    requests_mock.put(ASK, json={"success": True, "new_contract": 7, "instance_api_key": "k" * 24})
+    requests_mock.delete(INSTANCE_7, json={"success": True})
+    requests_mock.put(INSTANCE_7, json={"success": True})
+    requests_mock.post(url(api.PATH_SEARCH_OFFERS), json={"offers": []})
+    requests_mock.put(url(api.PATH_REQUEST_LOGS.format(instance_id=7)), json={"success": True, "result_url": "x"})
+    return requests_mock
+
+
+@pytest.mark.parametrize("operation", sorted(CALLS))
+def test_calls_of_every_hook_take_turns_in_their_budget(answers, sleeps, operation):
     """Twenty mapped tasks renting (or failing) at once on one key: each call books a slot a little wider than
     the budget's interval, so none draws a 429 and its penalty."""
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook, slot_seconds
 
-    requests_mock.put(ASK, json={"success": True, "new_contract": 7, "instance_api_key": "k" * 24})
-    requests_mock.delete(INSTANCE_7, json={"success": True})
     for _ in range(3):
-        hook = GpuMarketHook()
-        hook.create_instance(101, image="img") if operation == "create_instance" else hook.destroy_instance(7)
+        CALLS[operation](GpuMarketHook())
 
+    rate = api.rate_budget(operation)[1]
     assert len(sleeps) == 2
-    assert all(1 / rate < wait <= slot_seconds(operation) <= 1.2 / rate for wait in sleeps)
+    assert all(1 / rate < wait <= slot_seconds(operation) for wait in sleeps)
+
+
+def test_a_label_and_a_stop_share_the_budget_of_changing_an_instance(answers, sleeps):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    CALLS["label_instance"](GpuMarketHook())
+    CALLS["stop_instance"](GpuMarketHook())
+    assert len(sleeps) == 1 and sleeps[0] > 1 / api.CHANGE_RATE_PER_SECOND
+
+
+def test_a_search_keeps_trying_through_429s_beyond_max_retries(requests_mock, hook):
+    # A fleet starting at once searches at once; a refused search did nothing, so it waits its turn.
+    requests_mock.post(
+        url(api.PATH_SEARCH_OFFERS),
+        [{"status_code": 429, "text": "API requests too frequent"}] * 8 + [{"json": {"offers": []}}],
+    )
+
+    assert hook.search_offers() == []
+    assert requests_mock.call_count == 9  # the connection allows 3 retries
 
 
 def test_rate_limit_scale_extra_scales_the_budgets_and_zero_turns_pacing_off(requests_mock, sleeps, set_conn):
@@ -344,7 +379,7 @@ def test_label_instance_puts_the_label_as_the_live_service_does(requests_mock, h
 
 # --- rate limits -------------------------------------------------------------------------------------------
 def test_live_plain_text_429_without_retry_after_backs_off_with_jitter(requests_mock, hook, sleeps, set_conn):
-    set_conn(extra={"max_retries": 6, "retry_min_wait": 1, "retry_max_wait": 60})
+    set_conn(extra={"max_retries": 6, "retry_min_wait": 1, "retry_max_wait": 60, "rate_limit_scale": 0})
     requests_mock.get(
         INSTANCE_7,
         [{"status_code": 429, "text": "API requests too frequent"}] * 6 + [{"json": {"instances": {"id": 7}}}],
