@@ -65,6 +65,16 @@ class GpuMarketQuotaExceededError(GpuMarketRateLimitError):
     """429 for a quota that resets far ahead (a daily search quota): not retried; the message says when."""
 
 
+class GpuMarketCreateRefusedError(GpuMarketError):
+    """create_instance answered ``success: false`` and still made an instance, stopped (``new_contract``): a bid
+    below the machine's minimum does this. The hook destroys that instance before it raises; the message says
+    whether that worked."""
+
+    def __init__(self, message: str, *, new_contract: int, **kwargs) -> None:
+        super().__init__(message, **kwargs)
+        self.new_contract = new_contract
+
+
 class GpuMarketServerError(GpuMarketError):
     """5xx: the service failed; the request may be retried when that is safe."""
 

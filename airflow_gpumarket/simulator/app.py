@@ -36,6 +36,7 @@ from airflow_gpumarket.simulator.admin import AdminRoutes
 from airflow_gpumarket.simulator.errors import ApiError
 from airflow_gpumarket.simulator.market import Market
 from airflow_gpumarket.simulator.wire import AUTH_SCOPE_KEY, PATH_GPU_NAMES, PATH_INSTANCE_FILTERS, WireLayer
+from airflow_gpumarket.simulator.world import outbid_at_once
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,14 @@ class ApiRoutes:
                 if self.live and exc.error in ("offer_unavailable", "no_such_ask"):
                     raise _live_offer_gone(offer_id, exc, fields.get("cancel_unavail", False)) from None
                 raise
+            if outbid_at_once(inst):
+                return {
+                    "success": False,
+                    "new_contract": inst.id,
+                    "instance_api_key": inst.api_key,
+                    "msg": f"Your bid of ${inst.config['price']}/h is below the machine's minimum bid of "
+                    f"${inst.offer.min_bid}/h: the instance was created stopped.",
+                }
             return {"success": True, "new_contract": inst.id, "instance_api_key": inst.api_key}
 
     async def list_instances(self, request: Request) -> Any:

@@ -29,6 +29,9 @@ FATES = ("running", *FAILED_STATUSES)
 FORCEABLE_STATUSES = (None, "loading", "running", "stopped", *FAILED_STATUSES)
 SECONDS_PER_MONTH = 30 * 86400
 BOOT_SECONDS = (60.0, 300.0)
+#: An offer's minimum bid for an interruptible rental, as a share of its on-demand dph_total (the simulator's
+#: choice: public sources give no formula).
+MIN_BID_SHARE = 0.4
 #: A restart finds the image already on the host, so it only goes through a (shorter) loading phase.
 RESTART_LOADING_SECONDS = (20.0, 120.0)
 BACKUP_CODES_PER_REGENERATION = 10
@@ -102,6 +105,10 @@ class Offer:
     #: None, the id of our instance, or "other" (rented by someone else).
     rented_by: int | str | None = None
 
+    @property
+    def min_bid(self) -> float:
+        return round(self.dph_total * MIN_BID_SHARE, 4)
+
     def view(self, machine_online: bool) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -114,9 +121,17 @@ class Offer:
             "rentable": self.listed and self.rented_by is None and machine_online,
             "direct_port_count": self.direct_port_count,
             "dlperf_per_dphtotal": self.dlperf_per_dphtotal,
+            "min_bid": self.min_bid,
             "machine_id": self.machine_id,
             "host_id": self.host_id,
         }
+
+
+def outbid_at_once(inst: Instance) -> bool:
+    """A bid below the machine's minimum: the live service still makes the instance, stopped, and answers
+    ``success: false`` with its ``new_contract`` (public reports)."""
+    price = inst.config.get("price")
+    return price is not None and price < inst.offer.min_bid
 
 
 @dataclass
@@ -184,6 +199,8 @@ class Instance:
             "vm": c.get("vm", False),
             "volume_info": c.get("volume_info"),
             "bid_price": c.get("price"),
+            "is_bid": c.get("price") is not None,
+            "min_bid": self.offer.min_bid,
             "start_date": self.created_at,
             # How the live service shows the environment (the official CLI reads it): [name, value] pairs.
             "extra_env": [[k, v] for k, v in c["env"].items() if not k.startswith("-p ")],
@@ -350,6 +367,8 @@ class World:
         self.instances[inst.id] = inst
         self.live[inst.id] = inst
         self.instance_keys[api_key] = inst.id
+        if outbid_at_once(inst):  # made, but stopped: it lost to the machine's minimum before it ever ran
+            config["target_state"] = "stopped"
         if config["target_state"] == "stopped":
             self._set_status(inst, "stopped", now)
         else:

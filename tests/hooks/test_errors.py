@@ -7,6 +7,7 @@ import pytest
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import (
     GpuMarketAuthError,
+    GpuMarketCreateRefusedError,
     GpuMarketError,
     GpuMarketNotFoundError,
     GpuMarketOfferUnavailableError,
@@ -195,6 +196,48 @@ def test_200_with_success_false_raises_with_the_server_message(requests_mock, ho
     assert caught.value.status_code == 200
     assert "success=false" in str(caught.value)
     assert "bad_state: cannot stop" in str(caught.value)
+
+
+REFUSED_BID = {
+    "success": False,
+    "new_contract": 4242,
+    "instance_api_key": "inst-key-0123456789abcdef",
+    "msg": "Your bid is below the machine's minimum bid: the instance was created stopped.",
+}
+
+
+def test_a_create_answered_success_false_with_a_new_contract_destroys_that_instance(requests_mock, hook):
+    """A bid below the machine's minimum makes a stopped instance and answers success=false: left alone, its storage
+    bills until the lease and the reaper find it."""
+    requests_mock.put(url("/api/v0/asks/101/"), json=REFUSED_BID)
+    destroy = requests_mock.delete(url("/api/v0/instances/4242/"), json={"success": True})
+
+    with pytest.raises(GpuMarketCreateRefusedError) as caught:
+        hook.create_instance(101, image="img", price=0.01)
+
+    assert destroy.call_count == 1
+    assert caught.value.new_contract == 4242
+    message = str(caught.value)
+    assert "made instance 4242" in message and "minimum bid" in message and "nothing bills" in message
+    assert REFUSED_BID["instance_api_key"] not in message
+
+
+def test_a_refused_create_whose_destroy_fails_says_what_to_destroy_by_hand(requests_mock, hook):
+    requests_mock.put(url("/api/v0/asks/101/"), json=REFUSED_BID)
+    requests_mock.delete(url("/api/v0/instances/4242/"), status_code=403, json={"error": "forbidden", "msg": "no"})
+
+    with pytest.raises(GpuMarketCreateRefusedError, match="destroy instance 4242 by hand"):
+        hook.create_instance(101, image="img", price=0.01)
+
+
+def test_a_create_answered_success_false_without_a_contract_is_a_plain_error(requests_mock, hook):
+    requests_mock.put(url("/api/v0/asks/101/"), json={"success": False, "msg": "nope"})
+    destroy = requests_mock.delete(url("/api/v0/instances/4242/"), json={"success": True})
+
+    with pytest.raises(GpuMarketError, match="success=false") as caught:
+        hook.create_instance(101, image="img")
+    assert not isinstance(caught.value, GpuMarketCreateRefusedError)
+    assert destroy.call_count == 0
 
 
 def test_non_json_error_body_text_is_in_the_message(requests_mock, hook):

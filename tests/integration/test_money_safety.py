@@ -495,3 +495,16 @@ def test_live_destroy_storm_destroys_everything_without_giving_up(sim, monkeypat
     assert alive(sim) == []
     refused = sum(1 for r in sim.state()["requests"] if r["status"] == 429 and r["method"] == "DELETE")
     assert (refused == 0) if paced else (refused > 0)
+
+
+def test_a_bid_below_the_min_bid_fails_the_task_and_leaves_nothing_billing(sim):
+    """The service makes the instance (stopped, billing storage) and answers success=false with its id: the hook
+    destroys it before the task fails."""
+    offer = cheapest_offers(1)[0]
+    task = job(offer_filters={"id": {"eq": offer["id"]}}, price=offer["min_bid"] / 2)
+
+    with pytest.raises(Exception, match="yet made instance .* It has been destroyed: nothing bills"):
+        task.execute(context())
+
+    assert alive(sim) == []
+    assert [i["actual_status"] for i in sim.state()["instances"]] == ["stopped"]

@@ -306,3 +306,27 @@ def test_direct_runtypes_get_ports(api):
     )
     assert set(ssh["ports"]) == {"22/tcp"}
     assert set(jupyter["ports"]) == {"22/tcp", "8080/tcp", "9000/tcp"}
+
+
+# --- bids ----------------------------------------------------------------------------------------------------
+def test_offers_carry_a_min_bid_below_their_on_demand_price(api):
+    offer = api.cheapest()
+    assert 0 < offer["min_bid"] < offer["dph_total"]
+
+
+def test_a_bid_below_the_min_bid_still_makes_a_stopped_instance_and_answers_success_false(sim, api):
+    offer = api.cheapest()
+    body = api.create(offer["id"], {"image": "ubuntu:22.04", "price": offer["min_bid"] / 2})
+    assert body["success"] is False and "minimum bid" in body["msg"]
+    made = api.instance(body["new_contract"])
+    assert made["actual_status"] == "stopped" and made["is_bid"] is True
+    assert [i["id"] for i in sim.alive_instances()] == [body["new_contract"]]  # it bills storage until destroyed
+
+
+def test_a_bid_at_the_min_bid_rents_and_boots(sim, api):
+    offer = api.cheapest()
+    body = api.create(offer["id"], {"image": "ubuntu:22.04", "price": offer["min_bid"]})
+    assert body["success"] is True
+    sim.advance(400)
+    made = api.instance(body["new_contract"])
+    assert made["actual_status"] == "running" and made["bid_price"] == offer["min_bid"]
