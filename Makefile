@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install lint typecheck test test-fast test-airflow2 demo demo-airflow2 bench chaos system system-airflow2 system-airflow32 services clean
+.PHONY: install lint typecheck test test-fast test-airflow2 demo demo-airflow2 bench chaos system fleet system-airflow2 system-airflow32 services clean
 
 # The main environment: the Airflow that `make demo`, `make system` and `make chaos` run, and the first leg of the
 # tests. The second leg runs the same tests on the newest Airflow 2.11.x, in a virtual environment of its own.
@@ -112,6 +112,12 @@ $(VENV)/.installed-system: $(STAMP)
 # (bench/system.py). Not part of `make test`; about 4 minutes.
 system: install services $(VENV)/.installed-system
 	$(BIN)/python bench/system.py
+
+# Many jobs at once on one API key, on the same production-shaped deployment: 200 deferred and 20 sync RunJobs with
+# the live rate limits on (bench/fleet.py). FLEET lines: leaked, double rentals, 429s, job end -> task success.
+# Not part of `make test` or `make system`; about 8 minutes.
+fleet: install services $(VENV)/.installed-system
+	$(BIN)/python bench/fleet.py
 
 # The deferred scenarios on Airflow 3.2, whose triggerer never calls a trigger's on_kill: a deferred task marked
 # failed is destroyed by the trigger's cleanup, which reads the task's state through the Task SDK. The small shape

@@ -70,9 +70,7 @@ HA_SPEED = 10.0
 HA_QUICK_N = 10
 
 
-def start_simulator(
-    n: int, live_limits: bool = False, speed: float | None = None
-) -> tuple[subprocess.Popen, str, str]:
+def start_simulator(n: int, live_limits: bool = False, speed: float | None = None) -> tuple[subprocess.Popen, str, str]:
     world = {"offers": [{"id": i + 1, "gpu_name": "RTX 4090", "dph_total": 0.5} for i in range(n)]}
     path = Path(tempfile.mkdtemp(prefix="gpm-bench-")) / "world.json"
     path.write_text(json.dumps(world))

@@ -237,13 +237,13 @@ class Simulator:
             return [dict(i) for i in self.instances if i.get("gpu_name") == gpu_name]
 
 
-def start_simulator(processes: Processes, world: Path) -> tuple[Simulator, str]:
-    """`gpumarket-sim --execute-onstart` with ``world``, its clock at SPEED x, started through ``processes``
+def start_simulator(processes: Processes, world: Path, speed: float = SPEED) -> tuple[Simulator, str]:
+    """`gpumarket-sim --execute-onstart` with ``world``, its clock at ``speed`` x, started through ``processes``
     (log: simulator.log in their home): its admin surface and the connection URI it prints."""
     log = processes.home / "simulator.log"
     process = processes.start(
         "simulator",
-        [str(BIN / "gpumarket-sim"), "--port", "0", "--speed", str(SPEED), "--execute-onstart", "--world", str(world)],
+        [str(BIN / "gpumarket-sim"), "--port", "0", "--speed", str(speed), "--execute-onstart", "--world", str(world)],
         dict(os.environ),
         log.name,
     )
@@ -355,13 +355,40 @@ SMALL = Shape("LocalExecutor", schedulers=1, triggerers=1, workers=0)
 WORKER_CONCURRENCY = 6
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What a deployment runs: its DAGs, the offers of the simulator's world, the clock's speed, the task slots."""
+
+    name: str  # the Airflow home is .airflow/<name>-<time>
+    dags_folder: Path
+    dag_ids: frozenset[str]  # ready once the DAG processor has serialized each of these
+    offers: tuple[dict, ...]
+    speed: float
+    worker_concurrency: int
+
+
+def _system_offers() -> tuple[dict, ...]:
+    """Two offers per scenario, `sys-<scenario>`, so scenarios never compete and a second rental shows."""
+    return tuple(
+        {"id": 700_000 + 10 * n + k, "gpu_name": f"sys-{name}", "dph_total": 1.0 + k / 10, "reliability": 0.99}
+        for n, name in enumerate(GOALS)
+        for k in range(2)
+    )
+
+
+SYSTEM = Workload(
+    "system", DAGS_FOLDER, frozenset(f"system_{n}" for n in GOALS), _system_offers(), SPEED, WORKER_CONCURRENCY
+)
+
+
 class Deployment:
     """A fresh Airflow home, the simulator, PostgreSQL, Redis (Celery's broker) and the Airflow components."""
 
-    def __init__(self, shape: Shape) -> None:
+    def __init__(self, shape: Shape, workload: Workload = SYSTEM) -> None:
         self.shape = shape
+        self.workload = workload
         self.components = shape.components
-        self.home = ROOT / ".airflow" / f"system-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.home = ROOT / ".airflow" / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.home.mkdir(parents=True)
         self.processes = Processes(self.home)
         self.redis_port = free_port()
@@ -379,11 +406,12 @@ class Deployment:
         env.update(
             AIRFLOW_HOME=str(self.home),
             AIRFLOW_CONN_GPUMARKET_DEFAULT=conn_uri,
-            AIRFLOW__CORE__DAGS_FOLDER=str(DAGS_FOLDER),
+            AIRFLOW__CORE__DAGS_FOLDER=str(self.workload.dags_folder),
             AIRFLOW__CORE__LOAD_EXAMPLES="False",
             AIRFLOW__CORE__UNIT_TEST_MODE="False",
             AIRFLOW__CORE__EXECUTOR=self.shape.executor,
-            AIRFLOW__CORE__PARALLELISM=str(2 * WORKER_CONCURRENCY),  # LocalExecutor forks this many workers up front
+            # The LocalExecutor forks this many workers up front.
+            AIRFLOW__CORE__PARALLELISM=str(2 * self.workload.worker_concurrency),
             AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{base}/execution/",
@@ -408,7 +436,7 @@ class Deployment:
             AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=self.postgres.url,
             AIRFLOW__CELERY__BROKER_URL=f"redis://127.0.0.1:{self.redis_port}/0",
             AIRFLOW__CELERY__RESULT_BACKEND="db+" + self.postgres.url,
-            AIRFLOW__CELERY__WORKER_CONCURRENCY=str(WORKER_CONCURRENCY),
+            AIRFLOW__CELERY__WORKER_CONCURRENCY=str(self.workload.worker_concurrency),
             # Each component reports its own name as its host (as if each ran on a machine of its own), so that a
             # job row tells which triggerer runs a trigger.
             AIRFLOW__CORE__HOSTNAME_CALLABLE="gpumarket_system_host.hostname",
@@ -432,8 +460,10 @@ class Deployment:
 
     def start(self, say: Callable[[str], None]) -> None:
         say(f"Airflow home {self.home}")
-        self.sim, conn_uri = start_simulator(self.processes, self._write_world(self.home / "world.json"))
-        say(f"simulator at {self.sim.url} (speed {SPEED:g}x)")
+        world = self.home / "world.json"
+        world.write_text(json.dumps({"offers": list(self.workload.offers)}))
+        self.sim, conn_uri = start_simulator(self.processes, world, self.workload.speed)
+        say(f"simulator at {self.sim.url} (speed {self.workload.speed:g}x)")
         self.postgres.start()
         pg = self.postgres
         say(f"PostgreSQL {pg.bin.parent.name} at 127.0.0.1:{pg.port}, data in {pg.root}")
@@ -460,33 +490,22 @@ class Deployment:
             # One hostname each (two workers on one machine); no log server (its port would collide): the logs
             # are files in the shared Airflow home.
             cmd = [str(BIN / "airflow"), "celery", "worker", "--celery-hostname", f"{name}@%h", "--skip-serve-logs"]
-            cmd += ["--concurrency", str(WORKER_CONCURRENCY), "--without-gossip", "--without-mingle"]
+            cmd += ["--concurrency", str(self.workload.worker_concurrency), "--without-gossip", "--without-mingle"]
         elif kind in ("scheduler", "triggerer"):
             cmd = [str(BIN / "airflow"), kind, "--skip-serve-logs"]
         else:
             cmd = [str(BIN / "airflow"), kind]
         self.processes.start(name, cmd, {**self.env, "GPUMARKET_SYSTEM_HOST": name}, f"{name}.log")
 
-    @staticmethod
-    def _write_world(path: Path) -> Path:
-        """Two offers per scenario, `sys-<scenario>`, so scenarios never compete and a second rental shows."""
-        offers = [
-            {"id": 700_000 + 10 * n + k, "gpu_name": f"sys-{name}", "dph_total": 1.0 + k / 10, "reliability": 0.99}
-            for n, name in enumerate(GOALS)
-            for k in range(2)
-        ]
-        path.write_text(json.dumps({"offers": offers}))
-        return path
-
     def wait_ready(self, say: Callable[[str], None], timeout: float = 180) -> None:
-        """Until every component reports healthy and the DAG processor has serialized every scenario's DAG."""
+        """Until every component reports healthy and the DAG processor has serialized every DAG of the workload."""
         deadline = time.monotonic() + timeout
         self.wait_healthy(timeout, starting=True)
         self.api.login()
         say(f"{', '.join(self.components)} healthy")
-        wanted = {f"system_{name}" for name in GOALS}
+        wanted = set(self.workload.dag_ids)
         while True:
-            dags = self.api.call("GET", "/dags", dag_id_pattern="system_", limit=100)["dags"]
+            dags = self.api.call("GET", "/dags", limit=1000)["dags"]
             missing = wanted - {d["dag_id"] for d in dags}
             if not missing:
                 break
@@ -962,9 +981,7 @@ def worker_kill(s: Scenario) -> None:
     deployment = s.h.deployment
     runner = deployment.task_processes(ti_id)
     workers = {deployment.processes.started[n].pid: n for n in deployment.shape.of("worker")}
-    victim = next(
-        (workers[a.pid] for p in runner for a in p.parents() if a.pid in workers), None
-    )
+    victim = next((workers[a.pid] for p in runner for a in p.parents() if a.pid in workers), None)
     if victim is None:
         raise Miss(f"no Celery worker found above the task's processes {[p.pid for p in runner]}")
     process = psutil.Process(deployment.processes.started[victim].pid)
