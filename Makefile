@@ -115,7 +115,7 @@ system: install services $(VENV)/.installed-system
 
 # Many jobs at once on one API key, on the same production-shaped deployment: 200 deferred and 20 sync RunJobs with
 # the live rate limits on (bench/fleet.py). FLEET lines: leaked, double rentals, 429s, job end -> task success.
-# Not part of `make test` or `make system`; about 8 minutes.
+# Not part of `make test` or `make system`; about 5 minutes.
 fleet: install services $(VENV)/.installed-system
 	$(BIN)/python bench/fleet.py
 

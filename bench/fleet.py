@@ -27,14 +27,13 @@ import argparse
 import collections
 import os
 import re
-import signal
 import statistics
 import sys
 import threading
 import time
 from datetime import datetime
 
-from system import PRODUCTION, ROOT, Deployment, Workload, clip
+from system import PRODUCTION, ROOT, Deployment, Workload, clip, interrupt_on_signals
 
 DAGS_FOLDER = ROOT / "bench" / "fleet_dags"
 sys.path.insert(0, str(DAGS_FOLDER))
@@ -225,11 +224,7 @@ def main() -> int:
         if getattr(args, name) < (1 if name == "job_seconds" else 0) or getattr(args, name) > 900:
             parser.error(f"--{name.replace('_', '-')} must be between 0 and 900 (got {getattr(args, name)})")
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupt_on_signals()
     fleet = Fleet({"deferred": args.deferred, "sync": args.sync}, args.job_seconds)
     ok = False
     try:
@@ -247,8 +242,7 @@ def main() -> int:
             if not ok:
                 print(f"Logs: Airflow home {fleet.deployment.home}")
         finally:
-            fleet.deployment.processes.stop_all()
-            fleet.deployment.postgres.stop()
+            fleet.deployment.stop()
         print(f"FLEET: {'PASS' if ok else 'FAIL'}", flush=True)
     return 0 if ok else 1
 

@@ -260,6 +260,17 @@ def start_simulator(processes: Processes, world: Path, speed: float = SPEED) -> 
     raise RuntimeError(f"gpumarket-sim did not start; see {log}")
 
 
+def interrupt_on_signals() -> None:
+    """SIGTERM and SIGINT raise KeyboardInterrupt, so a script reports what is alive and stops what it started (also
+    when started with SIGINT ignored, as `cmd &` does)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 # --- Airflow -----------------------------------------------------------------------------------------------
 
 
@@ -517,6 +528,11 @@ class Deployment:
                 raise RuntimeError(f"DAGs not parsed after {timeout} s: {sorted(missing)}")
             time.sleep(1)
         say(f"{len(wanted)} DAGs parsed")
+
+    def stop(self) -> None:
+        """Stop only what this deployment started: its processes (and what left their groups), PostgreSQL."""
+        self.processes.stop_all()
+        self.postgres.stop()
 
     def log_of(self, name: str) -> str:
         log = self.home / f"{name}.log"
@@ -1196,11 +1212,7 @@ def main() -> int:
     if shape is SMALL and set(names) & set(HA):
         parser.error(f"--scenarios: {', '.join(sorted(set(names) & set(HA)))} need the production shape")
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored (`cmd &`)
+    interrupt_on_signals()
     harness = Harness(names, shape)
     ok = False
     try:
@@ -1224,8 +1236,7 @@ def main() -> int:
             if not ok:
                 harness.where_the_logs_are()
         finally:
-            harness.deployment.processes.stop_all()
-            harness.deployment.postgres.stop()
+            harness.deployment.stop()
         print(harness.summary, flush=True)  # the last line, for a person or a script
     return 0 if ok else 1
 
