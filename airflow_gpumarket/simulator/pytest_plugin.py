@@ -1,7 +1,9 @@
-"""pytest plugin (registered through the ``pytest11`` entry point): the ``gpumarket_sim`` fixture.
+"""pytest plugin, opt-in: the ``gpumarket_sim`` fixture.
 
-Every pytest run of anyone who installs the package loads this module, so it imports nothing heavy: the
-simulator starts (and FastAPI/uvicorn are imported) only when a test asks for the fixture.
+Installing the provider loads nothing into anyone's pytest. A project that wants the fixture says so, in its
+top-level ``conftest.py`` (``pytest_plugins = ["airflow_gpumarket.simulator.pytest_plugin"]``) or on the command
+line (``-p airflow_gpumarket.simulator.pytest_plugin``). The module imports nothing heavy: the simulator starts
+(and FastAPI/uvicorn, the ``[simulator]`` extra, are imported) only when a test asks for the fixture.
 
 - ``gpumarket_sim_server`` (session): one simulator for the whole run.
 - ``gpumarket_sim`` (function): that simulator, freshly reset, with ``AIRFLOW_CONN_GPUMARKET_DEFAULT`` set for

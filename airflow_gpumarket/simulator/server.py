@@ -61,9 +61,15 @@ class MarketSimulator:
     def start(self) -> MarketSimulator:
         if self._thread is not None:
             return self
-        import uvicorn
+        try:
+            import uvicorn
 
-        from airflow_gpumarket.simulator.app import build_app
+            from airflow_gpumarket.simulator.app import build_app
+        except ImportError as exc:  # Airflow 2.11 without the extra
+            raise RuntimeError(
+                f"the simulator's server needs FastAPI and uvicorn ({exc}); install them with "
+                "pip install 'airflow-provider-gpumarket[simulator]'"
+            ) from exc
 
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)

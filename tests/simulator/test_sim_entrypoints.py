@@ -229,8 +229,24 @@ def test_importing_the_plugin_and_package_is_cheap():
     assert result.stdout.strip() == "[]", result.stderr
 
 
-def test_plugin_is_registered_through_the_pytest11_entry_point():
-    from importlib.metadata import entry_points
+def test_the_plugin_is_opt_in(tmp_path):
+    """A user's pytest gets the fixture when it names the plugin, and nothing otherwise."""
+    (tmp_path / "test_user.py").write_text(
+        "def test_uses_the_simulator(gpumarket_sim):\n    assert gpumarket_sim.alive_instances() == []\n"
+    )
 
-    [entry] = [e for e in entry_points(group="pytest11") if e.name == "gpumarket"]
-    assert entry.value == "airflow_gpumarket.simulator.pytest_plugin"
+    def pytest_run(*options: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, *options]
+        return subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    assert "fixture 'gpumarket_sim' not found" in pytest_run().stdout
+    opted_in = pytest_run("-p", "airflow_gpumarket.simulator.pytest_plugin")
+    assert opted_in.returncode == 0, opted_in.stdout
+
+
+def test_without_the_simulator_extra_start_says_which_extra_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as on Airflow 2.11 without the [simulator] extra
+    sim = MarketSimulator()
+    with pytest.raises(RuntimeError, match=r"pip install 'airflow-provider-gpumarket\[simulator\]'"):
+        sim.start()
+    sim.close()
