@@ -57,6 +57,7 @@ class AdminRoutes:
             ("/_sim/alive-instances", ["GET"], w(self.alive_instances)),
             ("/_sim/instances/{instance_id}/status", ["POST"], w(self.force_status)),
             ("/_sim/instances/{instance_id}/onstart", ["GET"], w(self.onstart)),
+            ("/_sim/instances/{instance_id}/outbid", ["POST"], w(self.outbid)),
             ("/_sim/offers/{offer_id}/fate", ["POST"], w(self.offer_fate)),
             ("/_sim/offers/{offer_id}/vanish", ["POST"], w(self.vanish_offer)),
             ("/_sim/machines/{machine_id}/online", ["POST"], w(self.machine_online)),
@@ -123,6 +124,11 @@ class AdminRoutes:
         if "status" not in body:
             raise bad_request("status is required (null, loading, running, stopped, exited, unknown, offline)")
         self.market.force_status(_path_id(request, "instance_id"), body["status"])
+        return {"success": True}
+
+    async def outbid(self, request: Request) -> Any:
+        body = await _body(request)
+        self.market.outbid(_path_id(request, "instance_id"), body.get("resume_after"))
         return {"success": True}
 
     async def onstart(self, request: Request) -> Any:

@@ -108,7 +108,7 @@ class Market:
         or 404 answered by the request that happened to bring an instance to running must not lose its script.
         """
         events: list[tuple[str, int]] = []
-        starts: list[tuple[int, str, dict[str, str]] | None] = []
+        starts: list[tuple[int, str, dict[str, str], bool] | None] = []
         try:
             with self.lock:
                 try:
@@ -117,7 +117,11 @@ class Market:
                     yield self.world, now
                 finally:
                     events, self.world.events = self.world.events, []
-                    starts = [self._onstart_job(iid) for kind, iid in events if kind == "first_running"]
+                    starts = [
+                        self._onstart_job(iid, again=kind == "restarted")
+                        for kind, iid in events
+                        if kind in ("first_running", "restarted")
+                    ]
         finally:
             for kind, iid in events:
                 if kind == "halt":
@@ -126,7 +130,7 @@ class Market:
                 if job is not None:
                     self.runner.start(*job)
 
-    def _onstart_job(self, instance_id: int) -> tuple[int, str, dict[str, str]] | None:
+    def _onstart_job(self, instance_id: int, *, again: bool = False) -> tuple[int, str, dict[str, str], bool] | None:
         inst = self.world.instances[instance_id]
         script = inst.config.get("onstart")
         # The service's entrypoint runs onstart for the SSH and Jupyter runtypes only (spec: onstart field).
@@ -134,7 +138,7 @@ class Market:
             return None
         env = {k: v for k, v in inst.config["env"].items() if not k.startswith("-p ")}
         env["CONTAINER_API_KEY"] = inst.api_key
-        return instance_id, script, env
+        return instance_id, script, env, again
 
     def next_instance_id(self) -> int:
         return next(self._instance_ids)
@@ -209,6 +213,10 @@ class Market:
     def force_status(self, instance_id: int, status: str | None) -> None:
         with self.transaction() as (world, now):
             world.force_status(instance_id, status, now)
+
+    def outbid(self, instance_id: int, resume_after: float | None = None) -> None:
+        with self.transaction() as (world, now):
+            world.outbid(instance_id, now, resume_after)
 
     def set_offer_fate(self, offer_id: int, fate: str) -> None:
         with self.transaction() as (world, _):

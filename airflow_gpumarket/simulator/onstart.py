@@ -43,7 +43,8 @@ class _Run:
 
 
 class OnstartRunner:
-    """One process group per instance, started at most once; combined stdout/stderr and exit code are kept."""
+    """One process group per instance, started once (again only after an outbid instance came back); combined
+    stdout/stderr and exit code are kept."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -51,12 +52,19 @@ class OnstartRunner:
         self._runs: dict[int, _Run] = {}
         self._base: str | None = None
 
-    def start(self, instance_id: int, script: str, env: dict[str, str]) -> None:
+    def start(self, instance_id: int, script: str, env: dict[str, str], again: bool = False) -> None:
+        """Start the script once per instance; ``again`` (a container that came back after it stopped) starts it
+        anew once the previous run was halted, its output following the earlier one's as a container log does."""
         if not self.enabled:
             return
+        earlier = b""
         with self._lock:
-            if instance_id in self._runs:
+            previous = self._runs.get(instance_id)
+            if previous is not None and not (again and previous.halting):
                 return
+            if previous is not None:
+                with previous.lock:
+                    earlier = bytes(previous.output)
             if self._base is None:
                 self._base = tempfile.mkdtemp(prefix="gpumarket-sim-onstart-")
             workdir = tempfile.mkdtemp(prefix=f"instance-{instance_id}-", dir=self._base)
@@ -78,7 +86,7 @@ class OnstartRunner:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, so a kill also reaches its children
             )
-            run = _Run(process=process, workdir=workdir)
+            run = _Run(process=process, workdir=workdir, output=bytearray(earlier))
             self._runs[instance_id] = run
         threading.Thread(target=self._collect, args=(run,), name=f"onstart-out-{instance_id}", daemon=True).start()
         threading.Thread(target=self._wait, args=(run,), name=f"onstart-wait-{instance_id}", daemon=True).start()

@@ -194,6 +194,10 @@ class MarketSimulator:
     def force_status(self, instance_id: int, status: str | None) -> None:
         self._market.force_status(instance_id, status)
 
+    def outbid(self, instance_id: int, resume_after: float | None = None) -> None:
+        """A higher bid takes a bid instance's machine (``POST /_sim/instances/{id}/outbid``): see docs/simulator.md."""
+        self._market.outbid(instance_id, resume_after)
+
     def set_offer_fate(self, offer_id: int, fate: str) -> None:
         self._market.set_offer_fate(offer_id, fate)
 

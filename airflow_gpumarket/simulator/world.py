@@ -20,7 +20,7 @@ from typing import Any
 from airflow_gpumarket.api import DEFAULT_DISK_GB
 from airflow_gpumarket.simulator import totp
 from airflow_gpumarket.simulator.errors import ApiError, bad_request
-from airflow_gpumarket.simulator.rules import DIRECT_RUNTYPES, SearchQuery, offer_matches
+from airflow_gpumarket.simulator.rules import DIRECT_RUNTYPES, SearchQuery, is_number, offer_matches
 
 FAILED_STATUSES = ("exited", "unknown", "offline")
 #: What an offer's instances end up as after booting.
@@ -29,6 +29,8 @@ FATES = ("running", *FAILED_STATUSES)
 FORCEABLE_STATUSES = (None, "loading", "running", "stopped", *FAILED_STATUSES)
 SECONDS_PER_MONTH = 30 * 86400
 BOOT_SECONDS = (60.0, 300.0)
+#: A step of an instance's schedule that is no status: an outbid instance's bid wins again (see ``World.outbid``).
+RESUME = "resume"
 #: An offer's minimum bid for an interruptible rental, as a share of its on-demand dph_total (the simulator's
 #: choice: public sources give no formula).
 MIN_BID_SHARE = 0.4
@@ -153,6 +155,11 @@ class Instance:
     doomed: str | None = None
     provisioned: bool = False
     first_running_at: float | None = None
+    #: The market's last word on the instance (live: ``status_msg``), e.g. why it was stopped.
+    status_msg: str | None = None
+    outbids: int = 0
+    #: The next ``running`` starts the onstart script again (a container that comes back after an outbid).
+    rerun_onstart: bool = False
     destroyed_at: float | None = None
     accounted_until: float = 0.0
     compute_seconds: float = 0.0
@@ -174,6 +181,9 @@ class Instance:
             "id": self.id,
             "actual_status": self.status,
             "intended_status": c["target_state"],
+            "cur_state": "running" if self.status in ("loading", "running") else "stopped",
+            "next_state": c["target_state"],
+            "status_msg": self.status_msg,
             "label": c["label"],
             "ssh_host": self.ssh_host,
             "ssh_port": self.ssh_port,
@@ -268,7 +278,10 @@ class World:
         while inst.schedule and inst.schedule[0][0] <= t:
             at, status = inst.schedule.pop(0)
             self._account(inst, at)
-            self._set_status(inst, status, at)
+            if status == RESUME:
+                self._resume(inst, at)
+            else:
+                self._set_status(inst, status, at)
         self._account(inst, t)
 
     @staticmethod
@@ -291,6 +304,9 @@ class World:
         if status == "running" and inst.first_running_at is None:
             inst.first_running_at = at
             self.events.append(("first_running", inst.id))
+        elif status == "running" and inst.rerun_onstart:
+            inst.rerun_onstart = False
+            self.events.append(("restarted", inst.id))
 
     def _final_status(self, inst: Instance) -> str:
         return inst.doomed or inst.fate
@@ -452,6 +468,33 @@ class World:
             self._schedule_boot(inst, now, full=False)
         else:
             self._set_status(inst, status, now)
+
+    def outbid(self, instance_id: int, now: float, resume_after: float | None = None) -> None:
+        """A higher bid takes the machine of a bid instance: it stops at once (its processes killed, its disk kept;
+        storage bills on, compute does not), with ``intended_status``/``cur_state``/``next_state`` "stopped" and a
+        ``status_msg``. With ``resume_after`` (simulated seconds) its bid wins again then: it loads, runs, and its
+        onstart script runs again, as a container that comes back does."""
+        inst = self.live.get(instance_id)
+        if inst is None:
+            raise KeyError(instance_id)
+        if inst.config.get("price") is None:
+            raise ValueError(f"instance {instance_id} is on demand (created without a price): only a bid is outbid")
+        if resume_after is not None and (not is_number(resume_after) or resume_after < 0):
+            raise ValueError(f"resume_after must be a number of seconds >= 0 or null, got {resume_after!r}")
+        self.update(now)
+        if inst.status not in (None, "loading", "running"):
+            raise ValueError(f"instance {instance_id} is {inst.status!r}: only a booting or running bid is outbid")
+        inst.outbids += 1
+        inst.config["target_state"] = "stopped"
+        inst.status_msg = "Outbid: a higher bid took this machine; stopped until your bid wins again."
+        inst.schedule = [] if resume_after is None else [(now + resume_after, RESUME)]
+        self._set_status(inst, "stopped", now)
+
+    def _resume(self, inst: Instance, at: float) -> None:
+        inst.config["target_state"] = "running"
+        inst.status_msg = None
+        inst.rerun_onstart = inst.first_running_at is not None
+        self._schedule_boot(inst, at, full=False)
 
     def set_offer_fate(self, offer_id: int, fate: str) -> None:
         if fate not in FATES:

@@ -220,3 +220,57 @@ def test_onstart_has_its_own_tmpdir_which_goes_when_the_instance_stops_running(o
     assert wait_for(lambda: (tmpdir / "scratch").exists())
     oapi.delete(f"/api/v0/instances/{instance_id}/")
     assert wait_for(lambda: not tmpdir.exists())
+
+
+# --- outbids -----------------------------------------------------------------------------------------------
+def test_an_outbid_stops_a_bid_instance_kills_its_script_and_bills_storage_only(osim, oapi):
+    offer = oapi.cheapest()
+    instance_id = launch(oapi, "echo started; sleep 600", price=offer["min_bid"])["new_contract"]
+    boot(osim)
+    wait_for(lambda: "started" in (osim.onstart_result(instance_id) or {}).get("output", ""))
+
+    osim.outbid(instance_id)
+
+    seen = oapi.instance(instance_id)
+    assert (seen["actual_status"], seen["intended_status"], seen["cur_state"], seen["next_state"]) == ("stopped",) * 4
+    assert seen["status_msg"].startswith("Outbid")
+    assert finished_onstart(osim, instance_id)["exit_code"] != 0  # killed, not ended
+    before = next(i for i in osim.state()["instances"] if i["id"] == instance_id)
+    osim.advance(600)
+    after = next(i for i in osim.state()["instances"] if i["id"] == instance_id)
+    assert after["compute_seconds"] == before["compute_seconds"]  # no GPU billed while stopped
+    assert after["storage_seconds"] == before["storage_seconds"] + 600  # the disk bills on
+    assert not after["destroyed"] and osim.onstart_result(instance_id)["running"] is False
+
+
+def test_an_outbid_instance_whose_bid_wins_again_runs_its_script_again_after_the_first_output(osim, oapi):
+    offer = oapi.cheapest()
+    instance_id = launch(oapi, "echo run; sleep 600", price=offer["min_bid"])["new_contract"]
+    boot(osim)
+    wait_for(lambda: "run" in (osim.onstart_result(instance_id) or {}).get("output", ""))
+
+    osim.outbid(instance_id, resume_after=100)
+    finished_onstart(osim, instance_id)
+    osim.advance(99)
+    assert oapi.instance(instance_id)["actual_status"] == "stopped"
+    osim.advance(1)
+    back = oapi.instance(instance_id)
+    assert (back["actual_status"], back["intended_status"], back["status_msg"]) == ("loading", "running", None)
+    osim.advance(130)
+    assert oapi.instance(instance_id)["actual_status"] == "running"
+    wait_for(lambda: osim.onstart_result(instance_id)["output"].count("run") == 2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "resume_after", "status", "words"),
+    [
+        ({}, None, 400, "on demand"),
+        ({"price": 10.0}, -1, 400, "resume_after"),
+        ({"price": 10.0}, "soon", 400, "resume_after"),
+    ],
+)
+def test_bad_outbids_are_400_naming_the_problem(osim, oapi, fields, resume_after, status, words):
+    instance_id = launch(oapi, "true", **fields)["new_contract"]
+    response = oapi.session.post(f"{osim.url}/_sim/instances/{instance_id}/outbid", json={"resume_after": resume_after})
+    assert response.status_code == status and words in response.json()["msg"]
+    assert oapi.session.post(f"{osim.url}/_sim/instances/999/outbid", json={}).status_code == 404
