@@ -52,6 +52,8 @@ PATH_INSTANCES_V1 = f"{API_V1_PREFIX}/instances/"
 PATH_CURRENT_USER = f"{API_PREFIX}/users/current"
 #: Asks the service to upload the container's (or the host daemon's) log; answers a ``result_url`` to fetch it from.
 PATH_REQUEST_LOGS = f"{API_PREFIX}/instances/request_logs/{{instance_id}}/"
+#: Not in the spec: the live service's change of an interruptible instance's bid (what ``vastai change bid`` calls).
+PATH_CHANGE_BID = f"{API_PREFIX}/instances/bid_price/{{instance_id}}/"
 
 # --- Enums ---------------------------------------------------------------------------------------------------
 RUNTYPES = ("ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args")
@@ -321,6 +323,13 @@ def _require_bid(field: str, price: Any) -> None:
             f"must be a bid in dollars per hour greater than 0, got {price!r}; "
             "omit it for an on-demand (not interruptible) instance",
         )
+
+
+def build_change_bid_body(instance_id: int, price: Any) -> dict[str, Any]:
+    """``PUT instances/bid_price/{id}/``: the live service's body (``client_id`` "me": the key's own account)."""
+    require_positive_int("instance_id", instance_id)
+    _require_bid("price", price)
+    return {"client_id": "me", "price": price}
 
 
 def _require_string(field: str, value: Any) -> None:
@@ -834,6 +843,7 @@ def rate_budget(operation: str) -> tuple[str, float] | None:
         "destroy_instance": ("destroy_instance", DESTROY_RATE_PER_SECOND),
         "label_instance": ("change_instance", CHANGE_RATE_PER_SECOND),
         "stop_instance": ("change_instance", CHANGE_RATE_PER_SECOND),
+        "change_bid": ("change_bid", CHANGE_RATE_PER_SECOND),  # its own path: assumed a bucket of its own
         "search_offers": ("search_offers", SEARCH_RATE_PER_SECOND),
         "get_instance": ("get_instance", READ_RATE_PER_SECOND),
         "request_instance_logs": ("request_instance_logs", READ_RATE_PER_SECOND),

@@ -622,6 +622,12 @@ class GpuMarketHook(_GpuMarketHookBase):
         path = api.PATH_INSTANCE.format(instance_id=instance_id)
         return self._call("stop_instance", "PUT", path, {"state": "stopped"})
 
+    def change_bid(self, instance_id: int, price: float) -> dict[str, Any]:
+        """Change the bid ($/h) of an interruptible instance. The service answers 400 for an on-demand one ("Can't
+        change price of on-demand contract."), 404 for an instance that does not exist."""
+        body = api.build_change_bid_body(instance_id, price)
+        return self._call("change_bid", "PUT", api.PATH_CHANGE_BID.format(instance_id=instance_id), body)
+
     def destroy_instance(self, instance_id: int) -> dict[str, Any]:
         """Destroy: all billing stops. Idempotent: an instance that is already gone counts as success
         (the result then carries ``already_gone: True``)."""
@@ -912,6 +918,11 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         api.require_text("label", label)
         path = api.PATH_INSTANCE.format(instance_id=instance_id)
         return await self._call("label_instance", "PUT", path, {"label": label})
+
+    async def change_bid(self, instance_id: int, price: float) -> dict[str, Any]:
+        """The async twin of :meth:`GpuMarketHook.change_bid`."""
+        body = api.build_change_bid_body(instance_id, price)
+        return await self._call("change_bid", "PUT", api.PATH_CHANGE_BID.format(instance_id=instance_id), body)
 
     async def destroy_instance(self, instance_id: int) -> dict[str, Any]:
         api.require_positive_int("instance_id", instance_id)

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from airflow_gpumarket.api import (
     PATH_API_KEYS,
+    PATH_CHANGE_BID,
     PATH_CLOUD_INTEGRATIONS,
     PATH_CREATE_INSTANCE,
     PATH_CURRENT_USER,
@@ -100,6 +101,7 @@ class ApiRoutes:
             (PATH_INSTANCE, ["PUT"], w(self.change_state, instance_key_ok=True)),
             (PATH_INSTANCE, ["DELETE"], w(self.destroy_instance, instance_key_ok=True)),
             (PATH_REQUEST_LOGS, ["PUT"], w(self.request_logs)),
+            (PATH_CHANGE_BID, ["PUT"], w(self.change_bid)),
             (PATH_VOLUMES, ["POST"], w(self.create_volume_listings)),
             (PATH_ENDPOINTS, ["POST"], w(self.create_endpoint)),
             (PATH_REGEN_BACKUP_CODES, ["PUT"], w(self.regenerate_backup_codes)),
@@ -244,6 +246,19 @@ class ApiRoutes:
             "result_url": f"{str(request.base_url).rstrip('/')}{logs.UPLOAD_PREFIX}{token}",
             "msg": "The log will be at result_url shortly.",
         }
+
+    async def change_bid(self, request: Request) -> Any:
+        """A new bid for an interruptible instance: the live service's errors for an unknown or on-demand one."""
+        instance_id = _path_int(request, "instance_id", "no_such_instance", "Instance")
+        price = rules.validate_change_bid(rules.parse_json(await request.body()))
+        with self.market.transaction() as (world, _):
+            inst = world.live.get(instance_id)
+            if inst is None:
+                raise ApiError(404, "no_such_instance", f"Instance {instance_id} does not exist or was destroyed")
+            if inst.config.get("price") is None:
+                raise ApiError(400, "invalid_args", "Can't change price of on-demand contract.")
+            inst.config["price"] = price
+        return {"success": True}
 
     # --- host, serverless, account --------------------------------------------------------------------------
     async def create_volume_listings(self, request: Request) -> Any:

@@ -18,6 +18,7 @@ OPERATIONS = (
     "get_instance",
     "stop_instance",
     "destroy_instance",
+    "change_bid",
     "create_volume_listings",
     "create_endpoint",
     "regenerate_backup_codes",

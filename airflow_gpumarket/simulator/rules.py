@@ -284,6 +284,19 @@ def validate_instance_change(body: Any) -> tuple[str | None, str | None]:
     return state, label
 
 
+def validate_change_bid(body: Any) -> float:
+    """``PUT /instances/bid_price/{id}/``: ``price`` (a number > 0, $/h) and ``client_id`` ("me" or the account's
+    id, as the official client sends it); returns the price."""
+    body = require_object(body)
+    price = body.get("price")
+    if not is_number(price) or price <= 0:
+        raise bad_request(f"price must be a number of dollars per hour greater than 0, got {price!r}")
+    client = body.get("client_id", "me")
+    if not (client == "me" or (isinstance(client, int) and not isinstance(client, bool))):
+        raise bad_request(f'client_id must be "me" or your user id, got {client!r}')
+    return float(price)
+
+
 def validate_logs_request(body: Any) -> tuple[int | None, str | None, bool]:
     """``PUT /instances/request_logs/{id}/``: optional ``tail`` (a number of lines, as a string the way the
     official client sends it, or a number), ``filter`` (text) and ``daemon_logs`` ("true"/"false" or a boolean);

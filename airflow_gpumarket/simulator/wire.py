@@ -17,6 +17,7 @@ from typing import Any
 
 from airflow_gpumarket.api import (
     PATH_API_KEYS,
+    PATH_CHANGE_BID,
     PATH_CLOUD_INTEGRATIONS,
     PATH_CREATE_INSTANCE,
     PATH_CURRENT_USER,
@@ -75,6 +76,7 @@ _ASK_PATH = _path_pattern(PATH_CREATE_INSTANCE, "offer_id")
 _INSTANCE_PATH = _path_pattern(PATH_INSTANCE, "instance_id")
 _INSTANCE_OPERATIONS = {"GET": "get_instance", "PUT": "stop_instance", "DELETE": "destroy_instance"}
 _LOGS_PATH = _path_pattern(PATH_REQUEST_LOGS, "instance_id")
+_BID_PATH = _path_pattern(PATH_CHANGE_BID, "instance_id")
 #: The operation name of a fetch of an uploaded log (it needs no key and has no rate limit or faults).
 FETCH_LOG_UPLOAD = "fetch_log_upload"
 
@@ -90,6 +92,8 @@ def classify(method: str, path: str) -> str | None:
         return "create_instance"
     if method == "PUT" and _LOGS_PATH.match(path):
         return "request_instance_logs"
+    if method == "PUT" and _BID_PATH.match(path):
+        return "change_bid"
     return None
 
 
@@ -101,7 +105,8 @@ def tolerant_path(path: str) -> str:
     for candidate in (path + "/", path.rstrip("/")):
         if candidate in _EXACT_PATHS:
             return candidate
-    if not path.endswith("/") and any(p.match(path + "/") for p in (_INSTANCE_PATH, _ASK_PATH, _LOGS_PATH)):
+    templated = (_INSTANCE_PATH, _ASK_PATH, _LOGS_PATH, _BID_PATH)
+    if not path.endswith("/") and any(p.match(path + "/") for p in templated):
         return path + "/"
     return path
 

@@ -268,6 +268,33 @@ def test_official_cli_logs_requests_and_prints_the_uploaded_log(cli: Cli, live_s
     assert_simulator_healthy(live_sim)
 
 
+# --- bids ------------------------------------------------------------------------------------------------------
+def test_official_cli_create_instance_with_bid_price_rents_an_interruptible_instance(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim, "--bid_price", "5.0")
+    instance = live_sim.instance(instance_id)
+    assert instance["bid_price"] == 5.0 and instance["is_bid"] is True
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_change_bid_changes_the_bid_of_an_interruptible_instance(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim, "--bid_price", "5.0")
+    result = cli("change", "bid", str(instance_id), "--price", "6.5")
+    assert_succeeded(result)
+    assert_sent(result, "PUT", f"/api/v0/instances/bid_price/{instance_id}/")
+    assert "bid price changed" in result.stdout, result.describe()
+    assert live_sim.instance(instance_id)["bid_price"] == 6.5
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_change_bid_of_an_on_demand_instance_fails(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim)
+    result = cli("change", "bid", str(instance_id), "--price", "6.5")
+    # The client prints the service's error and exits 0.
+    assert "Failed with error 400: Can't change price of on-demand contract." in result.stderr, result.describe()
+    assert live_sim.instance(instance_id)["bid_price"] is None
+    assert_simulator_healthy(live_sim)
+
+
 # --- label / stop / destroy -------------------------------------------------------------------------------------
 def test_official_cli_label_instance_changes_the_label(cli: Cli, live_sim: LiveSim):
     instance_id = rent(cli, live_sim)

@@ -264,3 +264,11 @@ def test_async_log_never_uploaded_fails_after_the_bounded_tries(server, async_sl
     with pytest.raises(GpuMarketError, match="not at its result URL"):
         run(lambda h: h.get_instance_logs(7001))
     assert len(server.requests) == 1 + api.LOG_FETCH_TRIES
+
+
+def test_async_change_bid_puts_the_live_body_to_the_bid_price_path(server):
+    server.add("PUT", "/api/v0/instances/bid_price/7001/", httpx.Response(200, json={"success": True}))
+
+    assert run(lambda h: h.change_bid(7001, 0.35)) == {"success": True}
+    (request,) = server.requests
+    assert request.method == "PUT" and json.loads(request.content) == {"client_id": "me", "price": 0.35}

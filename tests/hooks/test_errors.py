@@ -299,3 +299,26 @@ def test_redirects_are_not_followed(requests_mock, hook):
     with pytest.raises(GpuMarketError, match="HTTP 302"):
         hook.stop_instance(5)
     assert requests_mock.call_count == 1
+
+
+def test_change_bid_puts_the_live_body_and_maps_the_on_demand_refusal(requests_mock, hook):
+    path = url("/api/v0/instances/bid_price/7/")
+    requests_mock.put(path, json={"success": True})
+    assert hook.change_bid(7, 0.35) == {"success": True}
+    assert requests_mock.last_request.json() == {"client_id": "me", "price": 0.35}
+
+    requests_mock.put(path, status_code=400, json={"msg": "Can't change price of on-demand contract."})
+    with pytest.raises(GpuMarketError, match="HTTP 400.*Can't change price of on-demand contract"):
+        hook.change_bid(7, 0.35)
+    requests_mock.put(path, status_code=404, json={"error": "no_such_instance", "msg": "Instance 7 does not exist"})
+    with pytest.raises(GpuMarketNotFoundError, match="no_such_instance"):
+        hook.change_bid(7, 0.35)
+
+
+@pytest.mark.parametrize(("instance_id", "price"), [(0, 0.3), (7, 0), (7, "cheap"), (True, 0.3)])
+def test_change_bid_refuses_bad_arguments_before_sending(wire, hook, instance_id, price):
+    from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+    with pytest.raises(GpuMarketValidationError):
+        hook.change_bid(instance_id, price)
+    assert wire.call_count == 0
