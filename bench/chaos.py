@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 GPUS = ["RTX 3090", "RTX 4090", "A100", "H100", "L40S"]
 FATES = ["running"] * 22 + ["exited", "unknown", "offline"]
+SPEED = 600  # the simulator's clock: simulated seconds per real second
 TIMEOUT = 1.0  # the client's request timeout; the slow-response fault exceeds it
 FAULTS = [
     {"endpoint": ["get_instance", "list_instances"], "kind": "status", "status": 503, "probability": 0.05},
@@ -77,7 +78,8 @@ class Simulator:
         }
         path = Path(tempfile.mkdtemp(prefix="gpm-chaos-")) / "world.json"
         path.write_text(json.dumps(world))
-        cmd = [str(BIN / "gpumarket-sim"), "--port", "0", "--speed", "600", "--seed", str(seed), "--execute-onstart"]
+        cmd = [str(BIN / "gpumarket-sim"), "--port", "0", "--speed", str(SPEED), "--seed", str(seed)]
+        cmd.append("--execute-onstart")
         self.process = subprocess.Popen([*cmd, "--world", str(path)], stdout=subprocess.PIPE, text=True)
         line = self.process.stdout.readline() if self.process.stdout else ""
         self.url = next(word for word in line.split() if word.startswith("http://"))
@@ -105,6 +107,7 @@ class Simulator:
 
 def connection(sim: Simulator) -> str:
     extra = {"timeout": TIMEOUT, "retry_min_wait": 0.02, "retry_max_wait": 0.2, "max_retries": 6}
+    extra["rate_limit_scale"] = SPEED  # the simulator's buckets refill SPEED times as fast as the live ones
     return json.dumps({"conn_type": "gpumarket", "host": sim.url, "password": sim.key, "extra": extra})
 
 
