@@ -162,10 +162,13 @@ PLAIN_TEXT_429S = [
         "retry_after": False,
     }
 ]
+#: The same at one token a second: a destroy follows the poll that saw the job exit by milliseconds, so the limit
+#: surely bites (at 8/s a slow machine can space a short job's few calls out enough never to meet it).
+SURE_PLAIN_TEXT_429S = [{**PLAIN_TEXT_429S[0], "per_second": 1}]
 
 
 def test_live_plain_text_429s_a_job_still_succeeds_with_nothing_alive(sim):
-    sim.set_faults(PLAIN_TEXT_429S)
+    sim.set_faults(SURE_PLAIN_TEXT_429S)
     result = job(command="echo paced").execute(context())
     assert result["job_status"] == "succeeded"
     assert any(r["status"] == 429 for r in sim.state()["requests"])  # the limits did bite
@@ -181,7 +184,7 @@ def test_live_plain_text_429s_a_failing_job_still_fails_and_is_destroyed(sim):
 
 
 def test_live_plain_text_429s_deferrable_jobs_succeed_and_fail_with_nothing_alive(example_dag, sim):
-    sim.set_faults(PLAIN_TEXT_429S)
+    sim.set_faults(SURE_PLAIN_TEXT_429S)
     assert example_dag("gpm_deferred_job_ok").test().state == "success"
     assert example_dag("gpm_deferred_job_fails").test().state == "failed"
     assert any(r["status"] == 429 for r in sim.state()["requests"])
