@@ -389,16 +389,20 @@ def fields_doc(table: Iterable[CreationField], indent: str) -> str:
     return "".join(f"{indent}:param {f.name}: {f.doc}.\n" for f in table)
 
 
+def check_creation_field_names(names: Iterable[str]) -> None:
+    unknown = sorted(set(names) - set(CREATION_FIELD_NAMES))
+    if unknown:
+        raise GpuMarketValidationError(
+            unknown[0], f"is not a creation field of the spec; the fields are: {', '.join(CREATION_FIELD_NAMES)}"
+        )
+
+
 def build_create_instance_body(*, label: str | None = None, **fields: Any) -> dict[str, Any]:
     """Validate the creation fields (``CREATION_FIELDS``) against every rule of the spec; return the request body.
 
     ``label`` is written by the caller (the operators write their own); any other keyword must be a creation field.
     """
-    unknown = sorted(set(fields) - set(CREATION_FIELD_NAMES))
-    if unknown:
-        raise GpuMarketValidationError(
-            unknown[0], f"is not a creation field of the spec; the fields are: {', '.join(CREATION_FIELD_NAMES)}"
-        )
+    check_creation_field_names(fields)
     if fields.get("image") is None and fields.get("template_hash_id") is None:
         raise GpuMarketValidationError(
             "image", "is required unless template_hash_id is given; name a container image or a template"

@@ -9,6 +9,7 @@ trace through a failure callback that Airflow runs elsewhere, a retry after the 
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -42,6 +43,51 @@ KEEPALIVE_POLLS = 3
 
 #: Creation fields whose templated (Jinja) value cannot be checked before rendering (plain text fields can).
 _TYPED_FIELDS = tuple(field.name for field in api.CREATION_FIELDS if not field.text)
+#: What the renting operators send unless told otherwise: a taken offer then fails at once and the next is tried.
+CREATION_DEFAULTS: Mapping[str, Any] = {"cancel_unavail": True}
+
+
+def creation_fields(
+    instance: Mapping[str, Any] | None, named: Mapping[str, Any], *, command: str | None = None
+) -> dict[str, Any]:
+    """The creation fields a renting operator sends: ``CREATION_DEFAULTS``, then the ``instance`` dict, then the
+    fields given by name (a name wins over the dict, as Databricks' named arguments win over ``json``). A
+    ``command`` stands for ``onstart`` (the provider writes the script) and makes ``runtype`` default to
+    ``ssh_proxy``. Values may still be Jinja or an upstream task's output; they are checked once rendered."""
+    if instance is None:
+        instance = {}
+    if not isinstance(instance, Mapping):
+        raise GpuMarketValidationError(
+            "instance",
+            f"must be a dict of the spec's creation fields, e.g. {{'image': 'pytorch/pytorch', 'disk': 40}}; got "
+            f"{type(instance).__name__} (a field's value may be templated, the dict itself may not)",
+        )
+    if "label" in instance:
+        raise GpuMarketValidationError(
+            "instance", "has a 'label': the operator writes the label (it ties the instance to the task); remove it"
+        )
+    api.check_creation_field_names(instance)
+    fields = {**CREATION_DEFAULTS, **instance, **named}
+    if command is not None:
+        if fields.get("onstart") is not None:
+            raise GpuMarketValidationError("onstart", "give command (wrapped by the provider) or onstart, not both")
+        if fields.get("runtype") is None:
+            fields["runtype"] = "ssh_proxy"
+    return fields
+
+
+def _takes_creation_fields(init: Any) -> Any:
+    """Declare every field of ``api.CREATION_FIELDS`` as a keyword-only parameter of ``init``, which receives them
+    in ``**kwargs``. ``help()``, Airflow's ``default_args`` and ``.expand()``'s check of names read this signature,
+    so a field added to the table is taken by name with nothing else to change."""
+    signature = inspect.signature(init)
+    *params, var_keyword = signature.parameters.values()
+    fields = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=CREATION_DEFAULTS.get(name))
+        for name in api.CREATION_FIELD_NAMES
+    ]
+    init.__signature__ = signature.replace(parameters=[*params, *fields, var_keyword])
+    return init
 
 
 class GpuMarketSearchOffersOperator(GpuMarketBaseOperator):
@@ -157,22 +203,18 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         the exception; when an instance never boots, the host daemon's last lines are logged before the next
         offer is tried. 0 turns every read of logs off.
 
-    The spec's creation fields below are sent as given (``cancel_unavail`` defaults to True so a taken offer
-    fails fast and the next is tried); the label is written by the operator (see ``airflow_gpumarket.lifecycle``).
+    :param instance: the spec's creation fields as one dict (templated; "Rendered Template" shows it as sent).
+        Each field may also be given by name, below; a name wins over the dict. ``cancel_unavail`` defaults to
+        True so a taken offer fails fast and the next is tried; the label is written by the operator (see
+        ``airflow_gpumarket.lifecycle``).
     """
 
-    template_fields: Sequence[str] = (
-        "offer_id",
-        "offer_filters",
-        "offer_order",
-        "max_dph",
-        "command",
-        *api.CREATION_FIELD_NAMES,
-    )
-    template_fields_renderers = {"env": "json", "offer_filters": "json", "onstart": "bash", "command": "bash"}
+    template_fields: Sequence[str] = ("offer_id", "offer_filters", "offer_order", "max_dph", "command", "instance")
+    template_fields_renderers = {"instance": "json", "offer_filters": "json", "command": "bash"}
     ui_color = "#c9e7ff"
     _wait_for = lifecycle.WAIT_STATUS
 
+    @_takes_creation_fields
     def __init__(
         self,
         *,
@@ -185,36 +227,18 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         boot_timeout: timedelta | float = timedelta(minutes=15),
         poll_interval: float = api.POLL_INTERVAL_SECONDS,
         deferrable: bool | None = None,
-        image: str | None = None,
-        template_hash_id: str | None = None,
-        disk: float | None = None,
-        runtype: str | None = None,
-        target_state: str | None = None,
-        price: float | None = None,
-        env: Mapping[str, str] | None = None,
-        onstart: str | None = None,
-        args_str: str | None = None,
-        use_jupyter_lab: bool | None = None,
-        jupyter_dir: str | None = None,
-        python_utf8: bool | None = None,
-        lang_utf8: bool | None = None,
-        image_login: str | None = None,
-        cancel_unavail: bool | None = True,
-        vm: bool | None = None,
-        volume_info: Mapping[str, Any] | None = None,
+        instance: Mapping[str, Any] | None = None,
         command: str | None = None,
         export_env_to_ssh: bool = False,
         log_interval: timedelta | float = job_logs.DEFAULT_LOG_INTERVAL_SECONDS,
         **kwargs: Any,
     ) -> None:
+        named = {name: kwargs.pop(name) for name in api.CREATION_FIELD_NAMES if name in kwargs}
         super().__init__(**kwargs)
         self.command = command
+        self.instance = creation_fields(instance, named, command=command)
         self.export_env_to_ssh = export_env_to_ssh
         self.log_interval = duration_seconds("log_interval", log_interval, zero_ok=True)
-        if command is not None and onstart is not None:
-            raise GpuMarketValidationError("onstart", "give command (wrapped by the provider) or onstart, not both")
-        if command is not None and runtype is None:
-            runtype = "ssh_proxy"
         self.offer_id = offer_id
         self.offer_filters = offer_filters
         self.offer_order = offer_order
@@ -224,9 +248,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         self.boot_timeout = duration_seconds("boot_timeout", boot_timeout)
         self.poll_interval = duration_seconds("poll_interval", poll_interval)
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
-        given = locals()  # each creation field is a keyword above (autocompletion, default_args); kept as given
-        for name in api.CREATION_FIELD_NAMES:
-            setattr(self, name, given[name])
         self._instance_id: int | None = None
         self._creating_label: str | None = None
         self._killed = False
@@ -247,7 +268,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     # --- validation ------------------------------------------------------------------------------------
     def _creation_fields(self, base_url: str | None = None) -> dict[str, Any]:
-        fields = {name: getattr(self, name) for name in api.CREATION_FIELD_NAMES}
+        fields = dict(self.instance)
         if self.command is not None:
             fields["onstart"] = self._job_script(base_url or "https://api.example.invalid")
         return fields
@@ -255,9 +276,10 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     def _job_script(self, base_url: str) -> str | None:
         from airflow_gpumarket.job_script import build_job_onstart
 
-        if is_templated(self.command) or is_templated(self.env):
+        env = self.instance.get("env")
+        if is_templated(self.command) or is_templated(env):
             return None  # checked after rendering, before anything is rented
-        names = sorted(api.env_variables(self.env or {})) if self.export_env_to_ssh else []
+        names = sorted(api.env_variables(env or {})) if self.export_env_to_ssh else []
         return build_job_onstart(
             self.command,  # type: ignore[arg-type]
             base_url=base_url,
@@ -275,7 +297,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         """Every rule that can be checked. At parse time, fields still holding Jinja are checked after rendering
         (in ``execute``, before anything billable is sent)."""
         if self.command is not None:
-            if self.runtype == "args":
+            if self.instance.get("runtype") == "args":
                 raise GpuMarketValidationError(
                     "runtype", "'args' does not run the onstart script, so the command would never start; use ssh"
                 )
@@ -283,9 +305,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 not isinstance(self.command, str) or not self.command.strip()
             ):
                 raise GpuMarketValidationError("command", "must be a non-empty string of shell commands")
-        deferred = parse_time and (
-            any(is_templated(getattr(self, name)) for name in _TYPED_FIELDS)
-            or any(resolved_at_run_time(getattr(self, name)) for name in api.CREATION_FIELD_NAMES)
+        deferred = parse_time and any(
+            resolved_at_run_time(value) or (name in _TYPED_FIELDS and is_templated(value))
+            for name, value in self.instance.items()
         )
         if not deferred:
             self._creation_body(label=lifecycle.make_label("0" * 12, 0), base_url=None)

@@ -36,7 +36,7 @@ def test_the_function_is_shipped_without_its_decorator_and_command_is_not_templa
     with dag():
         op = gpumarket_task(**COMMON)(train)({"a": 1}, epochs=3).operator
     assert "def train(data: dict" in op._source and "@" not in op._source.splitlines()[0]
-    assert "command" not in op.template_fields and {"op_args", "op_kwargs", "image"} <= set(op.template_fields)
+    assert "command" not in op.template_fields and {"op_args", "op_kwargs", "instance"} <= set(op.template_fields)
     assert destroy_rentals_on_failure in op.on_failure_callback
 
 

@@ -120,7 +120,7 @@ def test_there_are_at_least_fifty_bad_input_cases():
 
 def test_templated_fields_are_checked_after_rendering_not_at_parse_time():
     op = CREATE(task_id="t", **OK, runtype="{{ params.runtype }}", disk="{{ params.disk }}")
-    op.runtype, op.disk = "bogus", 8
+    op.instance.update(runtype="bogus", disk=8)  # as rendering would make them
     with pytest.raises(GpuMarketValidationError, match="^runtype"):
         op._validate()
 
@@ -145,17 +145,20 @@ def test_run_job_defaults_to_an_onstart_runtype_and_wraps_the_command():
     assert "http://127.0.0.1:1/api/v0/instances/" in body["onstart"]
 
 
-def test_creation_fields_are_named_once_in_the_api_table_and_the_operator_takes_each():
-    """api.CREATION_FIELDS drives the request body, the hook, template_fields and parse-time checks; the renting
-    operator also names each as a keyword (autocompletion, default_args): this keeps the two in step."""
+def test_a_creation_field_is_one_line_of_the_api_table():
+    """api.CREATION_FIELDS drives the request body, the hook, the renting operators' keywords (their signature, so
+    default_args and expand() know them), the one templated ``instance`` dict and the docs: nothing else names
+    the fields."""
     import inspect
 
     from airflow_gpumarket import api
     from airflow_gpumarket.operators.instances import GpuMarketRentingBaseOperator
 
-    keywords = set(inspect.signature(GpuMarketRentingBaseOperator.__init__).parameters)
-    assert set(api.CREATION_FIELD_NAMES) <= keywords
-    assert set(api.CREATION_FIELD_NAMES) <= set(GpuMarketRentingBaseOperator.template_fields)
+    keywords = inspect.signature(GpuMarketRentingBaseOperator.__init__).parameters
+    assert all(keywords[name].kind is inspect.Parameter.KEYWORD_ONLY for name in api.CREATION_FIELD_NAMES)
+    assert keywords["cancel_unavail"].default is True
+    assert not set(api.CREATION_FIELD_NAMES) & set(GpuMarketRentingBaseOperator.template_fields)
+    assert "instance" in GpuMarketRentingBaseOperator.template_fields
     assert len(set(api.CREATION_FIELD_NAMES)) == len(api.CREATION_FIELD_NAMES) == 17
     for name in api.CREATION_FIELD_NAMES:  # the docs come from the table too: one :param each
         assert GpuMarketRentingBaseOperator.__doc__.count(f":param {name}:") == 1, name
