@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install lint typecheck test test-fast test-airflow2 demo demo-airflow2 bench chaos system fleet system-airflow2 system-airflow32 services clean
+.PHONY: install lint typecheck test test-fast test-airflow2 test-wheel demo demo-airflow2 bench chaos system fleet system-airflow2 system-airflow32 services clean
 
 # The main environment: the Airflow that `make demo`, `make system` and `make chaos` run, and the first leg of the
 # tests. The second leg runs the same tests on the newest Airflow 2.11.x, in a virtual environment of its own.
@@ -50,7 +50,23 @@ test-airflow2: $(STAMP2)
 	@echo "== tests on Airflow $$($(VENV2)/bin/python -c 'import airflow; print(airflow.__version__)')"
 	$(VENV2)/bin/pytest --ignore=tests/simulator --ignore=tests/cli
 
-test: test-fast test-airflow2
+# The package as users get it: the wheel is built, its metadata checked (twine check --strict), installed with
+# its [simulator] extra into a clean virtual environment, and the demo's DAG run from that install. The run starts
+# outside the checkout with PYTHONSAFEPATH, so nothing is imported from the source tree.
+WHEEL_DIR := .airflow/wheel
+test-wheel: install
+	@echo "== the wheel, installed into a clean virtual environment"
+	rm -rf $(WHEEL_DIR) build && mkdir -p $(WHEEL_DIR)/run
+	$(BIN)/python -m pip wheel $(PIP_QUIET) --no-deps --wheel-dir $(WHEEL_DIR) .
+	$(BIN)/twine check --strict $(WHEEL_DIR)/*.whl
+	$(PYTHON) -m venv $(WHEEL_DIR)/venv
+	$(WHEEL_DIR)/venv/bin/python -m pip install $(PIP_QUIET) "$$(ls $(WHEEL_DIR)/*.whl)[simulator]" "apache-airflow==$(AIRFLOW3)"
+	cd $(WHEEL_DIR)/run && PYTHONSAFEPATH=1 ../venv/bin/python -c 'import airflow_gpumarket as p, sys; \
+		sys.exit(0 if "/site-packages/" in p.__file__ else f"imported from {p.__file__}, not the wheel")'
+	cd $(WHEEL_DIR)/run && GPUMARKET_DEMO_HOME=$(CURDIR)/$(WHEEL_DIR)/home PYTHONSAFEPATH=1 \
+		../venv/bin/python $(CURDIR)/scripts/demo.py
+
+test: test-fast test-airflow2 test-wheel
 
 demo: install
 	$(BIN)/python scripts/demo.py

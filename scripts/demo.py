@@ -23,7 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 AIRFLOW_2 = version("apache-airflow").startswith("2.")  # `make demo` runs 3.3.2; run from .venv-airflow2 for 2.11
-AIRFLOW_HOME = ROOT / ".airflow" / "airflow2" if AIRFLOW_2 else ROOT / ".airflow"
+# `make test-wheel` runs the demo from a clean install of the wheel, in an Airflow home of its own.
+AIRFLOW_HOME = Path(
+    os.environ.get("GPUMARKET_DEMO_HOME") or (ROOT / ".airflow" / "airflow2" if AIRFLOW_2 else ROOT / ".airflow")
+)
 DAG_ID = "example_gpumarket_training"
 SPEED = "60"  # simulated seconds per real second: a 1-5 minute boot takes 1-5 seconds
 LOG_LINE = re.compile(
@@ -62,7 +65,7 @@ def main() -> int:
     started = time.time()
     AIRFLOW_HOME.mkdir(parents=True, exist_ok=True)
     if not (AIRFLOW_HOME / "airflow.db").exists():
-        step(f"Creating the Airflow metadata database in {AIRFLOW_HOME.relative_to(ROOT)}/ (first run only)")
+        step(f"Creating the Airflow metadata database in {AIRFLOW_HOME}/ (first run only)")
         subprocess.run(
             [str(BIN / "airflow"), "db", "migrate"], env=airflow_env(), check=True, stdout=subprocess.DEVNULL
         )
