@@ -77,11 +77,20 @@ demo-airflow2: $(STAMP2)
 
 # Figures against the embedded simulator, one line each: NAME: value (goal: ...). Not part of `make test`.
 # bench_provider.py prints figure lines only; Airflow's log lines go to .airflow/bench/bench_provider.log.
-bench: install
+# P4 measures the provider's operator beside KubernetesPodOperator: the peer's provider is installed in an
+# environment of the benchmark's own (with this checkout, editable), never in .venv nor as a dependency.
+PEERS       := .airflow/bench/peers
+PEERS_STAMP := $(PEERS)/.installed-airflow-$(AIRFLOW3)
+$(PEERS_STAMP): pyproject.toml Makefile
+	@test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install $(PIP_QUIET) -e . "apache-airflow==$(AIRFLOW3)" apache-airflow-providers-cncf-kubernetes
+	@touch $@
+
+bench: install $(PEERS_STAMP)
 	@mkdir -p .airflow/bench
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_simulator.py
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_triggerer.py
-	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_provider.py
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_provider.py --peers-python $(PEERS)/bin/python
 
 # The same scripts as a smoke run (tiny sizes, the same code paths and lines; under a minute), part of test-fast so
 # that a benchmark cannot rot unseen. It fails on an error, not on a missed goal: its figures mean nothing.

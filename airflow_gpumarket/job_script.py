@@ -24,6 +24,7 @@ the spec) to the onstart script. The API key of the account never appears in the
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from collections.abc import Iterable
@@ -130,3 +131,17 @@ def build_job_onstart(
         return api.pack_onstart(script)
     except GpuMarketValidationError as exc:
         raise GpuMarketValidationError("command", exc.problem) from None
+
+
+@functools.cache
+def _room_for_command(stop_on_success: bool) -> int:
+    """Characters left for the command in an unpacked script that exports nothing, behind a base URL of up to
+    200 characters."""
+    wrapper = build_job_onstart("x", base_url="https://" + "h" * 192, stop_on_success=stop_on_success)
+    return api.ONSTART_MAX_CHARS - (len(wrapper) - 1)
+
+
+def certainly_fits(command: str, *, stop_on_success: bool = False) -> bool:
+    """True when ``command``'s script fits the onstart limit without even being packed, so a DAG's parse need not
+    write it (the task writes it, and checks it again, before renting)."""
+    return len(command.rstrip("\n")) <= _room_for_command(stop_on_success)

@@ -157,3 +157,16 @@ def test_the_script_is_removed_when_the_wrapper_is_terminated(tmp_path):
     os.killpg(proc.pid, 15)  # as a stop or destroy of the container ends its processes
     proc.wait(timeout=10)
     assert not list(tmp_path.glob("gpumarket-job-*"))
+
+
+@pytest.mark.parametrize("stop_on_success", [False, True])
+def test_a_command_that_certainly_fits_fits_unpacked_behind_a_long_base_url_and_one_more_character_may_not(
+    stop_on_success,
+):
+    from airflow_gpumarket import api
+    from airflow_gpumarket.job_script import certainly_fits
+
+    room = next(n for n in range(4096, 0, -1) if certainly_fits("x" * n, stop_on_success=stop_on_success))
+    script = build_job_onstart("x" * room, base_url="https://" + "h" * 192, stop_on_success=stop_on_success)
+    assert len(script) == api.ONSTART_MAX_CHARS and "x" * room in script  # unpacked, at the limit
+    assert not certainly_fits("x" * (room + 1), stop_on_success=stop_on_success)

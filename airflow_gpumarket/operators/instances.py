@@ -213,6 +213,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     template_fields_renderers = {"instance": "json", "offer_filters": "json", "command": "bash"}
     ui_color = "#c9e7ff"
     _wait_for = lifecycle.WAIT_STATUS
+    # A try's own state, set while it runs (class defaults: nothing to set for each task of a parsed DAG).
+    _instance_id: int | None = None
+    _creating_label: str | None = None
+    _killed = False
+    _started_at: float | None = None
 
     @_takes_creation_fields
     def __init__(
@@ -248,10 +253,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         self.boot_timeout = duration_seconds("boot_timeout", boot_timeout)
         self.poll_interval = duration_seconds("poll_interval", poll_interval)
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
-        self._instance_id: int | None = None
-        self._creating_label: str | None = None
-        self._killed = False
-        self._started_at: float | None = None
         callbacks: Any = getattr(self, "on_failure_callback", None)
         if callbacks is None:
             callbacks = []
@@ -268,10 +269,21 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     # --- validation ------------------------------------------------------------------------------------
     def _creation_fields(self, base_url: str | None = None) -> dict[str, Any]:
+        """The fields sent; without ``base_url`` (a check before the connection is read) a command's script is
+        written only when it might not fit."""
         fields = dict(self.instance)
-        if self.command is not None:
+        if self.command is not None and not (base_url is None and self._script_certainly_fits()):
             fields["onstart"] = self._job_script(base_url or "https://api.example.invalid")
         return fields
+
+    def _script_certainly_fits(self) -> bool:
+        from airflow_gpumarket.job_script import certainly_fits
+
+        return (
+            isinstance(self.command, str)
+            and not self.export_env_to_ssh
+            and certainly_fits(self.command, stop_on_success=self._stops_on_success())
+        )
 
     def _job_script(self, base_url: str) -> str | None:
         from airflow_gpumarket.job_script import build_job_onstart
