@@ -18,7 +18,7 @@ Profile: ``live``, chosen on purpose for every case, so that the shared poller w
 fallback, a path no user of the live service takes). Its published buckets are off while the instances are
 created; then the default cases keep them off and put the bench's own bucket in place, one per-key token bucket of
 ``RATE`` reads/s on every endpoint (a fault rule, real time), so that the goal can be stated as ``POLL + N / RATE``,
-and the client's list budget (``api.LIST_RATE_PER_SECOND``, the published 0.5/s) is set to that same ``RATE``: the
+and the client's list budget (``api.retry.LIST_RATE_PER_SECOND``, the published 0.5/s) is set to that same ``RATE``: the
 client paces its page walk by the budget of the service it talks to. The ``--live`` cases turn the published
 per-endpoint buckets on instead (list 0.5 requests/s, no burst, refilled on the simulated clock, which runs at 1x
 there) and leave the client's budget as published.
@@ -126,7 +126,7 @@ def run_case(n: int, mode: str) -> dict:
 
         # The client's list budget is that of the service it talks to: the published one, which runs with the
         # simulator's clock (live cases), or the bench's own bucket (default cases; the published buckets are off).
-        api.LIST_RATE_PER_SECOND = api.LIST_RATE_PER_SECOND * speed if live else RATE
+        api.retry.LIST_RATE_PER_SECOND = api.retry.LIST_RATE_PER_SECOND * speed if live else RATE
 
         seen: dict[int, float] = {}
 
@@ -179,7 +179,7 @@ def watch_in_this_process(url: str, key: str, ids: list[int], speed: float) -> d
     from airflow_gpumarket import api
     from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
-    api.LIST_RATE_PER_SECOND *= speed  # the published budget runs with the simulator's clock
+    api.retry.LIST_RATE_PER_SECOND *= speed  # the published budget runs with the simulator's clock
     seen: dict[int, float] = {}
 
     async def watch(instance_id: int) -> None:

@@ -180,8 +180,8 @@ class _LogBuffer:
 
     def add(self, chunk: bytes) -> None:
         self.data += chunk
-        if len(self.data) > api.LOG_MAX_BYTES:
-            del self.data[: len(self.data) - api.LOG_MAX_BYTES]
+        if len(self.data) > api.paths.LOG_MAX_BYTES:
+            del self.data[: len(self.data) - api.paths.LOG_MAX_BYTES]
             self.cut = True
 
     def text(self) -> str:
@@ -226,7 +226,7 @@ class _GpuMarketHookBase(BaseHook):
         budget's until the connection has been read."""
         settings = self.__dict__.get("settings")
         scale = settings.rate_limit_scale if settings is not None else 1.0
-        return 1.0 / (api.LIST_RATE_PER_SECOND * scale) if scale else 0.0
+        return 1.0 / (api.retry.LIST_RATE_PER_SECOND * scale) if scale else 0.0
 
     def _fall_back_from_v1(self, listing: api.InstanceListing, exc: GpuMarketError) -> bool:
         """True, with ``listing`` restarted on the v0 list, when ``exc`` says this server has no v1 list."""
@@ -248,11 +248,11 @@ class _GpuMarketHookBase(BaseHook):
         """tenacity settings for the tries left after ``tries_done`` (attempt numbers count those too).
 
         ``patient`` calls (``api.PATIENT_OPERATIONS``) keep trying through 429s for
-        ``api.RATE_LIMIT_PATIENCE_SECONDS`` whatever ``max_retries`` says: many tasks starting or failing at once
+        ``api.retry.RATE_LIMIT_PATIENCE_SECONDS`` whatever ``max_retries`` says: many tasks starting or failing at once
         share one rate budget. Other failures still stop them after ``max_retries``.
         """
         max_attempts = self.settings.retry.max_retries + 1 - tries_done
-        patience = api.RATE_LIMIT_PATIENCE_SECONDS
+        patience = api.retry.RATE_LIMIT_PATIENCE_SECONDS
 
         def stop(state: tenacity.RetryCallState) -> bool:
             exc = state.outcome.exception() if state.outcome else None

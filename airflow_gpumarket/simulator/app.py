@@ -20,7 +20,6 @@ from airflow_gpumarket.api import (
     PATH_CHANGE_BID,
     PATH_CLOUD_INTEGRATIONS,
     PATH_CREATE_INSTANCE,
-    PATH_CURRENT_USER,
     PATH_DEPLOYMENTS,
     PATH_ENDPOINTS,
     PATH_INSTANCE,
@@ -36,7 +35,13 @@ from airflow_gpumarket.simulator import listing, logs, rules
 from airflow_gpumarket.simulator.admin import AdminRoutes
 from airflow_gpumarket.simulator.errors import ApiError
 from airflow_gpumarket.simulator.market import Market
-from airflow_gpumarket.simulator.wire import AUTH_SCOPE_KEY, PATH_GPU_NAMES, PATH_INSTANCE_FILTERS, WireLayer
+from airflow_gpumarket.simulator.wire import (
+    AUTH_SCOPE_KEY,
+    PATH_CURRENT_USER,
+    PATH_GPU_NAMES,
+    PATH_INSTANCE_FILTERS,
+    WireLayer,
+)
 from airflow_gpumarket.simulator.world import outbid_at_once
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,6 @@ from airflow_gpumarket.api import (
     PATH_CHANGE_BID,
     PATH_CLOUD_INTEGRATIONS,
     PATH_CREATE_INSTANCE,
-    PATH_CURRENT_USER,
     PATH_DEPLOYMENTS,
     PATH_ENDPOINTS,
     PATH_INSTANCE,
@@ -46,6 +45,7 @@ ADMIN_PREFIX = "/_sim"
 #: Live profile only: paths the live service has beyond the spec (the official CLI calls them).
 PATH_GPU_NAMES = "/api/v0/gpu_names/unique/"
 PATH_INSTANCE_FILTERS = "/api/v0/instances/filters/"
+PATH_CURRENT_USER = "/api/v0/users/current"
 #: Scope key under which the routes find ``(key kind, instance id or None, raw key or None)``.
 AUTH_SCOPE_KEY = "gpumarket.auth"
 

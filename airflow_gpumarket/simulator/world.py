@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_gpumarket.api import DEFAULT_DISK_GB
 from airflow_gpumarket.simulator import totp
 from airflow_gpumarket.simulator.errors import ApiError, bad_request
 from airflow_gpumarket.simulator.rules import DIRECT_RUNTYPES, SearchQuery, is_number, offer_matches
@@ -28,6 +27,8 @@ FATES = ("running", *FAILED_STATUSES)
 #: Statuses the admin surface may force an instance into (None is "provisioning").
 FORCEABLE_STATUSES = (None, "loading", "running", "stopped", *FAILED_STATUSES)
 SECONDS_PER_MONTH = 30 * 86400
+#: Disk in GB an instance gets when its creation names none (the spec does not say; this is the simulator's choice).
+DEFAULT_DISK_GB = 8
 BOOT_SECONDS = (60.0, 300.0)
 #: A step of an instance's schedule that is no status: an outbid instance's bid wins again (see ``World.outbid``).
 RESUME = "resume"

@@ -224,7 +224,7 @@ def test_live_list_a_repeated_next_token_fails_instead_of_looping(requests_mock,
 
 
 def test_live_list_stops_after_the_page_bound(requests_mock, hook, monkeypatch):
-    monkeypatch.setattr(api, "MAX_LIST_PAGES", 3)
+    monkeypatch.setattr(api.listing, "MAX_LIST_PAGES", 3)
     requests_mock.get(V1, [page([{"id": n}], next_token=f"t{n}") for n in range(1, 10)])
 
     with pytest.raises(GpuMarketError, match="3 read"):

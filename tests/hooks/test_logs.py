@@ -114,7 +114,7 @@ def test_instance_keys_this_process_created_are_masked_without_being_passed(hook
 
 
 def test_only_the_end_of_a_huge_log_is_kept_from_a_whole_line(hook, requests_mock, monkeypatch):
-    monkeypatch.setattr(api, "LOG_MAX_BYTES", 100)
+    monkeypatch.setattr(api.paths, "LOG_MAX_BYTES", 100)
     answer_with(requests_mock, {"text": "".join(f"line {i:04d}\n" for i in range(1000))})
     out = hook.get_instance_logs(7001)
     assert len(out) <= 100 and out.startswith("line ") and out.endswith("line 0999\n")

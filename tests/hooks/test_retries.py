@@ -316,7 +316,7 @@ def test_create_keeps_trying_through_429s_beyond_max_retries(requests_mock, hook
 
 
 def test_create_429s_beyond_the_patience_raise_rate_limit_error(requests_mock, hook, monkeypatch):
-    monkeypatch.setattr("airflow_gpumarket.api.RATE_LIMIT_PATIENCE_SECONDS", 0.0)
+    monkeypatch.setattr("airflow_gpumarket.api.retry.RATE_LIMIT_PATIENCE_SECONDS", 0.0)
     requests_mock.put(ASK, status_code=429)
 
     with pytest.raises(GpuMarketRateLimitError):

@@ -55,7 +55,7 @@ def test_reaper_finds_an_expired_lease_beyond_the_first_page_of_the_live_list(ex
     from airflow_gpumarket import api
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
-    monkeypatch.setattr(api, "LIST_PAGE_LIMIT", 2)  # five instances make three pages of the v1 list
+    monkeypatch.setattr(api.listing, "LIST_PAGE_LIMIT", 2)  # five instances make three pages of the v1 list
     hook = GpuMarketHook()
     offers = hook.search_offers({"rentable": {"eq": True}}, order=[["dph_total", "asc"]], limit=5)
     labels = [f"made-by-hand-{n}" for n in range(4)]

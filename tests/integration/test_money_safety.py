@@ -488,8 +488,8 @@ def test_live_destroy_storm_destroys_everything_without_giving_up(sim, monkeypat
     sim.set_speed(speed)
     conn["extra"]["rate_limit_scale"] = speed if paced else 0
     monkeypatch.setenv("AIRFLOW_CONN_GPUMARKET_DEFAULT", json.dumps(conn))
-    monkeypatch.setattr("airflow_gpumarket.api.RATE_LIMIT_BACKOFF_CAP_SECONDS", 16 / speed)
-    monkeypatch.setattr("airflow_gpumarket.api.RATE_LIMIT_PATIENCE_SECONDS", 900 / speed)
+    monkeypatch.setattr("airflow_gpumarket.api.retry.RATE_LIMIT_BACKOFF_CAP_SECONDS", 16 / speed)
+    monkeypatch.setattr("airflow_gpumarket.api.retry.RATE_LIMIT_PATIENCE_SECONDS", 900 / speed)
 
     with concurrent.futures.ThreadPoolExecutor(len(made)) as pool:
         results = list(pool.map(lambda i: GpuMarketHook().destroy_instance(i), made))

@@ -8,4 +8,4 @@ import pytest
 @pytest.fixture(autouse=True)
 def fast_list_budget(monkeypatch):
     """The shared poller rounds no faster than the live list budget (0.5/s); these tests poll every 0 s."""
-    monkeypatch.setattr("airflow_gpumarket.api.LIST_RATE_PER_SECOND", 1000.0)
+    monkeypatch.setattr("airflow_gpumarket.api.retry.LIST_RATE_PER_SECOND", 1000.0)

@@ -73,7 +73,7 @@ class FakeAsyncHook:
         return {"success": True}
 
     def min_list_interval(self):
-        return 1.0 / api.LIST_RATE_PER_SECOND  # the published budget (tests/triggers/conftest.py speeds it up)
+        return 1.0 / api.retry.LIST_RATE_PER_SECOND  # the published budget (tests/triggers/conftest.py speeds it up)
 
     async def destroy_instance(self, instance_id):
         self.destroyed.append(instance_id)
@@ -582,7 +582,7 @@ def test_shared_poller_rounds_never_go_faster_than_the_live_list_budget(monkeypa
     from airflow_gpumarket import api
     from airflow_gpumarket.triggers import poller
 
-    monkeypatch.setattr(api, "LIST_RATE_PER_SECOND", 0.5)
+    monkeypatch.setattr(api.retry, "LIST_RATE_PER_SECOND", 0.5)
     waits: list[float] = []
     real_sleep = asyncio.sleep
 

@@ -1,0 +1,75 @@
+"""The service's paths, enums, statuses and limits: the facts of the spec (and of the live service where it
+has moved on) that every other part of the client names."""
+
+from __future__ import annotations
+
+# Paths (mind the trailing slashes: they are part of the contract).
+API_PREFIX = "/api/v0"
+PATH_SEARCH_OFFERS = f"{API_PREFIX}/bundles/"
+PATH_CREATE_INSTANCE = f"{API_PREFIX}/asks/{{offer_id}}/"
+PATH_INSTANCES = f"{API_PREFIX}/instances/"
+PATH_INSTANCE = f"{API_PREFIX}/instances/{{instance_id}}/"
+PATH_VOLUMES = f"{API_PREFIX}/volumes"
+PATH_ENDPOINTS = f"{API_PREFIX}/endptjobs"
+PATH_REGEN_BACKUP_CODES = f"{API_PREFIX}/tfa/regen-backup-codes"
+PATH_DEPLOYMENTS = f"{API_PREFIX}/deployments"
+PATH_PENDING_PRICE_INCREASES = f"{API_PREFIX}/instances/pending-price-increases"
+PATH_API_KEYS = f"{API_PREFIX}/auth/apikeys"
+PATH_CLOUD_INTEGRATIONS = f"{API_PREFIX}/users/cloud_integrations"
+# Not in the spec; the live service and its official CLI use them (see the README's "live service" section).
+API_V1_PREFIX = "/api/v1"
+PATH_INSTANCES_V1 = f"{API_V1_PREFIX}/instances/"
+#: Asks the service to upload the container's (or the host daemon's) log; answers a ``result_url`` to fetch it from.
+PATH_REQUEST_LOGS = f"{API_PREFIX}/instances/request_logs/{{instance_id}}/"
+#: Not in the spec: the live service's change of an interruptible instance's bid (what ``vastai change bid`` calls).
+PATH_CHANGE_BID = f"{API_PREFIX}/instances/bid_price/{{instance_id}}/"
+
+# Enums.
+RUNTYPES = ("ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args")
+TARGET_STATES = ("running", "stopped")
+OFFER_TYPES = ("ondemand", "on-demand", "bid")
+#: Filter operators the spec names; the complete list is "not shown", so other lowercase names are let through.
+FILTER_OPERATORS = ("eq", "gte", "in")
+ORDER_DIRECTIONS = ("asc", "desc")
+ENDPOINT_STATES = ("active", "suspended", "stopped")
+TFA_METHODS = ("sms", "totp", "email")
+TFA_METHODS_NEEDING_SECRET = ("sms", "email")
+# Instance actual_status values. None means "being provisioned".
+STATUS_LOADING = "loading"
+STATUS_RUNNING = "running"
+#: Statuses that, per the spec, never become running: destroy and retry elsewhere.
+FAILED_STATUSES = ("exited", "unknown", "offline")
+BOOTING_STATUSES = (None, STATUS_LOADING)
+
+# Limits.
+ONSTART_MAX_CHARS = 4048
+POLL_INTERVAL_SECONDS = 10
+#: Seconds to wait for each HTTP response unless the connection says otherwise.
+REQUEST_TIMEOUT_SECONDS = 30.0
+#: Characters of an unexpected body quoted in an error message.
+BODY_EXCERPT_CHARS = 200
+
+
+def is_booting(status: str | None) -> bool:
+    """True while the instance may still become running (provisioning or loading)."""
+    return status in BOOTING_STATUSES
+
+
+def will_never_run(status: str | None) -> bool:
+    """True for statuses that will not become running.
+
+    The spec lists exited, unknown and offline; anything else it does not name (for instance the status after a
+    stop, which is "not shown") is treated the same way, so a waiter never hangs on a status it cannot know.
+    """
+    return not is_booting(status) and status != STATUS_RUNNING
+
+
+#: Lines asked for when no tail is given (the official client's default).
+LOG_TAIL_DEFAULT = 1000
+#: Fetching the uploaded log: tries while it is not there yet, seconds between them, seconds per request (as the
+#: official client does).
+LOG_FETCH_TRIES = 30
+LOG_FETCH_INTERVAL_SECONDS = 0.3
+LOG_FETCH_TIMEOUT_SECONDS = 10.0
+#: The most of one uploaded log that is read; its end is kept.
+LOG_MAX_BYTES = 1 << 20

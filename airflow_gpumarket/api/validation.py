@@ -1,0 +1,206 @@
+"""Checks of single values against the spec's rules; each names the field and says how to fix it."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeGuard
+
+from airflow_gpumarket.api.paths import ONSTART_MAX_CHARS, ORDER_DIRECTIONS
+from airflow_gpumarket.exceptions import (
+    GpuMarketValidationError,
+)
+
+_PORT_KEY = re.compile(r"^-p (\d{1,5}):(\d{1,5})$")
+OPERATOR_NAME = re.compile(r"^[a-z_]+$")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def require_positive_number(field: str, value: Any) -> None:
+    if not _is_number(value) or value <= 0:
+        raise GpuMarketValidationError(field, f"must be a number greater than 0, got {value!r}")
+
+
+def require_non_negative_number(field: str, value: Any) -> None:
+    if not _is_number(value) or value < 0:
+        raise GpuMarketValidationError(field, f"must be a number of at least 0, got {value!r}")
+
+
+def is_positive_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def require_positive_int(field: str, value: Any) -> None:
+    if not is_positive_int(value):
+        raise GpuMarketValidationError(field, f"must be a positive integer, got {value!r}")
+
+
+def require_non_negative_int(field: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise GpuMarketValidationError(field, f"must be an integer of at least 0, got {value!r}")
+
+
+def require_bool(field: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise GpuMarketValidationError(field, f"must be true or false, got {value!r}")
+
+
+def require_text(field: str, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise GpuMarketValidationError(field, f"must be a non-empty string, got {value!r}")
+
+
+def require_choice(field: str, value: Any, choices: Iterable[str]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise GpuMarketValidationError(field, f"{value!r} is not one of {', '.join(choices)}")
+
+
+def drop_none(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Only the fields the caller gave are sent; nothing goes on the wire as null."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def port_mappings(*ports: int) -> dict[str, str]:
+    """Build the env entries that open ports: ``port_mappings(8080, 22)`` -> ``{"-p 8080:8080": "1", ...}``."""
+    for port in ports:
+        _require_port("port_mappings", port)
+    return {f"-p {port}:{port}": "1" for port in ports}
+
+
+def _require_port(field: str, port: Any) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise GpuMarketValidationError(field, f"port must be an integer from 1 to 65535, got {port!r}")
+
+
+def validate_env(env: Any, field: str = "env") -> None:
+    """env is a JSON object of string keys to string values; port mappings are ``"-p N:N": "1"``."""
+    if not isinstance(env, Mapping):
+        raise GpuMarketValidationError(
+            field,
+            f"must be an object of NAME: value pairs (a dict), got {type(env).__name__}; "
+            "the '-e NAME=value -p 8080:8080' flag string is only for templates",
+        )
+    for key, value in env.items():
+        if not isinstance(key, str) or not key:
+            raise GpuMarketValidationError(field, f"keys must be non-empty strings, got {key!r}")
+        if key.startswith("-"):
+            match = _PORT_KEY.match(key)
+            if not match:
+                raise GpuMarketValidationError(
+                    field, f"{key!r} is not a port mapping; write it as '-p 8080:8080' (see port_mappings())"
+                )
+            _require_port(f"{field}[{key!r}]", int(match.group(1)))
+            _require_port(f"{field}[{key!r}]", int(match.group(2)))
+            if value != "1":
+                raise GpuMarketValidationError(
+                    f"{field}[{key!r}]", f'a port mapping takes the string value "1", got {value!r}'
+                )
+        elif not isinstance(value, str):
+            raise GpuMarketValidationError(
+                f"{field}[{key!r}]", f"environment values must be strings, got {type(value).__name__}; quote it"
+            )
+
+
+def env_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment variables of an env object, without its port mappings."""
+    return {k: v for k, v in env.items() if not k.startswith("-p ")}
+
+
+def pack_onstart(script: str) -> str:
+    """Return ``script`` unchanged when it fits the onstart limit, else a gzip+base64 self-unpacking form.
+
+    :raises GpuMarketValidationError: when even the packed form exceeds 4048 characters.
+    """
+    if len(script) <= ONSTART_MAX_CHARS:
+        return script
+    payload = base64.b64encode(gzip.compress(script.encode(), compresslevel=9, mtime=0)).decode()
+    # Unpacked into a file of this shell's own (two scripts on one host must never share one), removed at the end.
+    packed = (
+        "#!/bin/sh\n# packed by airflow-provider-gpumarket: gzip+base64 of the original script\n"
+        'f="${TMPDIR:-/tmp}/.gpumarket_onstart.$$.sh"\n'
+        f"echo '{payload}' | base64 -d | gunzip > \"$f\" || exit 1\n"
+        'sh "$f"; rc=$?; rm -f "$f"; exit $rc\n'
+    )
+    if len(packed) > ONSTART_MAX_CHARS:
+        raise GpuMarketValidationError(
+            "onstart",
+            f"the script is {len(script)} characters and still {len(packed)} after gzip+base64 packing, over "
+            f"the service's {ONSTART_MAX_CHARS}-character limit; ship the code in the image or download it "
+            "from the script instead",
+        )
+    return packed
+
+
+def validate_onstart(onstart: Any) -> None:
+    if not isinstance(onstart, str):
+        raise GpuMarketValidationError("onstart", f"must be a string of shell commands, got {onstart!r}")
+    if len(onstart) > ONSTART_MAX_CHARS:
+        raise GpuMarketValidationError(
+            "onstart",
+            f"is {len(onstart)} characters, over the service's limit of {ONSTART_MAX_CHARS}; "
+            "pack it with airflow_gpumarket.api.pack_onstart() (gzip+base64)",
+        )
+
+
+def validate_order(order: Any) -> list[list[str]]:
+    if not isinstance(order, list | tuple):
+        raise GpuMarketValidationError("order", f"must be a list of [field, direction] pairs, got {order!r}")
+    pairs = []
+    for pair in order:
+        if not isinstance(pair, list | tuple) or len(pair) != 2 or not isinstance(pair[0], str):
+            raise GpuMarketValidationError(
+                "order", f"each entry must be a [field, direction] pair like ['dph_total', 'asc'], got {pair!r}"
+            )
+        require_choice(f"order[{pair[0]!r}]", pair[1], ORDER_DIRECTIONS)
+        pairs.append([pair[0], pair[1]])
+    return pairs
+
+
+_IMAGE_LOGIN = re.compile(r"^-u \S+ -p \S+ \S+$")
+
+
+def require_bid(field: str, price: Any) -> None:
+    if not _is_number(price) or price <= 0:
+        raise GpuMarketValidationError(
+            field,
+            f"must be a bid in dollars per hour greater than 0, got {price!r}; "
+            "omit it for an on-demand (not interruptible) instance",
+        )
+
+
+def require_string(field: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise GpuMarketValidationError(field, f"must be a string, got {value!r}")
+
+
+def require_image_login(field: str, value: Any) -> None:
+    if not isinstance(value, str) or not _IMAGE_LOGIN.match(value):
+        # The value holds a registry token: never echo it.
+        raise GpuMarketValidationError(
+            field, "must have the form '-u <user> -p <access_token> <registry_host>' (value not shown)"
+        )
+
+
+def validate_volume_info(volume_info: Any) -> None:
+    if not isinstance(volume_info, Mapping):
+        raise GpuMarketValidationError(
+            "volume_info", f"must be an object {{'volume_id': int, 'mount_path': str}}, got {volume_info!r}"
+        )
+    unknown = set(volume_info) - {"volume_id", "mount_path"}
+    if unknown:
+        raise GpuMarketValidationError(
+            "volume_info", f"unknown keys {sorted(unknown)}; only volume_id and mount_path are allowed"
+        )
+    require_positive_int("volume_info.volume_id", volume_info.get("volume_id"))
+    mount_path = volume_info.get("mount_path")
+    if not isinstance(mount_path, str) or not mount_path.startswith("/"):
+        raise GpuMarketValidationError(
+            "volume_info.mount_path", f"must be an absolute path like '/workspace/data', got {mount_path!r}"
+        )
