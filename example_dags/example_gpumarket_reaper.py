@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from airflow.providers.common.compat.sdk import DAG
 
-from airflow_gpumarket.operators.instances import GpuMarketReapOrphansOperator
+from airflow_gpumarket.operators.reaper import GpuMarketReapOrphansOperator
 
 with DAG(
     dag_id="example_gpumarket_reaper",

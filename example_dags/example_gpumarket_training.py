@@ -24,11 +24,9 @@ from datetime import datetime, timedelta
 
 from airflow.providers.common.compat.sdk import DAG
 
-from airflow_gpumarket.operators.instances import (
-    GpuMarketCreateInstanceOperator,
-    GpuMarketDestroyInstanceOperator,
-    GpuMarketSearchOffersOperator,
-)
+from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.search import GpuMarketSearchOffersOperator
+from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator
 from airflow_gpumarket.sensors.instances import GpuMarketInstanceStatusSensor
 
 # 10 s is the spec's recommended poll interval; the demo polls faster because the simulator's clock is sped up.

@@ -1,4 +1,6 @@
-"""Operators that search offers, rent instances, run jobs on them, and stop or destroy them.
+"""The renting flow: rent an instance (``GpuMarketCreateInstanceOperator``) or run a job on one from rent to destroy
+(``GpuMarketRunJobOperator``). Searching, stopping, destroying and reaping are in ``search``, ``teardown`` and
+``reaper``.
 
 Every operator that rents goes through ``GpuMarketRentingBaseOperator``: one mechanism that picks offers, fails
 over, labels each rental deterministically, and destroys what it made on every failure path (exception in the
@@ -14,27 +16,13 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow_gpumarket import api, job_logs, lifecycle
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, TaskDeferred
-from airflow_gpumarket.exceptions import (
-    GpuMarketError,
-    GpuMarketOfferUnavailableError,
-    GpuMarketValidationError,
-)
+from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketOfferUnavailableError, GpuMarketValidationError
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
-from airflow_gpumarket.utils import (
-    DEFAULT_DEFERRABLE,
-    check_instance_id_argument,
-    duration_seconds,
-    instance_id_from,
-    is_templated,
-    resolved_at_run_time,
-)
-
-if TYPE_CHECKING:
-    from airflow_gpumarket.types import Offer
+from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, duration_seconds, is_templated, resolved_at_run_time
 
 #: A job's whole lease runs this long past its boot and run time limits.
 JOB_LEASE_MARGIN_SECONDS = 15 * 60
@@ -88,62 +76,6 @@ def _takes_creation_fields(init: Any) -> Any:
     ]
     init.__signature__ = signature.replace(parameters=[*params, *fields, var_keyword])
     return init
-
-
-class GpuMarketSearchOffersOperator(GpuMarketBaseOperator):
-    """Search offers and push them to XCom.
-
-    :param offer_filters: the spec's filter object, e.g. ``{"gpu_name": {"eq": "RTX 4090"}}``.
-    :param offer_type: ``ondemand`` (default), ``on-demand`` or ``bid``.
-    :param offer_order: list of ``[field, direction]`` pairs, e.g. ``[["dph_total", "asc"]]``.
-    :param limit: maximum number of offers.
-    :param max_dph: drop offers dearer than this many dollars per hour.
-    """
-
-    template_fields: Sequence[str] = ("offer_filters", "offer_type", "offer_order", "limit", "max_dph")
-
-    def __init__(
-        self,
-        *,
-        offer_filters: Mapping[str, Any] | None = None,
-        offer_type: str = "ondemand",
-        offer_order: list | None = None,
-        limit: int | None = None,
-        max_dph: float | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.offer_filters = offer_filters
-        self.offer_type = offer_type
-        self.offer_order = offer_order
-        self.limit = limit
-        self.max_dph = max_dph
-        if not any(is_templated(v) for v in (offer_filters, offer_type, offer_order, limit, max_dph)):
-            self._validate()
-
-    def _validate(self) -> None:
-        api.build_search_body(self.offer_filters, offer_type=self.offer_type, limit=self.limit, order=self.offer_order)
-        if self.max_dph is not None:
-            api.require_positive_number("max_dph", self.max_dph)
-
-    def execute(self, context: Any) -> list[Offer]:
-        self._validate()
-        offers = self.hook.search_offers(
-            self.offer_filters, offer_type=self.offer_type, limit=self.limit, order=self.offer_order
-        )
-        if self.max_dph is not None:
-            offers = [o for o in offers if (o.get("dph_total") or 0) <= self.max_dph]
-        self.log.info("Found %d offer(s)", len(offers))
-        for offer in offers[:10]:
-            self.log.info(
-                "  offer %s: %sx %s at $%s/h, reliability %s",
-                offer.get("id"),
-                offer.get("num_gpus"),
-                offer.get("gpu_name"),
-                offer.get("dph_total"),
-                offer.get("reliability"),
-            )
-        return offers
 
 
 def destroy_rentals_on_failure(context: Any) -> None:
@@ -920,97 +852,24 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         return summary
 
 
-class GpuMarketStopInstanceOperator(GpuMarketBaseOperator):
-    """Stop an instance: compute billing halts, disk charges continue (destroy to stop those too).
-
-    :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated).
-    """
-
-    template_fields: Sequence[str] = ("instance_id",)
-
-    def __init__(self, *, instance_id: Any, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.instance_id = instance_id
-        check_instance_id_argument(instance_id)
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        instance_id = instance_id_from(self.instance_id)
-        if instance_id is None:
-            raise GpuMarketValidationError("instance_id", "is empty: there is no instance to stop")
-        result = self.hook.stop_instance(instance_id)
-        self.log.info("Stopped instance %s (disk charges continue until it is destroyed)", instance_id)
-        return result
+#: Operators that moved to modules of their own; importing them from here still works, with a warning.
+_MOVED = {
+    "GpuMarketSearchOffersOperator": "airflow_gpumarket.operators.search",
+    "GpuMarketStopInstanceOperator": "airflow_gpumarket.operators.teardown",
+    "GpuMarketDestroyInstanceOperator": "airflow_gpumarket.operators.teardown",
+    "GpuMarketReapOrphansOperator": "airflow_gpumarket.operators.reaper",
+}
 
 
-class GpuMarketDestroyInstanceOperator(GpuMarketBaseOperator):
-    """Destroy an instance; idempotent (already gone is success), so it is made to be a teardown task.
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import warnings
 
-    :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated). When it is
-        empty (the setup task failed before returning, having destroyed what it made), there is nothing to do.
-    """
-
-    template_fields: Sequence[str] = ("instance_id",)
-    ui_color = "#ffd6d6"
-
-    def __init__(self, *, instance_id: Any, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.instance_id = instance_id
-        check_instance_id_argument(instance_id)
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        instance_id = instance_id_from(self.instance_id)
-        if instance_id is None:
-            self.log.info("No instance id: nothing to destroy")
-            return {"success": True, "destroyed": None}
-        result = self.hook.destroy_instance(instance_id)
-        self.log.info("Destroyed instance %s%s", instance_id, " (already gone)" if result.get("already_gone") else "")
-        return {"success": True, "destroyed": instance_id, "already_gone": bool(result.get("already_gone"))}
-
-
-class GpuMarketReapOrphansOperator(GpuMarketBaseOperator):
-    """Destroy instances this provider rented whose lease (in their label) has expired.
-
-    For a maintenance DAG run every few minutes (one list walk per run): the last line of defence when a worker
-    vanished and neither a teardown nor the failure callback ran.
-    Instances without this provider's label are never touched.
-
-    :param report_only: only report what would be destroyed.
-    :param grace: extra time past the lease before destroying (default 0).
-    """
-
-    template_fields: Sequence[str] = ("report_only",)
-
-    def __init__(self, *, report_only: bool = False, grace: timedelta | float = 0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.report_only = report_only
-        self.grace: float = grace.total_seconds() if isinstance(grace, timedelta) else grace
-        api.require_non_negative_number("grace", self.grace)
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        now = time.time()
-        expired = []
-        for instance in self.hook.list_instances():
-            parsed = lifecycle.parse_label(instance.get("label"))
-            if parsed and parsed[1] + self.grace < now:
-                expired.append(instance)
-        destroyed, per_hour = [], 0.0
-        for instance in expired:
-            instance_id = int(instance["id"])
-            overdue = lifecycle.format_duration(now - lifecycle.parse_label(instance["label"])[1])  # type: ignore[index]
-            if not self.report_only:
-                self.hook.destroy_instance(instance_id)
-            destroyed.append(instance_id)
-            per_hour += float(instance.get("dph_total") or 0)  # type: ignore[arg-type]
-            self.log.warning(
-                "%s instance %s (label %s, lease expired %s ago, status %r, $%s/h)",
-                "Would destroy" if self.report_only else "Destroyed",
-                instance_id,
-                instance.get("label"),
-                overdue,
-                instance.get("actual_status"),
-                instance.get("dph_total", "?"),
-            )
-        self.log.info(
-            "Reaped %d orphan(s); that stops about $%.4f per hour of compute billing", len(destroyed), per_hour
-        )
-        return {"destroyed": destroyed, "report_only": self.report_only, "dollars_per_hour_saved": round(per_hour, 4)}
+    warnings.warn(
+        f"{name} moved to {_MOVED[name]}; import it from there ({__name__} stops re-exporting it in a later release)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(_MOVED[name]), name)

@@ -313,7 +313,7 @@ def test_retry_destroys_an_earlier_instance_that_will_never_run_and_rents_anew(s
 
 
 def test_create_instance_operator_hands_over_a_running_instance_and_teardown_destroys_it(sim):
-    from airflow_gpumarket.operators.instances import GpuMarketDestroyInstanceOperator
+    from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator
 
     created = GpuMarketCreateInstanceOperator(
         task_id="create", offer_filters=FILTERS, image="img", poll_interval=POLL, deferrable=False

@@ -8,12 +8,9 @@ from datetime import datetime
 
 from airflow.providers.common.compat.sdk import DAG, task
 
-from airflow_gpumarket.operators.instances import (
-    GpuMarketCreateInstanceOperator,
-    GpuMarketDestroyInstanceOperator,
-    GpuMarketRunJobOperator,
-    GpuMarketSearchOffersOperator,
-)
+from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
+from airflow_gpumarket.operators.search import GpuMarketSearchOffersOperator
+from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator
 
 POLL = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
 START = datetime(2026, 1, 1)

@@ -1,0 +1,58 @@
+"""Ending an instance's billing: stop (compute only) and destroy (everything). The destroy is idempotent, so
+it is the teardown of a rental made by ``GpuMarketCreateInstanceOperator``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.operators.base import GpuMarketBaseOperator
+from airflow_gpumarket.utils import check_instance_id_argument, instance_id_from
+
+
+class GpuMarketStopInstanceOperator(GpuMarketBaseOperator):
+    """Stop an instance: compute billing halts, disk charges continue (destroy to stop those too).
+
+    :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated).
+    """
+
+    template_fields: Sequence[str] = ("instance_id",)
+
+    def __init__(self, *, instance_id: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.instance_id = instance_id
+        check_instance_id_argument(instance_id)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        instance_id = instance_id_from(self.instance_id)
+        if instance_id is None:
+            raise GpuMarketValidationError("instance_id", "is empty: there is no instance to stop")
+        result = self.hook.stop_instance(instance_id)
+        self.log.info("Stopped instance %s (disk charges continue until it is destroyed)", instance_id)
+        return result
+
+
+class GpuMarketDestroyInstanceOperator(GpuMarketBaseOperator):
+    """Destroy an instance; idempotent (already gone is success), so it is made to be a teardown task.
+
+    :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated). When it is
+        empty (the setup task failed before returning, having destroyed what it made), there is nothing to do.
+    """
+
+    template_fields: Sequence[str] = ("instance_id",)
+    ui_color = "#ffd6d6"
+
+    def __init__(self, *, instance_id: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.instance_id = instance_id
+        check_instance_id_argument(instance_id)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        instance_id = instance_id_from(self.instance_id)
+        if instance_id is None:
+            self.log.info("No instance id: nothing to destroy")
+            return {"success": True, "destroyed": None}
+        result = self.hook.destroy_instance(instance_id)
+        self.log.info("Destroyed instance %s%s", instance_id, " (already gone)" if result.get("already_gone") else "")
+        return {"success": True, "destroyed": instance_id, "already_gone": bool(result.get("already_gone"))}
