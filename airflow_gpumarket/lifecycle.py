@@ -136,6 +136,24 @@ class Rental:
     def elapsed(self, now: float) -> float:
         return now - self.created_at
 
+    # What a rental learns while it is held; nothing else changes it.
+    def relabel(self, label: str | None) -> None:
+        """The lease was renewed (by this task or, while deferred, by the trigger): the label now on the instance."""
+        if label:
+            self.label = label
+
+    def learn_ssh_host(self, ssh_host: str | None) -> None:
+        """The first SSH address an instance read reports is kept."""
+        self.ssh_host = self.ssh_host or ssh_host
+
+    def record_attempts(self, tried: list[int], reasons: list[str]) -> None:
+        """The offers this task instance tried so far (this one last) and why the earlier ones failed."""
+        self.tried, self.reasons = tried, reasons
+
+    def give_up(self, reason: str) -> None:
+        """This rental failed over: why, for the message if no offer works."""
+        self.reasons.append(reason)
+
     def to_resume(self) -> dict[str, Any]:
         return asdict(self)
 

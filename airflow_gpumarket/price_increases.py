@@ -6,10 +6,20 @@ Pure functions shared by the sensor (poke mode) and its trigger (deferrable mode
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from enum import Enum
 from typing import Any
 
 #: Seconds between checks of the pending price increases by default (they are announced days ahead).
 CHECK_INTERVAL_SECONDS = 300.0
+
+
+class PriceIncreaseEvent(str, Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2.11 runs on 3.10
+    """The ``status`` of the trigger's event: increases found (``pending``, ``truncated``), or an error
+    (``message``) that no retry can mend."""
+
+    FOUND = "found"
+    ERROR = "error"
+
 
 _COSTS = (
     ("GPU", "old_gpu_costpersec", "new_gpu_costpersec"),

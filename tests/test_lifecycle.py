@@ -197,3 +197,19 @@ def test_rental_round_trips_through_the_event_and_refuses_anything_else():
 def test_estimated_cost_is_price_times_hours():
     assert lc.estimated_cost(0.5, 7200) == 1.0
     assert lc.estimated_cost(None, 10) is None
+
+
+def test_a_rental_changes_only_through_what_it_learns_while_held():
+    rental = lc.Rental(
+        instance_id=1, offer_id=2, dph_total=0.5, gpu_name="g", label="old", created_at=0.0, ssh_host=None
+    )
+    rental.relabel(None)  # an event without a label keeps the one the task knows
+    assert rental.label == "old"
+    rental.relabel("renewed")
+    rental.learn_ssh_host("ssh1.example")
+    rental.learn_ssh_host("ssh2.example")  # the first address stays
+    rental.record_attempts([7, 2], ["offer 7 was taken"])
+    rental.give_up("instance 1 never ran")
+    assert (rental.label, rental.ssh_host, rental.tried) == ("renewed", "ssh1.example", [7, 2])
+    assert rental.reasons == ["offer 7 was taken", "instance 1 never ran"]
+    assert lc.Rental.from_resume(rental.to_resume()) == rental

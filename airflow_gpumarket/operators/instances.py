@@ -318,7 +318,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 raise AirflowException(f"Cannot resume waiting for instance {instance_id}: {exc}") from None
             if rental.instance_id != instance_id:
                 raise AirflowException(f"Unexpected trigger event for instance {rental.instance_id}: {event!r}")
-            rental.label = event.get("label") or rental.label  # the trigger's renewals came later
+            rental.relabel(event.get("label"))  # the trigger's renewals came later
             event = dict(event)
             job_logs.show_held(event, self.log)
             return self._finish(context, rental, event)
@@ -356,7 +356,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             if rental is None:
                 reasons.append(f"offer {offer['id']} was taken before creation")
                 continue
-            rental.tried, rental.reasons = tried, reasons
+            rental.record_attempts(tried, reasons)
             return self._wait_and_finish(context, rental)
         raise AirflowException(
             f"Could not get a working instance after trying {len(tried)} offer(s) (max_offer_attempts="
@@ -489,7 +489,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 unread = True
             self._stop_if_killed(instance_id)  # on_kill ran during the read: "gone" would not be the job's doing
             if instance is not None:
-                rental.ssh_host = rental.ssh_host or instance.get("ssh_host")
+                rental.learn_ssh_host(instance.get("ssh_host"))
                 pump.began(instance.get("actual_status") == api.STATUS_RUNNING)
                 self._renew_lease(rental, watch)
             now = time.time()
@@ -548,7 +548,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         except GpuMarketError as exc:
             self.log.warning("Could not renew the lease of instance %s (%s); trying again", rental.instance_id, exc)
             return
-        watch.label = rental.label = renewed
+        watch.label = renewed
+        rental.relabel(renewed)
 
     def _finish(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any]) -> Any:
         if rental.ambiguous:  # a create delayed past the first sweep may have landed since
@@ -562,7 +563,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             self.log.warning("Failover: %s", sentence)
             self._log_daemon_tail(rental.instance_id)
             self._destroy(rental.instance_id)
-            rental.reasons.append(sentence)
+            rental.give_up(sentence)
             return self._rent(context, tried=rental.tried, reasons=rental.reasons)
         return self._complete(context, rental, event)
 

@@ -103,7 +103,7 @@ class GpuMarketPendingPriceIncreaseSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=True, xcom_value=self._report(pending, bool(response.get("truncated"))))
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
-        if event.get("status") != "found":
+        if event.get("status") != price_increases.PriceIncreaseEvent.FOUND:
             raise AirflowException(f"Waiting for price increases failed: {event.get('message', event)}")
         return self._report(event["pending"], bool(event.get("truncated")))
 

@@ -53,14 +53,19 @@ class GpuMarketPendingPriceIncreaseTrigger(BaseTrigger):
                     response = await hook.list_pending_price_increases()
                 except GpuMarketError as exc:
                     if not api.is_retryable(exc):
-                        yield TriggerEvent({"status": "error", "message": str(exc)})
+                        error = price_increases.PriceIncreaseEvent.ERROR.value
+                        yield TriggerEvent({"status": error, "message": str(exc)})
                         return
                     self.log.warning("Listing pending price increases failed (%s); still polling", exc)
                 else:
                     pending = price_increases.select(response, self.contract_ids)
                     if pending:
                         yield TriggerEvent(
-                            {"status": "found", "pending": pending, "truncated": bool(response.get("truncated"))}
+                            {
+                                "status": price_increases.PriceIncreaseEvent.FOUND.value,
+                                "pending": pending,
+                                "truncated": bool(response.get("truncated")),
+                            }
                         )
                         return
                 await asyncio.sleep(self.poll_interval)
