@@ -52,7 +52,7 @@ def _loggers_enabled():
 def _pacing_of_this_test_alone(tmp_path, monkeypatch):
     """The budgets' slots are booked machine-wide (``airflow_gpumarket.pacing``): each test books in a folder
     of its own, so one test's slots never make another wait."""
-    from airflow_gpumarket.hooks import gpumarket as hook_module
+    from airflow_gpumarket.hooks import core as hook_module
 
     monkeypatch.setenv("GPUMARKET_PACING_DIR", str(tmp_path / "pacing"))
     monkeypatch.setattr(hook_module, "_PACERS", {})

@@ -14,7 +14,8 @@ import pytest
 
 from airflow_gpumarket import __version__
 from airflow_gpumarket.get_provider_info import get_provider_info
-from airflow_gpumarket.hooks.gpumarket import GpuMarketHook, settings_from_connection
+from airflow_gpumarket.hooks.connection import settings_from_connection
+from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
 AIRFLOW_DIR = Path(airflow.__file__).parent
 

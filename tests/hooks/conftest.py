@@ -38,7 +38,8 @@ def masked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     is what the hook itself wrote.
     """
     calls: list[str] = []
-    monkeypatch.setattr("airflow_gpumarket.hooks.gpumarket.mask_secret", calls.append)
+    monkeypatch.setattr("airflow_gpumarket.hooks.core.mask_secret", calls.append)  # the account and instance keys
+    monkeypatch.setattr("airflow_gpumarket.hooks.gpumarket.mask_secret", calls.append)  # backup codes
     return calls
 
 

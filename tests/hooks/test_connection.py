@@ -7,7 +7,8 @@ import pytest
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.hooks.gpumarket import ConnectionSettings, GpuMarketHook, settings_from_connection
+from airflow_gpumarket.hooks.connection import ConnectionSettings, settings_from_connection
+from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
 from .helpers import API_KEY, AUTH_HEADER, BASE_URL, url
 

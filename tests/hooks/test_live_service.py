@@ -77,7 +77,7 @@ def test_live_list_pages_are_spaced_a_little_wider_than_the_published_list_rate(
 
     hook.list_instances()
 
-    from airflow_gpumarket.hooks.gpumarket import slot_seconds
+    from airflow_gpumarket.hooks.core import slot_seconds
 
     assert len(sleeps) == 1
     assert 1 / api.LIST_RATE_PER_SECOND < sleeps[0] <= slot_seconds("list_instances") <= 1.2 / api.LIST_RATE_PER_SECOND
@@ -90,7 +90,7 @@ def test_a_rate_limited_list_page_is_retried_in_a_slot_of_the_list_budget_of_its
 
     assert hook.list_instances() == [{"id": 1}]
 
-    from airflow_gpumarket.hooks.gpumarket import slot_seconds
+    from airflow_gpumarket.hooks.core import slot_seconds
 
     backoff, slot = sleeps
     assert backoff == 0.0  # the connection's retry_min_wait is 0
@@ -122,7 +122,8 @@ def answers(requests_mock):
 def test_calls_of_every_hook_take_turns_in_their_budget(answers, sleeps, operation):
     """Twenty mapped tasks renting (or failing) at once on one key: each call books a slot a little wider than
     the budget's interval, so none draws a 429 and its penalty."""
-    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook, slot_seconds
+    from airflow_gpumarket.hooks.core import slot_seconds
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
     for _ in range(3):
         CALLS[operation](GpuMarketHook())
@@ -152,7 +153,8 @@ def test_a_search_keeps_trying_through_429s_beyond_max_retries(requests_mock, ho
 
 
 def test_rate_limit_scale_extra_scales_the_budgets_and_zero_turns_pacing_off(requests_mock, sleeps, set_conn):
-    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook, slot_seconds
+    from airflow_gpumarket.hooks.core import slot_seconds
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
     requests_mock.delete(INSTANCE_7, json={"success": True})
     set_conn(extra={"rate_limit_scale": "10"})  # as a URI gives it: a string
@@ -553,7 +555,9 @@ def test_async_client_keeps_idle_connections_shorter_than_servers_do(monkeypatch
         return object()
 
     hook = gpumarket.GpuMarketAsyncHook()
-    hook.__dict__["settings"] = gpumarket.settings_from_connection("c", "https://api.example.com", None, "k", {})
+    from airflow_gpumarket.hooks.connection import settings_from_connection
+
+    hook.__dict__["settings"] = settings_from_connection("c", "https://api.example.com", None, "k", {})
     monkeypatch.setattr(httpx, "AsyncClient", client)
     hook.client  # noqa: B018 - building the client is what is tested
 

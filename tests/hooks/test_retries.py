@@ -29,7 +29,7 @@ CREATED = {"success": True, "new_contract": 7001, "instance_api_key": "inst-key-
 def _no_pacing(monkeypatch):
     """The retry policy is exercised through list, create and destroy calls here; the budgets' slot waits, which
     every try takes too (tests/hooks/test_live_service.py), would mix with the backoffs recorded."""
-    from airflow_gpumarket.hooks.gpumarket import _GpuMarketHookBase
+    from airflow_gpumarket.hooks.core import _GpuMarketHookBase
 
     monkeypatch.setattr(_GpuMarketHookBase, "_pace", lambda self, operation: 0.0)
 
@@ -68,7 +68,7 @@ def test_429_without_retry_after_is_retried_with_backoff(requests_mock, hook, sl
 
 def test_backoff_is_exponential_capped_at_retry_max_wait(requests_mock, hook, sleeps, set_conn, monkeypatch):
     set_conn(extra={"retry_min_wait": 2, "retry_max_wait": 5, "max_retries": 3})
-    monkeypatch.setattr("airflow_gpumarket.hooks.gpumarket.random.random", lambda: 1.0)  # no jitter reduction
+    monkeypatch.setattr("airflow_gpumarket.hooks.core.random.random", lambda: 1.0)  # no jitter reduction
     requests_mock.get(INSTANCES, [fail(503), fail(503), fail(503), ok({"instances": []})])
 
     hook.list_instances()
@@ -78,7 +78,7 @@ def test_backoff_is_exponential_capped_at_retry_max_wait(requests_mock, hook, sl
 
 def test_backoff_jitter_keeps_the_upper_half_of_the_wait(requests_mock, hook, sleeps, set_conn, monkeypatch):
     set_conn(extra={"retry_min_wait": 2, "retry_max_wait": 60, "max_retries": 2})
-    monkeypatch.setattr("airflow_gpumarket.hooks.gpumarket.random.random", lambda: 0.0)
+    monkeypatch.setattr("airflow_gpumarket.hooks.core.random.random", lambda: 0.0)
     requests_mock.get(INSTANCES, [fail(503), fail(503), ok({"instances": []})])
 
     hook.list_instances()

@@ -109,7 +109,7 @@ def test_the_trigger_masks_an_instance_key_it_only_knows_by_digest(sim, monkeypa
     import asyncio
 
     from airflow_gpumarket import job_logs
-    from airflow_gpumarket.hooks import gpumarket
+    from airflow_gpumarket.hooks import core
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
     from airflow_gpumarket.job_script import build_job_onstart
     from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
@@ -119,7 +119,7 @@ def test_the_trigger_masks_an_instance_key_it_only_knows_by_digest(sim, monkeypa
     script = build_job_onstart('echo "mine: $CONTAINER_API_KEY"; exit 1', base_url=hook.settings.base_url)
     made = hook.create_instance(offer["id"], image="img", onstart=script, runtype="ssh")
     key = made["instance_api_key"]
-    monkeypatch.setattr(gpumarket, "_INSTANCE_KEYS", type(gpumarket._INSTANCE_KEYS)())  # as in another process
+    monkeypatch.setattr(core, "_INSTANCE_KEYS", type(core._INSTANCE_KEYS)())  # as in another process
     trigger = GpuMarketInstanceStatusTrigger(
         instance_id=made["new_contract"],
         wait_for="job",

@@ -1,0 +1,406 @@
+"""What the sync and async hooks share, written once: the connection's settings, pacing, retry decisions, and
+every call of the API both hooks make, as a *flow*.
+
+A flow is a generator that yields what it needs from the outside and gets the answer back: a ``Request`` (the
+driver sends it and returns a ``Response``, or throws a ``GpuMarketTransportError`` in), a ``Sleep`` (the
+driver sleeps, blocking or awaiting) or a ``FetchLog`` (the driver reads an uploaded log without the API key).
+Building requests, pacing, mapping answers, retrying, walking the instance list and fetching logs happen in the
+flow; ``GpuMarketHook`` (requests) and ``GpuMarketAsyncHook`` (httpx) differ only in their drivers.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import tenacity
+
+from airflow_gpumarket import api, job_logs, pacing, types
+from airflow_gpumarket._compat import BaseHook, mask_secret
+from airflow_gpumarket.exceptions import (
+    GpuMarketError,
+    GpuMarketNotFoundError,
+    GpuMarketRateLimitError,
+    GpuMarketTransportError,
+)
+from airflow_gpumarket.hooks.connection import ConnectionSettings, settings_from_connection
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One exchange with the API: the driver sends it with the account's key and answers a ``Response``."""
+
+    operation: str
+    method: str
+    path: str
+    body: Any = None
+    params: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Response:
+    status_code: int
+    content: bytes
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class FetchLog:
+    """Read an uploaded log from its result URL, without the API key (the storage host must never see it)."""
+
+    url: str
+
+
+@dataclass(frozen=True)
+class FetchedLog:
+    """The log's end (at most ``LOG_MAX_BYTES``, from a whole line), or why it was not there yet."""
+
+    text: str | None = None
+    failure: str = "nothing"
+
+
+#: What a flow yields; what it gets back is the ``Response`` or ``FetchedLog`` (None after a ``Sleep``).
+Flow = Generator[Request | Sleep | FetchLog, Any, T]
+
+
+@dataclass(frozen=True)
+class Done:
+    """A flow's end, with what it returned."""
+
+    value: Any
+
+
+def resume(flow: Flow[Any], reply: Any) -> Request | Sleep | FetchLog | Done:
+    """The flow's next need, after giving it ``reply`` (a ``GpuMarketTransportError`` is thrown in, at the request
+    that failed); ``Done`` once it returned. Its own exceptions go to the driver's caller."""
+    try:
+        return flow.throw(reply) if isinstance(reply, GpuMarketTransportError) else flow.send(reply)
+    except StopIteration as done:
+        return Done(done.value)
+
+
+#: Upper bound on the tries of a patient call, so a clock that does not move cannot make it loop forever.
+_PATIENT_MAX_TRIES = 200
+#: Paced calls (``api.rate_budget``) are spaced this many times the budget's interval (10 % wider) ...
+PACING_MARGIN = 1.1
+#: ... plus this many seconds: a request that opens a connection (TCP, TLS: tens to a couple of hundred ms) reaches
+#: the server later than the next one on a warm connection, and two processes' slots would meet there (measured:
+#: one 429 per extra process at start-up, P1-HA).
+PACING_SLACK_SECONDS = 0.1
+#: Instance keys this process received from create calls, masked in every log text fetched here (bounded).
+_INSTANCE_KEYS: deque[str] = deque(maxlen=1000)
+
+
+def slot_seconds(operation: str, rate_limit_scale: float = 1.0) -> float:
+    """Seconds between two calls of ``operation``'s budget on one key from this machine (see ``PACING_MARGIN``),
+    for a server whose budgets are ``rate_limit_scale`` times the published ones."""
+    budget = api.rate_budget(operation)
+    if budget is None:
+        raise ValueError(f"{operation} is paced by no budget")
+    return PACING_MARGIN / (budget[1] * rate_limit_scale) + PACING_SLACK_SECONDS
+
+
+#: The pacer of each (server, key, operation) this process uses: one each, whatever the number of hooks.
+_PACERS: dict[tuple[str, str, str], pacing.SharedPacer] = {}
+
+
+class LogBuffer:
+    """The end of an uploaded log as it is read: at most ``LOG_MAX_BYTES``, starting at a whole line."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.cut = False
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > api.paths.LOG_MAX_BYTES:
+            del self.data[: len(self.data) - api.paths.LOG_MAX_BYTES]
+            self.cut = True
+
+    def text(self) -> str:
+        data = self.data[self.data.find(b"\n") + 1 :] if self.cut else self.data
+        return data.decode("utf-8", "replace")
+
+
+class _GpuMarketHookBase(BaseHook):
+    """Everything the sync and async hooks share: the connection, pacing, retry decisions, and each call of the API
+    as a flow (see the module's docstring). A hook adds only a driver that moves the bytes."""
+
+    conn_name_attr = "gpumarket_conn_id"
+    default_conn_name = "gpumarket_default"
+    conn_type = "gpumarket"
+    hook_name = "GPU Market"
+
+    def __init__(self, gpumarket_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gpumarket_conn_id = gpumarket_conn_id
+        #: Whether this server has the live service's paged v1 instance list; learnt from the first listing.
+        self._list_v1 = True
+
+    def _pace(self, operation: str) -> float:
+        """Seconds to wait before the next ``operation`` request, and book its slot (0 for an operation that no
+        budget paces: ``api.rate_budget``). The live service keeps a bucket per operation, key and client address,
+        without burst, and charges a penalty for each refusal. So every such call of every process of this machine
+        on this key (pages of a walk, the shared pollers' rounds, reapers, a fleet of mapped tasks renting, reading
+        or failing at once) takes its turn through one ``pacing.SharedPacer`` per budget, spaced a little wider
+        than the budget: sent exactly at the rate, clock jitter alone would draw 429s. The connection's
+        ``rate_limit_scale`` scales the budgets (0: none)."""
+        settings = self.settings
+        budget = api.rate_budget(operation)
+        if budget is None or not settings.rate_limit_scale:
+            return 0.0
+        key = (settings.base_url, settings.api_key, budget[0])
+        pacer = _PACERS.get(key)
+        if pacer is None:
+            pacer = _PACERS[key] = pacing.SharedPacer(settings.base_url, settings.api_key, budget[0])
+        return pacer.book(slot_seconds(operation, settings.rate_limit_scale))
+
+    def min_list_interval(self) -> float:
+        """Seconds between two list calls that the connection's budget allows (0: it paces nothing); the published
+        budget's until the connection has been read."""
+        settings = self.__dict__.get("settings")
+        scale = settings.rate_limit_scale if settings is not None else 1.0
+        return 1.0 / (api.retry.LIST_RATE_PER_SECOND * scale) if scale else 0.0
+
+    def _fall_back_from_v1(self, listing: api.InstanceListing, exc: GpuMarketError) -> bool:
+        """True, with ``listing`` restarted on the v0 list, when ``exc`` says this server has no v1 list."""
+        if not (listing.v1 and api.falls_back_to_v0(exc)):
+            return False
+        self._list_v1 = False
+        self.log.info("This server has no %s (%s); listing through %s", api.PATH_INSTANCES_V1, exc, api.PATH_INSTANCES)
+        listing.use_v0()
+        return True
+
+    def _settings_from(self, conn: Any) -> ConnectionSettings:
+        settings = settings_from_connection(
+            self.gpumarket_conn_id, conn.host, conn.port, conn.password, conn.extra_dejson or {}
+        )
+        mask_secret(settings.api_key)
+        return settings
+
+    def _retry_kwargs(self, retry: Any, *, tries_done: int = 0, patient: bool = False) -> dict[str, Any]:
+        """tenacity settings for the tries left after ``tries_done`` (attempt numbers count those too).
+
+        ``patient`` calls (``api.PATIENT_OPERATIONS``) keep trying through 429s for
+        ``api.retry.RATE_LIMIT_PATIENCE_SECONDS`` whatever ``max_retries`` says: many tasks starting or failing at once
+        share one rate budget. Other failures still stop them after ``max_retries``.
+        """
+        max_attempts = self.settings.retry.max_retries + 1 - tries_done
+        patience = api.retry.RATE_LIMIT_PATIENCE_SECONDS
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            exc = state.outcome.exception() if state.outcome else None
+            if patient and isinstance(exc, GpuMarketRateLimitError) and api.is_retryable(exc):
+                return (state.seconds_since_start or 0.0) >= patience or state.attempt_number >= _PATIENT_MAX_TRIES
+            return state.attempt_number >= max_attempts
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            return api.retry_wait_seconds(exc, state.attempt_number + tries_done, self.settings.retry, random.random())
+
+        def log_retry(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            seconds = state.next_action.sleep if state.next_action else 0
+            self.log.warning("Try %d failed (%s); retrying in %.1f s", state.attempt_number + tries_done, exc, seconds)
+
+        return {
+            "stop": stop,
+            "wait": wait,
+            "retry": retry,
+            "before_sleep": log_retry,
+            "reraise": True,
+        }
+
+    def _first_retry_wait(
+        self,
+        exc: GpuMarketError,
+        *,
+        patient: bool = False,
+        retryable: Callable[[BaseException], bool] = api.is_retryable,
+    ) -> float | None:
+        """After a failed first try: seconds to wait before the second, or None when it must not be retried.
+
+        The first try of a retried call goes out without tenacity (most calls succeed at once, and building the
+        retry machinery per call cost about a tenth of a millisecond); tenacity takes over from the second try
+        with the same waits, stop rule and log lines as if it had made the first.
+        """
+        if not retryable(exc):
+            return None
+        if self.settings.retry.max_retries == 0 and not (patient and isinstance(exc, GpuMarketRateLimitError)):
+            return None
+        seconds = api.retry_wait_seconds(exc, 1, self.settings.retry, random.random())
+        self.log.warning("Try 1 failed (%s); retrying in %.1f s", exc, seconds)
+        return seconds
+
+    @cached_property
+    def settings(self) -> ConnectionSettings:
+        return self._settings_from(self.get_connection(self.gpumarket_conn_id))
+
+    def _mask_instance_key(self, result: Mapping[str, Any]) -> None:
+        key = result.get("instance_api_key")
+        if isinstance(key, str) and key:
+            mask_secret(key)
+            _INSTANCE_KEYS.append(key)
+
+    def _redact_log(self, text: str, key_digests: Iterable[str | None]) -> str:
+        """The account key, every instance key this process created, the keys known by digest and every
+        ``CONTAINER_API_KEY=`` value, masked."""
+        return job_logs.Redactor((self.settings.api_key, *_INSTANCE_KEYS), key_digests)(text)
+
+    # --- flows: what each call sends, waits for and makes of the answers, written once ---------------------
+    def _exchange_flow(self, request: Request) -> Flow[Any]:
+        """One try: the request, its answer mapped to a result or a ``GpuMarketError``. No pacing, no retry."""
+        response = yield request
+        return api.raise_for_response(
+            request.operation,
+            response.status_code,
+            api.decode_body(response.content),
+            retry_after=response.headers.get("Retry-After"),
+            rate_limit_reset=response.headers.get("X-RateLimit-Reset"),
+            secrets=(self.settings.api_key,),
+        )
+
+    def _paced_flow(self, request: Request) -> Flow[Any]:
+        """One try in a slot of the operation's budget (a retry sent outside it would draw the next call's 429)."""
+        if (wait := self._pace(request.operation)) > 0:
+            yield Sleep(wait)
+        return (yield from self._exchange_flow(request))
+
+    def _call_flow(
+        self,
+        operation: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Mapping[str, str] | None = None,
+        retryable: Callable[[BaseException], bool] = api.is_retryable,
+    ) -> Flow[Any]:
+        """A paced call, retried after the failures ``retryable`` accepts: by default 429, 5xx and transport
+        failures, for idempotent calls; ``api.create_surely_not_processed`` for a call that must not be repeated
+        once the server may have acted on it. ``api.PATIENT_OPERATIONS`` keep trying through 429s."""
+        request = Request(operation, method, path, body, params)
+        patient = operation in api.PATIENT_OPERATIONS
+        try:
+            return (yield from self._paced_flow(request))
+        except GpuMarketError as exc:
+            seconds = self._first_retry_wait(exc, patient=patient, retryable=retryable)
+            if seconds is None:
+                raise
+        yield Sleep(seconds)
+        waits: list[float] = []  # tenacity decides each wait; the flow sleeps it (see Sleep)
+        retrying = tenacity.Retrying(
+            sleep=waits.append,
+            **self._retry_kwargs(tenacity.retry_if_exception(retryable), tries_done=1, patient=patient),
+        )
+        for attempt in retrying:
+            if waits:
+                yield Sleep(waits.pop())
+            try:  # the answer is awaited outside tenacity's block: only the try's own error goes into it
+                outcome: Any = yield from self._paced_flow(request)
+            except GpuMarketError as exc:
+                outcome = exc
+            with attempt:
+                if isinstance(outcome, GpuMarketError):
+                    raise outcome
+                return outcome
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    def _list_instances_flow(self, label: str | None, ids: Iterable[int] | None) -> Flow[list[types.Instance]]:
+        listing = api.InstanceListing(label=label, ids=ids, v1=self._list_v1)
+        while (request := listing.request()) is not None:
+            path, params = request
+            try:
+                body = yield from self._call_flow("list_instances", "GET", path, params=params)
+            except GpuMarketError as exc:
+                if self._fall_back_from_v1(listing, exc):
+                    continue
+                raise
+            listing.take(body)
+        return listing.instances
+
+    def _get_instance_flow(self, instance_id: int) -> Flow[types.Instance]:
+        api.require_positive_int("instance_id", instance_id)
+        path = api.PATH_INSTANCE.format(instance_id=instance_id)
+        return api.unwrap_instance((yield from self._call_flow("get_instance", "GET", path)), instance_id)
+
+    def _find_instance_flow(self, instance_id: int) -> Flow[types.Instance | None]:
+        try:
+            return (yield from self._get_instance_flow(instance_id))
+        except GpuMarketNotFoundError as exc:
+            listed = yield from self._list_instances_flow(None, [instance_id])
+            if listed:
+                self.log.warning("Instance %s was reported missing (%s) but is listed; still there", instance_id, exc)
+                return listed[0]
+            return None
+
+    def _label_instance_flow(self, instance_id: int, label: str) -> Flow[dict[str, Any]]:
+        api.require_positive_int("instance_id", instance_id)
+        api.require_text("label", label)
+        path = api.PATH_INSTANCE.format(instance_id=instance_id)
+        return (yield from self._call_flow("label_instance", "PUT", path, {"label": label}))
+
+    def _change_bid_flow(self, instance_id: int, price: float) -> Flow[dict[str, Any]]:
+        body = api.build_change_bid_body(instance_id, price)
+        path = api.PATH_CHANGE_BID.format(instance_id=instance_id)
+        return (yield from self._call_flow("change_bid", "PUT", path, body))
+
+    def _destroy_instance_flow(self, instance_id: int) -> Flow[dict[str, Any]]:
+        api.require_positive_int("instance_id", instance_id)
+        path = api.PATH_INSTANCE.format(instance_id=instance_id)
+        try:
+            return (yield from self._call_flow("destroy_instance", "DELETE", path))
+        except GpuMarketNotFoundError:
+            return {"success": True, "already_gone": True}
+
+    def _request_instance_logs_flow(
+        self, instance_id: int, tail: int | str | None, filter: str | None, daemon_logs: bool | None, retry: bool
+    ) -> Flow[types.LogsRequestResult]:
+        api.require_positive_int("instance_id", instance_id)
+        body = api.build_request_logs_body(tail=tail, filter=filter, daemon_logs=daemon_logs)
+        path = api.PATH_REQUEST_LOGS.format(instance_id=instance_id)
+        if not retry:  # one try, in its slot of the budget all the same
+            return (yield from self._paced_flow(Request("request_instance_logs", "PUT", path, body)))
+        return (yield from self._call_flow("request_instance_logs", "PUT", path, body))
+
+    def _get_instance_logs_flow(
+        self,
+        instance_id: int,
+        tail: int | str | None,
+        filter: str | None,
+        daemon_logs: bool | None,
+        retry: bool,
+        key_digests: Iterable[str | None],
+    ) -> Flow[str]:
+        answer = yield from self._request_instance_logs_flow(instance_id, tail, filter, daemon_logs, retry)
+        url = api.log_result_url("get_instance_logs", answer)
+        last = "nothing"
+        for _ in range(api.LOG_FETCH_TRIES):
+            yield Sleep(api.LOG_FETCH_INTERVAL_SECONDS)  # the upload is never there at once
+            fetched = yield FetchLog(url)
+            if fetched.text is not None:
+                return self._redact_log(fetched.text, key_digests)
+            last = fetched.failure
+        host = urlsplit(url).hostname  # the rest of the URL grants access to the log: not repeated in messages
+        waited = api.LOG_FETCH_TRIES * api.LOG_FETCH_INTERVAL_SECONDS
+        raise GpuMarketError(
+            f"get_instance_logs: the log of instance {instance_id} was not at its result URL on {host} after "
+            f"{api.LOG_FETCH_TRIES} tries over {waited:.0f} s (last answer: {last}); the service may be slow to "
+            "upload it: ask again later",
+            operation="get_instance_logs",
+        )
+
+    def _list_pending_price_increases_flow(self) -> Flow[types.PendingPriceIncreases]:
+        return (yield from self._call_flow("list_pending_price_increases", "GET", api.PATH_PENDING_PRICE_INCREASES))

@@ -1,0 +1,152 @@
+"""How bytes move, for the hooks' drivers: requests (``GpuMarketHook``) and httpx (``GpuMarketAsyncHook``).
+
+``send``/``asend`` make one exchange and answer the ``Response``, or the ``GpuMarketTransportError`` that the
+driver throws into the flow; ``fetch_log``/``afetch_log`` read an uploaded log without the API key. Nothing here
+decides anything: that is ``hooks.core``'s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import requests
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
+
+from airflow_gpumarket import api
+from airflow_gpumarket.exceptions import GpuMarketTransportError
+from airflow_gpumarket.hooks.connection import ConnectionSettings
+from airflow_gpumarket.hooks.core import FetchedLog, LogBuffer, Request, Response
+
+if TYPE_CHECKING:
+    import httpx
+
+#: Seconds an idle pooled connection of the async client is kept. Below the idle timeout of the servers and load
+#: balancers in front of them (5 s for uvicorn's default, 60 s and more for common balancers): a connection the
+#: server closed while the client reused it shows up as ``RemoteProtocolError`` in trigger logs.
+CLIENT_KEEPALIVE_SECONDS = 4.0
+#: The connect timeout, at most: a server that does not accept a connection within this is down.
+CONNECT_TIMEOUT_SECONDS = 10.0
+
+
+class _BearerAuth(requests.auth.AuthBase):
+    """Bearer auth as an ``auth`` object, so a ~/.netrc entry can never replace it. Its repr hides the key."""
+
+    def __init__(self, api_key: str) -> None:
+        self._api_key = api_key
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["Authorization"] = f"Bearer {self._api_key}"
+        return request
+
+    def __repr__(self) -> str:
+        return "_BearerAuth(***)"
+
+
+def requests_session(settings: ConnectionSettings) -> requests.Session:
+    session = requests.Session()
+    session.auth = _BearerAuth(settings.api_key)
+    session.verify = settings.verify
+    session.headers["Accept"] = "application/json"
+    return session
+
+
+def send(
+    session: requests.Session, settings: ConnectionSettings, request: Request
+) -> Response | GpuMarketTransportError:
+    try:
+        response = session.request(
+            request.method,
+            settings.base_url + request.path,
+            json=request.body,
+            params=request.params,
+            timeout=(min(CONNECT_TIMEOUT_SECONDS, settings.timeout), settings.timeout),
+            # A redirect is not part of the contract (and would turn a PUT into a GET): surface it instead.
+            allow_redirects=False,
+        )
+    except requests.RequestException as exc:
+        return transport_error(request, exc)
+    return Response(response.status_code, response.content, response.headers)
+
+
+def fetch_log(session: requests.Session, url: str) -> FetchedLog:
+    try:
+        with session.get(url, timeout=api.LOG_FETCH_TIMEOUT_SECONDS, stream=True) as response:
+            if response.status_code != 200:
+                return FetchedLog(failure=f"HTTP {response.status_code}")
+            buffer = LogBuffer()
+            for chunk in response.iter_content(65536):
+                buffer.add(chunk)
+            return FetchedLog(buffer.text())
+    except requests.RequestException as exc:
+        return FetchedLog(failure=type(exc).__name__)
+
+
+def httpx_client(settings: ConnectionSettings) -> httpx.AsyncClient:
+    import httpx
+
+    return httpx.AsyncClient(
+        base_url=settings.base_url,
+        headers={"Authorization": f"Bearer {settings.api_key}", "Accept": "application/json"},
+        timeout=httpx.Timeout(settings.timeout, connect=min(CONNECT_TIMEOUT_SECONDS, settings.timeout)),
+        limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_SECONDS),
+        verify=settings.verify,
+        trust_env=False,
+    )
+
+
+async def asend(client: httpx.AsyncClient, request: Request) -> Response | GpuMarketTransportError:
+    import httpx
+
+    try:
+        response = await client.request(request.method, request.path, json=request.body, params=request.params)
+    except httpx.HTTPError as exc:
+        return transport_error(request, exc)
+    return Response(response.status_code, response.content, response.headers)
+
+
+async def afetch_log(url: str) -> FetchedLog:
+    import httpx
+
+    try:
+        async with (
+            httpx.AsyncClient(timeout=api.LOG_FETCH_TIMEOUT_SECONDS, follow_redirects=True) as storage,
+            storage.stream("GET", url) as response,
+        ):
+            if response.status_code != 200:
+                return FetchedLog(failure=f"HTTP {response.status_code}")
+            buffer = LogBuffer()
+            async for chunk in response.aiter_bytes():
+                buffer.add(chunk)
+            return FetchedLog(buffer.text())
+    except httpx.HTTPError as exc:
+        return FetchedLog(failure=type(exc).__name__)
+
+
+def transport_error(request: Request, exc: BaseException) -> GpuMarketTransportError:
+    """Wrap a requests/httpx failure; ``request_sent`` is False only when no connection was ever made."""
+    never_connected = _never_connected(exc)
+    kind = type(exc).__name__
+    return GpuMarketTransportError(
+        f"{request.operation}: {request.method} {request.path} got no response ({kind}); "
+        + ("the connection could not be opened." if never_connected else "the request may have reached the server."),
+        request_sent=not never_connected,
+        operation=request.operation,
+    )
+
+
+def _never_connected(exc: BaseException) -> bool:
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, NewConnectionError | ConnectTimeoutError | ConnectionRefusedError):
+            return True
+        reason = getattr(seen, "reason", None)
+        if isinstance(reason, BaseException) and reason is not seen:
+            seen = reason
+            continue
+        args = getattr(seen, "args", ())
+        nested = args[0] if args and isinstance(args[0], BaseException) else None
+        seen = nested or seen.__cause__ or seen.__context__
+    type_name = type(exc).__name__
+    return type_name in ("ConnectError", "ConnectTimeout")  # httpx names
