@@ -268,10 +268,10 @@ class Clock:
 
 
 def test_the_worker_renews_the_lease_through_the_label(monkeypatch):
-    from airflow_gpumarket.operators import instances
+    from airflow_gpumarket.operators import renting
 
     clock = Clock()
-    monkeypatch.setattr(instances, "time", clock)
+    monkeypatch.setattr(renting, "time", clock)
     hook = FakeHook({1: ["running"] * 12 + [DONE]})
     op = job(hook, keepalive=timedelta(minutes=3), poll_interval=60)
     assert op.execute(ctx())["job_status"] == "succeeded"
