@@ -11,11 +11,8 @@ from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.utils import check_instance_id_argument, instance_id_from
 
 
-class GpuMarketStopInstanceOperator(GpuMarketBaseOperator):
-    """Stop an instance: compute billing halts, disk charges continue (destroy to stop those too).
-
-    :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated).
-    """
+class _OneInstanceOperator(GpuMarketBaseOperator):
+    """An operator that acts on one instance, given by id or by ``GpuMarketCreateInstanceOperator``'s result."""
 
     template_fields: Sequence[str] = ("instance_id",)
 
@@ -23,6 +20,13 @@ class GpuMarketStopInstanceOperator(GpuMarketBaseOperator):
         super().__init__(**kwargs)
         self.instance_id = instance_id
         check_instance_id_argument(instance_id)
+
+
+class GpuMarketStopInstanceOperator(_OneInstanceOperator):
+    """Stop an instance: compute billing halts, disk charges continue (destroy to stop those too).
+
+    :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated).
+    """
 
     def execute(self, context: Any) -> dict[str, Any]:
         instance_id = instance_id_from(self.instance_id)
@@ -33,20 +37,14 @@ class GpuMarketStopInstanceOperator(GpuMarketBaseOperator):
         return result
 
 
-class GpuMarketDestroyInstanceOperator(GpuMarketBaseOperator):
+class GpuMarketDestroyInstanceOperator(_OneInstanceOperator):
     """Destroy an instance; idempotent (already gone is success), so it is made to be a teardown task.
 
     :param instance_id: id, or the dict returned by ``GpuMarketCreateInstanceOperator`` (templated). When it is
         empty (the setup task failed before returning, having destroyed what it made), there is nothing to do.
     """
 
-    template_fields: Sequence[str] = ("instance_id",)
     ui_color = "#ffd6d6"
-
-    def __init__(self, *, instance_id: Any, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.instance_id = instance_id
-        check_instance_id_argument(instance_id)
 
     def execute(self, context: Any) -> dict[str, Any]:
         instance_id = instance_id_from(self.instance_id)
