@@ -288,6 +288,21 @@ def ends_with_log(event: Mapping[str, Any]) -> bool:
     return event.get("status") in {kind.value for kind in ENDS_WITH_LOG}
 
 
+def needs_final_read(event: Mapping[str, Any], pump: job_logs.LogPump) -> bool:
+    """Whether the wait that ``event`` ends reads the job's log once more first: the job ended (its last lines and
+    its exit status are in the log) and reads are on. The operator, the sensor and the trigger ask this alike."""
+    return ends_with_log(event) and pump.interval > 0 and not pump.off
+
+
+def end_of_wait(event: dict[str, Any], pump: job_logs.LogPump) -> dict[str, Any]:
+    """``event`` as every wait ends it: a job's end judged by what the log reads found (``with_job_end``), and the
+    instance named."""
+    if ends_with_log(event) and pump.interval > 0:
+        with_job_end(event, pump.summary())
+    event["instance_id"] = pump.instance_id
+    return event
+
+
 def with_job_end(event: dict[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
     """``event`` with what the final read of the job's log found (``job_logs.LogPump.summary``), judged.
 

@@ -213,3 +213,18 @@ def test_a_rental_changes_only_through_what_it_learns_while_held():
     assert (rental.label, rental.ssh_host, rental.tried) == ("renewed", "ssh1.example", [7, 2])
     assert rental.reasons == ["offer 7 was taken", "instance 1 never ran"]
     assert lc.Rental.from_resume(rental.to_resume()) == rental
+
+
+def test_every_wait_ends_alike_a_final_read_only_for_a_job_that_ended_with_reads_on():
+    from airflow_gpumarket import job_logs
+
+    reading, silent = job_logs.LogPump(7, 30.0), job_logs.LogPump(7, 0.0)
+    failed = {"status": lc.EventKind.JOB_FAILED.value, "actual_status": "stopped"}
+    reached = {"status": lc.EventKind.REACHED.value, "actual_status": "running"}
+    assert lc.needs_final_read(failed, reading) and not lc.needs_final_read(failed, silent)
+    assert not lc.needs_final_read(reached, reading)
+    reading.off = True  # the server has no logs endpoint: no read, yet the end is judged from what was read
+    assert not lc.needs_final_read(failed, reading)
+    ended = lc.end_of_wait(dict(failed), reading)
+    assert ended["instance_id"] == 7 and "exit_status" in ended
+    assert lc.end_of_wait(dict(reached), reading) == {**reached, "instance_id": 7}

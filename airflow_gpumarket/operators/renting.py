@@ -419,12 +419,9 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
                 lifecycle.estimated_cost(rental.dph_total, rental.elapsed(now)),
             )
             if event is not None:
-                if lifecycle.ends_with_log(event) and pump.interval > 0:
-                    if not pump.off:
-                        job_logs.forward(self.hook, pump, self.log, final=True)
-                    lifecycle.with_job_end(event, pump.summary())
-                event["instance_id"] = instance_id
-                return event
+                if lifecycle.needs_final_read(event, pump):
+                    job_logs.forward(self.hook, pump, self.log, final=True)
+                return lifecycle.end_of_wait(event, pump)
             if watch.running_since is not None and pump.due(now):
                 job_logs.forward(self.hook, pump, self.log)
 

@@ -126,12 +126,9 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
             if watch.running_since is not None and pump.due(now):
                 job_logs.forward(self.hook, pump, self.log)
             return False
-        if lifecycle.ends_with_log(event) and pump.interval > 0:
-            if not pump.off:
-                job_logs.forward(self.hook, pump, self.log, final=True)
-            lifecycle.with_job_end(event, pump.summary())
-        event["instance_id"] = instance_id
-        return self._conclude(event)
+        if lifecycle.needs_final_read(event, pump):
+            job_logs.forward(self.hook, pump, self.log, final=True)
+        return self._conclude(lifecycle.end_of_wait(event, pump))
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         event = dict(event)

@@ -213,19 +213,17 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                         lifecycle.format_duration(time.time() - started),
                     )
                 if event is not None:
-                    if lifecycle.ends_with_log(event) and pump.interval > 0:
-                        if not pump.off:
-                            final_lines = await self._read_job_log(pump, final=True)
-                            if final_lines:
-                                self.log.info(
-                                    "The last read of the log of instance %s found %d new lines: the resumed task "
-                                    "shows them",
-                                    self.instance_id,
-                                    len(final_lines),
-                                )
-                                event["final_lines"] = job_logs.held_for_the_task(final_lines, self.instance_id)
-                        lifecycle.with_job_end(event, pump.summary())
-                    yield self._event(event, watch)
+                    if lifecycle.needs_final_read(event, pump):
+                        final_lines = await self._read_job_log(pump, final=True)
+                        if final_lines:
+                            self.log.info(
+                                "The last read of the log of instance %s found %d new lines: the resumed task "
+                                "shows them",
+                                self.instance_id,
+                                len(final_lines),
+                            )
+                            event["final_lines"] = job_logs.held_for_the_task(final_lines, self.instance_id)
+                    yield self._event(lifecycle.end_of_wait(event, pump), watch)
                     return
                 if watch.running_since is not None and pump.due(time.time()):
                     await self._read_job_log(pump)
