@@ -112,28 +112,26 @@ def connection(sim: Simulator) -> str:
 
 
 def count_client_faults(counter: Counter) -> None:
-    """Count what the hook receives, by kind, by wrapping its one HTTP exchange."""
-    from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketTransportError
-    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    """Count what the hooks receive, by kind, by wrapping the one function that sends their requests."""
+    from airflow_gpumarket.exceptions import GpuMarketTransportError
+    from airflow_gpumarket.hooks import transport
 
-    send = GpuMarketHook._send
+    send = transport.send
     lock = threading.Lock()
 
-    def counted(self, operation, method, path, body=None, params=None):
-        try:
-            return send(self, operation, method, path, body, params)
-        except GpuMarketTransportError as exc:
-            kind = "timeout" if "Timeout" in str(exc) else "dropped connection"
-            with lock:
-                counter[kind] += 1
-            raise
-        except GpuMarketError as exc:
-            if exc.status_code in (429, 500, 502, 503):
-                with lock:
-                    counter["429" if exc.status_code == 429 else "5xx"] += 1
-            raise
+    def counted(session, settings, request):
+        reply = send(session, settings, request)
+        if isinstance(reply, GpuMarketTransportError):
+            kind = "timeout" if "Timeout" in str(reply) else "dropped connection"
+        elif reply.status_code in (429, 500, 502, 503):
+            kind = "429" if reply.status_code == 429 else "5xx"
+        else:
+            return reply
+        with lock:
+            counter[kind] += 1
+        return reply
 
-    GpuMarketHook._send = counted  # type: ignore[method-assign]
+    transport.send = counted
 
 
 def classify(exc: BaseException) -> str:
