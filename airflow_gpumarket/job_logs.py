@@ -240,33 +240,24 @@ class LogPump:
         return {"log_tail": tail, "exit_status": self.follower.exit_status}
 
 
-def forward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -> None:
-    """One read of the job's output through a sync hook into ``log``; a failed read is reported (once) and only
-    delays the next (the job goes on whatever happens here). Periodic reads make one try (the next round is the
-    retry); the ``final`` read, whose lines go into the failure message, gets the hook's retries."""
-    try:
-        text = hook.get_instance_logs(
-            pump.instance_id, tail=pump.follower.window, retry=final, key_digests=pump.key_digests
-        )
-    except GpuMarketError as exc:
-        _report(pump, log, exc, final)
-        return
-    _emit(pump, log, text, final)
+def forward_flow(hook: Any, pump: LogPump, log: Any, *, final: bool = False, hold_final: bool = False) -> Any:
+    """One read of the job's output, as a flow either hook runs (``hook.run_flow``), into ``log``. A failed read is
+    reported (once) and only delays the next: the job goes on whatever happens here. Periodic reads make one try
+    (the next round is the retry); the ``final`` read, whose lines go into the failure message, gets the hook's
+    retries.
 
-
-async def aforward(hook: Any, pump: LogPump, log: Any, *, final: bool = False) -> list[str]:
-    """The async twin of ``forward``, for the trigger, with one difference: the lines of the ``final`` read are
-    returned instead of logged, for the event (see ``held_for_the_task``). Airflow (3.2 and 3.3 alike) closes a
-    trigger's log file when the trigger reports itself finished, which races with the lines it logged just
-    before: the last read's lines were seen lost in a real deployment. The resumed task logs them itself."""
+    With ``hold_final`` (the trigger), the lines of the final read are returned instead of logged, for the event
+    (see ``held_for_the_task``). Airflow (3.2 and 3.3 alike) closes a trigger's log file when the trigger reports
+    itself finished, which races with the lines it logged just before: the last read's lines were seen lost in a
+    real deployment. The resumed task logs them itself. Otherwise the flow returns ``[]``."""
     try:
-        text = await hook.get_instance_logs(
+        text = yield from hook.get_instance_logs_flow(
             pump.instance_id, tail=pump.follower.window, retry=final, key_digests=pump.key_digests
         )
     except GpuMarketError as exc:
         _report(pump, log, exc, final)
         return []
-    if final:
+    if final and hold_final:
         return pump.read(time.time(), text, final=True)
     _emit(pump, log, text, final)
     return []

@@ -5,6 +5,7 @@ They are plain dicts at run time (so results go to XCom unchanged). This module 
 classes are created, which cost DAG files 12 ms of import time. Only the hooks import it at run time.
 """
 
+from collections.abc import Iterable
 from typing import TypedDict
 
 
@@ -68,3 +69,22 @@ class PendingPriceIncreases(TypedDict, total=False):
     count: int
     pending_price_increases: list[dict]
     truncated: bool
+
+
+class LogRequestOptions(TypedDict, total=False):
+    """How a log is asked for (``request_instance_logs``; defaults in ``hooks.core``).
+
+    ``tail``: the last lines only (a number; ``get_instance_logs`` asks for 1000);
+    ``filter``: a server-side grep; ``daemon_logs``: the host daemon's log instead of the container's;
+    ``retry``: False sends one try (for periodic reads, whose next round is the retry)."""
+
+    tail: int | str | None
+    filter: str | None
+    daemon_logs: bool | None
+    retry: bool
+
+
+class LogReadOptions(LogRequestOptions, total=False):
+    """How a log is read (``get_instance_logs``): ``key_digests`` are sha256 digests of keys to mask."""
+
+    key_digests: Iterable[str | None]

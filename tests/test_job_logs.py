@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from fake_flows import FlowsOverMethods
 
 from airflow_gpumarket import job_logs
 from airflow_gpumarket.exceptions import GpuMarketNotFoundError, GpuMarketRateLimitError, GpuMarketServerError
@@ -138,7 +139,7 @@ def test_summary_carries_the_last_lines_and_the_exit_status():
     assert pump.summary() == {"log_tail": ["boom", "gpumarket: job exited with status 3"], "exit_status": 3}
 
 
-class LogsHook:
+class LogsHook(FlowsOverMethods):
     def __init__(self, *answers) -> None:
         self.answers = list(answers)
         self.calls: list[dict] = []
@@ -157,13 +158,18 @@ def test_forward_writes_new_lines_and_reports_a_failed_read_once(caplog):
     hook = LogsHook("a\n", GpuMarketServerError("503", status_code=503), GpuMarketServerError("503"), "a\nb\n")
     with caplog.at_level(logging.INFO, logger="test.forward"):
         for _ in range(4):
-            job_logs.forward(hook, pump, log)
+            hook.run_flow(job_logs.forward_flow(hook, pump, log))
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
         "[instance 7] a",
         "[instance 7] b",
     ]
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
-    assert hook.calls[0] == {"instance_id": 7, "tail": 1000, "retry": False, "key_digests": ("d" * 64,)}
+    assert hook.calls[0] == {
+        "instance_id": 7,
+        "tail": 1000,
+        "retry": False,
+        "key_digests": ("d" * 64,),
+    }
 
 
 @pytest.mark.parametrize("interval", [-1, "30", float("nan")])
@@ -178,8 +184,8 @@ def test_a_bad_log_interval_is_refused_at_parse_time(interval):
 def test_the_final_read_gets_the_hooks_retries_and_periodic_reads_one_try():
     hook = LogsHook("a\n", "a\n")
     pump = LogPump(7, 30.0)
-    job_logs.forward(hook, pump, logging.getLogger("test.forward"))
-    job_logs.forward(hook, pump, logging.getLogger("test.forward"), final=True)
+    hook.run_flow(job_logs.forward_flow(hook, pump, logging.getLogger("test.forward")))
+    hook.run_flow(job_logs.forward_flow(hook, pump, logging.getLogger("test.forward"), final=True))
     assert [call["retry"] for call in hook.calls] == [False, True]
 
 

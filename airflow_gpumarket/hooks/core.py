@@ -318,7 +318,7 @@ class _GpuMarketHookBase(BaseHook):
                 return outcome
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
-    def _list_instances_flow(self, label: str | None, ids: Iterable[int] | None) -> Flow[list[types.Instance]]:
+    def list_instances_flow(self, label: str | None, ids: Iterable[int] | None) -> Flow[list[types.Instance]]:
         listing = api.InstanceListing(label=label, ids=ids, v1=self._list_v1)
         while (request := listing.request()) is not None:
             path, params = request
@@ -331,33 +331,48 @@ class _GpuMarketHookBase(BaseHook):
             listing.take(body)
         return listing.instances
 
-    def _get_instance_flow(self, instance_id: int) -> Flow[types.Instance]:
+    def get_instance_flow(self, instance_id: int) -> Flow[types.Instance]:
         api.require_positive_int("instance_id", instance_id)
         path = api.PATH_INSTANCE.format(instance_id=instance_id)
         return api.unwrap_instance((yield from self._call_flow("get_instance", "GET", path)), instance_id)
 
-    def _find_instance_flow(self, instance_id: int) -> Flow[types.Instance | None]:
+    def find_instance_flow(self, instance_id: int) -> Flow[types.Instance | None]:
         try:
-            return (yield from self._get_instance_flow(instance_id))
+            return (yield from self.get_instance_flow(instance_id))
         except GpuMarketNotFoundError as exc:
-            listed = yield from self._list_instances_flow(None, [instance_id])
+            listed = yield from self.list_instances_flow(None, [instance_id])
             if listed:
                 self.log.warning("Instance %s was reported missing (%s) but is listed; still there", instance_id, exc)
                 return listed[0]
             return None
 
-    def _label_instance_flow(self, instance_id: int, label: str) -> Flow[dict[str, Any]]:
+    def label_instance_flow(self, instance_id: int, label: str) -> Flow[dict[str, Any]]:
         api.require_positive_int("instance_id", instance_id)
         api.require_text("label", label)
         path = api.PATH_INSTANCE.format(instance_id=instance_id)
         return (yield from self._call_flow("label_instance", "PUT", path, {"label": label}))
 
-    def _change_bid_flow(self, instance_id: int, price: float) -> Flow[dict[str, Any]]:
+    def renew_lease_flow(self, instance_id: int, watch: Any, now: float, log: Any) -> Flow[str | None]:
+        """Keep the label's lease ``keepalive`` ahead while a task watches (a ``lifecycle.Watch``; see
+        ``lifecycle``): the label written, or None when no renewal was due or the write failed. A failure is
+        logged to ``log`` and costs nothing: the next observation tries again, well before the lease runs out."""
+        renewed = watch.lease_renewal(now)
+        if renewed is None:
+            return None
+        try:
+            yield from self.label_instance_flow(instance_id, renewed)
+        except GpuMarketError as exc:
+            log.warning("Could not renew the lease of instance %s (%s); trying again", instance_id, exc)
+            return None
+        watch.label = renewed
+        return renewed
+
+    def change_bid_flow(self, instance_id: int, price: float) -> Flow[dict[str, Any]]:
         body = api.build_change_bid_body(instance_id, price)
         path = api.PATH_CHANGE_BID.format(instance_id=instance_id)
         return (yield from self._call_flow("change_bid", "PUT", path, body))
 
-    def _destroy_instance_flow(self, instance_id: int) -> Flow[dict[str, Any]]:
+    def destroy_instance_flow(self, instance_id: int) -> Flow[dict[str, Any]]:
         api.require_positive_int("instance_id", instance_id)
         path = api.PATH_INSTANCE.format(instance_id=instance_id)
         try:
@@ -365,8 +380,14 @@ class _GpuMarketHookBase(BaseHook):
         except GpuMarketNotFoundError:
             return {"success": True, "already_gone": True}
 
-    def _request_instance_logs_flow(
-        self, instance_id: int, tail: int | str | None, filter: str | None, daemon_logs: bool | None, retry: bool
+    def request_instance_logs_flow(
+        self,
+        instance_id: int,
+        *,
+        tail: int | str | None = None,
+        filter: str | None = None,
+        daemon_logs: bool | None = None,
+        retry: bool = True,
     ) -> Flow[types.LogsRequestResult]:
         api.require_positive_int("instance_id", instance_id)
         body = api.build_request_logs_body(tail=tail, filter=filter, daemon_logs=daemon_logs)
@@ -375,16 +396,19 @@ class _GpuMarketHookBase(BaseHook):
             return (yield from self._paced_flow(Request("request_instance_logs", "PUT", path, body)))
         return (yield from self._call_flow("request_instance_logs", "PUT", path, body))
 
-    def _get_instance_logs_flow(
+    def get_instance_logs_flow(
         self,
         instance_id: int,
-        tail: int | str | None,
-        filter: str | None,
-        daemon_logs: bool | None,
-        retry: bool,
-        key_digests: Iterable[str | None],
+        *,
+        tail: int | str | None = api.LOG_TAIL_DEFAULT,
+        filter: str | None = None,
+        daemon_logs: bool | None = None,
+        retry: bool = True,
+        key_digests: Iterable[str | None] = (),
     ) -> Flow[str]:
-        answer = yield from self._request_instance_logs_flow(instance_id, tail, filter, daemon_logs, retry)
+        answer = yield from self.request_instance_logs_flow(
+            instance_id, tail=tail, filter=filter, daemon_logs=daemon_logs, retry=retry
+        )
         url = api.log_result_url("get_instance_logs", answer)
         last = "nothing"
         for _ in range(api.LOG_FETCH_TRIES):
@@ -402,5 +426,5 @@ class _GpuMarketHookBase(BaseHook):
             operation="get_instance_logs",
         )
 
-    def _list_pending_price_increases_flow(self) -> Flow[types.PendingPriceIncreases]:
+    def list_pending_price_increases_flow(self) -> Flow[types.PendingPriceIncreases]:
         return (yield from self._call_flow("list_pending_price_increases", "GET", api.PATH_PENDING_PRICE_INCREASES))

@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Unpack
 
 import requests
 import tenacity
@@ -81,7 +81,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         return transport.requests_session(self.settings)
 
     # --- the driver of the flows (``hooks.core``) ------------------------------------------------------------
-    def _run(self, flow: Flow[T]) -> T:
+    def run_flow(self, flow: Flow[T]) -> T:
         """Run ``flow`` to its end, blocking: send its requests, sleep its sleeps, fetch its logs."""
         reply: Any = None
         while not isinstance(effect := resume(flow, reply), Done):
@@ -100,18 +100,18 @@ class GpuMarketHook(_GpuMarketHookBase):
         self, operation: str, method: str, path: str, body: Any = None, params: Mapping[str, str] | None = None
     ) -> Any:
         """One try, no pacing, no retry (see ``_exchange_flow``)."""
-        return self._run(self._exchange_flow(Request(operation, method, path, body, params)))
+        return self.run_flow(self._exchange_flow(Request(operation, method, path, body, params)))
 
     def _call(
         self, operation: str, method: str, path: str, body: Any = None, *, params: Mapping[str, str] | None = None
     ) -> Any:
         """A paced call retried after 429, 5xx and transport failures, for idempotent calls (see ``_call_flow``)."""
-        return self._run(self._call_flow(operation, method, path, body, params=params))
+        return self.run_flow(self._call_flow(operation, method, path, body, params=params))
 
     def _call_unless_processed(self, operation: str, method: str, path: str, body: Any) -> Any:
         """For a call that must not be repeated once the server may have acted on it (creating an endpoint,
         regenerating backup codes): retried only after failures that surely did nothing."""
-        return self._run(self._call_flow(operation, method, path, body, retryable=api.create_surely_not_processed))
+        return self.run_flow(self._call_flow(operation, method, path, body, retryable=api.create_surely_not_processed))
 
     # --- offers and instances ---------------------------------------------------------------------------
     def search_offers(
@@ -236,24 +236,24 @@ class GpuMarketHook(_GpuMarketHookBase):
         On a server without the v1 list (404/405: one that follows the spec only) it falls back to
         ``GET /api/v0/instances/`` and remembers that for the hook's life.
         """
-        return self._run(self._list_instances_flow(label, ids))
+        return self.run_flow(self.list_instances_flow(label, ids))
 
     def get_instance(self, instance_id: int) -> types.Instance:
         """The instance object (unwrapped from ``instances``). Raises GpuMarketNotFoundError when the service
         says it does not exist (404, or the live service's ``{"instances": null}``); see :meth:`find_instance`."""
-        return self._run(self._get_instance_flow(instance_id))
+        return self.run_flow(self.get_instance_flow(instance_id))
 
     def find_instance(self, instance_id: int) -> types.Instance | None:
         """The instance, or None only when it is surely gone: a read said "not found" and the list agrees.
 
         A wait in job mode reads "gone" as success, so one answer is not enough to believe it.
         """
-        return self._run(self._find_instance_flow(instance_id))
+        return self.run_flow(self.find_instance_flow(instance_id))
 
     def label_instance(self, instance_id: int, label: str) -> dict[str, Any]:
         """Change an instance's label (``PUT /api/v0/instances/{id}/ {"label": ...}``, as the live service and
         its CLI do; not in the spec)."""
-        return self._run(self._label_instance_flow(instance_id, label))
+        return self.run_flow(self.label_instance_flow(instance_id, label))
 
     def stop_instance(self, instance_id: int) -> dict[str, Any]:
         """Stop: compute billing halts, disk charges continue."""
@@ -264,44 +264,28 @@ class GpuMarketHook(_GpuMarketHookBase):
     def change_bid(self, instance_id: int, price: float) -> dict[str, Any]:
         """Change the bid ($/h) of an interruptible instance. The service answers 400 for an on-demand one ("Can't
         change price of on-demand contract."), 404 for an instance that does not exist."""
-        return self._run(self._change_bid_flow(instance_id, price))
+        return self.run_flow(self.change_bid_flow(instance_id, price))
 
     def destroy_instance(self, instance_id: int) -> dict[str, Any]:
         """Destroy: all billing stops. Idempotent: an instance that is already gone counts as success
         (the result then carries ``already_gone: True``)."""
-        return self._run(self._destroy_instance_flow(instance_id))
+        return self.run_flow(self.destroy_instance_flow(instance_id))
 
     def request_instance_logs(
-        self,
-        instance_id: int,
-        *,
-        tail: int | str | None = None,
-        filter: str | None = None,
-        daemon_logs: bool | None = None,
-        retry: bool = True,
+        self, instance_id: int, **options: Unpack[types.LogRequestOptions]
     ) -> types.LogsRequestResult:
         """Ask the service to upload the instance's container log (or, with ``daemon_logs``, the host daemon's):
         ``PUT /api/v0/instances/request_logs/{id}/`` (live service; not in the spec). Returns ``result_url``, where
-        the log appears shortly after. ``tail``: the last lines only; ``filter``: a server-side grep. ``retry``
-        False sends one try (for periodic reads, whose next round is the retry)."""
-        return self._run(self._request_instance_logs_flow(instance_id, tail, filter, daemon_logs, retry))
+        the log appears shortly after. The options are ``types.LogRequestOptions``'."""
+        return self.run_flow(self.request_instance_logs_flow(instance_id, **options))
 
-    def get_instance_logs(
-        self,
-        instance_id: int,
-        *,
-        tail: int | str | None = api.LOG_TAIL_DEFAULT,
-        filter: str | None = None,
-        daemon_logs: bool | None = None,
-        retry: bool = True,
-        key_digests: Iterable[str | None] = (),
-    ) -> str:
+    def get_instance_logs(self, instance_id: int, **options: Unpack[types.LogReadOptions]) -> str:
         """The log's text: requested (see :meth:`request_instance_logs`), then fetched from ``result_url``
         without the API key, waiting for the upload as the official client does (``LOG_FETCH_TRIES`` tries
         ``LOG_FETCH_INTERVAL_SECONDS`` apart). The account key, instance keys this process created, keys whose
         sha256 is in ``key_digests`` and ``CONTAINER_API_KEY=`` values are masked. At most ``LOG_MAX_BYTES``
-        (the end) is read."""
-        return self._run(self._get_instance_logs_flow(instance_id, tail, filter, daemon_logs, retry, key_digests))
+        (the end) is read. The options are ``types.LogReadOptions``'."""
+        return self.run_flow(self.get_instance_logs_flow(instance_id, **options))
 
     @cached_property
     def storage_session(self) -> requests.Session:
@@ -348,7 +332,7 @@ class GpuMarketHook(_GpuMarketHookBase):
 
     def list_pending_price_increases(self) -> types.PendingPriceIncreases:
         """The whole response: ``pending_price_increases``, ``count`` and ``truncated`` (the list was cut)."""
-        return self._run(self._list_pending_price_increases_flow())
+        return self.run_flow(self.list_pending_price_increases_flow())
 
     def list_api_keys(self) -> list[dict[str, Any]]:
         result = self._call("list_api_keys", "GET", api.PATH_API_KEYS)
@@ -402,7 +386,7 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
             await self.client.aclose()
             del self.__dict__["client"]
 
-    async def _run(self, flow: Flow[T]) -> T:
+    async def run_flow(self, flow: Flow[T]) -> T:
         """Run ``flow`` to its end without blocking the triggerer's loop (the sync hook's driver, awaited)."""
         await self.asettings()  # flows read the settings (the pacer is keyed by the server and key)
         reply: Any = None
@@ -419,52 +403,36 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
     async def _call(
         self, operation: str, method: str, path: str, body: Any = None, *, params: Mapping[str, str] | None = None
     ) -> Any:
-        return await self._run(self._call_flow(operation, method, path, body, params=params))
+        return await self.run_flow(self._call_flow(operation, method, path, body, params=params))
 
     # The same calls as the sync hook's, through the same flows.
     async def get_instance(self, instance_id: int) -> types.Instance:
-        return await self._run(self._get_instance_flow(instance_id))
+        return await self.run_flow(self.get_instance_flow(instance_id))
 
     async def find_instance(self, instance_id: int) -> types.Instance | None:
-        return await self._run(self._find_instance_flow(instance_id))
+        return await self.run_flow(self.find_instance_flow(instance_id))
 
     async def list_instances(
         self, *, label: str | None = None, ids: Iterable[int] | None = None
     ) -> list[types.Instance]:
-        return await self._run(self._list_instances_flow(label, ids))
+        return await self.run_flow(self.list_instances_flow(label, ids))
 
     async def label_instance(self, instance_id: int, label: str) -> dict[str, Any]:
-        return await self._run(self._label_instance_flow(instance_id, label))
+        return await self.run_flow(self.label_instance_flow(instance_id, label))
 
     async def change_bid(self, instance_id: int, price: float) -> dict[str, Any]:
-        return await self._run(self._change_bid_flow(instance_id, price))
+        return await self.run_flow(self.change_bid_flow(instance_id, price))
 
     async def destroy_instance(self, instance_id: int) -> dict[str, Any]:
-        return await self._run(self._destroy_instance_flow(instance_id))
+        return await self.run_flow(self.destroy_instance_flow(instance_id))
 
     async def request_instance_logs(
-        self,
-        instance_id: int,
-        *,
-        tail: int | str | None = None,
-        filter: str | None = None,
-        daemon_logs: bool | None = None,
-        retry: bool = True,
+        self, instance_id: int, **options: Unpack[types.LogRequestOptions]
     ) -> types.LogsRequestResult:
-        return await self._run(self._request_instance_logs_flow(instance_id, tail, filter, daemon_logs, retry))
+        return await self.run_flow(self.request_instance_logs_flow(instance_id, **options))
 
-    async def get_instance_logs(
-        self,
-        instance_id: int,
-        *,
-        tail: int | str | None = api.LOG_TAIL_DEFAULT,
-        filter: str | None = None,
-        daemon_logs: bool | None = None,
-        retry: bool = True,
-        key_digests: Iterable[str | None] = (),
-    ) -> str:
-        flow = self._get_instance_logs_flow(instance_id, tail, filter, daemon_logs, retry, key_digests)
-        return await self._run(flow)
+    async def get_instance_logs(self, instance_id: int, **options: Unpack[types.LogReadOptions]) -> str:
+        return await self.run_flow(self.get_instance_logs_flow(instance_id, **options))
 
     async def list_pending_price_increases(self) -> types.PendingPriceIncreases:
-        return await self._run(self._list_pending_price_increases_flow())
+        return await self.run_flow(self.list_pending_price_increases_flow())

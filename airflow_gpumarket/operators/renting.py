@@ -420,10 +420,10 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
             )
             if event is not None:
                 if lifecycle.needs_final_read(event, pump):
-                    job_logs.forward(self.hook, pump, self.log, final=True)
+                    self.hook.run_flow(job_logs.forward_flow(self.hook, pump, self.log, final=True))
                 return lifecycle.end_of_wait(event, pump)
             if watch.running_since is not None and pump.due(now):
-                job_logs.forward(self.hook, pump, self.log)
+                self.hook.run_flow(job_logs.forward_flow(self.hook, pump, self.log))
 
     def _log_daemon_tail(self, instance_id: int) -> None:
         """Before giving up an instance that never ran: what its host daemon said, for diagnosis."""
@@ -446,17 +446,9 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
             raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
 
     def _renew_lease(self, rental: lifecycle.Rental, watch: lifecycle.Watch) -> None:
-        """Keep the label's lease ``keepalive`` ahead while this task watches (see ``lifecycle``)."""
-        renewed = watch.lease_renewal(time.time())
-        if renewed is None:
-            return
-        try:
-            self.hook.label_instance(rental.instance_id, renewed)
-        except GpuMarketError as exc:
-            self.log.warning("Could not renew the lease of instance %s (%s); trying again", rental.instance_id, exc)
-            return
-        watch.label = renewed
-        rental.relabel(renewed)
+        renewed = self.hook.run_flow(self.hook.renew_lease_flow(rental.instance_id, watch, time.time(), self.log))
+        if renewed is not None:
+            rental.relabel(renewed)
 
     def _finish(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any]) -> Any:
         if rental.ambiguous:  # a create delayed past the first sweep may have landed since

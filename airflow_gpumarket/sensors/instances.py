@@ -124,10 +124,10 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         self.log.info("Instance %s: %s", instance_id, watch.shown if instance is None else f"status {watch.shown}")
         if event is None:
             if watch.running_since is not None and pump.due(now):
-                job_logs.forward(self.hook, pump, self.log)
+                self.hook.run_flow(job_logs.forward_flow(self.hook, pump, self.log))
             return False
         if lifecycle.needs_final_read(event, pump):
-            job_logs.forward(self.hook, pump, self.log, final=True)
+            self.hook.run_flow(job_logs.forward_flow(self.hook, pump, self.log, final=True))
         return self._conclude(lifecycle.end_of_wait(event, pump))
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:

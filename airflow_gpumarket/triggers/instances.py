@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import cached_property
 from typing import Any
 
 from airflow_gpumarket import _compat, api, job_logs, lifecycle
@@ -163,26 +164,27 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             lease_cap=self.lease_cap,
         )
 
-    async def _renew_lease(self, watch: lifecycle.Watch) -> None:
-        renewed = watch.lease_renewal(time.time())
-        if renewed is None:
-            return
-        hook = self._hook()
+    @cached_property
+    def _flow_hook(self) -> Any:
+        """The hook this run's own flows (lease renewals, log reads) go through: the connection is read once per
+        run, and the HTTP client is closed after each use (``aclose`` keeps the settings)."""
+        return self._hook()
+
+    async def _run_flow(self, make_flow: Callable[[Any], Any]) -> Any:
+        hook = self._flow_hook
         try:
-            await hook.label_instance(self.instance_id, renewed)
-        except GpuMarketError as exc:
-            self.log.warning("Could not renew the lease of instance %s (%s); trying again", self.instance_id, exc)
-            return
+            return await hook.run_flow(make_flow(hook))
         finally:
             await hook.aclose()
-        watch.label = renewed
+
+    async def _renew_lease(self, watch: lifecycle.Watch) -> None:
+        now = time.time()
+        await self._run_flow(lambda hook: hook.renew_lease_flow(self.instance_id, watch, now, self.log))
 
     async def _read_job_log(self, pump: job_logs.LogPump, *, final: bool = False) -> list[str]:
-        hook = self._hook()
-        try:
-            return await job_logs.aforward(hook, pump, self.log, final=final)
-        finally:
-            await hook.aclose()
+        return await self._run_flow(
+            lambda hook: job_logs.forward_flow(hook, pump, self.log, final=final, hold_final=True)
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.time()

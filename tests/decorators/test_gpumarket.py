@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
+from fake_flows import FlowsOverMethods
 
 from airflow_gpumarket.decorators.gpumarket import _GpuMarketDecoratedOperator, gpumarket_task
 from airflow_gpumarket.exceptions import GpuMarketValidationError
@@ -83,7 +84,7 @@ def test_the_provider_info_declares_the_decorator():
 
 
 # --- the decorator's own destroys, with a mocked hook (issue 21) ------------------------------------------------
-class LogHook:
+class LogHook(FlowsOverMethods):
     """Answers every read of an instance's log with ``text``; records destroys."""
 
     def __init__(self, text: str) -> None:

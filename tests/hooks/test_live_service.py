@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -377,6 +378,25 @@ def test_label_instance_puts_the_label_as_the_live_service_does(requests_mock, h
     hook.label_instance(7, "afgm-new")
 
     assert requests_mock.last_request.json() == {"label": "afgm-new"}
+
+
+def test_a_lease_renewal_writes_the_renewed_label_and_a_refused_one_is_only_reported(requests_mock, hook, caplog):
+    from airflow_gpumarket import lifecycle
+
+    key = "0" * 12
+    watch = lifecycle.Watch(label=lifecycle.make_label(key, 100), keepalive=90, lease_cap=1000)
+    log = logging.getLogger("test.renewal")
+    requests_mock.put(INSTANCE_7, [{"status_code": 400, "json": {"error": "invalid_args", "msg": "no"}}, {"json": {}}])
+
+    assert hook.run_flow(hook.renew_lease_flow(7, watch, 20, log)) is None  # 80 of 90 s left: not due
+    assert not requests_mock.called
+    with caplog.at_level(logging.WARNING, logger="test.renewal"):
+        assert hook.run_flow(hook.renew_lease_flow(7, watch, 50, log)) is None
+    assert watch.label == lifecycle.make_label(key, 100)  # refused: the old lease stands, the next read tries again
+    assert "Could not renew the lease of instance 7" in caplog.text
+    renewed = hook.run_flow(hook.renew_lease_flow(7, watch, 50, log))
+    assert renewed == watch.label == lifecycle.make_label(key, 140)
+    assert requests_mock.last_request.json() == {"label": renewed}
 
 
 # --- rate limits -------------------------------------------------------------------------------------------

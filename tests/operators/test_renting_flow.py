@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
+from fake_flows import FlowsOverMethods
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, TaskDeferred
@@ -29,7 +30,7 @@ DONE = "done"
 EXIT_0 = "gpumarket: job exited with status 0\n"
 
 
-class FakeHook:
+class FakeHook(FlowsOverMethods):
     """Offers 1..n; instances 1001, 1002, ... whose reads follow ``scripts[offer_id]`` (the last entry repeats)."""
 
     def __init__(self, scripts: dict[int, list], *, destroy_fails: bool = False) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from fake_flows import FlowsOverMethods
 
 from airflow_gpumarket._compat import AirflowFailException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketAuthError, GpuMarketServerError
@@ -11,7 +12,7 @@ from airflow_gpumarket.sensors.instances import GpuMarketInstanceStatusSensor
 GONE = "404"
 
 
-class Reads:
+class Reads(FlowsOverMethods):
     """find_instance answers: a status (None while the service has none yet), GONE, or an exception to raise."""
 
     def __init__(self, *answers) -> None:

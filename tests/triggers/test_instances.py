@@ -17,6 +17,7 @@ import pytest
 
 from airflow_gpumarket import _compat, api, job_logs, lifecycle
 from airflow_gpumarket.exceptions import GpuMarketAuthError, GpuMarketNotFoundError, GpuMarketServerError
+from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
 from airflow_gpumarket.triggers import instances as trigger_module
 from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
@@ -68,9 +69,28 @@ class FakeAsyncHook:
             raise item
         return [{"id": 7, "actual_status": item}, {"id": 8, "actual_status": "running"}]
 
-    async def label_instance(self, instance_id, label):
+    # Flows, as the real hook's: answered at once, with nothing for the driver to send.
+    def label_instance_flow(self, instance_id, label):
         self.labels.append((instance_id, label))
         return {"success": True}
+        yield
+
+    renew_lease_flow = GpuMarketAsyncHook.renew_lease_flow  # the real one, over the fake's label flow
+
+    def get_instance_logs_flow(self, instance_id, **options):
+        self.log_reads.append(options)
+        text = self.log_texts.pop(0) if len(self.log_texts) > 1 else self.log_texts[0]
+        if isinstance(text, Exception):
+            raise text
+        return text
+        yield
+
+    async def run_flow(self, flow):
+        try:
+            next(flow)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("a fake flow asked the driver for something")
 
     def min_list_interval(self):
         return 1.0 / api.retry.LIST_RATE_PER_SECOND  # the published budget (tests/triggers/conftest.py speeds it up)
@@ -78,10 +98,6 @@ class FakeAsyncHook:
     async def destroy_instance(self, instance_id):
         self.destroyed.append(instance_id)
         return {"success": True}
-
-    async def get_instance_logs(self, instance_id, **kwargs):
-        self.log_reads.append(kwargs)
-        return self.log_texts.pop(0) if len(self.log_texts) > 1 else self.log_texts[0]
 
     async def aclose(self):
         self.closed = True
@@ -228,11 +244,7 @@ def test_a_wait_that_finds_the_job_running_says_how_many_lines_may_repeat(
 
 def test_an_unreadable_final_log_is_not_a_success_and_says_what_was_lost(make_trigger, monkeypatch, task_log):
     hook = FakeAsyncHook(["running", "stopped"])
-
-    async def unreadable(instance_id, **kwargs):
-        raise GpuMarketServerError("logs: HTTP 503 after retries", status_code=503)
-
-    hook.get_instance_logs = unreadable
+    hook.log_texts = [GpuMarketServerError("logs: HTTP 503 after retries", status_code=503)]
     event = _run(make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=30), hook, monkeypatch)
     assert event["status"] == lifecycle.EventKind.JOB_FAILED and event["exit_status"] is None
     assert "no exit status could be read" in lifecycle.describe_event(event, 7)
