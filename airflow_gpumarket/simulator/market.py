@@ -22,7 +22,7 @@ from typing import Any
 from airflow_gpumarket.simulator.clock import SimClock
 from airflow_gpumarket.simulator.faults import Faults
 from airflow_gpumarket.simulator.logs import LogUploads
-from airflow_gpumarket.simulator.onstart import OnstartRunner
+from airflow_gpumarket.simulator.onstart import HALT_GRACE_SECONDS, OnstartRunner
 from airflow_gpumarket.simulator.ratelimits import RateLimits
 from airflow_gpumarket.simulator.world import World
 from airflow_gpumarket.simulator.worldgen import build_world
@@ -123,9 +123,10 @@ class Market:
                         if kind in ("first_running", "restarted")
                     ]
         finally:
+            killed = {iid for kind, iid in events if kind == "kill"}
             for kind, iid in events:
                 if kind == "halt":
-                    self.runner.halt(iid)
+                    self.runner.halt(iid, grace=0.0 if iid in killed else HALT_GRACE_SECONDS)
             for job in starts:
                 if job is not None:
                     self.runner.start(*job)

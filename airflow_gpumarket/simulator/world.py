@@ -170,8 +170,14 @@ class Instance:
     def destroyed(self) -> bool:
         return self.destroyed_at is not None
 
+    def hourly_price(self) -> float:
+        """What an hour of compute costs: the bid for an interruptible instance, else the offer's on-demand price
+        (a bid instance pays its bid, public reports say)."""
+        price = self.config.get("price")
+        return float(price) if price is not None else self.offer.dph_total
+
     def costs(self, disk_price_per_gb_month: float) -> tuple[float, float]:
-        compute = self.compute_seconds / 3600.0 * self.offer.dph_total
+        compute = self.compute_seconds / 3600.0 * self.hourly_price()
         storage = self.storage_seconds / SECONDS_PER_MONTH * float(self.config["disk"]) * disk_price_per_gb_month
         return compute, storage
 
@@ -489,6 +495,8 @@ class World:
         inst.config["target_state"] = "stopped"
         inst.status_msg = "Outbid: a higher bid took this machine; stopped until your bid wins again."
         inst.schedule = [] if resume_after is None else [(now + resume_after, RESUME)]
+        if inst.status == "running":
+            self.events.append(("kill", inst.id))  # the market takes the machine: no grace for the script
         self._set_status(inst, "stopped", now)
 
     def _resume(self, inst: Instance, at: float) -> None:
