@@ -234,10 +234,11 @@ class LogPump:
         )
 
     def summary(self) -> dict[str, object]:
-        """What the event that ends a job carries: the last lines read and the exit status the wrapper printed
-        (None when no status line was read)."""
+        """What the event that ends a job carries: the last lines read, the exit status the wrapper printed (None
+        when no status line was read), and whether the log was read to its end (``log_read``: no final read
+        failed, and the service has a logs endpoint)."""
         tail = [line[:EVENT_LINE_CHARS] for line in self.follower.recent()]
-        return {"log_tail": tail, "exit_status": self.follower.exit_status}
+        return {"log_tail": tail, "exit_status": self.follower.exit_status, "log_read": not self.off}
 
 
 def forward_flow(hook: Any, pump: LogPump, log: Any, *, final: bool = False, hold_final: bool = False) -> Any:

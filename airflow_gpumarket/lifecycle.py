@@ -44,6 +44,7 @@ class EventKind(str, Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2.11 runs
     TIMEOUT = "timeout"
     ERROR = "error"
     LEASE_EXPIRED = "lease_expired"
+    PREEMPTED = "preempted"  # a bid instance stopped by the market (see ``preempted``), or outbid for too long
 
 
 #: ``limit`` of a TIMEOUT event that max_runtime ended (other timeouts come from an absolute deadline).
@@ -112,9 +113,44 @@ def started_at(instance: Mapping[str, Any], *, fallback: float, now: float) -> f
 
 
 @dataclass
+class Attempts:
+    """What one task instance tried so far, carried from rental to rental (and through the trigger and back).
+
+    ``tried``: every offer rented or tried, this one last (an offer is never tried twice); ``reasons``: why the
+    earlier ones failed. ``preemptions``: how many times the market took a bid instance of this job;
+    ``lost_machines``: the machines it took them on (never rented again); ``round_start``: offers from this index
+    on count against ``max_offer_attempts`` (a preemption starts a new round); ``on_demand``: the job fell back to
+    on-demand rentals after ``max_preemptions``.
+    """
+
+    tried: list[int] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    preemptions: int = 0
+    lost_machines: list[int] = field(default_factory=list)
+    round_start: int = 0
+    on_demand: bool = False
+
+    def offers_this_round(self) -> int:
+        return len(self.tried) - self.round_start
+
+    def count_preemption(self) -> None:
+        self.preemptions += 1
+
+    def lose_machine(self, machine_id: int | None, reason: str) -> None:
+        """A preemption took this job's instance for good: a new round of offers begins, never on that machine."""
+        if machine_id is not None:
+            self.lost_machines.append(machine_id)
+        self.reasons.append(reason)
+        self.round_start = len(self.tried)
+
+    def fall_back_to_on_demand(self) -> None:
+        self.on_demand = True
+
+
+@dataclass
 class Rental:
     """What a renting task holds while it waits: the instance, what it costs, when it started billing, its label,
-    and the offers this task instance tried so far (this one last) with the reasons the earlier ones failed.
+    and what this task instance tried so far (``Attempts``).
 
     Travels to the trigger and back in the event (``to_resume``/``from_resume``): a job that succeeded has
     destroyed its instance, so its price and start cannot be read again afterwards.
@@ -130,11 +166,17 @@ class Rental:
     ambiguous: bool = False  # the create's answer was lost and retried: a duplicate may exist
     ssh_host: str | None = None
     key_digest: str | None = None  # sha256 of the instance key: masks it in the job's log where the key is not held
-    tried: list[int] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)
+    bid: float | None = None  # $/h bid for an interruptible rental; None on demand
+    machine_id: int | None = None  # the offer's machine, when the search named it
+    attempts: Attempts = field(default_factory=Attempts)
 
     def elapsed(self, now: float) -> float:
         return now - self.created_at
+
+    @property
+    def hourly_price(self) -> float | None:
+        """What an hour of compute costs: the bid of an interruptible rental, else the offer's on-demand price."""
+        return self.bid if self.bid is not None else self.dph_total
 
     # What a rental learns while it is held; nothing else changes it.
     def relabel(self, label: str | None) -> None:
@@ -146,13 +188,13 @@ class Rental:
         """The first SSH address an instance read reports is kept."""
         self.ssh_host = self.ssh_host or ssh_host
 
-    def record_attempts(self, tried: list[int], reasons: list[str]) -> None:
-        """The offers this task instance tried so far (this one last) and why the earlier ones failed."""
-        self.tried, self.reasons = tried, reasons
+    def continue_attempts(self, attempts: Attempts) -> None:
+        """This rental carries on the task instance's attempts (its offer is the last one tried)."""
+        self.attempts = attempts
 
     def give_up(self, reason: str) -> None:
         """This rental failed over: why, for the message if no offer works."""
-        self.reasons.append(reason)
+        self.attempts.reasons.append(reason)
 
     def to_resume(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,10 +205,18 @@ class Rental:
         names = {f.name for f in fields(cls)}
         if not isinstance(data, Mapping) or "instance_id" not in data or "created_at" not in data:
             raise ValueError(f"no rental to resume in {data!r}")
+        data = dict(data)
+        attempts = data.pop("attempts", None) or {}
+        for old in ("tried", "reasons"):  # a trigger deferred by the previous release carries them flat
+            if old in data:
+                attempts = {**attempts, old: data.pop(old)}
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown rental fields {sorted(unknown)} in {data!r}")
-        return cls(**data)
+        try:
+            return cls(**data, attempts=Attempts(**attempts))
+        except TypeError as exc:
+            raise ValueError(f"bad attempts in {data!r}: {exc}") from None
 
 
 def rentals_of(instances: Iterable[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:
@@ -188,6 +238,7 @@ def evaluate(
     lease_until: float | None = None,
     max_runtime: float | None = None,
     running_since: float | None = None,
+    outbid_wait_until: float | None = None,
 ) -> dict[str, Any] | None:
     """What one observation means: an event dict when waiting is over, None to keep waiting.
 
@@ -195,7 +246,8 @@ def evaluate(
     In job mode, the job wrapper destroys the instance after exit 0 (gone = success) and stops it otherwise; gone
     after ``lease_until`` (the label's lease as last written) proves nothing, since the reaper may have destroyed it.
     ``max_runtime`` counts from ``running_since``, when the watcher first saw the instance running (the job starts
-    then); ``deadline`` is absolute.
+    then); ``deadline`` is absolute. With ``outbid_wait_until`` (a preempted bid instance left to win its machine
+    back), any status but running or a failed host is waiting for the bid until then, and PREEMPTED after.
     """
     if wait_for == WAIT_JOB:
         if gone and lease_until is not None and now > lease_until:
@@ -204,6 +256,9 @@ def evaluate(
             return {"status": EventKind.JOB_SUCCEEDED.value}
         if status == api.STATUS_RUNNING:
             pass
+        elif outbid_wait_until is not None and status not in api.FAILED_STATUSES:
+            if now >= outbid_wait_until and not api.is_booting(status):  # booting: the bid won, boot_deadline rules
+                return {"status": EventKind.PREEMPTED.value, "actual_status": status, "waited": True}
         elif status in api.FAILED_STATUSES and not seen_running:
             return {"status": EventKind.NEVER_RUNS.value, "actual_status": status}
         elif not api.is_booting(status):
@@ -215,7 +270,7 @@ def evaluate(
             return {"status": EventKind.REACHED.value, "actual_status": status}
         if status in api.FAILED_STATUSES or (target_status == api.STATUS_RUNNING and api.will_never_run(status)):
             return {"status": EventKind.NEVER_RUNS.value, "actual_status": status}
-    if boot_deadline is not None and api.is_booting(status) and now >= boot_deadline:
+    if boot_deadline is not None and not seen_running and api.is_booting(status) and now >= boot_deadline:
         return {"status": EventKind.BOOT_TIMEOUT.value, "actual_status": status}
     if deadline is not None and now >= deadline:
         return {"status": EventKind.TIMEOUT.value, "actual_status": status}
@@ -246,6 +301,7 @@ class Watch:
     status: str | None = None  # the last status read
     shown: str = ""  # the last read as the task log shows it ("gone" or the status)
     changed: bool = False  # the last read differs from the one before it
+    outbid_wait_until: float | None = None  # a preempted bid instance may win its machine back until then
 
     def observe(
         self, now: float, *, status: str | None = None, gone: bool = False, unread: bool = False
@@ -256,8 +312,9 @@ class Watch:
             status = self.status
         shown = "gone" if gone else repr(status)
         self.changed, self.status, self.shown = shown != self.shown, status, shown
-        if status == api.STATUS_RUNNING and self.running_since is None:
-            self.running_since = now
+        if status == api.STATUS_RUNNING:
+            self.running_since = now if self.running_since is None else self.running_since
+            self.outbid_wait_until = None  # the bid won again: the job runs again, and its next stop is judged anew
         return evaluate(
             wait_for=self.wait_for,
             status=status,
@@ -270,6 +327,7 @@ class Watch:
             lease_until=lease_of(self.label),
             max_runtime=self.max_runtime,
             running_since=self.running_since,
+            outbid_wait_until=self.outbid_wait_until,
         )
 
     def lease_renewal(self, now: float) -> str | None:
@@ -319,6 +377,26 @@ def with_job_end(event: dict[str, Any], summary: Mapping[str, Any]) -> dict[str,
     return event
 
 
+def preempted(event: Mapping[str, Any]) -> bool:
+    """Whether a job's end is a preemption: its bid instance was stopped by the market, not by the job.
+
+    The job wrapper prints its exit status line before it stops its own instance, so a stopped instance whose log
+    was read to its end (``log_read``) without that line was stopped by someone else: on a bid instance, the market
+    (an outbid). The service's ``status_msg`` is logged, never parsed. A log that could not be read proves nothing,
+    and the job's end stays a failure. Only asked of bid instances: an on-demand instance stopped by hand is a
+    failure. A wait for the bid that ran out (``waited``) is a preemption too."""
+    kind = event.get("status")
+    if kind == EventKind.PREEMPTED.value:
+        return True
+    return (
+        kind == EventKind.JOB_FAILED.value
+        and event.get("actual_status") == api.STATUS_STOPPED
+        and "exit_status" in event
+        and event.get("exit_status") is None
+        and event.get("log_read") is True
+    )
+
+
 def destroyed_itself(event: Mapping[str, Any]) -> bool:
     """A job that succeeded by destroying its own instance (the wrapper's destroy on success) rather than
     stopping it: nothing is left to destroy."""
@@ -364,6 +442,12 @@ def _sentence(kind: EventKind, event: Mapping[str, Any], instance_id: int) -> st
             else f"instance {instance_id} hit its time limit (last status {status!r})"
         ),
         EventKind.ERROR: f"waiting for instance {instance_id} failed: {event.get('message')}",
+        EventKind.PREEMPTED: (
+            f"bid instance {instance_id} was still outbid (status {status!r}) when max_outbid_wait ran out"
+            if event.get("waited")
+            else f"bid instance {instance_id} was preempted: the market stopped it (status {status!r}) before the "
+            "job ended (its log has no exit status line)"
+        ),
         EventKind.LEASE_EXPIRED: f"instance {instance_id} is gone, but its lease had expired before (nothing "
         "renewed it), so the reaper may have destroyed it: the job's outcome is unknown",
     }[kind]

@@ -20,6 +20,9 @@ class Offer(TypedDict, total=False):
     rentable: bool
     direct_port_count: int
     dlperf_per_dphtotal: float
+    min_bid: float  # the lowest bid ($/h) an interruptible rental of this offer may make
+    machine_id: int
+    bid: float  # not the service's: the bid an interruptible rental chose for this offer
 
 
 class Instance(TypedDict, total=False):
@@ -28,6 +31,11 @@ class Instance(TypedDict, total=False):
     label: str
     ssh_host: str
     ssh_port: int
+    is_bid: bool  # an interruptible (bid) instance
+    bid_price: float
+    min_bid: float
+    status_msg: str | None  # the service's words on the status (an outbid says so here): shown, never parsed
+    machine_id: int
 
 
 class CreateInstanceResult(TypedDict, total=False):

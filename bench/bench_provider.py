@@ -1,4 +1,5 @@
-"""P2-P5: API calls per lifecycle, GPU seconds billed after the job, DAG parse time, hook overhead.
+"""P2-P5 and P10: API calls per lifecycle, GPU seconds billed after the job, DAG parse time, hook overhead, and
+what an interruptible job costs against on-demand.
 
 Every figure is measured against the embedded simulator, side by side with its baseline in one run, and printed
 as ``NAME: value (goal: ...)``; timings are medians of repeated runs.
@@ -401,6 +402,111 @@ def p5_hook_overhead(calls: int, runs: int, sim_log: TextIO) -> None:
         process.wait(timeout=10)
 
 
+# --- P10 ---------------------------------------------------------------------------------------------------
+#: P10's job: ``steps`` steps of 10 simulated minutes, a checkpoint after each in a folder that outlives every
+#: instance (a bucket's stand-in), resumed from there by each run.
+P10_JOB = (
+    'n=$(cat "$CHECKPOINT_URI/step" 2>/dev/null || echo 0); '
+    'echo "run attempt=$GPUMARKET_ATTEMPT from step $n at $(date +%s.%N)"; '
+    'while [ "$n" -lt {steps} ]; do sleep {step_seconds:g} || exit 143; '
+    'n=$((n+1)); echo "$n" > "$CHECKPOINT_URI/step"; done; '
+    "echo done"
+)
+P10_STEP_SIMULATED_SECONDS = 600.0
+#: One kind of GPU (three machines on the seeded market), so that both runs pay for the same hardware.
+P10_FILTERS = {"gpu_name": {"eq": "RTX 4090"}, "num_gpus": {"eq": 1}}
+
+
+def _p10_run(*, interruptible: bool, steps: int, step_seconds: float, outbid_after: float) -> dict:
+    """One 2-hour-like job on the simulator's market; with ``interruptible``, each of its first two rentals is
+    outbid ``outbid_after`` real seconds into its job. Cost and wall time come from the simulator's ledger."""
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+
+    speed = P10_STEP_SIMULATED_SECONDS / step_seconds
+    with (
+        tempfile.TemporaryDirectory() as bucket,
+        MarketSimulator(speed=speed, seed=10, execute_onstart=True, **SIM_PROFILE) as sim,
+    ):
+        connect(sim)
+        for offer in GpuMarketHook().search_offers(P10_FILTERS, limit=50):
+            sim.set_offer_fate(offer["id"], "running")  # hosts that fail would blur what bidding costs
+        op = GpuMarketRunJobOperator(
+            task_id="p10",
+            offer_filters=P10_FILTERS,
+            image="bench",
+            env={"CHECKPOINT_URI": bucket},
+            command=P10_JOB.format(steps=steps, step_seconds=step_seconds),
+            poll_interval=0.05,
+            max_runtime=steps * P10_STEP_SIMULATED_SECONDS * 2,
+            interruptible=interruptible,
+        )
+        done = threading.Event()
+        outbid: list[int] = []
+        outbid_at: dict[int, float] = {}
+
+        def market() -> None:
+            started: dict[int, float] = {}
+            while not done.wait(0.02) and len(outbid) < 2:
+                for instance in sim.alive_instances():
+                    output = (sim.onstart_result(instance["id"]) or {}).get("output", "")
+                    if instance["id"] in outbid or "run attempt=" not in output:
+                        continue
+                    started.setdefault(instance["id"], time.monotonic())
+                    if time.monotonic() - started[instance["id"]] >= outbid_after:
+                        try:
+                            sim.outbid(instance["id"])
+                        except ValueError:  # the job ended first: this rental is not outbid
+                            continue
+                        outbid.append(instance["id"])
+                        outbid_at[instance["id"]] = time.time()
+
+        thread = threading.Thread(target=market, daemon=True)
+        if interruptible:
+            thread.start()
+        try:
+            result = op.execute(context("p10-interruptible" if interruptible else "p10-on-demand"))
+        finally:
+            done.set()
+            if thread.is_alive():
+                thread.join(timeout=10)
+        instances = sorted(sim.state()["instances"], key=lambda i: i["created_at"])
+        if result["job_status"] != "succeeded" or sim.alive_instances() or len(outbid) != (2 if interruptible else 0):
+            raise RuntimeError(f"P10: the job did not finish across {len(outbid)} outbids: {result} {instances}")
+        # Work lost per preemption, in simulated seconds: how long the job ran past its last checkpoint (each run
+        # prints the step it starts from and when, by the host's clock).
+        runs = []
+        for i in instances:
+            output = (sim.onstart_result(i["id"]) or {}).get("output", "")
+            for line in output.splitlines():
+                if " from step " in line:
+                    step, started = line.split(" from step ")[1].split(" at ")
+                    runs.append((i["id"], int(step), float(started)))
+        lost = [
+            ((outbid_at[run_id] - started) - (next_step - step) * step_seconds) * speed
+            for (run_id, step, started), (_, next_step, _) in zip(runs, runs[1:], strict=False)
+        ]
+        return {
+            "cost": sum(i["cost"] for i in instances),
+            "wall": max(i["destroyed_at"] for i in instances) - instances[0]["created_at"],
+            "lost": lost,
+            "rentals": len(instances),
+        }
+
+
+def p10_interruptible(*, steps: int, step_seconds: float, outbid_after: float) -> None:
+    """P10: the same checkpointing job on demand and interruptible (outbid twice), cost and wall time."""
+    on_demand = _p10_run(interruptible=False, steps=steps, step_seconds=step_seconds, outbid_after=outbid_after)
+    bid = _p10_run(interruptible=True, steps=steps, step_seconds=step_seconds, outbid_after=outbid_after)
+    hours = steps * P10_STEP_SIMULATED_SECONDS / 3600
+    print(
+        f"P10 interruptible vs on-demand ({hours:g} h job, checkpoint every 10 min, outbid twice): cost "
+        f"${bid['cost']:.4f} vs ${on_demand['cost']:.4f} ({1 - bid['cost'] / on_demand['cost']:.0%} cheaper; "
+        f"goal: >= 40 %), wall {bid['wall'] / 60:.0f} vs {on_demand['wall'] / 60:.0f} min, {bid['rentals']} rentals, "
+        f"work lost per preemption {', '.join(f'{x / 60:.1f}' for x in bid['lost'])} min (goal: <= 10 min each)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, the same lines")
@@ -416,11 +522,13 @@ def main() -> int:
             p3_billed_after_last_command(runs=1, pattern_interval=1.0, job_seconds=1.0)
             p4_parse_time(runs=1, warm_runs=1, peers_python=args.peers_python)
             p5_hook_overhead(calls=100, runs=1, sim_log=log_stream)
+            p10_interruptible(steps=4, step_seconds=0.5, outbid_after=0.6)
         else:
             p2_calls_per_lifecycle(runs=5)
             p3_billed_after_last_command(runs=3, pattern_interval=10.0)
             p4_parse_time(runs=15, warm_runs=5, peers_python=args.peers_python)
             p5_hook_overhead(calls=1000, runs=5, sim_log=log_stream)
+            p10_interruptible(steps=12, step_seconds=1.0, outbid_after=5.5)
     finally:
         log_stream.flush()
         print(f"bench_provider: the log lines of Airflow and the simulators are in {log_path}", file=sys.stderr)

@@ -133,10 +133,16 @@ def test_read_prefixes_lines_with_the_instance_and_reports_skips():
     ]
 
 
-def test_summary_carries_the_last_lines_and_the_exit_status():
+def test_summary_carries_the_last_lines_the_exit_status_and_whether_the_log_was_read_to_its_end():
     pump = pump_with()
     pump.read(0.0, "boom\ngpumarket: job exited with status 3\n", final=True)
-    assert pump.summary() == {"log_tail": ["boom", "gpumarket: job exited with status 3"], "exit_status": 3}
+    assert pump.summary() == {
+        "log_tail": ["boom", "gpumarket: job exited with status 3"],
+        "exit_status": 3,
+        "log_read": True,
+    }
+    pump.failed(1.0, GpuMarketServerError("503"), final=True)
+    assert pump.summary()["log_read"] is False  # a preemption is never concluded from a log not read
 
 
 class LogsHook(FlowsOverMethods):

@@ -186,8 +186,14 @@ def test_watch_without_keepalive_never_renews():
 
 
 def test_rental_round_trips_through_the_event_and_refuses_anything_else():
-    rental = lc.Rental(1, 2, 0.5, "RTX 4090", "afgm-x", 1000.0, lease_cap=2000.0, tried=[2], reasons=["r"])
+    attempts = lc.Attempts(tried=[5, 2], reasons=["r"], preemptions=1, lost_machines=[9], round_start=1)
+    rental = lc.Rental(1, 2, 0.5, "RTX 4090", "afgm-x", 1000.0, lease_cap=2000.0, bid=0.21, attempts=attempts)
     assert lc.Rental.from_resume(rental.to_resume()) == rental
+    flat = {k: v for k, v in rental.to_resume().items() if k != "attempts"}  # as the previous release wrote it
+    old = lc.Rental.from_resume({**flat, "tried": [2], "reasons": ["r"]})
+    assert (old.attempts.tried, old.attempts.reasons, old.attempts.preemptions) == ([2], ["r"], 0)
+    with pytest.raises(ValueError, match="bad attempts"):
+        lc.Rental.from_resume({**flat, "attempts": {"colour": "red"}})
     with pytest.raises(ValueError, match="no rental to resume"):
         lc.Rental.from_resume({"rental": rental.to_resume()})
     with pytest.raises(ValueError, match="unknown rental fields"):
@@ -208,10 +214,10 @@ def test_a_rental_changes_only_through_what_it_learns_while_held():
     rental.relabel("renewed")
     rental.learn_ssh_host("ssh1.example")
     rental.learn_ssh_host("ssh2.example")  # the first address stays
-    rental.record_attempts([7, 2], ["offer 7 was taken"])
+    rental.continue_attempts(lc.Attempts(tried=[7, 2], reasons=["offer 7 was taken"]))
     rental.give_up("instance 1 never ran")
-    assert (rental.label, rental.ssh_host, rental.tried) == ("renewed", "ssh1.example", [7, 2])
-    assert rental.reasons == ["offer 7 was taken", "instance 1 never ran"]
+    assert (rental.label, rental.ssh_host, rental.attempts.tried) == ("renewed", "ssh1.example", [7, 2])
+    assert rental.attempts.reasons == ["offer 7 was taken", "instance 1 never ran"]
     assert lc.Rental.from_resume(rental.to_resume()) == rental
 
 

@@ -75,6 +75,7 @@ from airflow_gpumarket.api.paths import (
     RUNTYPES,
     STATUS_LOADING,
     STATUS_RUNNING,
+    STATUS_STOPPED,
     TARGET_STATES,
     TFA_METHODS,
     TFA_METHODS_NEEDING_SECRET,

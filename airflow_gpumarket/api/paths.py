@@ -37,6 +37,7 @@ TFA_METHODS_NEEDING_SECRET = ("sms", "email")
 # Instance actual_status values. None means "being provisioned".
 STATUS_LOADING = "loading"
 STATUS_RUNNING = "running"
+STATUS_STOPPED = "stopped"
 #: Statuses that, per the spec, never become running: destroy and retry elsewhere.
 FAILED_STATUSES = ("exited", "unknown", "offline")
 BOOTING_STATUSES = (None, STATUS_LOADING)

@@ -126,6 +126,12 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
         self.command = self._command(self._rental_key(context), list(self.op_args), dict(self.op_kwargs))
         return super().execute(context)
 
+    def execute_complete(self, context: Any, event: dict[str, Any], **kwargs: Any) -> Any:
+        # A resumed task is a fresh operator: an interruptible job preempted while deferred rents again from here,
+        # with the same command.
+        self.command = self._command(self._rental_key(context), list(self.op_args), dict(self.op_kwargs))
+        return super().execute_complete(context, event, **kwargs)
+
     def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
         assert event is not None  # a job is always waited for
         kind = lifecycle.event_kind(event)
@@ -153,7 +159,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
                 rental.instance_id,
                 lifecycle.format_duration(summary["elapsed_seconds"]),
                 summary["estimated_cost"],
-                rental.dph_total,
+                rental.hourly_price,
             )
             return value
         if text:

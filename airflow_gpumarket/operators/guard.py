@@ -162,7 +162,9 @@ class RentalGuard:
             label=adopted.get("label"),
             created_at=created_at,
             lease_cap=created_at + self._lease_seconds(),
-            tried=[] if offer_id is None else [int(offer_id)],
+            bid=adopted.get("bid_price") if adopted.get("is_bid") else None,
+            machine_id=adopted.get("machine_id"),
+            attempts=lifecycle.Attempts(tried=[] if offer_id is None else [int(offer_id)]),
         )
 
     def _may_adopt(self, instance: Mapping[str, Any]) -> bool:

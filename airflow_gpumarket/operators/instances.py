@@ -148,7 +148,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
             summary["job_status"],
             lifecycle.format_duration(summary["elapsed_seconds"]),
             summary["estimated_cost"],
-            rental.dph_total,
+            rental.hourly_price,
         )
         if not succeeded:
             raise AirflowException(lifecycle.describe_event(event, rental.instance_id))

@@ -19,6 +19,7 @@ from typing import Any
 from airflow_gpumarket import api, job_logs, lifecycle
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketOfferUnavailableError, GpuMarketValidationError
+from airflow_gpumarket.operators import interruptible as interruptible_rentals
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.creation import TYPED_FIELDS, creation_fields, takes_creation_fields
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
@@ -54,6 +55,15 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
         interval doubles while reads are rate limited). When a job fails, its exit status and last lines go into
         the exception; when an instance never boots, the host daemon's last lines are logged before the next
         offer is tried. 0 turns every read of logs off.
+    :param interruptible: rent bid (interruptible) instances, below the on-demand price, until a higher bid takes
+        the machine (see ``airflow_gpumarket.operators.interruptible``): offers come from a ``type: bid`` search,
+        the bid is the offer's ``min_bid`` plus 5 %, and ``max_dph`` applies to the bid.
+    :param max_bid: the highest bid in $/h (default: the offer's on-demand ``dph_total``, never above it).
+    :param max_preemptions: preemptions survived before the task fails (default 3).
+    :param on_preemption: ``"failover"`` (destroy, rent another machine, run the job again) or ``"wait"`` (leave
+        the stopped instance ``max_outbid_wait`` to win its machine back, then fail over).
+    :param max_outbid_wait: see ``on_preemption`` (default 10 minutes).
+    :param fallback_on_demand: after ``max_preemptions``, rent on demand instead of failing.
 
     :param instance: the spec's creation fields as one dict (templated; "Rendered Template" shows it as sent).
         Each field may also be given by name, below; a name wins over the dict. ``cancel_unavail`` defaults to
@@ -83,6 +93,12 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
         command: str | None = None,
         export_env_to_ssh: bool = False,
         log_interval: timedelta | float = job_logs.DEFAULT_LOG_INTERVAL_SECONDS,
+        interruptible: bool = False,
+        max_bid: float | None = None,
+        max_preemptions: int = 3,
+        on_preemption: str = "failover",
+        max_outbid_wait: timedelta | float = interruptible_rentals.DEFAULT_MAX_OUTBID_WAIT,
+        fallback_on_demand: bool = False,
         **kwargs: Any,
     ) -> None:
         named = {name: kwargs.pop(name) for name in api.CREATION_FIELD_NAMES if name in kwargs}
@@ -100,6 +116,15 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
         self.boot_timeout = duration_seconds("boot_timeout", boot_timeout)
         self.poll_interval = duration_seconds("poll_interval", poll_interval)
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
+        api.require_bool("interruptible", interruptible)
+        self.interruptible = interruptible
+        self.bidding = interruptible_rentals.BidPolicy.parse(
+            max_bid=max_bid,
+            max_preemptions=max_preemptions,
+            on_preemption=on_preemption,
+            max_outbid_wait=max_outbid_wait,
+            fallback_on_demand=fallback_on_demand,
+        )
         callbacks: Any = getattr(self, "on_failure_callback", None)
         if callbacks is None:
             callbacks = []
@@ -113,6 +138,29 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
                 "offer_id", "give offer_id (one offer) or offer_filters (pick the cheapest match); neither was given"
             )
         self._validate(parse_time=True)
+        self._validate_interruptible()
+
+    def _validate_interruptible(self) -> None:
+        if not self.interruptible:
+            if self.bidding.max_bid is not None:
+                raise GpuMarketValidationError("max_bid", "applies to interruptible rentals: set interruptible=True")
+            return
+        if "price" in self.instance:
+            raise GpuMarketValidationError(
+                "price", "is the bid, which an interruptible rental makes itself from the offer; give max_bid instead"
+            )
+        if self.offer_id is not None and self.bidding.on_preemption == "failover":
+            raise GpuMarketValidationError(
+                "offer_id",
+                "pins one machine, which a preemption takes away: give offer_filters so the job can fail over to "
+                "another machine, or on_preemption='wait'",
+            )
+        if self._wait_for == lifecycle.WAIT_JOB and self.log_interval <= 0:
+            raise GpuMarketValidationError(
+                "log_interval",
+                "is 0, which turns log reads off, but an interruptible job needs the end of its log to tell a "
+                "preemption from its own stop (the wrapper's exit status line): give a log_interval > 0",
+            )
 
     # --- validation ------------------------------------------------------------------------------------
     def _creation_fields(self, base_url: str | None = None) -> dict[str, Any]:
@@ -187,27 +235,52 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
                 "offer_id", f"must be an offer id (integer), got {self.offer_id!r}"
             ) from None
 
-    def _creation_body(self, *, label: str, base_url: str | None) -> dict[str, Any]:
-        return api.build_create_instance_body(label=label, **self._creation_fields(base_url))
+    def _creation_body(
+        self, *, label: str, base_url: str | None, bid: float | None = None, preemptions: int = 0
+    ) -> dict[str, Any]:
+        fields = self._creation_fields(base_url)
+        if bid is not None:
+            fields["price"] = bid
+        if self.interruptible:  # on demand too, after a fallback: the job still learns which run it is
+            fields["env"] = interruptible_rentals.job_env(fields.get("env"), preemptions=preemptions)
+        return api.build_create_instance_body(label=label, **fields)
 
     # --- offers ----------------------------------------------------------------------------------------
-    def _next_offer(self, tried: list[int]) -> Mapping[str, Any] | None:
+    def _bids(self, attempts: lifecycle.Attempts) -> bool:
+        """Whether the next rental is a bid (interruptible, and not fallen back to on-demand)."""
+        return self.interruptible and not attempts.on_demand
+
+    def _next_offer(self, attempts: lifecycle.Attempts) -> tuple[Mapping[str, Any] | None, str]:
+        """The next offer to rent, with its bid under ``"bid"`` for a bid rental; or None and why."""
+        tried, bids = attempts.tried, self._bids(attempts)
         if self.offer_id is not None:
             offer_id = self._offer_id_int()
-            return None if offer_id in tried else {"id": offer_id}
+            if offer_id in tried:
+                return None, "no further matching offer"
+            if not bids:
+                return {"id": offer_id}, ""
         offers = self.hook.search_offers(
-            self.offer_filters,
-            offer_type=self.offer_type,
+            {"id": {"eq": self._offer_id_int()}} if self.offer_id is not None else self.offer_filters,
+            offer_type="bid" if bids else self.offer_type,
             order=self.offer_order or [["dph_total", "asc"]],
-            limit=len(tried) + 10,
+            limit=len(tried) + len(attempts.lost_machines) + 10,
         )
+        skipped = ""
         for offer in offers:
             if offer.get("id") in tried or offer.get("rentable") is False:
                 continue
-            if self.max_dph is not None and (offer.get("dph_total") or 0) > self.max_dph:
+            if offer.get("machine_id") is not None and offer.get("machine_id") in attempts.lost_machines:
+                continue  # a preemption took this machine: never again
+            price = offer.get("dph_total") or 0
+            if bids:
+                bid, skipped = interruptible_rentals.bid_for(offer, self.bidding.max_bid)
+                if bid is None:
+                    continue
+                offer, price = {**offer, "bid": bid}, bid
+            if self.max_dph is not None and price > self.max_dph:
                 continue
-            return offer
-        return None
+            return offer, ""
+        return None, "no further matching offer" + (f" (the last one refused: {skipped})" if skipped else "")
 
     # --- the guarded rental ------------------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
@@ -217,7 +290,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
             rental = self._adopt_earlier_rental(context)
             if rental is not None:
                 return self._wait_and_finish(context, rental)
-            return self._rent(context, tried=[], reasons=[])
+            return self._rent(context, lifecycle.Attempts())
 
     def execute_complete(self, context: Any, event: dict[str, Any], **_: Any) -> Any:
         """Resume after the trigger fired. Everything needed comes in the event (``dag.test()`` passes no defer
@@ -254,38 +327,43 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
             started = self._started_at if self._started_at is not None else time.time()
         return started + self.execution_timeout.total_seconds()
 
-    def _rent(self, context: Any, *, tried: list[int], reasons: list[str]) -> Any:
-        """Create on the next untried offer and wait, failing over until max_offer_attempts offers were tried."""
-        while len(tried) < self.max_offer_attempts:
-            offer = self._next_offer(tried)
+    def _rent(self, context: Any, attempts: lifecycle.Attempts) -> Any:
+        """Create on the next untried offer and wait, failing over until max_offer_attempts offers were tried (since
+        the last preemption)."""
+        while attempts.offers_this_round() < self.max_offer_attempts:
+            offer, why_not = self._next_offer(attempts)
             if offer is None:
-                reasons.append("no further matching offer")
+                attempts.reasons.append(why_not)
                 break
-            tried.append(int(offer["id"]))
-            rental = self._create(context, offer)
+            attempts.tried.append(int(offer["id"]))
+            rental = self._create(context, offer, attempts)
             if rental is None:
-                reasons.append(f"offer {offer['id']} was taken before creation")
+                attempts.reasons.append(f"offer {offer['id']} was taken before creation")
                 continue
-            rental.record_attempts(tried, reasons)
             return self._wait_and_finish(context, rental)
         raise AirflowException(
-            f"Could not get a working instance after trying {len(tried)} offer(s) (max_offer_attempts="
-            f"{self.max_offer_attempts}): {'; '.join(reasons) or 'no offer matched'}. Nothing is left running."
+            f"Could not get a working instance after trying {attempts.offers_this_round()} offer(s) "
+            f"(max_offer_attempts={self.max_offer_attempts}): {'; '.join(attempts.reasons) or 'no offer matched'}. "
+            "Nothing is left running."
         )
 
-    def _create(self, context: Any, offer: Mapping[str, Any]) -> lifecycle.Rental | None:
+    def _create(self, context: Any, offer: Mapping[str, Any], attempts: lifecycle.Attempts) -> lifecycle.Rental | None:
         key = self._rental_key(context)
         created_at = time.time()
         keepalive = self._keepalive_seconds()
         lease = self._lease_seconds() if keepalive is None else min(keepalive, self._lease_seconds())
         label = lifecycle.make_label(key, created_at + lease)
-        body = self._creation_body(label=label, base_url=self.hook.settings.base_url)
+        bid = offer.get("bid")
+        body = self._creation_body(
+            label=label, base_url=self.hook.settings.base_url, bid=bid, preemptions=attempts.preemptions
+        )
         self.log.info(
-            "Renting offer %s (%s x %s at $%s/h) with label %s",
+            "Renting offer %s (%s x %s at $%s/h%s) with label %s",
             offer["id"],
             offer.get("num_gpus", "?"),
             offer.get("gpu_name", "?"),
             offer.get("dph_total", "?"),
+            "" if bid is None else f" on demand; bidding ${bid}/h, interruptible, attempt {attempts.preemptions + 1}",
             label,
         )
         # Until the answer names the instance, a failure (or on_kill) looks for it by this label: the request may
@@ -310,6 +388,9 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
             lease_cap=created_at + self._lease_seconds(),
             ambiguous=bool(result.get("ambiguous")),
             key_digest=job_logs.key_digest(own_key) if (own_key := result.get("instance_api_key")) else None,
+            bid=bid,
+            machine_id=offer.get("machine_id"),
+            attempts=attempts,
         )
         if rental.ambiguous:
             self._destroy_duplicates(rental)
@@ -361,7 +442,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
                 wait_for=watch.wait_for,
                 poll_interval=self.poll_interval,
                 destroy_on_kill=True,
-                dph_total=rental.dph_total,
+                dph_total=rental.hourly_price,
                 boot_deadline=watch.boot_deadline,
                 deadline=deadline,
                 max_runtime=watch.max_runtime,
@@ -370,6 +451,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
                 lease_cap=watch.lease_cap,
                 log_interval=self._job_log_interval(),
                 key_digest=rental.key_digest,
+                outbid_wait_until=watch.outbid_wait_until,
                 resume=rental.to_resume(),
             ),
             method_name="execute_complete",
@@ -416,7 +498,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
                 instance_id,
                 watch.shown,
                 lifecycle.format_duration(rental.elapsed(now)),
-                lifecycle.estimated_cost(rental.dph_total, rental.elapsed(now)),
+                lifecycle.estimated_cost(rental.hourly_price, rental.elapsed(now)),
             )
             if event is not None:
                 if lifecycle.needs_final_read(event, pump):
@@ -463,8 +545,58 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
             self._log_daemon_tail(rental.instance_id)
             self._destroy(rental.instance_id)
             rental.give_up(sentence)
-            return self._rent(context, tried=rental.tried, reasons=rental.reasons)
+            return self._rent(context, rental.attempts)
+        if rental.bid is not None and lifecycle.preempted(event):
+            return self._after_preemption(context, rental, event)
         return self._complete(context, rental, event)
+
+    def _after_preemption(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any]) -> Any:
+        """A bid instance of this job was preempted: wait for it to win its machine back, or destroy it and rent
+        another (see ``interruptible``), or fail after ``max_preemptions``."""
+        sentence = lifecycle.describe_event(
+            {**event, "status": lifecycle.EventKind.PREEMPTED.value}, rental.instance_id
+        )
+        attempts, policy = rental.attempts, self.bidding
+        waited = bool(event.get("waited"))  # the wait for the bid ran out: that preemption was counted already
+        if not waited:
+            attempts.count_preemption()
+        self._log_status_msg(rental.instance_id)
+        self.log.warning("Preemption %d of at most %d: %s", attempts.preemptions, policy.max_preemptions, sentence)
+        over = attempts.preemptions > policy.max_preemptions
+        if policy.on_preemption == "wait" and not waited and not over and policy.max_outbid_wait > 0:
+            self.log.warning(
+                "Leaving instance %s up to %s to win its machine back (on_preemption='wait')",
+                rental.instance_id,
+                lifecycle.format_duration(policy.max_outbid_wait),
+            )
+            watch = self._watch(rental)
+            watch.outbid_wait_until = time.time() + policy.max_outbid_wait
+            watch.boot_deadline = watch.outbid_wait_until + self.boot_timeout
+            if self.deferrable:
+                self._defer(context, rental, watch)
+            return self._finish(context, rental, self._poll(rental, watch))
+        self._destroy(rental.instance_id)  # answered, or the task fails here: never two alive at once
+        attempts.lose_machine(rental.machine_id, sentence)
+        if over:
+            if not (policy.fallback_on_demand and not attempts.on_demand):
+                raise AirflowException(
+                    f"The job was preempted {attempts.preemptions} times, more than max_preemptions="
+                    f"{policy.max_preemptions}; every instance it rented is destroyed. Raise max_preemptions, set "
+                    "fallback_on_demand=True, or rent on demand (interruptible=False)."
+                )
+            self.log.warning("max_preemptions=%d reached: renting on demand from now on", policy.max_preemptions)
+            attempts.fall_back_to_on_demand()
+        return self._rent(context, attempts)
+
+    def _log_status_msg(self, instance_id: int) -> None:
+        """What the service says of a preempted instance, for the person reading the log (never parsed)."""
+        try:
+            instance = self.hook.find_instance(instance_id)
+        except GpuMarketError as exc:
+            self.log.info("Could not read the status message of instance %s (%s)", instance_id, exc)
+            return
+        if instance and instance.get("status_msg"):
+            self.log.warning("Instance %s: the service says %r", instance_id, instance.get("status_msg"))
 
     def _execution_timeout_is_binding(self, context: Any, rental: lifecycle.Rental, event: Mapping[str, Any]) -> bool:
         if event.get("limit") == lifecycle.MAX_RUNTIME:
@@ -511,12 +643,13 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
             "instance_id": rental.instance_id,
             "offer_id": rental.offer_id,
             "dph_total": rental.dph_total,
+            **({} if rental.bid is None else {"bid": rental.bid, "preemptions": rental.attempts.preemptions}),
             "gpu_name": rental.gpu_name,
             "label": rental.label,
             "actual_status": status,
             "ssh_host": rental.ssh_host,
             "elapsed_seconds": round(elapsed, 3),
-            "estimated_cost": lifecycle.estimated_cost(rental.dph_total, elapsed),
+            "estimated_cost": lifecycle.estimated_cost(rental.hourly_price, elapsed),
         }
 
 

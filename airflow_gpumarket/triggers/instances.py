@@ -47,6 +47,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         (``log_tail``, ``exit_status``). 0 (the default) reads nothing.
     :param key_digest: sha256 of the instance's key, so the key is masked in its output although the triggerer
         never holds it.
+    :param outbid_wait_until: epoch seconds until which a preempted bid instance is left to win its machine
+        back: any status but running or a failed host is waited through until then (see
+        ``airflow_gpumarket.operators.interruptible``).
     :param resume: state the deferring operator needs back, returned unchanged in every event under ``resume``
         (Airflow also passes the defer kwargs, but ``dag.test()`` drops them; carrying the state in the event
         works under both).
@@ -75,6 +78,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         shared_poller: bool = True,
         log_interval: float = 0.0,
         key_digest: str | None = None,
+        outbid_wait_until: float | None = None,
         resume: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -94,6 +98,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.shared_poller = shared_poller
         self.log_interval = log_interval
         self.key_digest = key_digest
+        self.outbid_wait_until = outbid_wait_until
         self.resume = resume
         self._fired = False  # an event was handed to Airflow: the task resumes and owns the instance again
 
@@ -117,6 +122,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 "shared_poller": self.shared_poller,
                 "log_interval": self.log_interval,
                 "key_digest": self.key_digest,
+                "outbid_wait_until": self.outbid_wait_until,
                 "resume": self.resume,
             },
         )
@@ -162,6 +168,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             label=self.label,
             keepalive=self.keepalive,
             lease_cap=self.lease_cap,
+            outbid_wait_until=self.outbid_wait_until,
         )
 
     @cached_property
