@@ -78,6 +78,8 @@ GOALS = {
     "exit3_deferred": "the same, deferred: the trigger reads the output, the exception names the exit status",
     "execution_timeout_deferred": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
     "execution_timeout_sync": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
+    "interruptible": "a deferred interruptible job outbid twice finishes on its third rental, on three machines, one "
+    "rental alive at a time, billed at its bids; 0 alive",
     # High availability (production shape only), each alone after the others: the fault touches every scenario.
     "triggerer_ha": "kill -9 the triggerer running a deferred job, no restart: the other resumes it; no destroy, "
     "one rental, every line in the task log, success, 0 alive",
@@ -97,6 +99,7 @@ DEFERRED_SCENARIOS = (
     "mark_failed_deferred",
     "execution_timeout_deferred",
     "exit3_deferred",
+    "interruptible",
 )
 
 
@@ -212,6 +215,11 @@ class Simulator:
 
     def get(self, path: str) -> Any:
         response = self.session.get(f"{self.url}{path}", timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def post(self, path: str, body: dict) -> Any:
+        response = self.session.post(f"{self.url}{path}", json=body, timeout=30)
         response.raise_for_status()
         return response.json()
 
@@ -383,7 +391,7 @@ def _system_offers() -> tuple[dict, ...]:
     return tuple(
         {"id": 700_000 + 10 * n + k, "gpu_name": f"sys-{name}", "dph_total": 1.0 + k / 10, "reliability": 0.99}
         for n, name in enumerate(GOALS)
-        for k in range(2)
+        for k in range(3 if name == "interruptible" else 2)  # a preemption never rents the same machine again
     )
 
 
@@ -1039,6 +1047,48 @@ def postgres_restart(s: Scenario) -> None:
     s.say(f"both tasks succeeded, every component healthy {time.time() - back:.0f} s after PostgreSQL came back")
 
 
+def interruptible(s: Scenario) -> None:
+    """The market outbids the job's instance twice while its command runs (the admin surface's outbid): the task
+    fails over in the triggerer each time and the third rental finishes the job."""
+    s.trigger()
+    outbid: list[int] = []
+
+    def next_running_job() -> dict | None:
+        for i in s.instances():
+            fresh = i["id"] not in outbid and i.get("actual_status") == "running" and not i["destroyed"]
+            if fresh and "run attempt=" in s.job_output(i["id"]):
+                return i
+        return None
+
+    for n in (1, 2):
+        instance = s.wait(f"rental {n}'s job running", 180, next_running_job)
+        s.h.sim.post(f"/_sim/instances/{instance['id']}/outbid", {})
+        outbid.append(instance["id"])
+        s.say(
+            f"outbid instance {instance['id']} (bid ${instance['bid_price']}/h on a ${instance['dph_total']}/h offer)"
+        )
+    s.expect_state("success", 240)
+    s.wait_all_destroyed()
+    s.h.sim.refresh()
+    rented = sorted(s.instances(), key=lambda i: i["created_at"])
+    if len(rented) != 3 or len({i["machine_id"] for i in rented}) != 3:
+        raise Miss(f"expected three rentals on three machines; found {[(i['id'], i['machine_id']) for i in rented]}")
+    overlaps = [
+        (a["id"], b["id"]) for a, b in zip(rented, rented[1:], strict=False) if b["created_at"] < a["destroyed_at"]
+    ]
+    if overlaps:
+        raise Miss(f"two rentals alive at once: {overlaps}")
+    finished = "finished on attempt 3" in s.job_output(rented[-1]["id"])
+    if not finished:
+        raise Miss("the third rental's job did not say 'finished on attempt 3'")
+    billed = sum(i["cost"] for i in rented)
+    on_demand = sum(i["compute_seconds"] * i["dph_total"] / 3600 for i in rented)
+    s.say(
+        f"3 rentals, one at a time; the ledger billed ${billed:.4f} (compute at the bids, plus storage); the same "
+        f"compute on demand: ${on_demand:.4f}"
+    )
+
+
 SCENARIOS: dict[str, Callable[[Scenario], None]] = {
     "deferred_happy": deferred_happy,
     "short_job_deferred": short_job,
@@ -1052,6 +1102,7 @@ SCENARIOS: dict[str, Callable[[Scenario], None]] = {
     "exit3_deferred": exit3,
     "execution_timeout_deferred": lambda s: execution_timeout(s, deferred=True),
     "execution_timeout_sync": lambda s: execution_timeout(s, deferred=False),
+    "interruptible": interruptible,
     "triggerer_ha": triggerer_ha,
     "scheduler_kill": scheduler_kill,
     "worker_kill": worker_kill,

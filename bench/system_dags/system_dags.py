@@ -28,6 +28,11 @@ TICKS = "for i in 1 2 3 4 5 6 7 8; do echo tick $i; sleep 2.5; done"
 #: A 3-second job that succeeds: no periodic read happens while it runs (default log_interval), so its three lines
 #: reach the task log only through the final read of the stopped instance.
 SHORT = 'echo "first $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo second; sleep 3; echo third'
+#: Finishes on its third run (after two preemptions); runs until killed on the others.
+THIRD_RUN_FINISHES = (
+    'echo "run attempt=$GPUMARKET_ATTEMPT"; [ "$GPUMARKET_ATTEMPT" -ge 3 ] || sleep 600; '
+    'echo "finished on attempt $GPUMARKET_ATTEMPT"'
+)
 #: Numbered lines over about 30 s: long enough for a triggerer to die mid-job and the other to take over.
 TICKS_30S = "for i in $(seq 1 12); do echo tick $i; sleep 2.5; done"
 
@@ -45,6 +50,7 @@ SCENARIOS: dict[str, tuple[bool, str, dict]] = {
     "exit3_deferred": (True, COMPUTED_THEN_EXIT_3, {}),
     "execution_timeout_deferred": (True, "sleep 600", {"execution_timeout": timedelta(seconds=25)}),
     "execution_timeout_sync": (False, "sleep 600", {"execution_timeout": timedelta(seconds=25)}),
+    "interruptible": (True, THIRD_RUN_FINISHES, {"interruptible": True}),
     "triggerer_ha": (True, TICKS_30S, {"log_interval": 3}),
     "scheduler_kill": (False, "sleep 30", {}),
     "worker_kill": (False, "sleep 100000", {"retries": 0}),
