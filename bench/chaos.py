@@ -3,7 +3,8 @@
 - 500 GpuMarketRunJobOperator lifecycles (8 at a time) against the simulator (its own process, clock 600x, onstart
   scripts really run), with 5xx, 429, dropped connections (before and after the create was processed),
   responses slower than the client's timeout, hosts ending exited/unknown/offline, offers rented away by
-  "someone else" in the background, and on_kill at random moments.
+  "someone else" in the background, and on_kill at random moments. A quarter of the jobs are interruptible (bid)
+  rentals, and the market outbids running bid instances at random (some of them win their machine back later).
 - 20 real Airflow task runs (`airflow dags test`) killed with SIGTERM mid-boot or mid-job.
 
 Seeded: the same seed draws the same world, jobs, kill times and fault probabilities (thread timing still
@@ -140,6 +141,7 @@ def classify(exc: BaseException) -> str:
         ("status 'stopped'", "job exited non-zero"),
         ("killed", "killed (on_kill)"),
         ("Could not get a working instance", "no working offer"),
+        ("more than max_preemptions", "preempted more than max_preemptions"),
         ("DESTROY FAILED", "destroy failed"),
         ("status 'exited'", "host failed mid-job"),
         ("status 'unknown'", "host failed mid-job"),
@@ -159,6 +161,16 @@ def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
 
     rng = random.Random(f"chaos-{seed}-{i}")
     command = rng.choices(["echo ok", "echo failing; exit 3", "sleep 0.3; echo done"], [0.7, 0.15, 0.15])[0]
+    bids = rng.random() < 0.25
+    if bids:  # long enough for the market to outbid it now and then
+        command = rng.choice(["sleep 0.5; echo done", "sleep 0.5; exit 3"])
+        bidding = {
+            "interruptible": True,
+            "max_preemptions": rng.choice([1, 2]),
+            "on_preemption": rng.choice(["failover", "wait"]),
+            "max_outbid_wait": rng.choice([0.3, 1.0]),
+            "fallback_on_demand": rng.random() < 0.3,
+        }
     op = GpuMarketRunJobOperator(
         task_id=f"chaos_{i}",
         offer_filters={"gpu_name": {"eq": rng.choice(GPUS)}},
@@ -169,6 +181,7 @@ def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
         max_offer_attempts=4,
         max_runtime=60,
         deferrable=False,
+        **(bidding if bids else {}),
     )
     ctx = {"run_id": f"chaos-{seed}-{i}", "ti": SimpleNamespace(try_number=1, map_index=-1)}
     key = lc.rental_key(op.dag_id or "", ctx["run_id"], op.task_id, -1)
@@ -208,6 +221,23 @@ def vanish_offers(sim: Simulator, stop: threading.Event, seed: int, counter: Cou
         except requests.RequestException as exc:
             counter["vanish call failed (harness)"] += 1
             print(f"chaos: the background renter's call failed: {exc!r}", file=sys.stderr)
+
+
+def outbid_at_random(sim: Simulator, stop: threading.Event, seed: int, counter: Counter) -> None:
+    """The market: now and then a higher bid takes the machine of a running bid instance; a third of those win
+    their machine back a little later."""
+    rng = random.Random(f"chaos-market-{seed}")
+    while not stop.wait(0.1):
+        try:
+            running = [i for i in sim.alive() if i.get("is_bid") and i.get("actual_status") == "running"]
+            if not running or rng.random() > 0.5:
+                continue
+            body = {"resume_after": rng.uniform(30, 300)} if rng.random() < 1 / 3 else {}
+            if sim.send("POST", f"/_sim/instances/{rng.choice(running)['id']}/outbid", body).status_code == 200:
+                counter["outbid by the market"] += 1
+        except requests.RequestException as exc:
+            counter["outbid call failed (harness)"] += 1
+            print(f"chaos: the market's call failed: {exc!r}", file=sys.stderr)
 
 
 def sigterm_runs(sim: Simulator, runs: int, seed: int) -> tuple[int, int, int]:
@@ -287,10 +317,13 @@ def main() -> int:
         stop = threading.Event()
         vanisher = threading.Thread(target=vanish_offers, args=(sim, stop, args.seed, faults), daemon=True)
         vanisher.start()
+        market = threading.Thread(target=outbid_at_random, args=(sim, stop, args.seed, faults), daemon=True)
+        market.start()
         with ThreadPoolExecutor(args.workers) as pool:
             results = list(pool.map(lambda i: lifecycle(i, args.seed, sim, faults), range(args.lifecycles)))
         stop.set()
         vanisher.join()
+        market.join()
         sim.send("DELETE", "/_sim/faults")
         killed, sigterm_leaked, stuck = sigterm_runs(sim, args.sigterm_runs, args.seed)
 
