@@ -8,6 +8,8 @@ from typing import Any
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.operators.interruptible import job_env
+from airflow_gpumarket.utils import is_templated
 
 #: Creation fields whose templated (Jinja) value cannot be checked before rendering (plain text fields can).
 TYPED_FIELDS = tuple(field.name for field in api.CREATION_FIELDS if not field.text)
@@ -56,3 +58,61 @@ def takes_creation_fields(init: Any) -> Any:
     ]
     init.__signature__ = signature.replace(parameters=[*params, *fields, var_keyword])
     return init
+
+
+class CreationBody:
+    """The renting operator's part that writes what a create sends: the creation fields, the job wrapper's script
+    for a ``command``, and for an interruptible rental its bid and the run's attempt number. Mixed into
+    ``GpuMarketRentingBaseOperator``."""
+
+    instance: dict[str, Any]
+    command: Any
+    export_env_to_ssh: bool
+    interruptible: bool
+
+    def _creation_fields(self, base_url: str | None = None) -> dict[str, Any]:
+        """The fields sent; without ``base_url`` (a check before the connection is read) a command's script is
+        written only when it might not fit."""
+        fields = dict(self.instance)
+        if self.command is not None and not (base_url is None and self._script_certainly_fits()):
+            fields["onstart"] = self._job_script(base_url or "https://api.example.invalid")
+        return fields
+
+    def _script_certainly_fits(self) -> bool:
+        from airflow_gpumarket.job_script import certainly_fits
+
+        return (
+            isinstance(self.command, str)
+            and not self.export_env_to_ssh
+            and certainly_fits(self.command, stop_on_success=self._stops_on_success())
+        )
+
+    def _job_script(self, base_url: str) -> str | None:
+        from airflow_gpumarket.job_script import build_job_onstart
+
+        env = self.instance.get("env")
+        if is_templated(self.command) or is_templated(env):
+            return None  # checked after rendering, before anything is rented
+        names = sorted(api.env_variables(env or {})) if self.export_env_to_ssh else []
+        return build_job_onstart(
+            self.command,  # type: ignore[arg-type]
+            base_url=base_url,
+            export_env=names,
+            stop_on_success=self._stops_on_success(),
+        )
+
+    def _stops_on_success(self) -> bool:
+        """Whether the job wrapper stops the instance after exit 0 (so the end of its log can be read before this
+        task destroys it) rather than destroying it. Not for a job that nobody here waits for: a created
+        instance's command ends its billing for good (``GpuMarketCreateInstanceOperator``)."""
+        return False
+
+    def _creation_body(
+        self, *, label: str, base_url: str | None, bid: float | None = None, preemptions: int = 0
+    ) -> dict[str, Any]:
+        fields = self._creation_fields(base_url)
+        if bid is not None:
+            fields["price"] = bid
+        if self.interruptible:  # on demand too, after a fallback: the job still learns which run it is
+            fields["env"] = job_env(fields.get("env"), preemptions=preemptions)
+        return api.build_create_instance_body(label=label, **fields)

@@ -21,14 +21,19 @@ After ``max_preemptions`` the task fails with a sentence saying so, or rents on 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api
-from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket._compat import AirflowException
+from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.utils import duration_seconds
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
 #: The bid is the offer's ``min_bid`` plus this share of it, so that the smallest rise of the winning price does
 #: not outbid the instance at once; never above the cap (``max_bid``, and the offer's on-demand ``dph_total``).
@@ -104,3 +109,107 @@ def job_env(env: Any, *, preemptions: int) -> dict[str, str]:
 
 def _is_price(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+class PreemptionHandling:
+    """The renting operator's part for interruptible rentals: the checks of its settings, whether the next rental
+    bids, and what a preemption leads to. Mixed into ``GpuMarketRentingBaseOperator``, whose rental mechanism
+    (watch, wait, destroy, rent) it calls."""
+
+    interruptible: bool
+    bidding: BidPolicy
+    if TYPE_CHECKING:
+        hook: GpuMarketHook
+        log: Any
+        instance: dict[str, Any]
+        offer_id: Any
+        log_interval: float
+        boot_timeout: float
+        deferrable: bool
+        _wait_for: str
+
+        def _watch(self, rental: lifecycle.Rental) -> lifecycle.Watch: ...
+
+        def _defer(self, context: Any, rental: lifecycle.Rental, watch: lifecycle.Watch) -> None: ...
+
+        def _poll(self, rental: lifecycle.Rental, watch: lifecycle.Watch) -> dict: ...
+
+        def _finish(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any]) -> Any: ...
+
+        def _destroy(self, instance_id: int) -> None: ...
+
+        def _rent(self, context: Any, attempts: lifecycle.Attempts) -> Any: ...
+
+    def _validate_interruptible(self) -> None:
+        if not self.interruptible:
+            if self.bidding.max_bid is not None:
+                raise GpuMarketValidationError("max_bid", "applies to interruptible rentals: set interruptible=True")
+            return
+        if "price" in self.instance:
+            raise GpuMarketValidationError(
+                "price", "is the bid, which an interruptible rental makes itself from the offer; give max_bid instead"
+            )
+        if self.offer_id is not None and self.bidding.on_preemption == "failover":
+            raise GpuMarketValidationError(
+                "offer_id",
+                "pins one machine, which a preemption takes away: give offer_filters so the job can fail over to "
+                "another machine, or on_preemption='wait'",
+            )
+        if self._wait_for == lifecycle.WAIT_JOB and self.log_interval <= 0:
+            raise GpuMarketValidationError(
+                "log_interval",
+                "is 0, which turns log reads off, but an interruptible job needs the end of its log to tell a "
+                "preemption from its own stop (the wrapper's exit status line): give a log_interval > 0",
+            )
+
+    def _bids(self, attempts: lifecycle.Attempts) -> bool:
+        """Whether the next rental is a bid (interruptible, and not fallen back to on-demand)."""
+        return self.interruptible and not attempts.on_demand
+
+    def _after_preemption(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any]) -> Any:
+        """A bid instance of this job was preempted: wait for it to win its machine back, or destroy it and rent
+        another (see ``interruptible``), or fail after ``max_preemptions``."""
+        sentence = lifecycle.describe_event(
+            {**event, "status": lifecycle.EventKind.PREEMPTED.value}, rental.instance_id
+        )
+        attempts, policy = rental.attempts, self.bidding
+        waited = bool(event.get("waited"))  # the wait for the bid ran out: that preemption was counted already
+        if not waited:
+            attempts.count_preemption()
+        self._log_status_msg(rental.instance_id)
+        self.log.warning("Preemption %d of at most %d: %s", attempts.preemptions, policy.max_preemptions, sentence)
+        over = attempts.preemptions > policy.max_preemptions
+        if policy.on_preemption == "wait" and not waited and not over and policy.max_outbid_wait > 0:
+            self.log.warning(
+                "Leaving instance %s up to %s to win its machine back (on_preemption='wait')",
+                rental.instance_id,
+                lifecycle.format_duration(policy.max_outbid_wait),
+            )
+            watch = self._watch(rental)
+            watch.outbid_wait_until = time.time() + policy.max_outbid_wait
+            watch.boot_deadline = watch.outbid_wait_until + self.boot_timeout
+            if self.deferrable:
+                self._defer(context, rental, watch)
+            return self._finish(context, rental, self._poll(rental, watch))
+        self._destroy(rental.instance_id)  # answered, or the task fails here: never two alive at once
+        attempts.lose_machine(rental.machine_id, sentence)
+        if over:
+            if not (policy.fallback_on_demand and not attempts.on_demand):
+                raise AirflowException(
+                    f"The job was preempted {attempts.preemptions} times, more than max_preemptions="
+                    f"{policy.max_preemptions}; every instance it rented is destroyed. Raise max_preemptions, set "
+                    "fallback_on_demand=True, or rent on demand (interruptible=False)."
+                )
+            self.log.warning("max_preemptions=%d reached: renting on demand from now on", policy.max_preemptions)
+            attempts.fall_back_to_on_demand()
+        return self._rent(context, attempts)
+
+    def _log_status_msg(self, instance_id: int) -> None:
+        """What the service says of a preempted instance, for the person reading the log (never parsed)."""
+        try:
+            instance = self.hook.find_instance(instance_id)
+        except GpuMarketError as exc:
+            self.log.info("Could not read the status message of instance %s (%s)", instance_id, exc)
+            return
+        if instance and instance.get("status_msg"):
+            self.log.warning("Instance %s: the service says %r", instance_id, instance.get("status_msg"))

@@ -21,8 +21,9 @@ from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketOfferUnavailableError, GpuMarketValidationError
 from airflow_gpumarket.operators import interruptible as interruptible_rentals
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
-from airflow_gpumarket.operators.creation import TYPED_FIELDS, creation_fields, takes_creation_fields
+from airflow_gpumarket.operators.creation import TYPED_FIELDS, CreationBody, creation_fields, takes_creation_fields
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
+from airflow_gpumarket.operators.interruptible import PreemptionHandling
 from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, duration_seconds, is_templated, resolved_at_run_time
 
 #: A job's whole lease runs this long past its boot and run time limits.
@@ -31,7 +32,7 @@ JOB_LEASE_MARGIN_SECONDS = 15 * 60
 KEEPALIVE_POLLS = 3
 
 
-class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
+class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody, GpuMarketBaseOperator):
     """The one renting mechanism: offer choice, failover, labels, waiting, and destroy on every failure path.
 
     :param offer_id: rent exactly this offer (no failover to others).
@@ -140,66 +141,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
         self._validate(parse_time=True)
         self._validate_interruptible()
 
-    def _validate_interruptible(self) -> None:
-        if not self.interruptible:
-            if self.bidding.max_bid is not None:
-                raise GpuMarketValidationError("max_bid", "applies to interruptible rentals: set interruptible=True")
-            return
-        if "price" in self.instance:
-            raise GpuMarketValidationError(
-                "price", "is the bid, which an interruptible rental makes itself from the offer; give max_bid instead"
-            )
-        if self.offer_id is not None and self.bidding.on_preemption == "failover":
-            raise GpuMarketValidationError(
-                "offer_id",
-                "pins one machine, which a preemption takes away: give offer_filters so the job can fail over to "
-                "another machine, or on_preemption='wait'",
-            )
-        if self._wait_for == lifecycle.WAIT_JOB and self.log_interval <= 0:
-            raise GpuMarketValidationError(
-                "log_interval",
-                "is 0, which turns log reads off, but an interruptible job needs the end of its log to tell a "
-                "preemption from its own stop (the wrapper's exit status line): give a log_interval > 0",
-            )
-
     # --- validation ------------------------------------------------------------------------------------
-    def _creation_fields(self, base_url: str | None = None) -> dict[str, Any]:
-        """The fields sent; without ``base_url`` (a check before the connection is read) a command's script is
-        written only when it might not fit."""
-        fields = dict(self.instance)
-        if self.command is not None and not (base_url is None and self._script_certainly_fits()):
-            fields["onstart"] = self._job_script(base_url or "https://api.example.invalid")
-        return fields
-
-    def _script_certainly_fits(self) -> bool:
-        from airflow_gpumarket.job_script import certainly_fits
-
-        return (
-            isinstance(self.command, str)
-            and not self.export_env_to_ssh
-            and certainly_fits(self.command, stop_on_success=self._stops_on_success())
-        )
-
-    def _job_script(self, base_url: str) -> str | None:
-        from airflow_gpumarket.job_script import build_job_onstart
-
-        env = self.instance.get("env")
-        if is_templated(self.command) or is_templated(env):
-            return None  # checked after rendering, before anything is rented
-        names = sorted(api.env_variables(env or {})) if self.export_env_to_ssh else []
-        return build_job_onstart(
-            self.command,  # type: ignore[arg-type]
-            base_url=base_url,
-            export_env=names,
-            stop_on_success=self._stops_on_success(),
-        )
-
-    def _stops_on_success(self) -> bool:
-        """Whether the job wrapper stops the instance after exit 0 (so the end of its log can be read before this
-        task destroys it) rather than destroying it. Not for a job that nobody here waits for: a created
-        instance's command ends its billing for good (``GpuMarketCreateInstanceOperator``)."""
-        return False
-
     def _validate(self, *, parse_time: bool = False) -> None:
         """Every rule that can be checked. At parse time, fields still holding Jinja are checked after rendering
         (in ``execute``, before anything billable is sent)."""
@@ -235,21 +177,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
                 "offer_id", f"must be an offer id (integer), got {self.offer_id!r}"
             ) from None
 
-    def _creation_body(
-        self, *, label: str, base_url: str | None, bid: float | None = None, preemptions: int = 0
-    ) -> dict[str, Any]:
-        fields = self._creation_fields(base_url)
-        if bid is not None:
-            fields["price"] = bid
-        if self.interruptible:  # on demand too, after a fallback: the job still learns which run it is
-            fields["env"] = interruptible_rentals.job_env(fields.get("env"), preemptions=preemptions)
-        return api.build_create_instance_body(label=label, **fields)
-
     # --- offers ----------------------------------------------------------------------------------------
-    def _bids(self, attempts: lifecycle.Attempts) -> bool:
-        """Whether the next rental is a bid (interruptible, and not fallen back to on-demand)."""
-        return self.interruptible and not attempts.on_demand
-
     def _next_offer(self, attempts: lifecycle.Attempts) -> tuple[Mapping[str, Any] | None, str]:
         """The next offer to rent, with its bid under ``"bid"`` for a bid rental; or None and why."""
         tried, bids = attempts.tried, self._bids(attempts)
@@ -549,54 +477,6 @@ class GpuMarketRentingBaseOperator(RentalGuard, GpuMarketBaseOperator):
         if rental.bid is not None and lifecycle.preempted(event):
             return self._after_preemption(context, rental, event)
         return self._complete(context, rental, event)
-
-    def _after_preemption(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any]) -> Any:
-        """A bid instance of this job was preempted: wait for it to win its machine back, or destroy it and rent
-        another (see ``interruptible``), or fail after ``max_preemptions``."""
-        sentence = lifecycle.describe_event(
-            {**event, "status": lifecycle.EventKind.PREEMPTED.value}, rental.instance_id
-        )
-        attempts, policy = rental.attempts, self.bidding
-        waited = bool(event.get("waited"))  # the wait for the bid ran out: that preemption was counted already
-        if not waited:
-            attempts.count_preemption()
-        self._log_status_msg(rental.instance_id)
-        self.log.warning("Preemption %d of at most %d: %s", attempts.preemptions, policy.max_preemptions, sentence)
-        over = attempts.preemptions > policy.max_preemptions
-        if policy.on_preemption == "wait" and not waited and not over and policy.max_outbid_wait > 0:
-            self.log.warning(
-                "Leaving instance %s up to %s to win its machine back (on_preemption='wait')",
-                rental.instance_id,
-                lifecycle.format_duration(policy.max_outbid_wait),
-            )
-            watch = self._watch(rental)
-            watch.outbid_wait_until = time.time() + policy.max_outbid_wait
-            watch.boot_deadline = watch.outbid_wait_until + self.boot_timeout
-            if self.deferrable:
-                self._defer(context, rental, watch)
-            return self._finish(context, rental, self._poll(rental, watch))
-        self._destroy(rental.instance_id)  # answered, or the task fails here: never two alive at once
-        attempts.lose_machine(rental.machine_id, sentence)
-        if over:
-            if not (policy.fallback_on_demand and not attempts.on_demand):
-                raise AirflowException(
-                    f"The job was preempted {attempts.preemptions} times, more than max_preemptions="
-                    f"{policy.max_preemptions}; every instance it rented is destroyed. Raise max_preemptions, set "
-                    "fallback_on_demand=True, or rent on demand (interruptible=False)."
-                )
-            self.log.warning("max_preemptions=%d reached: renting on demand from now on", policy.max_preemptions)
-            attempts.fall_back_to_on_demand()
-        return self._rent(context, attempts)
-
-    def _log_status_msg(self, instance_id: int) -> None:
-        """What the service says of a preempted instance, for the person reading the log (never parsed)."""
-        try:
-            instance = self.hook.find_instance(instance_id)
-        except GpuMarketError as exc:
-            self.log.info("Could not read the status message of instance %s (%s)", instance_id, exc)
-            return
-        if instance and instance.get("status_msg"):
-            self.log.warning("Instance %s: the service says %r", instance_id, instance.get("status_msg"))
 
     def _execution_timeout_is_binding(self, context: Any, rental: lifecycle.Rental, event: Mapping[str, Any]) -> bool:
         if event.get("limit") == lifecycle.MAX_RUNTIME:
