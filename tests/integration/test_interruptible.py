@@ -27,8 +27,8 @@ class Outbidder:
     """Outbids each newly running bid instance whose command started, ``times`` times (with ``resume_after``: the
     bid wins again that many simulated seconds later)."""
 
-    def __init__(self, sim, times: int, resume_after: float | None = None) -> None:
-        self.sim, self.times, self.resume_after = sim, times, resume_after
+    def __init__(self, sim, times: int, resume_after: float | None = None, marker: str = "run attempt=") -> None:
+        self.sim, self.times, self.resume_after, self.marker = sim, times, resume_after, marker
         self.outbid: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -47,7 +47,7 @@ class Outbidder:
                 if instance["id"] in self.outbid or instance.get("actual_status") != "running":
                     continue
                 result = self.sim.onstart_result(instance["id"]) or {}
-                if result.get("running") and "run attempt=" in result.get("output", ""):
+                if result.get("running") and self.marker in result.get("output", ""):
                     self.sim.outbid(instance["id"], self.resume_after)
                     self.outbid.append(instance["id"])
 
@@ -138,3 +138,14 @@ def test_rule_a_failed_job_on_a_bid_instance_is_a_failure_not_a_preemption(sim):
     with pytest.raises(AirflowException, match="failed: the instance is in status 'stopped'"):
         job(command="exit 4", interruptible=True).execute(context())
     assert len(sim.state()["instances"]) == 1 and alive(sim) == []
+
+
+def test_the_interruptible_example_resumes_from_its_checkpoint_after_an_outbid(example_dag, sim, monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUMARKET_EXAMPLE_CHECKPOINT_URI", str(tmp_path))
+    with Outbidder(sim, times=1, marker="epoch 1 done"):
+        run = example_dag("example_gpumarket_interruptible").test()
+    assert run.state == "success", task_states(run)
+    outputs = [sim.onstart_result(i["id"])["output"] for i in sorted(sim.state()["instances"], key=lambda i: i["id"])]
+    resumed = [o for o in outputs if "attempt 2 (after 1 preemptions) resumes at epoch" in o]
+    assert resumed and "resumes at epoch 0" not in resumed[0] and "epoch 10 done" in resumed[0]
+    assert alive(sim) == []
