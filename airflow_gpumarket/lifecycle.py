@@ -314,6 +314,7 @@ class Watch:
         self.changed, self.status, self.shown = shown != self.shown, status, shown
         if status == api.STATUS_RUNNING:
             self.running_since = now if self.running_since is None else self.running_since
+        if status == api.STATUS_RUNNING or (api.is_booting(status) and self.outbid_wait_until is not None):
             self.outbid_wait_until = None  # the bid won again: the job runs again, and its next stop is judged anew
         return evaluate(
             wait_for=self.wait_for,
@@ -339,7 +340,9 @@ class Watch:
 
 
 #: Events after which a job's instance still exists, so the end of its log can be read (and is, in job mode).
-ENDS_WITH_LOG = (EventKind.JOB_FAILED, EventKind.TIMEOUT)
+#: A wait for an outbid instance that ran out reads the log too: the instance may have won its machine back, run
+#: the job to its end and stopped again between two reads.
+ENDS_WITH_LOG = (EventKind.JOB_FAILED, EventKind.TIMEOUT, EventKind.PREEMPTED)
 
 
 def ends_with_log(event: Mapping[str, Any]) -> bool:
@@ -372,6 +375,10 @@ def with_job_end(event: dict[str, Any], summary: Mapping[str, Any]) -> dict[str,
     log does not prove is never reported as a success.
     """
     event.update(summary)
+    if event.get("status") == EventKind.PREEMPTED.value and event.get("exit_status") is not None:
+        # A preempted run never prints the line: this one is the resumed run's, which ended unseen.
+        event["status"] = EventKind.JOB_FAILED.value
+        event.pop("waited", None)
     if event.get("status") == EventKind.JOB_FAILED.value and event.get("exit_status") == 0:
         event["status"] = EventKind.JOB_SUCCEEDED.value
     return event

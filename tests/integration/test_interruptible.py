@@ -118,9 +118,9 @@ def test_rule_on_preemption_wait_resumes_on_the_same_instance_when_the_bid_wins_
         f'echo "run attempt=$GPUMARKET_ATTEMPT"; [ -f {marker} ] && echo resumed && exit 0; touch {marker}; sleep 60'
     )
     op = job(command=command, interruptible=True, on_preemption="wait", max_outbid_wait=600)
-    with Outbidder(sim, times=1, resume_after=30):
+    with Outbidder(sim, times=1, resume_after=600):  # 1 s at 600x: the task sees it stopped, then back
         result = op.execute(context())
-    assert result["job_status"] == "succeeded"
+    assert result["job_status"] == "succeeded" and result["preemptions"] == 1  # the task saw the outbid, and waited
     (instance,) = sim.state()["instances"]
     assert "resumed" in sim.onstart_result(instance["id"])["output"]
     assert alive(sim) == []

@@ -98,7 +98,15 @@ def test_rule_an_outbid_instance_left_to_wait_is_waited_through_until_max_outbid
     assert watch.observe(60.0, status="scheduling") is None
     assert watch.observe(100.0, status="stopped") == {"status": "preempted", "actual_status": "stopped", "waited": True}
     assert watch.observe(101.0, status="loading") is None  # the bid won: booting again is not a boot timeout
+    assert watch.outbid_wait_until is None  # back: its next stop is judged anew, even if no read sees it running
     assert watch.observe(102.0, status="running") is None
-    assert watch.outbid_wait_until is None  # running again: its next stop is judged anew
     assert watch.observe(103.0, status="stopped") == {"status": "job_failed", "actual_status": "stopped"}
     assert watch.observe(104.0, status="offline")["status"] == "job_failed"  # a failed host is never waited for
+
+
+def test_rule_a_wait_for_the_bid_that_ran_out_ends_as_the_log_says_when_the_resumed_run_ended_unseen():
+    ran_out = {"status": "preempted", "actual_status": "stopped", "waited": True}
+    assert lifecycle.with_job_end(dict(ran_out), {"exit_status": 0, "log_read": True})["status"] == "job_succeeded"
+    assert lifecycle.with_job_end(dict(ran_out), {"exit_status": 2, "log_read": True})["status"] == "job_failed"
+    still = lifecycle.with_job_end(dict(ran_out), {"exit_status": None, "log_read": True})
+    assert still["status"] == "preempted" and lifecycle.preempted(still)
