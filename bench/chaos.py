@@ -349,7 +349,7 @@ def main() -> int:
             f"unclear: {unclear} (goal: 0)"
         )
         for outcome in (o for o in outcomes if o.startswith("UNCLEAR")):
-            print(f"    {outcome}")
+            print(f"R1   {outcome}")
         print(f"R1 leaked instances: {len(leaked) + sigterm_leaked} (goal: 0)")
         print(f"R1 double rentals: {doubles} (goal: 0)")
         print(
