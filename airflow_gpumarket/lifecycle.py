@@ -312,9 +312,9 @@ class Watch:
             status = self.status
         shown = "gone" if gone else repr(status)
         self.changed, self.status, self.shown = shown != self.shown, status, shown
-        if status == api.STATUS_RUNNING:
-            self.running_since = now if self.running_since is None else self.running_since
-        if status == api.STATUS_RUNNING or (api.is_booting(status) and self.outbid_wait_until is not None):
+        if status == api.STATUS_RUNNING and self.running_since is None:
+            self.running_since = now
+        if status == api.STATUS_RUNNING or api.is_booting(status):
             self.outbid_wait_until = None  # the bid won again: the job runs again, and its next stop is judged anew
         return evaluate(
             wait_for=self.wait_for,

@@ -22,7 +22,6 @@ class Offer(TypedDict, total=False):
     dlperf_per_dphtotal: float
     min_bid: float  # the lowest bid ($/h) an interruptible rental of this offer may make
     machine_id: int
-    bid: float  # not the service's: the bid an interruptible rental chose for this offer
 
 
 class Instance(TypedDict, total=False):

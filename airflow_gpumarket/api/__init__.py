@@ -116,6 +116,7 @@ from airflow_gpumarket.api.validation import (
     drop_none,
     env_variables,
     is_positive_int,
+    is_positive_number,
     pack_onstart,
     port_mappings,
     require_bid,

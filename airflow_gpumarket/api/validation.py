@@ -22,8 +22,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_positive_number(value: Any) -> bool:
+    return _is_number(value) and value > 0
+
+
 def require_positive_number(field: str, value: Any) -> None:
-    if not _is_number(value) or value <= 0:
+    if not is_positive_number(value):
         raise GpuMarketValidationError(field, f"must be a number greater than 0, got {value!r}")
 
 

@@ -91,9 +91,9 @@ def bid_for(offer: Mapping[str, Any], max_bid: float | None) -> tuple[float | No
     above the cap, gets no bid: a bid is never made without a price."""
     min_bid: Any = offer.get("min_bid")
     on_demand = offer.get("dph_total")
-    if not _is_price(min_bid):
+    if not api.is_positive_number(min_bid):
         return None, f"offer {offer.get('id')} shows no min_bid"
-    caps: list[float] = [cap for cap in (max_bid, on_demand) if _is_price(cap)]  # type: ignore[misc]
+    caps: list[float] = [cap for cap in (max_bid, on_demand) if api.is_positive_number(cap)]  # type: ignore[misc]
     if not caps:
         return None, f"offer {offer.get('id')} shows no on-demand price to cap the bid (set max_bid)"
     cap = min(caps)
@@ -105,10 +105,6 @@ def bid_for(offer: Mapping[str, Any], max_bid: float | None) -> tuple[float | No
 def job_env(env: Any, *, preemptions: int) -> dict[str, str]:
     """The creation's ``env`` with the run's attempt number and the preemptions before it."""
     return {**(env or {}), ATTEMPT_ENV: str(preemptions + 1), PREEMPTIONS_ENV: str(preemptions)}
-
-
-def _is_price(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
 class PreemptionHandling:

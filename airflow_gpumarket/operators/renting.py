@@ -178,15 +178,15 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             ) from None
 
     # --- offers ----------------------------------------------------------------------------------------
-    def _next_offer(self, attempts: lifecycle.Attempts) -> tuple[Mapping[str, Any] | None, str]:
-        """The next offer to rent, with its bid under ``"bid"`` for a bid rental; or None and why."""
+    def _next_offer(self, attempts: lifecycle.Attempts) -> tuple[Mapping[str, Any] | None, float | None, str]:
+        """The next offer to rent and its bid (None on demand); or no offer, and why."""
         tried, bids = attempts.tried, self._bids(attempts)
         if self.offer_id is not None:
             offer_id = self._offer_id_int()
             if offer_id in tried:
-                return None, "no further matching offer"
+                return None, None, "no further matching offer"
             if not bids:
-                return {"id": offer_id}, ""
+                return {"id": offer_id}, None, ""
         offers = self.hook.search_offers(
             {"id": {"eq": self._offer_id_int()}} if self.offer_id is not None else self.offer_filters,
             offer_type="bid" if bids else self.offer_type,
@@ -199,16 +199,16 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 continue
             if offer.get("machine_id") is not None and offer.get("machine_id") in attempts.lost_machines:
                 continue  # a preemption took this machine: never again
-            price = offer.get("dph_total") or 0
+            bid = None
             if bids:
                 bid, skipped = interruptible_rentals.bid_for(offer, self.bidding.max_bid)
                 if bid is None:
                     continue
-                offer, price = {**offer, "bid": bid}, bid
+            price = bid if bid is not None else offer.get("dph_total") or 0
             if self.max_dph is not None and price > self.max_dph:
                 continue
-            return offer, ""
-        return None, "no further matching offer" + (f" (the last one refused: {skipped})" if skipped else "")
+            return offer, bid, ""
+        return None, None, "no further matching offer" + (f" (the last one refused: {skipped})" if skipped else "")
 
     # --- the guarded rental ------------------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
@@ -259,12 +259,12 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         """Create on the next untried offer and wait, failing over until max_offer_attempts offers were tried (since
         the last preemption)."""
         while attempts.offers_this_round() < self.max_offer_attempts:
-            offer, why_not = self._next_offer(attempts)
+            offer, bid, why_not = self._next_offer(attempts)
             if offer is None:
                 attempts.reasons.append(why_not)
                 break
             attempts.tried.append(int(offer["id"]))
-            rental = self._create(context, offer, attempts)
+            rental = self._create(context, offer, bid, attempts)
             if rental is None:
                 attempts.reasons.append(f"offer {offer['id']} was taken before creation")
                 continue
@@ -275,13 +275,14 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             "Nothing is left running."
         )
 
-    def _create(self, context: Any, offer: Mapping[str, Any], attempts: lifecycle.Attempts) -> lifecycle.Rental | None:
+    def _create(
+        self, context: Any, offer: Mapping[str, Any], bid: float | None, attempts: lifecycle.Attempts
+    ) -> lifecycle.Rental | None:
         key = self._rental_key(context)
         created_at = time.time()
         keepalive = self._keepalive_seconds()
         lease = self._lease_seconds() if keepalive is None else min(keepalive, self._lease_seconds())
         label = lifecycle.make_label(key, created_at + lease)
-        bid = offer.get("bid")
         body = self._creation_body(
             label=label, base_url=self.hook.settings.base_url, bid=bid, preemptions=attempts.preemptions
         )
