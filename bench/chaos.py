@@ -161,8 +161,8 @@ def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
 
     rng = random.Random(f"chaos-{seed}-{i}")
     command = rng.choices(["echo ok", "echo failing; exit 3", "sleep 0.3; echo done"], [0.7, 0.15, 0.15])[0]
-    bids = rng.random() < 0.25
-    if bids:  # long enough for the market to outbid it now and then
+    bidding: dict = {}
+    if rng.random() < 0.25:  # long enough for the market to outbid it now and then
         command = rng.choice(["sleep 0.5; echo done", "sleep 0.5; exit 3"])
         bidding = {
             "interruptible": True,
@@ -181,7 +181,7 @@ def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
         max_offer_attempts=4,
         max_runtime=60,
         deferrable=False,
-        **(bidding if bids else {}),
+        **bidding,
     )
     ctx = {"run_id": f"chaos-{seed}-{i}", "ti": SimpleNamespace(try_number=1, map_index=-1)}
     key = lc.rental_key(op.dag_id or "", ctx["run_id"], op.task_id, -1)

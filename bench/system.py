@@ -93,14 +93,6 @@ GOALS = {
 ALONE = ("triggerer_restart", "triggerer_ha", "scheduler_kill", "worker_kill", "postgres_restart")
 #: The ones that need two schedulers, triggerers and Celery workers (skipped on the small shape).
 HA = ("triggerer_ha", "scheduler_kill", "worker_kill", "postgres_restart")
-DEFERRED_SCENARIOS = (
-    "deferred_happy",
-    "short_job_deferred",
-    "mark_failed_deferred",
-    "execution_timeout_deferred",
-    "exit3_deferred",
-    "interruptible",
-)
 
 
 class Miss(Exception):

@@ -31,7 +31,7 @@ with DAG("gpm_interruptible_decorated", start_date=datetime(2026, 1, 1), schedul
         attempt = int(os.environ["GPUMARKET_ATTEMPT"])
         print(f"run attempt={attempt}", flush=True)
         if attempt < 3:
-            time.sleep(60)
+            time.sleep(60)  # the job's work on its first two rentals: the test's outbid kills it
         return {"attempt": attempt, "preemptions": int(os.environ["GPUMARKET_PREEMPTIONS"])}
 
     train()
