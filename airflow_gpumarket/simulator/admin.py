@@ -59,6 +59,8 @@ class AdminRoutes:
             ("/_sim/instances/{instance_id}/onstart", ["GET"], w(self.onstart)),
             ("/_sim/instances/{instance_id}/outbid", ["POST"], w(self.outbid)),
             ("/_sim/offers/{offer_id}/fate", ["POST"], w(self.offer_fate)),
+            ("/_sim/offers/{offer_id}/competing-bid", ["POST"], w(self.competing_bid)),
+            ("/_sim/bid-drift", ["PUT"], w(self.bid_drift)),
             ("/_sim/offers/{offer_id}/vanish", ["POST"], w(self.vanish_offer)),
             ("/_sim/machines/{machine_id}/online", ["POST"], w(self.machine_online)),
             ("/_sim/pending-price-increases", ["POST"], w(self.add_pending)),
@@ -141,6 +143,20 @@ class AdminRoutes:
         fate: Any = (await _body(request)).get("fate")
         self.market.set_offer_fate(_path_id(request, "offer_id"), fate)
         return {"success": True}
+
+    async def competing_bid(self, request: Request) -> Any:
+        body = await _body(request)
+        if "price" not in body:
+            raise bad_request("price is required: someone else's bid for this machine in $/h, or null for nobody")
+        self.market.set_competing_bid(_path_id(request, "offer_id"), body["price"])
+        return {"success": True}
+
+    async def bid_drift(self, request: Request) -> Any:
+        body = await _body(request)
+        if "drift" not in body:
+            raise bad_request('drift is required: {"interval": seconds, "volatility": number} or null')
+        self.market.set_bid_drift(body["drift"])
+        return {"drift": body["drift"]}
 
     async def vanish_offer(self, request: Request) -> Any:
         self.market.vanish_offer(_path_id(request, "offer_id"))

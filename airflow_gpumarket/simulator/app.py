@@ -256,13 +256,13 @@ class ApiRoutes:
         """A new bid for an interruptible instance: the live service's errors for an unknown or on-demand one."""
         instance_id = _path_int(request, "instance_id", "no_such_instance", "Instance")
         price = rules.validate_change_bid(rules.parse_json(await request.body()))
-        with self.market.transaction() as (world, _):
+        with self.market.transaction() as (world, now):
             inst = world.live.get(instance_id)
             if inst is None:
                 raise ApiError(404, "no_such_instance", f"Instance {instance_id} does not exist or was destroyed")
             if inst.config.get("price") is None:
                 raise ApiError(400, "invalid_args", "Can't change price of on-demand contract.")
-            inst.config["price"] = price
+            world.change_bid(inst, price, now)
         return {"success": True}
 
     # --- host, serverless, account --------------------------------------------------------------------------

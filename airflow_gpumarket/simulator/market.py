@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from airflow_gpumarket.simulator.bidding import parse_drift
 from airflow_gpumarket.simulator.clock import SimClock
 from airflow_gpumarket.simulator.faults import Faults
 from airflow_gpumarket.simulator.logs import LogUploads
@@ -218,6 +219,16 @@ class Market:
     def outbid(self, instance_id: int, resume_after: float | None = None) -> None:
         with self.transaction() as (world, now):
             world.outbid(instance_id, now, resume_after)
+
+    def set_competing_bid(self, offer_id: int, price: float | None) -> None:
+        with self.transaction() as (world, now):
+            world.set_competing_bid(offer_id, price, now)
+
+    def set_bid_drift(self, drift: Any) -> None:
+        """``None`` or ``{"interval": s, "volatility": v}`` (see bidding.py); ValueError naming the field."""
+        parsed = parse_drift(drift)
+        with self.transaction() as (world, now):
+            world.bids.set_drift(parsed, now)
 
     def set_offer_fate(self, offer_id: int, fate: str) -> None:
         with self.transaction() as (world, _):

@@ -198,6 +198,16 @@ class MarketSimulator:
         """A higher bid takes a bid instance's machine (``POST /_sim/instances/{id}/outbid``): see docs/simulator.md."""
         self._market.outbid(instance_id, resume_after)
 
+    def set_competing_bid(self, offer_id: int, price: float | None) -> None:
+        """Someone else bids ``price`` $/h for the offer's machine (``POST /_sim/offers/{id}/competing-bid``): a bid
+        of ours below it is outbid at once and resumes by itself once it wins again. See docs/simulator.md."""
+        self._market.set_competing_bid(offer_id, price)
+
+    def set_bid_drift(self, interval: float | None, volatility: float = 0.3) -> None:
+        """Competing bids move on their own every ``interval`` simulated seconds (None: they stop moving), as
+        ``PUT /_sim/bid-drift``. See docs/simulator.md."""
+        self._market.set_bid_drift(None if interval is None else {"interval": interval, "volatility": volatility})
+
     def set_offer_fate(self, offer_id: int, fate: str) -> None:
         self._market.set_offer_fate(offer_id, fate)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpumarket.simulator import totp
+from airflow_gpumarket.simulator.bidding import MIN_BID_SHARE, BidMarket
 from airflow_gpumarket.simulator.errors import ApiError, bad_request
 from airflow_gpumarket.simulator.rules import DIRECT_RUNTYPES, SearchQuery, is_number, offer_matches
 
@@ -32,9 +33,6 @@ DEFAULT_DISK_GB = 8
 BOOT_SECONDS = (60.0, 300.0)
 #: A step of an instance's schedule that is no status: an outbid instance's bid wins again (see ``World.outbid``).
 RESUME = "resume"
-#: An offer's minimum bid for an interruptible rental, as a share of its on-demand dph_total (the simulator's
-#: choice: public sources give no formula).
-MIN_BID_SHARE = 0.4
 #: A restart finds the image already on the host, so it only goes through a (shorter) loading phase.
 RESTART_LOADING_SECONDS = (20.0, 120.0)
 BACKUP_CODES_PER_REGENERATION = 10
@@ -107,10 +105,17 @@ class Offer:
     fate: str = "running"
     #: None, the id of our instance, or "other" (rented by someone else).
     rented_by: int | str | None = None
+    #: The highest bid of other renters for this machine (None: nobody bids); see bidding.py.
+    competing_bid: float | None = None
+
+    @property
+    def floor_bid(self) -> float:
+        return round(self.dph_total * MIN_BID_SHARE, 4)
 
     @property
     def min_bid(self) -> float:
-        return round(self.dph_total * MIN_BID_SHARE, 4)
+        """What wins this machine now: the host's floor, or more when someone else bids more."""
+        return max(self.floor_bid, self.competing_bid or 0.0)
 
     def view(self, machine_online: bool) -> dict[str, Any]:
         return {
@@ -159,6 +164,8 @@ class Instance:
     #: The market's last word on the instance (live: ``status_msg``), e.g. why it was stopped.
     status_msg: str | None = None
     outbids: int = 0
+    #: Stopped by the market until its bid is again the highest (it then resumes by itself); see ``settle_bid``.
+    awaiting_bid: bool = False
     #: The next ``running`` starts the onstart script again (a container that comes back after an outbid).
     rerun_onstart: bool = False
     destroyed_at: float | None = None
@@ -244,6 +251,7 @@ class World:
         tfa: dict[str, Any],
         list_limit: int,
         disk_price_per_gb_month: float,
+        bid_drift: tuple[float, float] | None,
     ) -> None:
         self.seed = seed
         self.start_time = start_time
@@ -262,6 +270,8 @@ class World:
         # Outcomes (boot times, ports, codes) draw from their own stream, so editing the world file does not
         # change them, and the same sequence of requests always gets the same outcomes.
         self.rng = random.Random(f"gpumarket-outcomes-{seed}")
+        self.bids = BidMarket(seed)
+        self.bids.set_drift(bid_drift, start_time)
         self.instances: dict[int, Instance] = {}
         self.live: dict[int, Instance] = {}
         self.instance_keys: dict[str, int] = {}
@@ -277,6 +287,12 @@ class World:
         """Bring every live instance's status and ledger up to ``now``."""
         if now <= self._last_update:
             return
+        for step_at in self.bids.steps_due(self._last_update, now):
+            for inst in list(self.live.values()):
+                self._advance(inst, step_at)
+            self.bids.step(self.offers.values())
+            for inst in list(self.live.values()):
+                self.settle_bid(inst, step_at)
         self._last_update = now
         for inst in list(self.live.values()):
             self._advance(inst, now)
@@ -285,8 +301,10 @@ class World:
         while inst.schedule and inst.schedule[0][0] <= t:
             at, status = inst.schedule.pop(0)
             self._account(inst, at)
-            if status == RESUME:
+            if status == RESUME and self._bid_wins(inst):
                 self._resume(inst, at)
+            elif status == RESUME:  # the admin's outbid is over, but a competing bid is higher still
+                inst.awaiting_bid = True
             else:
                 self._set_status(inst, status, at)
         self._account(inst, t)
@@ -392,6 +410,7 @@ class World:
         self.instance_keys[api_key] = inst.id
         if outbid_at_once(inst):  # made, but stopped: it lost to the machine's minimum before it ever ran
             config["target_state"] = "stopped"
+            inst.awaiting_bid = True
         if config["target_state"] == "stopped":
             self._set_status(inst, "stopped", now)
         else:
@@ -442,11 +461,16 @@ class World:
         """PUT state: stopped halts compute billing (disk continues); running boots it again."""
         self.update(now)
         inst.config["target_state"] = state
+        inst.awaiting_bid = False
         if state == "stopped":
             if inst.status != "stopped":
                 inst.schedule = []
                 self._set_status(inst, "stopped", now)
         elif inst.status == "stopped" or inst.status in FAILED_STATUSES:
+            if not self._bid_wins(inst):  # a start does not win the machine: the bid waits, stopped
+                self._take_machine(inst, now)
+                inst.awaiting_bid = True
+                return
             self._schedule_boot(inst, now, full=not inst.provisioned)
 
     def destroy(self, inst: Instance, now: float) -> None:
@@ -477,10 +501,9 @@ class World:
             self._set_status(inst, status, now)
 
     def outbid(self, instance_id: int, now: float, resume_after: float | None = None) -> None:
-        """A higher bid takes the machine of a bid instance: it stops at once (its processes killed, its disk kept;
-        storage bills on, compute does not), with ``intended_status``/``cur_state``/``next_state`` "stopped" and a
-        ``status_msg``. With ``resume_after`` (simulated seconds) its bid wins again then: it loads, runs, and its
-        onstart script runs again, as a container that comes back does."""
+        """A higher bid takes the machine of a bid instance (the admin's doing): see ``_take_machine``. The
+        machine stays taken until ``resume_after`` (simulated seconds; None: until destroyed), whatever the
+        competing bids do meanwhile."""
         inst = self.live.get(instance_id)
         if inst is None:
             raise KeyError(instance_id)
@@ -491,19 +514,67 @@ class World:
         self.update(now)
         if inst.status not in (None, "loading", "running"):
             raise ValueError(f"instance {instance_id} is {inst.status!r}: only a booting or running bid is outbid")
-        inst.outbids += 1
+        self._take_machine(inst, now)
+        if resume_after is not None:
+            inst.schedule = [(now + resume_after, RESUME)]
+
+    def change_bid(self, inst: Instance, price: float, now: float) -> None:
+        """``PUT /instances/bid_price/{id}/``: the new bid counts at once, both ways (see ``settle_bid``)."""
+        self.update(now)
+        inst.config["price"] = price
+        self.settle_bid(inst, now)
+
+    @staticmethod
+    def _bid_wins(inst: Instance) -> bool:
+        price = inst.config.get("price")
+        return price is None or price >= inst.offer.min_bid
+
+    def settle_bid(self, inst: Instance, now: float) -> None:
+        """After a bid or a competing bid changed: a booting or running bid that no longer wins its machine is
+        outbid (the market's doing: it comes back by itself once its bid wins again); a bid the market stopped
+        that wins again resumes. An instance the user stopped, or the admin outbid, is left as it is."""
+        if inst.config.get("price") is None:
+            return
+        wins = self._bid_wins(inst)
+        if not wins and inst.status in (None, "loading", "running") and inst.config["target_state"] == "running":
+            self._take_machine(inst, now)
+            inst.awaiting_bid = True
+        elif wins and inst.awaiting_bid and inst.status == "stopped":
+            self._resume(inst, now)
+
+    def _take_machine(self, inst: Instance, now: float) -> None:
+        """The bid instance stops at once: its processes killed, its disk kept (storage bills on, compute does
+        not), with ``intended_status``/``cur_state``/``next_state`` "stopped" and a ``status_msg``."""
+        if inst.status in (None, "loading", "running"):
+            inst.outbids += 1
         inst.config["target_state"] = "stopped"
+        inst.awaiting_bid = False
         inst.status_msg = "Outbid: a higher bid took this machine; stopped until your bid wins again."
-        inst.schedule = [] if resume_after is None else [(now + resume_after, RESUME)]
+        inst.schedule = []
         if inst.status == "running":
             self.events.append(("kill", inst.id))  # the market takes the machine: no grace for the script
         self._set_status(inst, "stopped", now)
 
     def _resume(self, inst: Instance, at: float) -> None:
+        """The bid wins again: it loads, runs, and its onstart script runs again, as a container that comes back
+        does."""
         inst.config["target_state"] = "running"
+        inst.awaiting_bid = False
         inst.status_msg = None
         inst.rerun_onstart = inst.first_running_at is not None
-        self._schedule_boot(inst, at, full=False)
+        self._schedule_boot(inst, at, full=not inst.provisioned)
+
+    def set_competing_bid(self, offer_id: int, price: float | None, now: float) -> None:
+        """Someone else now bids ``price`` ($/h) for this offer's machine (None: nobody); our bid on it is settled
+        at once."""
+        if price is not None and (not is_number(price) or price <= 0):
+            raise ValueError(f"price must be a number of $/h > 0 or null, got {price!r}")
+        offer = self.offers[offer_id]
+        self.update(now)
+        offer.competing_bid = None if price is None else float(price)
+        for inst in list(self.live.values()):
+            if inst.offer is offer:
+                self.settle_bid(inst, now)
 
     def set_offer_fate(self, offer_id: int, fate: str) -> None:
         if fate not in FATES:
@@ -689,6 +760,8 @@ class World:
             "created_at": inst.created_at,
             "destroyed_at": inst.destroyed_at,
             "first_running_at": inst.first_running_at,
+            "outbids": inst.outbids,
+            "awaiting_bid": inst.awaiting_bid,
             "fate": inst.fate,
             "doomed": inst.doomed,
             "cancel_unavail": inst.config.get("cancel_unavail", False),
@@ -710,7 +783,11 @@ class World:
             "disk_price_per_gb_month": self.disk_price_per_gb_month,
             "list_limit": self.list_limit,
             "machines": [m.view() for m in self.machines.values()],
-            "offers": [{**self.offer_view(o), "fate": o.fate, "rented_by": o.rented_by} for o in self.offers.values()],
+            "offers": [
+                {**self.offer_view(o), "fate": o.fate, "rented_by": o.rented_by, "competing_bid": o.competing_bid}
+                for o in self.offers.values()
+            ],
+            "bid_drift": None if self.bids.drift is None else self.bids.drift.view(),
             "templates": [dict(t) for t in self.templates.values()],
             "instances": [self.instance_admin_view(i) for i in self.instances.values()],
             "volume_asks": [dict(a) for a in self.volume_asks.values()],

@@ -10,8 +10,9 @@ import random
 from pathlib import Path
 from typing import Any
 
+from airflow_gpumarket.simulator.bidding import parse_drift
 from airflow_gpumarket.simulator.errors import ApiError
-from airflow_gpumarket.simulator.rules import parse_template_env
+from airflow_gpumarket.simulator.rules import is_number, parse_template_env
 from airflow_gpumarket.simulator.world import ENDPOINT_DEFAULTS, FATES, Machine, Offer, World
 
 DEFAULT_LIST_LIMIT = 50
@@ -35,6 +36,7 @@ WORLD_FILE_KEYS = frozenset(
         "user_id",
         "disk_price_per_gb_month",
         "list_limit",
+        "bid_drift",
         "machines",
         "offers",
         "templates",
@@ -147,6 +149,7 @@ def _generate(seed: int, start_time: float) -> dict[str, Any]:
         "templates": _default_templates(rng),
         "list_limit": DEFAULT_LIST_LIMIT,
         "disk_price_per_gb_month": DEFAULT_DISK_PRICE_PER_GB_MONTH,
+        "bid_drift": None,
         "api_keys": [
             _api_key(1, user_id, "api", "default", None, None, None),
             _api_key(2, user_id, "scoped", "ci-readonly", 31, "ml-platform", False),
@@ -344,6 +347,13 @@ def _endpoint(e: dict[str, Any], deployment_id: int | None, start_time: float) -
     }
 
 
+def _competing_bid(offer: dict[str, Any]) -> float | None:
+    price = offer.get("competing_bid")
+    if price is not None and (not is_number(price) or price <= 0):
+        raise ValueError(f"offer {offer.get('id')}: competing_bid must be a number of $/h > 0 or null")
+    return None if price is None else float(price)
+
+
 def _convert(data: dict[str, Any], start_time: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("start_time", "disk_price_per_gb_month"):
@@ -352,6 +362,8 @@ def _convert(data: dict[str, Any], start_time: float) -> dict[str, Any]:
     for key in ("user_id", "list_limit"):
         if key in data:
             out[key] = int(data[key])
+    if "bid_drift" in data:
+        out["bid_drift"] = parse_drift(data["bid_drift"])
     machines: dict[int, Machine] = {}
     if "machines" in data:
         for m in data["machines"]:
@@ -389,6 +401,7 @@ def _convert(data: dict[str, Any], start_time: float) -> dict[str, Any]:
                     listed=bool(o.get("rentable", True)) or o.get("rented_by") is not None,
                     fate=fate,
                     rented_by="other" if o.get("rented_by") is not None else None,
+                    competing_bid=_competing_bid(o),
                 )
             )
         out["offers"] = offers

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from .helpers import boot
 
 
@@ -308,57 +306,3 @@ def test_direct_runtypes_get_ports(api):
     )
     assert set(ssh["ports"]) == {"22/tcp"}
     assert set(jupyter["ports"]) == {"22/tcp", "8080/tcp", "9000/tcp"}
-
-
-# --- bids ----------------------------------------------------------------------------------------------------
-def test_offers_carry_a_min_bid_below_their_on_demand_price(api):
-    offer = api.cheapest()
-    assert 0 < offer["min_bid"] < offer["dph_total"]
-
-
-def test_a_bid_below_the_min_bid_still_makes_a_stopped_instance_and_answers_success_false(sim, api):
-    offer = api.cheapest()
-    body = api.create(offer["id"], {"image": "ubuntu:22.04", "price": offer["min_bid"] / 2})
-    assert body["success"] is False and "minimum bid" in body["msg"]
-    made = api.instance(body["new_contract"])
-    assert made["actual_status"] == "stopped" and made["is_bid"] is True
-    assert [i["id"] for i in sim.alive_instances()] == [body["new_contract"]]  # it bills storage until destroyed
-
-
-def test_a_bid_at_the_min_bid_rents_and_boots(sim, api):
-    offer = api.cheapest()
-    body = api.create(offer["id"], {"image": "ubuntu:22.04", "price": offer["min_bid"]})
-    assert body["success"] is True
-    sim.advance(400)
-    made = api.instance(body["new_contract"])
-    assert made["actual_status"] == "running" and made["bid_price"] == offer["min_bid"]
-
-
-def test_change_bid_sets_a_bid_instances_price(api):
-    offer = api.cheapest()
-    instance_id = api.create(offer["id"], {"image": "ubuntu:22.04", "price": 5.0})["new_contract"]
-    response = api.put(f"/api/v0/instances/bid_price/{instance_id}/", {"client_id": "me", "price": 6.5})
-    assert response.status_code == 200 and response.json() == {"success": True}
-    assert api.instance(instance_id)["bid_price"] == 6.5
-
-
-@pytest.mark.parametrize(
-    ("body", "status", "words"),
-    [
-        ({"client_id": "me", "price": 0}, 400, "price must be a number"),
-        ({"client_id": "me", "price": "high"}, 400, "price must be a number"),
-        ({"client_id": "you", "price": 1.0}, 400, "client_id"),
-    ],
-)
-def test_bad_change_bid_bodies_are_400_naming_the_field(api, body, status, words):
-    instance_id = api.create(body={"image": "ubuntu:22.04", "price": 5.0})["new_contract"]
-    response = api.put(f"/api/v0/instances/bid_price/{instance_id}/", body)
-    assert response.status_code == status and words in response.json()["msg"]
-
-
-def test_change_bid_of_an_on_demand_or_unknown_instance_is_refused_as_the_live_service_does(api):
-    instance_id = api.create()["new_contract"]
-    on_demand = api.put(f"/api/v0/instances/bid_price/{instance_id}/", {"client_id": "me", "price": 1.0})
-    assert on_demand.status_code == 400 and on_demand.json()["msg"] == "Can't change price of on-demand contract."
-    unknown = api.put("/api/v0/instances/bid_price/999/", {"client_id": "me", "price": 1.0})
-    assert unknown.status_code == 404 and unknown.json()["error"] == "no_such_instance"
