@@ -67,12 +67,13 @@ class GpuMarketQuotaExceededError(GpuMarketRateLimitError):
 
 class GpuMarketCreateRefusedError(GpuMarketError):
     """create_instance answered ``success: false`` and still made an instance, stopped (``new_contract``): a bid
-    below the machine's minimum does this. The hook destroys that instance before it raises; the message says
-    whether that worked."""
+    below the machine's minimum does this. The hook destroys that instance before it raises; ``destroyed`` (and the
+    message) say whether that worked."""
 
-    def __init__(self, message: str, *, new_contract: int, **kwargs) -> None:
+    def __init__(self, message: str, *, new_contract: int, destroyed: bool = False, **kwargs) -> None:
         super().__init__(message, **kwargs)
         self.new_contract = new_contract
+        self.destroyed = destroyed
 
 
 class GpuMarketServerError(GpuMarketError):

@@ -189,7 +189,7 @@ class GpuMarketHook(_GpuMarketHookBase):
 
     def _destroy_refused_create(self, refused: GpuMarketCreateRefusedError) -> NoReturn:
         """Destroy the stopped instance that a refused create made (it bills storage until then), then raise."""
-        fields = {"status_code": refused.status_code, "error": refused.error, "msg": refused.msg}
+        fields: dict[str, Any] = {"status_code": refused.status_code, "error": refused.error, "msg": refused.msg}
         try:
             self.destroy_instance(refused.new_contract)
         except GpuMarketError as exc:
@@ -203,6 +203,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         raise GpuMarketCreateRefusedError(
             f"{refused.message} It has been destroyed: nothing bills.",
             new_contract=refused.new_contract,
+            destroyed=True,
             operation="create_instance",
             **fields,
         ) from None

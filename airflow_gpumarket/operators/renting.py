@@ -18,7 +18,12 @@ from typing import Any
 
 from airflow_gpumarket import api, job_logs, lifecycle
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout
-from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketOfferUnavailableError, GpuMarketValidationError
+from airflow_gpumarket.exceptions import (
+    GpuMarketCreateRefusedError,
+    GpuMarketError,
+    GpuMarketOfferUnavailableError,
+    GpuMarketValidationError,
+)
 from airflow_gpumarket.operators import interruptible as interruptible_rentals
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.creation import TYPED_FIELDS, CreationBody, creation_fields, takes_creation_fields
@@ -265,8 +270,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 break
             attempts.tried.append(int(offer["id"]))
             rental = self._create(context, offer, bid, attempts)
-            if rental is None:
-                attempts.reasons.append(f"offer {offer['id']} was taken before creation")
+            if rental is None:  # nothing was made (or what was made is destroyed): the reason is in attempts
                 continue
             return self._wait_and_finish(context, rental)
         raise AirflowException(
@@ -303,6 +307,17 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         except GpuMarketOfferUnavailableError as exc:
             self._creating_label = None
             self.log.warning("Offer %s is no longer available (%s); trying the next one", offer["id"], exc.msg or exc)
+            attempts.reasons.append(f"offer {offer['id']} was taken before creation")
+            return None
+        except GpuMarketCreateRefusedError as exc:
+            # Not destroyed: the label stays set, and the failure path finds the instance by it and destroys it. A
+            # price of the user's own (not the operator's bid) is not retried on other offers: it fails as it is.
+            if not exc.destroyed or bid is None:
+                raise
+            self._creating_label = None
+            # The winning price of a bid market moves: it rose above the bid between the search and the create.
+            self.log.warning("Offer %s refused the bid of $%s/h (%s); trying the next one", offer["id"], bid, exc)
+            attempts.reasons.append(f"offer {offer['id']} refused the bid of ${bid}/h (its minimum rose)")
             return None
         self._instance_id = int(result["new_contract"])
         self._creating_label = None

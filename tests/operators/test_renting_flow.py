@@ -18,7 +18,7 @@ from fake_flows import FlowsOverMethods
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, TaskDeferred
-from airflow_gpumarket.exceptions import GpuMarketServerError
+from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketServerError
 from airflow_gpumarket.operators.instances import (
     GpuMarketCreateInstanceOperator,
     GpuMarketRunJobOperator,
@@ -427,6 +427,47 @@ def test_a_create_that_made_an_instance_and_then_failed_destroys_it_through_the_
     with pytest.raises(GpuMarketServerError):
         job(hook).execute(ctx())
     assert hook.destroyed == [1001] and hook.alive() == []
+
+
+class BidMarketHook(FakeHook):
+    """Bid offers (min_bid 0.2); a create on offer 1 is refused: the machine's minimum rose above the bid since the
+    search, and the service made the instance stopped. The hook destroyed it (``destroy_worked``) or could not."""
+
+    def __init__(self, scripts: dict[int, list], *, destroy_worked: bool) -> None:
+        super().__init__(scripts)
+        self.destroy_worked = destroy_worked
+
+    def search_offers(self, filters, *, offer_type="ondemand", order=None, limit=None):
+        offers = super().search_offers(filters, offer_type=offer_type, order=order, limit=limit)
+        return [{**o, "min_bid": 0.2, "machine_id": 500 + o["id"]} for o in offers]
+
+    def create_instance(self, offer_id, **body):
+        made = super().create_instance(offer_id, **body)
+        if offer_id != 1:
+            return made
+        if self.destroy_worked:
+            self.destroyed.append(made["new_contract"])
+        raise GpuMarketCreateRefusedError(
+            f"create_instance failed: the service answered success=false, yet made instance {made['new_contract']}",
+            new_contract=made["new_contract"],
+            destroyed=self.destroy_worked,
+            operation="create_instance",
+        )
+
+
+def test_rule_a_bid_refused_at_create_because_the_minimum_rose_tries_the_next_offer(task_log):
+    hook = BidMarketHook({1: ["running"], 2: [None, "running", DONE]}, destroy_worked=True)
+    result = job(hook, interruptible=True).execute(ctx())
+    assert result["job_status"] == "succeeded"
+    assert [i["offer_id"] for i in hook.instances.values()] == [1, 2] and hook.alive() == []
+    assert "Offer 1 refused the bid of $0.21/h" in task_log()
+
+
+def test_a_refused_bid_whose_instance_the_hook_could_not_destroy_fails_and_the_guard_destroys_it():
+    hook = BidMarketHook({1: ["stopped"], 2: ["running"]}, destroy_worked=False)
+    with pytest.raises(GpuMarketCreateRefusedError):
+        job(hook, interruptible=True).execute(ctx())
+    assert hook.destroyed == [1001] and hook.alive() == []  # found by the label it was created with
 
 
 def test_an_ambiguous_create_destroys_the_duplicate_the_retried_request_left():
