@@ -4,7 +4,8 @@
   scripts really run), with 5xx, 429, dropped connections (before and after the create was processed),
   responses slower than the client's timeout, hosts ending exited/unknown/offline, offers rented away by
   "someone else" in the background, and on_kill at random moments. A quarter of the jobs are interruptible (bid)
-  rentals, and the market outbids running bid instances at random (some of them win their machine back later).
+  rentals: the market outbids running bid instances at random (some of them win their machine back later), and
+  every machine's winning bid drifts, outbidding and resuming bid instances as it moves.
 - 20 real Airflow task runs (`airflow dags test`) killed with SIGTERM mid-boot or mid-job.
 
 Seeded: the same seed draws the same world, jobs, kill times and fault probabilities (thread timing still
@@ -38,6 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 GPUS = ["RTX 3090", "RTX 4090", "A100", "H100", "L40S"]
 FATES = ["running"] * 22 + ["exited", "unknown", "offline"]
+#: The winning bid of every machine moves every 2 simulated minutes (0.2 s at 600x): bids placed at min_bid + 5 %
+#: are outbid by rising prices, and those waiting for their bid resume when prices fall.
+BID_DRIFT = {"interval": 120, "volatility": 0.05}
 SPEED = 600  # the simulator's clock: simulated seconds per real second
 TIMEOUT = 1.0  # the client's request timeout; the slow-response fault exceeds it
 FAULTS = [
@@ -314,6 +318,7 @@ def main() -> int:
         faults: Counter = Counter()
         count_client_faults(faults)
         sim.send("PUT", "/_sim/faults", {"rules": FAULTS}).raise_for_status()
+        sim.send("PUT", "/_sim/bid-drift", {"drift": BID_DRIFT}).raise_for_status()
         stop = threading.Event()
         vanisher = threading.Thread(target=vanish_offers, args=(sim, stop, args.seed, faults), daemon=True)
         vanisher.start()
@@ -332,6 +337,7 @@ def main() -> int:
         hosts_failed = Counter(i["fate"] for i in instances if i["fate"] != "running")
         for fate, count in hosts_failed.items():
             faults[f"host ended {fate}"] = count
+        faults["outbid by a rising price"] = sum(i["outbids"] for i in instances) - faults["outbid by the market"]
         leaked = [i for i in instances if not i["destroyed"]]
         late = {i["id"] for r in results for i in r["alive_at_finish"]}
         billed_after = sum(i["cost"] for i in instances if i["id"] in late)  # everything they cost from then on

@@ -25,11 +25,24 @@ THIRD_RUN_FINISHES = (
 
 class Outbidder:
     """Outbids each newly running bid instance whose command started, ``times`` times (with ``resume_after``: the
-    bid wins again that many simulated seconds later)."""
+    bid wins again that many simulated seconds later).
 
-    def __init__(self, sim, times: int, resume_after: float | None = None, marker: str = "run attempt=") -> None:
+    ``by_market=False`` outbids through the admin surface; ``by_market=True`` as the market does, by a competing
+    bid for the instance's machine above its bid, which falls away again after ``resume_after``."""
+
+    def __init__(
+        self,
+        sim,
+        times: int,
+        resume_after: float | None = None,
+        marker: str = "run attempt=",
+        *,
+        by_market: bool = False,
+    ) -> None:
         self.sim, self.times, self.resume_after, self.marker = sim, times, resume_after, marker
+        self.by_market = by_market
         self.outbid: list[int] = []
+        self._falls_away: dict[int, float] = {}  # offer id -> when its competing bid goes
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -42,14 +55,32 @@ class Outbidder:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while not self._stop.wait(0.02) and len(self.outbid) < self.times:
-            for instance in self.sim.alive_instances():
-                if instance["id"] in self.outbid or instance.get("actual_status") != "running":
-                    continue
-                result = self.sim.onstart_result(instance["id"]) or {}
-                if result.get("running") and self.marker in result.get("output", ""):
-                    self.sim.outbid(instance["id"], self.resume_after)
-                    self.outbid.append(instance["id"])
+        while not self._stop.wait(0.02):
+            for offer_id, at in list(self._falls_away.items()):
+                if self.sim.now() >= at:
+                    self.sim.set_competing_bid(offer_id, None)
+                    del self._falls_away[offer_id]
+            if len(self.outbid) < self.times:
+                self._outbid_a_running_job()
+
+    def _outbid_a_running_job(self) -> None:
+        for instance in self.sim.alive_instances():
+            if instance["id"] in self.outbid or instance.get("actual_status") != "running":
+                continue
+            result = self.sim.onstart_result(instance["id"]) or {}
+            if not (result.get("running") and self.marker in result.get("output", "")):
+                continue
+            if self.by_market:
+                self.sim.set_competing_bid(instance["offer_id"], instance["bid_price"] * 1.5)
+                if self.resume_after is not None:
+                    self._falls_away[instance["offer_id"]] = self.sim.now() + self.resume_after
+            else:
+                self.sim.outbid(instance["id"], self.resume_after)
+            self.outbid.append(instance["id"])
+
+
+#: Both ways an instance is outbid: by the admin surface, and by a competing bid that rises above the job's bid.
+OUTBID_WAYS = pytest.mark.parametrize("by_market", [False, True], ids=["admin-outbid", "rising-price"])
 
 
 def assert_bid_rentals_one_at_a_time(sim, n: int) -> list[dict]:
@@ -65,9 +96,10 @@ def assert_bid_rentals_one_at_a_time(sim, n: int) -> list[dict]:
     return instances
 
 
-def test_rule_outbid_twice_the_job_fails_over_and_finishes_on_its_third_rental(sim, task_log):
+@OUTBID_WAYS
+def test_rule_outbid_twice_the_job_fails_over_and_finishes_on_its_third_rental(sim, task_log, by_market):
     op = job(command=THIRD_RUN_FINISHES, interruptible=True)
-    with Outbidder(sim, times=2):
+    with Outbidder(sim, times=2, by_market=by_market):
         result = op.execute(context())
     assert result["job_status"] == "succeeded"
     instances = assert_bid_rentals_one_at_a_time(sim, 3)
@@ -75,19 +107,19 @@ def test_rule_outbid_twice_the_job_fails_over_and_finishes_on_its_third_rental(s
     log = task_log()
     assert "run attempt=3 preemptions=2" in log
     assert "Preemption 2 of at most 3" in log
-    assert (
-        "the service says 'Outbid" in log
-    )  # status_msg, shown as said, never parsed  # status_msg, shown as said, never parsed
+    assert "the service says 'Outbid" in log  # status_msg, shown as said, never parsed
 
 
-@pytest.mark.parametrize("dag_id", ["gpm_interruptible_deferred", "gpm_interruptible_decorated"])
-def test_rule_outbid_twice_a_deferred_job_fails_over_and_finishes_on_its_third_rental(example_dag, sim, dag_id):
-    with Outbidder(sim, times=2):
+@pytest.mark.parametrize(
+    "dag_id", ["gpm_interruptible_deferred", "gpm_interruptible_decorated", "gpm_interruptible_decorated_sync"]
+)
+def test_rule_outbid_twice_a_dag_job_fails_over_and_finishes_on_its_third_rental(example_dag, sim, dag_id):
+    with Outbidder(sim, times=2, by_market=True):
         run = example_dag(dag_id).test()
     assert run.state == "success", task_states(run)
     instances = assert_bid_rentals_one_at_a_time(sim, 3)
     assert "attempt" in sim.onstart_result(instances[-1]["id"])["output"]
-    if dag_id == "gpm_interruptible_decorated":
+    if dag_id.startswith("gpm_interruptible_decorated"):
         (ti,) = run.get_task_instances()
         assert ti.xcom_pull(task_ids="train") == {"attempt": 3, "preemptions": 2}
 
@@ -112,17 +144,29 @@ def test_rule_fallback_on_demand_rents_on_demand_after_max_preemptions(sim):
     assert alive(sim) == []
 
 
-def test_rule_on_preemption_wait_resumes_on_the_same_instance_when_the_bid_wins_again(sim, tmp_path):
+@OUTBID_WAYS
+def test_rule_on_preemption_wait_resumes_on_the_same_instance_when_the_bid_wins_again(sim, tmp_path, by_market):
     marker = tmp_path / "checkpoint"  # the instance's disk survives an outbid: the job's own checkpoint
     command = (
         f'echo "run attempt=$GPUMARKET_ATTEMPT"; [ -f {marker} ] && echo resumed && exit 0; touch {marker}; sleep 60'
     )
     op = job(command=command, interruptible=True, on_preemption="wait", max_outbid_wait=600)
-    with Outbidder(sim, times=1, resume_after=600):  # 1 s at 600x: the task sees it stopped, then back
+    # 1 s at 600x: the task sees it stopped, then back
+    with Outbidder(sim, times=1, resume_after=600, by_market=by_market):
         result = op.execute(context())
     assert result["job_status"] == "succeeded" and result["preemptions"] == 1  # the task saw the outbid, and waited
     (instance,) = sim.state()["instances"]
     assert "resumed" in sim.onstart_result(instance["id"])["output"]
+    assert alive(sim) == []
+
+
+def test_rule_on_preemption_wait_in_deferred_mode_resumes_on_the_same_instance(example_dag, sim, monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUMARKET_TEST_MARKER", str(tmp_path / "checkpoint"))
+    with Outbidder(sim, times=1, resume_after=600, by_market=True):
+        run = example_dag("gpm_interruptible_wait_deferred").test()
+    assert run.state == "success", task_states(run)
+    (instance,) = sim.state()["instances"]
+    assert instance["outbids"] == 1 and "resumed" in sim.onstart_result(instance["id"])["output"]
     assert alive(sim) == []
 
 

@@ -21,17 +21,35 @@ with DAG("gpm_interruptible_deferred", start_date=datetime(2026, 1, 1), schedule
     GpuMarketRunJobOperator(task_id="train", command=THIRD_RUN_FINISHES, deferrable=True, **COMMON)
 
 
-with DAG("gpm_interruptible_decorated", start_date=datetime(2026, 1, 1), schedule=None, catchup=False) as decorated:
+for dag_id, deferrable in (("gpm_interruptible_decorated", True), ("gpm_interruptible_decorated_sync", False)):
+    with DAG(dag_id, start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
 
-    @task.gpumarket(deferrable=True, **COMMON)
-    def train() -> dict:
-        import os
-        import time
+        @task.gpumarket(deferrable=deferrable, **COMMON)
+        def train() -> dict:
+            import os
+            import time
 
-        attempt = int(os.environ["GPUMARKET_ATTEMPT"])
-        print(f"run attempt={attempt}", flush=True)
-        if attempt < 3:
-            time.sleep(60)  # the job's work on its first two rentals: the test's outbid kills it
-        return {"attempt": attempt, "preemptions": int(os.environ["GPUMARKET_PREEMPTIONS"])}
+            attempt = int(os.environ["GPUMARKET_ATTEMPT"])
+            print(f"run attempt={attempt}", flush=True)
+            if attempt < 3:
+                time.sleep(60)  # the job's work on its first two rentals: the test's outbid kills it
+            return {"attempt": attempt, "preemptions": int(os.environ["GPUMARKET_PREEMPTIONS"])}
 
-    train()
+        train()
+
+
+with DAG("gpm_interruptible_wait_deferred", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
+    # The instance's disk survives an outbid: a marker file there is the job's checkpoint. On resume the script
+    # runs again on the same instance, finds it, and finishes.
+    GpuMarketRunJobOperator(
+        task_id="train",
+        command=(
+            'echo "run attempt=$GPUMARKET_ATTEMPT"; [ -f "$GPUMARKET_TEST_MARKER" ] && echo resumed && exit 0; '
+            'touch "$GPUMARKET_TEST_MARKER"; sleep 60'
+        ),
+        env={"GPUMARKET_TEST_MARKER": os.environ.get("GPUMARKET_TEST_MARKER", "/tmp/gpm-wait-marker")},
+        deferrable=True,
+        on_preemption="wait",
+        max_outbid_wait=600,
+        **COMMON,
+    )
