@@ -72,6 +72,24 @@ def get_provider_info() -> dict:
                 "tags": ["service"],
             }
         ],
+        "extra-links": ["airflow_gpumarket.ui.links.GpuRentalLink"],
+        "plugins": [{"name": "gpumarket", "plugin-class": "airflow_gpumarket.ui.plugin.GpuMarketPlugin"}],
+        "config": {
+            "gpumarket": {
+                "description": "The GPU rentals page in the Airflow UI (Airflow 3.1+).",
+                "options": {
+                    "ui_connections": {
+                        "description": "Comma-separated ids of the connections whose instances the page lists. "
+                        "Empty: every connection of type gpumarket in the metadata database, plus "
+                        "gpumarket_default when it resolves from an environment variable or a secrets backend.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "gpumarket_default,gpumarket_team_b",
+                        "default": "",
+                    }
+                },
+            }
+        },
         "hooks": [
             {
                 "integration-name": INTEGRATION,

@@ -136,7 +136,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
         assert event is not None  # a job is always waited for
         kind = lifecycle.event_kind(event)
         if lifecycle.destroyed_itself(event):  # stopped after success, so gone means someone destroyed it
-            self._instance_id = None
+            self._forget(rental.instance_id)
             raise AirflowException(
                 f"instance {rental.instance_id} was destroyed before the function's return value was read from its "
                 "log (by hand, or by the reaper after its lease ran out); the value is lost"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketError
+from airflow_gpumarket.ui.records import RentalRecorder
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
@@ -59,6 +60,7 @@ class RentalGuard:
     _creating_label: str | None = None
     _killed = False
     _started_at: float | None = None
+    _recorder: RentalRecorder | None = None
 
     if TYPE_CHECKING:
         hook: GpuMarketHook
@@ -114,6 +116,13 @@ class RentalGuard:
         self.log.info(
             "Destroyed instance %s%s", instance_id, " (it was already gone)" if result.get("already_gone") else ""
         )
+        self._forget(instance_id)
+
+    def _forget(self, instance_id: int) -> None:
+        """The instance is gone (destroyed by this task, or by its own job): no longer this task's to destroy, and
+        its rental record ends."""
+        if self._recorder is not None:
+            self._recorder.end(instance_id)
         if self._instance_id == instance_id:
             self._instance_id = None
 

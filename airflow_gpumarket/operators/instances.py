@@ -43,6 +43,8 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
         self.wait_for_running = wait_for_running
         self.lease = duration_seconds("lease", lease)
 
+    _hands_over_its_instance = True
+
     def _should_wait(self) -> bool:
         return self.wait_for_running
 
@@ -131,13 +133,13 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         assert event is not None  # a job is always waited for
         succeeded = lifecycle.event_kind(event) is lifecycle.EventKind.JOB_SUCCEEDED
         if succeeded and lifecycle.destroyed_itself(event) and self._stops_on_success():
-            self._instance_id = None  # the wrapper stops after exit 0 here: somebody else destroyed it first
+            self._forget(rental.instance_id)  # the wrapper stops after exit 0 here: somebody else destroyed it
             raise AirflowException(
                 f"instance {rental.instance_id} was destroyed before the end of its job could be read (by hand, or "
                 "by the reaper after its lease ran out): the job's outcome and its last output are unknown"
             )
         if succeeded and lifecycle.destroyed_itself(event):
-            self._instance_id = None  # a 404 proved it: the instance destroyed itself, billing has ended
+            self._forget(rental.instance_id)  # a 404 proved it: the instance destroyed itself, billing has ended
         else:
             self._destroy(rental.instance_id)
         summary = self._summary(rental, event.get("actual_status"))

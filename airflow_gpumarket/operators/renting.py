@@ -29,6 +29,8 @@ from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.creation import TYPED_FIELDS, CreationBody, creation_fields, takes_creation_fields
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
 from airflow_gpumarket.operators.interruptible import PreemptionHandling
+from airflow_gpumarket.ui.links import GpuRentalLink
+from airflow_gpumarket.ui.records import RentalRecorder
 from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, duration_seconds, is_templated, resolved_at_run_time
 
 #: A job's whole lease runs this long past its boot and run time limits.
@@ -78,6 +80,9 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
     """
 
     template_fields: Sequence[str] = ("offer_id", "offer_filters", "offer_order", "max_dph", "command", "instance")
+    operator_extra_links = (GpuRentalLink(),)
+    #: The instance outlives the task, for later tasks of its DAG run (``GpuMarketCreateInstanceOperator``).
+    _hands_over_its_instance = False
     template_fields_renderers = {"instance": "json", "offer_filters": "json", "command": "bash"}
     ui_color = "#c9e7ff"
     _wait_for = lifecycle.WAIT_STATUS
@@ -219,9 +224,11 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
     def execute(self, context: Any) -> Any:
         self._started_at = time.time()
         self._validate()
+        self._recorder = RentalRecorder(context, self.log, self.gpumarket_conn_id)
         with self._destroy_on_failure():
             rental = self._adopt_earlier_rental(context)
             if rental is not None:
+                self._recorder.start(rental, handed_over=self._hands_over_its_instance)
                 return self._wait_and_finish(context, rental)
             return self._rent(context, lifecycle.Attempts())
 
@@ -231,6 +238,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         instance_id = event.get("instance_id") if isinstance(event, Mapping) else None
         if isinstance(instance_id, int):
             self._instance_id = instance_id  # whatever else is wrong with the event, the guard destroys it
+        self._recorder = RentalRecorder(context, self.log, self.gpumarket_conn_id)
         with self._destroy_on_failure():
             try:
                 lifecycle.event_kind(event)
@@ -240,6 +248,8 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             if rental.instance_id != instance_id:
                 raise AirflowException(f"Unexpected trigger event for instance {rental.instance_id}: {event!r}")
             rental.relabel(event.get("label"))  # the trigger's renewals came later
+            # Written when it was created, before the deferral.
+            self._recorder.start(rental, write=False, handed_over=self._hands_over_its_instance)
             event = dict(event)
             job_logs.show_held(event, self.log)
             return self._finish(context, rental, event)
@@ -336,6 +346,8 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             machine_id=offer.get("machine_id"),
             attempts=attempts,
         )
+        if self._recorder is not None:
+            self._recorder.start(rental, handed_over=self._hands_over_its_instance)
         if rental.ambiguous:
             self._destroy_duplicates(rental)
         return rental

@@ -1,0 +1,29 @@
+"""The "GPU rental" link of every renting task instance: its latest rental's row on the GPU rentals page.
+
+The renting task writes the row's address to its XCom when it rents (``records.URL_XCOM_KEY``); the link reads it
+back, so it works after the task ended, on the worker (Airflow 3 evaluates links when a task finishes) and in 2.11's
+webserver alike. The address is relative to the Airflow UI's base URL (no leading slash), so it works behind a
+reverse proxy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.common.compat.sdk import BaseOperatorLink, XCom
+
+from airflow_gpumarket._compat import is_airflow_2
+from airflow_gpumarket.ui.records import URL_XCOM_KEY
+
+
+class GpuRentalLink(BaseOperatorLink):
+    """Opens the task instance's latest rental on the GPU rentals page (Airflow 3; empty before it rented, and on
+    Airflow 2.11, which has no page)."""
+
+    name = "GPU rental"
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        if is_airflow_2():  # no page to open there (the rental is still recorded in the task's XComs)
+            return ""
+        url = XCom.get_value(key=URL_XCOM_KEY, ti_key=ti_key)
+        return url if isinstance(url, str) else ""
