@@ -28,6 +28,8 @@ _repo = Path(__file__).resolve().parent.parent
 for _source in [*(_repo / "example_dags").glob("*.py"), *(_repo / "tests" / "integration" / "dags").glob("*.py")]:
     shutil.copy(_source, _dags / _source.name)
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_dags)
+# The tests of the GPU rentals page sign users' tokens: a key as long as the signing algorithm wants.
+os.environ["AIRFLOW__API_AUTH__JWT_SECRET"] = "gpumarket-tests-" + "0" * 48
 if version("apache-airflow").startswith("2."):  # Airflow 2.11 refuses SQLite with its default LocalExecutor
     os.environ["AIRFLOW__CORE__EXECUTOR"] = "SequentialExecutor"
 

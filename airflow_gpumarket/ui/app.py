@@ -1,0 +1,193 @@
+"""The GPU rentals page's FastAPI app, mounted by the plugin in Airflow 3.1+'s api-server at ``/gpumarket``.
+
+Airflow does not protect a plugin's endpoints: each route here asks Airflow's auth manager itself. An anonymous
+request gets 401; a user sees the rentals of the DAGs they may read, and may destroy an orphan only of a DAG they
+may edit. Instances that no task recorded (no DAG to ask about) are shown to, and destroyable by, users who may
+read, respectively edit, every DAG. Connections are not filtered by Airflow's connection permission: the page
+never shows a connection's details, only the id an instance was listed through.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+from urllib.parse import urlencode, urlparse
+
+from airflow.api_fastapi.core_api.security import GetUserDep
+from fastapi import FastAPI, Form, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket.exceptions import GpuMarketError
+from airflow_gpumarket.ui import page, sources, spend
+
+DEFAULT_DAYS, MAX_DAYS = 7, 90
+Days = Annotated[int, Query(ge=1, le=MAX_DAYS)]
+
+
+class _Access:
+    """What one user may see and do, asked of Airflow's auth manager once per request."""
+
+    def __init__(self, user: Any) -> None:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        self.user = user
+        self.manager = get_auth_manager()
+        self.readable: set[str] = set(self.manager.get_authorized_dag_ids(user=user, method="GET"))
+        self.reads_all = self.manager.is_authorized_dag(method="GET", user=user)
+        self.edits_all = self.manager.is_authorized_dag(method="PUT", user=user)
+        self._edits: dict[str, bool] = {}
+
+    def sees(self, dag_id: str | None) -> bool:
+        return self.reads_all if dag_id is None else dag_id in self.readable
+
+    def may_destroy(self, row: spend.LiveRental) -> bool:
+        if not row.orphan_reason:
+            return False
+        if row.dag_id is None:
+            return bool(self.edits_all)
+        if row.dag_id not in self._edits:
+            from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+            self._edits[row.dag_id] = self.manager.is_authorized_dag(
+                method="PUT", details=DagDetails(id=row.dag_id), user=self.user
+            )
+        return self._edits[row.dag_id]
+
+
+def _view(access: _Access, days: int) -> tuple[list[spend.LiveRental], spend.Spend, list[str]]:
+    from airflow.utils.session import create_session
+
+    now = time.time()
+    errors: list[str] = []
+    listed: list[tuple[str, dict[str, Any]]] = []
+    with create_session() as session:
+        for conn_id in sources.connection_ids(session):
+            try:
+                listed += [(conn_id, i) for i in sources.listing(conn_id)]
+            except GpuMarketError as exc:
+                errors.append(f"Could not list the instances of connection {conn_id!r}: {exc}")
+        alive = {i["id"] for _, i in listed if isinstance(i.get("id"), int)}
+        rows = sources.records(session, since=now - days * 86400, instance_ids=alive)
+        tasks = sources.task_states(session, rows)
+    by_instance = {r.record["instance_id"]: r for r in sorted(rows, key=lambda r: r.record.get("created_at") or 0)}
+    live = [r for r in spend.live_rentals(listed, by_instance, tasks, now) if _belongs(r, access)]
+    seen = [r for r in rows if access.sees(r.dag_id)]
+    return live, spend.spend(seen, tasks, alive, now - days * 86400, now), errors
+
+
+def _belongs(row: spend.LiveRental, access: _Access) -> bool:
+    """An instance is on the page when its DAG is readable; one no task recorded only when it has this provider's
+    label (an orphan) and the user reads every DAG. Instances made by hand are not the page's business."""
+    if row.recorded is not None:
+        return access.sees(row.dag_id)
+    return row.orphan_reason is not None and access.sees(None)
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="GPU rentals", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/", response_class=HTMLResponse)
+    def rentals_page(
+        user: GetUserDep,
+        days: Days = DEFAULT_DAYS,
+        instance: int | None = None,
+        message: Annotated[str | None, Query(max_length=300)] = None,
+    ) -> HTMLResponse:
+        access = _Access(user)
+        live, totals, errors = _view(access, days)
+        html = page.render(
+            live=live,
+            spend=totals,
+            days=days,
+            target=instance,
+            can_destroy=access.may_destroy,
+            errors=errors,
+            message=message,
+        )
+        return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+
+    @app.get("/api/rentals")
+    def rentals_json(user: GetUserDep, days: Days = DEFAULT_DAYS) -> Any:
+        """The page's data as JSON (what the page shows this user)."""
+        access = _Access(user)
+        live, totals, errors = _view(access, days)
+        return JSONResponse(
+            {
+                "live": [_row_json(r, access) for r in live],
+                "spend": {
+                    "total": totals.total,
+                    "rentals": totals.rentals,
+                    "per_dag": totals.per_dag,
+                    "per_run": [{"dag_id": d, "run_id": r, "spend": v} for (d, r), v in totals.per_run.items()],
+                    "per_day": totals.per_day,
+                },
+                "errors": errors,
+            }
+        )
+
+    @app.post("/orphans/{conn_id}/{instance_id}/destroy")
+    def destroy_orphan(
+        request: Request,
+        conn_id: str,
+        instance_id: int,
+        user: GetUserDep,
+        confirm: Annotated[str, Form()] = "",
+        days: Days = DEFAULT_DAYS,
+    ) -> RedirectResponse:
+        _same_origin(request)
+        if confirm != str(instance_id):
+            raise HTTPException(400, f"confirm must repeat the instance id ({instance_id}) to destroy it")
+        access = _Access(user)
+        sources.forget_listing(conn_id)  # decide on a fresh listing, not a cached one
+        live, _, _ = _view(access, days)
+        row = next((r for r in live if r.instance_id == instance_id and r.conn_id == conn_id), None)
+        if row is None or not row.orphan_reason:
+            raise HTTPException(409, f"instance {instance_id} is not an orphan you can see (any more): not destroyed")
+        if not access.may_destroy(row):
+            raise HTTPException(403, f"you may not edit DAG {row.dag_id or '(every DAG)'}: not destroyed")
+        from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+        try:
+            GpuMarketHook(conn_id).destroy_instance(instance_id)
+        except GpuMarketError as exc:
+            raise HTTPException(502, f"destroying instance {instance_id} failed: {exc}") from None
+        sources.forget_listing(conn_id)
+        done = f"Destroyed instance {instance_id} ({row.orphan_reason})."
+        # Relative to this route (…/gpumarket/orphans/<conn>/<id>/destroy): back to the page behind any proxy.
+        return RedirectResponse("../../../?" + urlencode({"days": days, "message": done}), status_code=303)
+
+    return app
+
+
+def _same_origin(request: Request) -> None:
+    """A destroy comes from the page itself: a browser's Origin (or Referer) names this host. Another site's form
+    cannot use the user's Airflow cookie to destroy instances (cross-site request forgery)."""
+    origin = request.headers.get("origin") or request.headers.get("referer")
+    if origin is None:
+        return  # not a browser's cross-site form (those send Origin): an API client with its own token
+    if urlparse(origin).netloc != request.headers.get("host"):
+        raise HTTPException(403, "a destroy must come from the GPU rentals page itself (cross-site request refused)")
+
+
+def _row_json(row: spend.LiveRental, access: _Access) -> dict[str, Any]:
+    recorded = row.recorded
+    return {
+        "conn_id": row.conn_id,
+        "instance_id": row.instance_id,
+        "status": row.status,
+        "offer_id": row.offer_id,
+        "gpu_name": row.gpu_name,
+        "hourly_price": row.hourly_price,
+        "uptime_seconds": row.uptime_seconds,
+        "cost_so_far": row.cost_so_far,
+        "dag_id": recorded.dag_id if recorded else None,
+        "run_id": recorded.run_id if recorded else None,
+        "task_id": recorded.task_id if recorded else None,
+        "map_index": recorded.map_index if recorded else None,
+        "try_number": recorded.record.get("try_number") if recorded else None,
+        "task_state": row.task_state,
+        "orphan": row.orphan_reason,
+        "lease_until": (lifecycle.parse_label(row.label) or (None, None))[1],
+        "may_destroy": access.may_destroy(row),
+    }

@@ -1,0 +1,119 @@
+"""Where the GPU rentals page reads from, inside the api-server (Airflow 3.1+): the metadata database (the renting
+tasks' records, task and run states, connections of type ``gpumarket``) and the service (one paged listing per
+connection, through the hook and so through the same per-key budget as every other call, cached for a few seconds
+so that opening and refreshing the page never starves the triggerers)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from airflow_gpumarket.ui.records import RECORD_KEY_PREFIX, URL_XCOM_KEY, record_key
+from airflow_gpumarket.ui.spend import RecordRow, TaskState
+
+#: Seconds a connection's listing is reused for.
+LISTING_CACHE_SECONDS = 5.0
+#: The page's connections when configured (``[gpumarket] ui_connections``, comma-separated); else every connection
+#: of type ``gpumarket`` in the metadata database, and ``gpumarket_default`` if it resolves (an environment
+#: variable or a secrets backend).
+CONNECTIONS_OPTION = ("gpumarket", "ui_connections")
+
+_listings: dict[str, tuple[float, list[Any]]] = {}
+_listing_lock = threading.Lock()
+
+
+def connection_ids(session: Any) -> list[str]:
+    from airflow.configuration import conf
+    from airflow.models.connection import Connection
+    from sqlalchemy import select
+
+    configured = conf.get(*CONNECTIONS_OPTION, fallback="") or ""
+    if configured.strip():
+        return [c.strip() for c in configured.split(",") if c.strip()]
+    ids = set(session.scalars(select(Connection.conn_id).where(Connection.conn_type == "gpumarket")))
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    default = GpuMarketHook.default_conn_name
+    if default not in ids:
+        try:
+            Connection.get_connection_from_secrets(default)
+            ids.add(default)
+        except Exception:  # noqa: BLE001 - no default connection: nothing to add
+            pass
+    return sorted(ids)
+
+
+def listing(conn_id: str) -> list[Any]:
+    """The connection's instances, at most ``LISTING_CACHE_SECONDS`` old."""
+    now = time.monotonic()
+    with _listing_lock:
+        cached = _listings.get(conn_id)
+        if cached and now - cached[0] < LISTING_CACHE_SECONDS:
+            return cached[1]
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    instances = GpuMarketHook(conn_id).list_instances()
+    with _listing_lock:
+        _listings[conn_id] = (time.monotonic(), instances)
+    return instances
+
+
+def forget_listing(conn_id: str) -> None:
+    with _listing_lock:
+        _listings.pop(conn_id, None)
+
+
+def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[RecordRow]:
+    """Rental records written since ``since`` (epoch seconds), plus those of the given (live) instances, whenever
+    they were written."""
+    import datetime as dt
+
+    from airflow.models.xcom import XComModel
+    from sqlalchemy import or_, select
+
+    wanted = [record_key(i) for i in instance_ids]
+    since_dt = dt.datetime.fromtimestamp(since, dt.UTC)
+    query = select(XComModel).where(
+        XComModel.key.like(f"{RECORD_KEY_PREFIX}%"),
+        XComModel.key != URL_XCOM_KEY,
+        or_(XComModel.timestamp >= since_dt, XComModel.key.in_(wanted)),
+    )
+    rows = []
+    for xcom in session.scalars(query):
+        value = XComModel.deserialize_value(xcom)
+        if isinstance(value, dict) and isinstance(value.get("instance_id"), int):
+            rows.append(RecordRow(xcom.dag_id, xcom.run_id, xcom.task_id, xcom.map_index, value))
+    return rows
+
+
+def task_states(session: Any, rows: Iterable[RecordRow]) -> dict[tuple[str, str, str, int], TaskState]:
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy import select, tuple_
+
+    keys = {row.ti_key for row in rows}
+    if not keys:
+        return {}
+    query = (
+        select(
+            TaskInstance.dag_id,
+            TaskInstance.run_id,
+            TaskInstance.task_id,
+            TaskInstance.map_index,
+            TaskInstance.state,
+            TaskInstance.end_date,
+            DagRun.state,
+        )
+        .join(DagRun, (DagRun.dag_id == TaskInstance.dag_id) & (DagRun.run_id == TaskInstance.run_id))
+        .where(tuple_(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index).in_(keys))
+    )
+    states = {}
+    for dag_id, run_id, task_id, map_index, state, end_date, run_state in session.execute(query):
+        states[(dag_id, run_id, task_id, map_index)] = TaskState(
+            state=None if state is None else str(getattr(state, "value", state)),
+            end_date=end_date.timestamp() if end_date else None,
+            run_state=None if run_state is None else str(getattr(run_state, "value", run_state)),
+        )
+    return states

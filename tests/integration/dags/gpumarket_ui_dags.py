@@ -1,0 +1,21 @@
+"""DAGs for the GPU rentals page's tests: a job that ends (its rental recorded with its cost), and an instance
+handed to its DAG run that outlives the run (an orphan once the run ended)."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+from airflow.providers.common.compat.sdk import DAG
+
+from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
+
+POLL = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
+COMMON = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img", "poll_interval": POLL}
+
+with DAG("gpm_ui_job", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
+    GpuMarketRunJobOperator(task_id="train", command="echo trained", **COMMON)
+
+with DAG("gpm_ui_handover", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
+    # No teardown on purpose: the run ends with its instance still alive.
+    GpuMarketCreateInstanceOperator(task_id="rent", **COMMON)

@@ -1,0 +1,211 @@
+"""The GPU rentals page (Airflow 3.1+) in the real api-server app, and what renting tasks record for it.
+
+The page is Airflow's own FastAPI app with the provider's plugin mounted (as the api-server serves it), asked with
+the JWT cookie the UI sends, for users of the default SimpleAuthManager's roles. The browser test (``make
+ui-test``) clicks through the same page in a real deployment.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket.ui import records
+
+from .conftest import AIRFLOW_2, alive, task_states
+
+#: The page's tests; the records and the link work on every supported Airflow.
+page = pytest.mark.skipif(AIRFLOW_2, reason="the page is an Airflow 3.1+ UI plugin")
+
+
+def xcoms_of(run, task_id: str) -> dict:
+    from airflow.utils.session import create_session
+
+    if AIRFLOW_2:
+        from airflow.models.xcom import XCom
+
+        where = {"dag_id": run.dag_id, "run_id": run.run_id, "task_id": task_id}
+        with create_session() as session:
+            keys = [key for (key,) in session.query(XCom.key).filter_by(**where)]
+        return {key: XCom.get_one(key=key, **where) for key in keys}
+    from airflow.models.xcom import XComModel
+
+    with create_session() as session:
+        rows = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id).all()
+        return {row.key: XComModel.deserialize_value(row) for row in rows}
+
+
+@pytest.fixture
+def api_client(airflow_db, sim):
+    from airflow.api_fastapi.app import create_app, get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from fastapi.testclient import TestClient
+
+    from airflow_gpumarket.ui import sources
+
+    sources._listings.clear()
+    client = TestClient(create_app(apps="all"), base_url="http://airflow.test")
+
+    def as_user(role: str | None):
+        client.cookies.clear()
+        if role is not None:
+            token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=f"{role}-user", role=role))
+            client.cookies.set("_token", token)
+        return client
+
+    return as_user
+
+
+def test_a_job_records_its_rental_with_its_cost_and_the_link_to_its_row(example_dag, sim):
+    dag = example_dag("gpm_ui_job")
+    run = dag.test()
+    assert run.state == "success", task_states(run)
+    (instance,) = sim.state()["instances"]
+    stored = xcoms_of(run, "train")
+    record = stored[records.record_key(instance["id"])]
+    assert record["instance_id"] == instance["id"] and record["conn_id"] == "gpumarket_default"
+    assert record["ended_at"] >= record["created_at"] and record["cost"] > 0 and record["try_number"] == 1
+    assert stored[records.URL_XCOM_KEY] == f"gpumarket/?instance={instance['id']}#rental-{instance['id']}"
+    (link,) = dag.get_task("train").operator_extra_links
+    assert link.name == "GPU rental"
+    if AIRFLOW_2:  # the webserver asks the link; there is no page to open there
+        (ti,) = run.get_task_instances()
+        assert link.get_link(dag.get_task("train"), ti_key=ti.key) == ""
+    else:  # the task runner asked it as the task finished, and stored its answer for the UI
+        assert stored[link.xcom_key] == stored[records.URL_XCOM_KEY]
+    assert alive(sim) == []
+
+
+@page
+def test_anonymous_requests_get_nothing(api_client):
+    assert api_client(None).get("/gpumarket/").status_code == 401
+    assert api_client(None).get("/gpumarket/api/rentals").status_code == 401
+    assert (
+        api_client(None).post("/gpumarket/orphans/gpumarket_default/1/destroy", data={"confirm": "1"}).status_code
+        == 401
+    )
+
+
+def handed_over_run(example_dag, *, run_still_running: bool):
+    """A run whose CreateInstance task handed its instance over; the run ended (or is set back to running)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    run = example_dag("gpm_ui_handover").test()
+    assert run.state == "success", task_states(run)
+    if run_still_running:
+        with create_session() as session:
+            session.query(DagRun).filter_by(dag_id=run.dag_id, run_id=run.run_id).update({"state": "running"})
+    return run
+
+
+@page
+def test_rule_the_page_shows_a_live_rental_with_its_dag_run_task_and_cost(example_dag, sim, api_client):
+    run = handed_over_run(example_dag, run_still_running=True)
+    (instance,) = alive(sim)
+    data = api_client("viewer").get("/gpumarket/api/rentals").json()
+    (row,) = data["live"]
+    assert (row["instance_id"], row["dag_id"], row["run_id"], row["task_id"]) == (
+        instance["id"],
+        "gpm_ui_handover",
+        run.run_id,
+        "rent",
+    )
+    # The simulator's clock runs 600x ahead of the wall clock, which the page's "now" is: uptime and cost show 0.
+    assert row["orphan"] is None and row["cost_so_far"] == 0.0 and row["uptime_seconds"] == 0.0
+    assert row["hourly_price"] == instance["dph_total"]
+    assert row["try_number"] == 1 and row["status"] == "running"
+    html = api_client("viewer").get("/gpumarket/", params={"instance": instance["id"]}).text
+    assert f'<tr id="rental-{instance["id"]}" class="target">' in html and "gpm_ui_handover" in html
+    assert "Destroy</button>" not in html
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    GpuMarketHook().destroy_instance(instance["id"])
+
+
+@page
+def test_rule_an_orphan_is_destroyed_by_an_admin_after_confirming_and_never_by_a_viewer(example_dag, sim, api_client):
+    handed_over_run(example_dag, run_still_running=False)
+    (instance,) = alive(sim)
+    path = f"/gpumarket/orphans/gpumarket_default/{instance['id']}/destroy"
+
+    viewer = api_client("viewer").get("/gpumarket/api/rentals").json()["live"]
+    assert viewer[0]["orphan"] == "it was handed to its DAG run, which is success"
+    assert viewer[0]["may_destroy"] is False
+    assert "Destroy</button>" not in api_client("viewer").get("/gpumarket/").text
+    assert api_client("viewer").post(path, data={"confirm": str(instance["id"])}).status_code == 403
+    assert alive(sim) != []
+
+    admin = api_client("admin")
+    assert "Destroy</button>" in admin.get("/gpumarket/").text
+    assert admin.post(path, data={}).status_code == 400  # no confirmation
+    foreign = admin.post(path, data={"confirm": str(instance["id"])}, headers={"Origin": "http://evil.test"})
+    assert foreign.status_code == 403 and alive(sim) != []  # a cross-site form cannot use the cookie
+    done = admin.post(path, data={"confirm": str(instance["id"])}, follow_redirects=False)
+    assert done.status_code == 303 and done.headers["location"].startswith("../../../?")
+    assert alive(sim) == []
+
+
+@page
+def test_rule_an_instance_whose_lease_expired_is_an_orphan_even_unrecorded(sim, api_client):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    hook = GpuMarketHook()
+    offer = hook.search_offers({"num_gpus": {"gte": 1}}, limit=1)[0]
+    made = hook.create_instance(offer["id"], image="img", label=lifecycle.make_label("0123456789ab", time.time() - 60))
+    rows = api_client("viewer").get("/gpumarket/api/rentals").json()["live"]
+    assert [(r["instance_id"], r["dag_id"]) for r in rows] == [(made["new_contract"], None)]
+    assert rows[0]["orphan"].startswith("its lease expired at")
+    hook.create_instance(offer_id=hook.search_offers({"num_gpus": {"gte": 1}}, limit=1)[0]["id"], image="byhand")
+    assert len(api_client("viewer").get("/gpumarket/api/rentals").json()["live"]) == 1  # made by hand: not shown
+    for instance in alive(sim):
+        hook.destroy_instance(instance["id"])
+
+
+@page
+def test_rule_a_user_who_may_not_read_a_dag_sees_neither_its_rentals_nor_its_spend(
+    example_dag, sim, api_client, monkeypatch
+):
+    from airflow.api_fastapi.app import get_auth_manager
+
+    handed_over_run(example_dag, run_still_running=False)
+    (instance,) = alive(sim)
+    manager = get_auth_manager()
+    with monkeypatch.context() as m:  # an auth manager that lets this user read no DAG
+        m.setattr(manager, "get_authorized_dag_ids", lambda **_: set())
+        m.setattr(manager, "is_authorized_dag", lambda **_: False)
+        data = api_client("user").get("/gpumarket/api/rentals").json()
+        assert data["live"] == [] and data["spend"]["per_dag"] == {}
+        path = f"/gpumarket/orphans/gpumarket_default/{instance['id']}/destroy"
+        assert api_client("user").post(path, data={"confirm": str(instance["id"])}).status_code == 409
+    assert alive(sim) != []
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    GpuMarketHook().destroy_instance(instance["id"])
+
+
+@page
+def test_rule_spend_per_dag_and_per_run_comes_from_the_recorded_costs_with_a_plot(example_dag, sim, api_client):
+    def spend_now() -> dict:
+        return api_client("viewer").get("/gpumarket/api/rentals", params={"days": 1}).json()["spend"]
+
+    before = spend_now()["per_dag"].get("gpm_ui_job", 0.0)  # the test database holds earlier tests' runs too
+    runs = [example_dag("gpm_ui_job").test() for _ in range(2)]
+    costs = {
+        run.run_id: sum(
+            v["cost"]
+            for k, v in xcoms_of(run, "train").items()
+            if k.startswith(records.RECORD_KEY_PREFIX) and k != records.URL_XCOM_KEY
+        )
+        for run in runs
+    }
+    spend = spend_now()
+    assert spend["per_dag"]["gpm_ui_job"] == pytest.approx(before + sum(costs.values()))
+    assert {r["run_id"]: r["spend"] for r in spend["per_run"] if r["run_id"] in costs} == pytest.approx(costs)
+    html = api_client("viewer").get("/gpumarket/", params={"days": 1}).text
+    assert re.search(r"<svg[^>]*aria-label=\"GPU spend per day and DAG\"", html) and "gpm_ui_job" in html
+    assert api_client("viewer").get("/gpumarket/", params={"days": 0}).status_code == 422  # a bad window: said so
+    assert alive(sim) == []

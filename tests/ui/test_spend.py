@@ -1,0 +1,104 @@
+"""The GPU rentals page's rules, from plain inputs (no server, no database): which instance is whose, which are
+orphans, what was spent, and what the page shows to whom."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket.ui import page, records
+from airflow_gpumarket.ui.spend import RecordRow, TaskState, live_rentals, orphan_reason, spend
+
+NOW = 1_800_000_000.0
+KEY = "0123456789ab"
+LABEL = lifecycle.make_label(KEY, NOW + 600)
+
+
+def row(instance_id=1, *, created_at=NOW - 3600, cost=None, handed_over=False, run_id="run-1", dag_id="train_dag"):
+    record = records.started(
+        instance_id=instance_id,
+        conn_id="gpumarket_default",
+        offer_id=7,
+        gpu_name="RTX 4090",
+        hourly_price=0.5,
+        bid=None,
+        created_at=created_at,
+        try_number=1,
+        handed_over=handed_over,
+    )
+    if cost is not None:
+        record = {**record, "ended_at": created_at + 60, "cost": cost}
+    return RecordRow(dag_id, run_id, "train", -1, record)
+
+
+@pytest.mark.parametrize(
+    ("label", "recorded", "task", "reason"),
+    [
+        ("my own box", None, None, None),  # made by hand: never an orphan here
+        (lifecycle.make_label(KEY, NOW - 1), row(), TaskState("running"), "its lease expired at"),
+        (LABEL, None, None, "no task recorded renting it"),
+        (LABEL, row(), None, "the task that rented it is gone"),
+        (LABEL, row(), TaskState("running"), None),
+        (LABEL, row(), TaskState("deferred"), None),
+        (LABEL, row(), TaskState("up_for_retry"), None),
+        (LABEL, row(), TaskState("success"), "the task that rented it is success"),
+        (LABEL, row(), TaskState(None), "the task that rented it is cleared"),
+        (LABEL, row(handed_over=True), TaskState("success", run_state="running"), None),
+        (
+            LABEL,
+            row(handed_over=True),
+            TaskState("success", run_state="failed"),
+            "it was handed to its DAG run, which is failed",
+        ),
+    ],
+)
+def test_rule_an_orphan_is_a_labelled_instance_whose_lease_expired_or_whose_task_no_longer_holds_it(
+    label, recorded, task, reason
+):
+    found = orphan_reason(label, recorded, task, NOW)
+    assert found == reason if reason is None else found.startswith(reason)
+
+
+def test_a_live_rental_is_matched_to_its_task_through_its_record_and_priced_at_the_bid():
+    instance = {
+        "id": 1,
+        "actual_status": "running",
+        "label": LABEL,
+        "dph_total": 0.9,
+        "is_bid": True,
+        "bid_price": 0.4,
+        "start_date": NOW - 1800,
+        "gpu_name": "RTX 4090",
+        "num_gpus": 1,
+    }
+    (rental,) = live_rentals([("c", instance)], {1: row()}, {row().ti_key: TaskState("running")}, NOW)
+    assert (rental.dag_id, rental.task_state, rental.orphan_reason) == ("train_dag", "running", None)
+    assert rental.hourly_price == 0.4 and rental.uptime_seconds == 1800 and rental.cost_so_far == pytest.approx(0.2)
+
+
+def test_rule_spend_counts_rentals_created_in_the_window_at_their_recorded_cost_or_their_price_so_far():
+    rows = [
+        row(1, cost=0.25),  # ended: its recorded cost
+        row(2, run_id="run-2"),  # open and alive: 0.5 $/h for an hour so far
+        row(3, run_id="run-3", created_at=NOW - 7200),  # open, dead: until its task ended, 1 h after creation
+        row(4, created_at=NOW - 10 * 86400, cost=9.0),  # before the window
+        row(5, dag_id="other", cost=1.0),
+    ]
+    tasks = {("train_dag", "run-3", "train", -1): TaskState("failed", end_date=NOW - 3600)}
+    result = spend(rows, tasks, alive_ids={2}, window_start=NOW - 86400, now=NOW)
+    assert result.per_dag == {"train_dag": pytest.approx(0.25 + 0.5 + 0.5), "other": 1.0}
+    assert result.per_run[("train_dag", "run-1")] == 0.25 and result.rentals == 4
+    assert sum(sum(day.values()) for day in result.per_day.values()) == pytest.approx(result.total)
+
+
+def test_the_page_escapes_what_it_shows_and_offers_a_destroy_only_to_who_may():
+    instance = {"id": 1, "actual_status": "running", "label": LABEL, "dph_total": 0.5, "start_date": NOW - 60}
+    odd = row(run_id="<img src=x onerror=alert(1)>")
+    (orphan,) = live_rentals([("c", instance)], {1: odd}, {odd.ti_key: TaskState("success")}, NOW)
+    totals = spend([odd], {}, {1}, NOW - 86400, NOW)
+    for allowed in (True, False):
+        html = page.render(live=[orphan], spend=totals, days=1, target=1, can_destroy=lambda _, a=allowed: a)
+        assert "<img src=x" not in html and "&lt;img src=x" in html
+        assert ("Destroy</button>" in html) is allowed
+        assert ('action="orphans/c/1/destroy?days=1"' in html) is allowed
+    assert page.chart_svg({}) == "" and "<svg" in page.chart_svg(totals.per_day)
