@@ -62,12 +62,14 @@ def _view(access: _Access, days: int) -> tuple[list[spend.LiveRental], spend.Spe
     errors: list[str] = []
     listed: list[tuple[str, dict[str, Any]]] = []
     with create_session() as session:
-        for conn_id in sources.connection_ids(session):
-            try:
-                listed += [(conn_id, i) for i in sources.listing(conn_id)]
-            except GpuMarketError as exc:
-                errors.append(f"Could not list the instances of connection {conn_id!r}: {exc}")
-        alive = {i["id"] for _, i in listed if isinstance(i.get("id"), int)}
+        conn_ids = sources.connection_ids(session)
+    for conn_id in conn_ids:  # no database session held while the service answers
+        try:
+            listed += [(conn_id, i) for i in sources.listing(conn_id)]
+        except GpuMarketError as exc:
+            errors.append(f"Could not list the instances of connection {conn_id!r}: {exc}")
+    alive = {i["id"] for _, i in listed if isinstance(i.get("id"), int)}
+    with create_session() as session:
         rows = sources.records(session, since=now - days * 86400, instance_ids=alive)
         tasks = sources.task_states(session, rows)
     by_instance = {r.record["instance_id"]: r for r in sorted(rows, key=lambda r: r.record.get("created_at") or 0)}
@@ -92,7 +94,7 @@ def create_app() -> FastAPI:
         user: GetUserDep,
         days: Days = DEFAULT_DAYS,
         instance: int | None = None,
-        message: Annotated[str | None, Query(max_length=300)] = None,
+        destroyed: int | None = None,
     ) -> HTMLResponse:
         access = _Access(user)
         live, totals, errors = _view(access, days)
@@ -103,7 +105,7 @@ def create_app() -> FastAPI:
             target=instance,
             can_destroy=access.may_destroy,
             errors=errors,
-            message=message,
+            message=None if destroyed is None else f"Instance {destroyed} was destroyed.",
         )
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
@@ -153,9 +155,8 @@ def create_app() -> FastAPI:
         except GpuMarketError as exc:
             raise HTTPException(502, f"destroying instance {instance_id} failed: {exc}") from None
         sources.forget_listing(conn_id)
-        done = f"Destroyed instance {instance_id} ({row.orphan_reason})."
         # Relative to this route (…/gpumarket/orphans/<conn>/<id>/destroy): back to the page behind any proxy.
-        return RedirectResponse("../../../?" + urlencode({"days": days, "message": done}), status_code=303)
+        return RedirectResponse("../../../?" + urlencode({"days": days, "destroyed": instance_id}), status_code=303)
 
     return app
 
@@ -166,7 +167,8 @@ def _same_origin(request: Request) -> None:
     origin = request.headers.get("origin") or request.headers.get("referer")
     if origin is None:
         return  # not a browser's cross-site form (those send Origin): an API client with its own token
-    if urlparse(origin).netloc != request.headers.get("host"):
+    hosts = {request.headers.get("host"), request.headers.get("x-forwarded-host")}  # directly, or via a proxy
+    if urlparse(origin).netloc not in hosts:
         raise HTTPException(403, "a destroy must come from the GPU rentals page itself (cross-site request refused)")
 
 

@@ -145,8 +145,12 @@ def test_rule_an_orphan_is_destroyed_by_an_admin_after_confirming_and_never_by_a
     foreign = admin.post(path, data={"confirm": str(instance["id"])}, headers={"Origin": "http://evil.test"})
     assert foreign.status_code == 403 and alive(sim) != []  # a cross-site form cannot use the cookie
     done = admin.post(path, data={"confirm": str(instance["id"])}, follow_redirects=False)
-    assert done.status_code == 303 and done.headers["location"].startswith("../../../?")
+    assert done.status_code == 303 and done.headers["location"] == f"../../../?days=7&destroyed={instance['id']}"
     assert alive(sim) == []
+    assert (
+        f"Instance {instance['id']} was destroyed."
+        in admin.get("/gpumarket/?days=7&destroyed=" + str(instance["id"])).text
+    )
 
 
 @page
