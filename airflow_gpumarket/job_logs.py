@@ -142,6 +142,11 @@ def failure_detail(lines: Sequence[str], status: int | None) -> str:
     return "; ".join(parts)
 
 
+#: Lines a wait that finds the job already running shows of the log as it stands then (they may repeat lines an
+#: earlier wait showed; the earlier ones are not shown again).
+RESUMED_WAIT_LINES = 20
+
+
 class LogPump:
     """One wait's reading of a running job's log: when the next read is due, what each read adds to the task log
     (prefixed with the instance id), and how failed reads slow it down or turn it off.
@@ -172,7 +177,7 @@ class LogPump:
     def began(self, running: bool) -> None:
         """Take a status this wait read; only the first counts. A job already running then (this wait resumed on
         another triggerer, or a retry took the instance over) has printed lines that may have been shown before:
-        nothing records which, so the first read says how many of its lines may repeat."""
+        nothing records which, so the first read shows only the log's last ``RESUMED_WAIT_LINES`` lines, marked."""
         if self._began_running is None:
             self._began_running = running
 
@@ -191,19 +196,21 @@ class LogPump:
         self._next_at = now + self._wait
         new = self.follower.take(split_lines(text, complete_only=not final))
         prefix = f"[instance {self.instance_id}]"
+        if new and self._began_running and not self._said_repeats:
+            # Nothing records what the previous wait showed: show only the log's last few lines, marked.
+            self._said_repeats = True
+            left_out, new = max(0, len(new) - RESUMED_WAIT_LINES), new[-RESUMED_WAIT_LINES:]
+            return [
+                f"{prefix} (this wait found the job already running, after a triggerer restart or a retry that took "
+                f"the instance over: the {len(new)} lines below are the log's last, and may repeat lines shown "
+                f"before; {left_out} earlier lines are not shown again, the service keeps the whole log)",
+                *(f"{prefix} {_shown(line)}" for line in new),
+            ]
         out = [f"{prefix} {_shown(line)}" for line in new]
         if self.follower.skipped:
             out.insert(
                 0,
                 f"{prefix} ... (lines in between were not read: over {self.follower.window} lines since the last read)",
-            )
-        if new and self._began_running and not self._said_repeats:
-            self._said_repeats = True
-            out.insert(
-                0,
-                f"{prefix} (this wait found the job already running: after a triggerer restart or a retry that took "
-                f"the instance over, the {len(new)} lines below, the log as it stood then, may repeat lines shown "
-                "before)",
             )
         return out
 

@@ -227,8 +227,8 @@ def test_a_wait_that_finds_the_job_running_says_how_many_lines_may_repeat(
     make_trigger, monkeypatch, task_log, first, marked
 ):
     """A triggerer restart makes a new trigger, which cannot know what the old one forwarded: when the job was
-    already running at its first read, its first log read says how many of its lines may repeat; later reads
-    are new lines only, each once."""
+    already running at its first read, its first log read shows the log's last lines only, saying they may
+    repeat; later reads are new lines only, each once."""
     hook = FakeAsyncHook([first, "running", "running", "stopped"])
     hook.log_texts = ["a\nb\n", "a\nb\nc\n", "a\nb\nc\ngpumarket: job exited with status 0\n"]
     event = _run(make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=1e-9), hook, monkeypatch)
@@ -239,7 +239,18 @@ def test_a_wait_that_finds_the_job_running_says_how_many_lines_may_repeat(
     assert job_lines == ["a", "b", "c", "gpumarket: job exited with status 0"]
     assert len(notes) == (1 if marked else 0)
     if marked:
-        assert lines.index(notes[0]) == 0 and "the 2 lines below" in notes[0]
+        assert lines.index(notes[0]) == 0 and "the 2 lines below" in notes[0] and "0 earlier lines" in notes[0]
+
+
+def test_a_wait_that_finds_the_job_running_repeats_at_most_its_last_few_lines(make_trigger, monkeypatch, task_log):
+    hook = FakeAsyncHook(["running", "running", "stopped"])
+    printed = "".join(f"line {i}\n" for i in range(1, 101))
+    hook.log_texts = [printed, printed + "line 101\n", printed + "line 101\ngpumarket: job exited with status 0\n"]
+    event = _run(make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=1e-9), hook, monkeypatch)
+    text = task_log() + "\n".join(event.get("final_lines", []))
+    shown = re.findall(r"\[instance 7\] (line \d+)", text)
+    assert shown == [f"line {i}" for i in range(81, 102)]  # the last 20 of the first read, then each new line
+    assert "80 earlier lines are not shown again" in text
 
 
 def test_an_unreadable_final_log_is_not_a_success_and_says_what_was_lost(make_trigger, monkeypatch, task_log):
