@@ -482,6 +482,6 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def estimated_cost(dph_total: float | None, seconds: float) -> float | None:
+def estimated_cost(dph_total: float | None, seconds: float, *, digits: int = 4) -> float | None:
     """Compute cost so far at the offer's hourly price (disk charges, whose price is not shown, not included)."""
-    return None if dph_total is None else round(dph_total * max(0.0, seconds) / 3600.0, 4)
+    return None if dph_total is None else round(dph_total * max(0.0, seconds) / 3600.0, digits)

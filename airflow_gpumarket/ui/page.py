@@ -5,13 +5,12 @@ dialog, no assets: the page works inside the Airflow UI's iframe and behind a re
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Iterable
 from html import escape
 from urllib.parse import quote
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.ui.spend import LiveRental, Spend
+from airflow_gpumarket.ui.spend import LiveRental, Spend, utc_text
 
 #: Bar colours of the chart, one per DAG in turn.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
@@ -33,10 +32,6 @@ def _money(value: float | None) -> str:
 
 def _duration(seconds: float | None) -> str:
     return "—" if seconds is None else lifecycle.format_duration(seconds)
-
-
-def _utc(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _task_cell(row: LiveRental) -> str:
@@ -167,6 +162,6 @@ def render(
             )
             + "</table>",
             f'<p class="muted">Costs are estimates at the offer\'s price or the bid, from creation to destroy, from '
-            f"what each renting task recorded; shown at {_utc(spend.window_end)}.</p></body></html>",
+            f"what each renting task recorded; shown at {utc_text(spend.window_end)}.</p></body></html>",
         ]
     )

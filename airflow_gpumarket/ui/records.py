@@ -15,6 +15,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_gpumarket import lifecycle
+
 #: The XCom keys of a task instance's rental records: this prefix and the instance id.
 RECORD_KEY_PREFIX = "gpumarket_rental_"
 #: The XCom key of the page's row of the task instance's latest rental (what the "GPU rental" link opens).
@@ -60,19 +62,22 @@ def started(
     }
 
 
-def cost_between(record: Mapping[str, Any], start: float, end: float) -> float | None:
-    """What the rental cost from ``start`` to ``end`` at its hourly price (compute at the offer's price or the bid,
-    counted from creation: an upper bound, since a booting or stopped instance bills storage only)."""
+#: Digits a recorded cost keeps: a short job on a cheap offer costs fractions of a cent.
+COST_DIGITS = 6
+
+
+def price_of(record: Mapping[str, Any]) -> float | None:
+    """The record's hourly price, or None when it holds none (records are read back from XCom)."""
     price = record.get("hourly_price")
-    if not isinstance(price, int | float) or isinstance(price, bool):
-        return None
-    return round(max(0.0, end - start) / 3600.0 * float(price), 6)
+    return float(price) if isinstance(price, int | float) and not isinstance(price, bool) else None
 
 
 def ended(record: Mapping[str, Any], ended_at: float | None = None) -> dict[str, Any]:
-    """The record once its instance is destroyed: when, and what it cost."""
+    """The record once its instance is destroyed: when, and what it cost (at its hourly price from creation: an
+    upper bound, since a booting or stopped instance bills storage only)."""
     end = time.time() if ended_at is None else ended_at
-    return {**record, "ended_at": round(end, 3), "cost": cost_between(record, float(record["created_at"]), end)}
+    cost = lifecycle.estimated_cost(price_of(record), end - float(record["created_at"]), digits=COST_DIGITS)
+    return {**record, "ended_at": round(end, 3), "cost": cost}
 
 
 class RentalRecorder:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.ui.records import cost_between
+from airflow_gpumarket.ui.records import COST_DIGITS, price_of
 
 #: Task instance states in which a renting task still holds (or is about to hold) its rental.
 ACTIVE_TASK_STATES = frozenset(
@@ -96,7 +96,7 @@ def hourly_price_of(instance: Mapping[str, Any], record: Mapping[str, Any] | Non
     for value in (instance.get("bid_price") if instance.get("is_bid") else None, instance.get("dph_total")):
         if (price := _number(value)) is not None:
             return price
-    return _number(record.get("hourly_price")) if record else None
+    return price_of(record) if record else None
 
 
 def live_rentals(
@@ -127,7 +127,7 @@ def live_rentals(
                 num_gpus=instance.get("num_gpus"),
                 hourly_price=price,
                 uptime_seconds=None if start is None else max(0.0, now - start),
-                cost_so_far=None if start is None else cost_between({"hourly_price": price}, start, now),
+                cost_so_far=None if start is None else lifecycle.estimated_cost(price, now - start, digits=COST_DIGITS),
                 recorded=recorded,
                 task_state=task.state if task else None,
                 orphan_reason=orphan_reason(instance.get("label"), recorded, task, now),
@@ -145,7 +145,7 @@ def orphan_reason(label: Any, recorded: RecordRow | None, task: TaskState | None
         return None
     lease_until = parsed[1]
     if lease_until <= now:
-        return f"its lease expired at {_utc(lease_until)}"
+        return f"its lease expired at {utc_text(lease_until)}"
     if recorded is None:
         return "no task recorded renting it"
     if task is None:
@@ -195,12 +195,12 @@ def rental_cost(row: RecordRow, task: TaskState | None, alive: bool, now: float)
     if created is None:
         return None
     end = now if alive or task is None or task.end_date is None else task.end_date
-    return cost_between(row.record, created, end)
+    return lifecycle.estimated_cost(price_of(row.record), end - created, digits=COST_DIGITS)
 
 
 def _day(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d")
 
 
-def _utc(epoch: float) -> str:
+def utc_text(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
