@@ -42,7 +42,7 @@ from airflow_gpumarket.simulator.wire import (
     PATH_INSTANCE_FILTERS,
     WireLayer,
 )
-from airflow_gpumarket.simulator.world import outbid_at_once
+from airflow_gpumarket.simulator.world import bid_loses
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class ApiRoutes:
                 if self.live and exc.error in ("offer_unavailable", "no_such_ask"):
                     raise _live_offer_gone(offer_id, exc, fields.get("cancel_unavail", False)) from None
                 raise
-            if outbid_at_once(inst):
+            if bid_loses(inst):
                 return {
                     "success": False,
                     "new_contract": inst.id,

@@ -135,9 +135,9 @@ class Offer:
         }
 
 
-def outbid_at_once(inst: Instance) -> bool:
-    """A bid below the machine's minimum: the live service still makes the instance, stopped, and answers
-    ``success: false`` with its ``new_contract`` (public reports)."""
+def bid_loses(inst: Instance) -> bool:
+    """A bid instance whose bid is below its machine's minimum now. At creation the live service still makes it,
+    stopped, and answers ``success: false`` with its ``new_contract`` (public reports); later it is outbid."""
     price = inst.config.get("price")
     return price is not None and price < inst.offer.min_bid
 
@@ -301,7 +301,7 @@ class World:
         while inst.schedule and inst.schedule[0][0] <= t:
             at, status = inst.schedule.pop(0)
             self._account(inst, at)
-            if status == RESUME and self._bid_wins(inst):
+            if status == RESUME and not bid_loses(inst):
                 self._resume(inst, at)
             elif status == RESUME:  # the admin's outbid is over, but a competing bid is higher still
                 inst.awaiting_bid = True
@@ -408,7 +408,7 @@ class World:
         self.instances[inst.id] = inst
         self.live[inst.id] = inst
         self.instance_keys[api_key] = inst.id
-        if outbid_at_once(inst):  # made, but stopped: it lost to the machine's minimum before it ever ran
+        if bid_loses(inst):  # made, but stopped: it lost to the machine's minimum before it ever ran
             config["target_state"] = "stopped"
             inst.awaiting_bid = True
         if config["target_state"] == "stopped":
@@ -467,7 +467,7 @@ class World:
                 inst.schedule = []
                 self._set_status(inst, "stopped", now)
         elif inst.status == "stopped" or inst.status in FAILED_STATUSES:
-            if not self._bid_wins(inst):  # a start does not win the machine: the bid waits, stopped
+            if bid_loses(inst):  # a start does not win the machine: the bid waits, stopped
                 self._take_machine(inst, now)
                 inst.awaiting_bid = True
                 return
@@ -524,18 +524,13 @@ class World:
         inst.config["price"] = price
         self.settle_bid(inst, now)
 
-    @staticmethod
-    def _bid_wins(inst: Instance) -> bool:
-        price = inst.config.get("price")
-        return price is None or price >= inst.offer.min_bid
-
     def settle_bid(self, inst: Instance, now: float) -> None:
         """After a bid or a competing bid changed: a booting or running bid that no longer wins its machine is
         outbid (the market's doing: it comes back by itself once its bid wins again); a bid the market stopped
         that wins again resumes. An instance the user stopped, or the admin outbid, is left as it is."""
         if inst.config.get("price") is None:
             return
-        wins = self._bid_wins(inst)
+        wins = not bid_loses(inst)
         if not wins and inst.status in (None, "loading", "running") and inst.config["target_state"] == "running":
             self._take_machine(inst, now)
             inst.awaiting_bid = True
