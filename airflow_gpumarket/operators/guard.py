@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketError
-from airflow_gpumarket.ui.records import RentalRecorder
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.ui.records import RentalRecorder
 
 
 def destroy_rentals_on_failure(context: Any) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, job_logs, lifecycle
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout
@@ -30,8 +30,10 @@ from airflow_gpumarket.operators.creation import TYPED_FIELDS, CreationBody, cre
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
 from airflow_gpumarket.operators.interruptible import PreemptionHandling
 from airflow_gpumarket.ui.links import GpuRentalLink
-from airflow_gpumarket.ui.records import RentalRecorder
 from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, duration_seconds, is_templated, resolved_at_run_time
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.ui.records import RentalRecorder
 
 #: A job's whole lease runs this long past its boot and run time limits.
 JOB_LEASE_MARGIN_SECONDS = 15 * 60
@@ -224,7 +226,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
     def execute(self, context: Any) -> Any:
         self._started_at = time.time()
         self._validate()
-        self._recorder = RentalRecorder(context, self.log, self.gpumarket_conn_id)
+        self._recorder = self._new_recorder(context)
         with self._destroy_on_failure():
             rental = self._adopt_earlier_rental(context)
             if rental is not None:
@@ -238,7 +240,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         instance_id = event.get("instance_id") if isinstance(event, Mapping) else None
         if isinstance(instance_id, int):
             self._instance_id = instance_id  # whatever else is wrong with the event, the guard destroys it
-        self._recorder = RentalRecorder(context, self.log, self.gpumarket_conn_id)
+        self._recorder = self._new_recorder(context)
         with self._destroy_on_failure():
             try:
                 lifecycle.event_kind(event)
@@ -253,6 +255,12 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             event = dict(event)
             job_logs.show_held(event, self.log)
             return self._finish(context, rental, event)
+
+    def _new_recorder(self, context: Any) -> RentalRecorder:
+        """This run's writer of rental records (imported here, not when a DAG file is parsed)."""
+        from airflow_gpumarket.ui.records import RentalRecorder
+
+        return RentalRecorder(context, self.log, self.gpumarket_conn_id)
 
     def _execution_deadline(self, context: Any) -> float | None:
         """The epoch second at which ``execution_timeout`` ends, counted from the start of this try.

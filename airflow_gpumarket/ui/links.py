@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.providers.common.compat.sdk import BaseOperatorLink, XCom
+from airflow.providers.common.compat.sdk import BaseOperatorLink
 
 from airflow_gpumarket._compat import is_airflow_2
-from airflow_gpumarket.ui.records import URL_XCOM_KEY
 
 
 class GpuRentalLink(BaseOperatorLink):
@@ -25,5 +24,10 @@ class GpuRentalLink(BaseOperatorLink):
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
         if is_airflow_2():  # no page to open there (the rental is still recorded in the task's XComs)
             return ""
+        # Imported here: every DAG file with a renting operator imports this module when it is parsed.
+        from airflow.providers.common.compat.sdk import XCom
+
+        from airflow_gpumarket.ui.records import URL_XCOM_KEY
+
         url = XCom.get_value(key=URL_XCOM_KEY, ti_key=ti_key)
         return url if isinstance(url, str) else ""
