@@ -10,10 +10,13 @@ flow; ``GpuMarketHook`` (requests) and ``GpuMarketAsyncHook`` (httpx) differ onl
 
 from __future__ import annotations
 
+import contextlib
 import random
+import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from functools import cached_property
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -148,6 +151,10 @@ class _GpuMarketHookBase(BaseHook):
         self.gpumarket_conn_id = gpumarket_conn_id
         #: Whether this server has the live service's paged v1 instance list; learnt from the first listing.
         self._list_v1 = True
+        #: The service's clock minus this host's, in seconds, from the Date header of its latest answer (0 until an
+        #: answer has one). Durations of the service's timestamps (an instance's ``start_date``) are measured
+        #: against the service's time: the simulator's clock runs ahead, and a host's clock can be off.
+        self.service_clock_offset = 0.0
 
     def _pace(self, operation: str) -> float:
         """Seconds to wait before the next ``operation`` request, and book its slot (0 for an operation that no
@@ -263,6 +270,7 @@ class _GpuMarketHookBase(BaseHook):
     def _exchange_flow(self, request: Request) -> Flow[Any]:
         """One try: the request, its answer mapped to a result or a ``GpuMarketError``. No pacing, no retry."""
         response = yield request
+        self._note_service_clock(response.headers.get("Date"))
         return api.raise_for_response(
             request.operation,
             response.status_code,
@@ -271,6 +279,10 @@ class _GpuMarketHookBase(BaseHook):
             rate_limit_reset=response.headers.get("X-RateLimit-Reset"),
             secrets=(self.settings.api_key,),
         )
+
+    def _note_service_clock(self, date: str | None) -> None:
+        with contextlib.suppress(TypeError, ValueError, IndexError):  # no Date, or not an HTTP date: keep the last
+            self.service_clock_offset = parsedate_to_datetime(date).timestamp() - time.time()  # type: ignore[arg-type]
 
     def _paced_flow(self, request: Request) -> Flow[Any]:
         """One try in a slot of the operation's budget (a retry sent outside it would draw the next call's 429)."""

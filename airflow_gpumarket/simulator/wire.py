@@ -13,6 +13,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
+from email.utils import formatdate
 from typing import Any
 
 from airflow_gpumarket.api import (
@@ -171,6 +172,7 @@ class WireLayer:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        raw_send, send = send, self._dated(send)
         path: str = scope["path"]
         if path.startswith(UPLOAD_PREFIX):
             await self._serve_log_upload(scope, send)
@@ -206,7 +208,7 @@ class WireLayer:
                 await asyncio.sleep(decision.delay)
             if decision.drop_before:
                 market.log_request(method, path, None, kind, op, dropped=True)
-                await drop_connection(send)
+                await drop_connection(raw_send)
                 return
             if decision.status is not None:
                 market.log_request(method, path, decision.status, kind, op)
@@ -224,7 +226,7 @@ class WireLayer:
 
                 await self.app(scope, receive, swallow)
                 market.log_request(method, path, status[0], kind, op, dropped=True)
-                await drop_connection(send)
+                await drop_connection(raw_send)
                 return
 
         # The request is logged before its answer leaves: a client that reads the log right after its answer
@@ -238,6 +240,20 @@ class WireLayer:
         await self.app(scope, receive, record_status)
         if status[0] is None:
             market.log_request(method, path, None, kind, op)
+
+    def _dated(self, send: Send) -> Send:
+        """Every answer says the service's time in its Date header, as HTTP servers do: the simulated clock, which
+        runs ahead of the client's at any speed but 1x. A client that measures the service's timestamps (an
+        instance's ``start_date``) against the service's own time gets the simulated durations."""
+        clock = self.market.clock
+
+        async def dated(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                date = (b"date", formatdate(clock.now(), usegmt=True).encode())
+                message = {**message, "headers": [*message.get("headers", []), date]}
+            await send(message)
+
+        return dated
 
     async def _serve_log_upload(self, scope: Scope, send: Send) -> None:
         """An uploaded log, as object storage serves it: no key needed, 404 until the upload has landed. The

@@ -592,3 +592,17 @@ def test_successive_listings_of_one_hook_are_spaced_too(requests_mock, hook, sle
     hook.list_instances()  # the shared poller's next round, right after the last page of this one
 
     assert len(sleeps) == 1 and sleeps[0] > 1 / api.LIST_RATE_PER_SECOND
+
+
+def test_the_hook_learns_the_services_clock_from_the_date_header_of_its_answers(requests_mock, hook):
+    import time
+    from email.utils import formatdate
+
+    ahead = time.time() + 3600
+    requests_mock.get(V1, json={"instances": [], "next_token": None}, headers={"Date": formatdate(ahead, usegmt=True)})
+    assert hook.service_clock_offset == 0.0  # nothing heard yet
+    hook.list_instances()
+    assert hook.service_clock_offset == pytest.approx(3600, abs=2)
+    requests_mock.get(V1, json={"instances": [], "next_token": None}, headers={"Date": "not a date"})
+    hook.list_instances()
+    assert hook.service_clock_offset == pytest.approx(3600, abs=2)  # a bad header keeps what was known

@@ -232,3 +232,12 @@ def test_request_log_holds_a_request_before_its_answer_leaves():
     asyncio.run(app(scope, receive, send))
     assert seen_at_answer == [[("GET", "/api/v0/instances/", 200)]]
     assert len(market.requests) == 1
+
+
+def test_every_answer_says_the_simulated_time_in_its_date_header(sim, api, admin):
+    from email.utils import parsedate_to_datetime
+
+    sim.advance(86_400)  # a day ahead of any wall clock
+    for response in (api.call("GET", "/api/v0/instances/"), admin("GET", "/_sim/clock"), api.call("GET", "/nope")):
+        said = parsedate_to_datetime(response.headers["date"]).timestamp()
+        assert said == pytest.approx(sim.now(), abs=1.0)  # an HTTP date has whole seconds
