@@ -61,21 +61,26 @@ def _view(access: _Access, days: int) -> tuple[list[spend.LiveRental], spend.Spe
     now = time.time()
     errors: list[str] = []
     listed: list[tuple[str, dict[str, Any]]] = []
+    clock_offsets: dict[str, float] = {}
     with create_session() as session:
         conn_ids = sources.connection_ids(session)
     for conn_id in conn_ids:  # no database session held while the service answers
         try:
-            listed += [(conn_id, i) for i in sources.listing(conn_id)]
+            instances, clock_offsets[conn_id] = sources.listing(conn_id)
         except GpuMarketError as exc:
             errors.append(f"Could not list the instances of connection {conn_id!r}: {exc}")
+            continue
+        listed += [(conn_id, i) for i in instances]
     alive = {i["id"] for _, i in listed if isinstance(i.get("id"), int)}
     with create_session() as session:
         rows = sources.records(session, since=now - days * 86400, instance_ids=alive)
         tasks = sources.task_states(session, rows)
     by_instance = {r.record["instance_id"]: r for r in sorted(rows, key=lambda r: r.record.get("created_at") or 0)}
-    live = [r for r in spend.live_rentals(listed, by_instance, tasks, now) if _belongs(r, access)]
+    every_live = spend.live_rentals(listed, by_instance, tasks, now, clock_offsets)
+    live = [r for r in every_live if _belongs(r, access)]
     seen = [r for r in rows if access.sees(r.dag_id)]
-    return live, spend.spend(seen, tasks, alive, now - days * 86400, now), errors
+    alive_costs = {r.instance_id: r.cost_so_far for r in every_live}
+    return live, spend.spend(seen, tasks, alive_costs, now - days * 86400, now), errors
 
 
 def _belongs(row: spend.LiveRental, access: _Access) -> bool:
@@ -95,17 +100,23 @@ def create_app() -> FastAPI:
         days: Days = DEFAULT_DAYS,
         instance: int | None = None,
         destroyed: int | None = None,
+        destroy: int | None = None,
+        conn: str | None = None,
     ) -> HTMLResponse:
         access = _Access(user)
         live, totals, errors = _view(access, days)
+        asked = next((r for r in live if r.instance_id == destroy and r.conn_id == conn), None)
+        if destroy is not None and (asked is None or not asked.orphan_reason or not access.may_destroy(asked)):
+            errors.append(f"Instance {destroy} is not an orphan you may destroy (any more): nothing was destroyed.")
         html = page.render(
             live=live,
             spend=totals,
             days=days,
-            target=instance,
+            target=destroy if asked is not None else instance,
             can_destroy=access.may_destroy,
             errors=errors,
             message=None if destroyed is None else f"Instance {destroyed} was destroyed.",
+            confirm=asked,
         )
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 

@@ -1,6 +1,7 @@
 """The GPU rentals page as server-rendered HTML: live rentals, orphans (with a destroy button for those who may),
-spend per DAG and per run, and spend per day and DAG as an inline SVG chart. No JavaScript beyond a confirmation
-dialog, no assets: the page works inside the Airflow UI's iframe and behind a reverse proxy (relative URLs only).
+spend per DAG and per run, and spend per day and DAG as an inline SVG chart. No JavaScript and no assets: the
+page works inside the Airflow UI's sandboxed iframe (which allows no dialogs, so the page asks for a destroy's
+confirmation itself) and behind a reverse proxy (relative URLs only).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ th,td{border-bottom:1px solid #ddd;padding:.3rem .6rem;text-align:left;vertical-
 th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.target{background:#fff6cc} .muted{color:#666} .error{color:#a00}
 form.inline{display:inline} button{cursor:pointer}
+.confirm{border:2px solid #a00;background:#fff3f3;padding:.6rem 1rem;margin:1rem 0;max-width:60rem}
 """
 
 
@@ -74,7 +76,8 @@ def chart_svg(per_day: dict[str, dict[str, float]]) -> str:
     dags = sorted({dag for day in per_day.values() for dag in day})
     colour = {dag: PALETTE[i % len(PALETTE)] for i, dag in enumerate(dags)}
     top = max(sum(day.values()) for day in per_day.values()) or 1.0
-    width = len(per_day) * (BAR_WIDTH + GAP) + 80
+    # Wide enough for the bars and for the longest DAG id in the legend (about 7 px a character at 12 px).
+    width = max(len(per_day) * (BAR_WIDTH + GAP) + 80, 100 + 7 * max(len(dag) for dag in dags))
     legend_y = CHART_HEIGHT + 40
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{legend_y + 18 * len(dags)}" '
@@ -111,19 +114,31 @@ def render(
     can_destroy: Callable[[LiveRental], bool],
     errors: Iterable[str] = (),
     message: str | None = None,
+    confirm: LiveRental | None = None,
 ) -> str:
-    """The whole page. ``can_destroy`` says whether the user may destroy an orphan (may edit its DAG)."""
+    """The whole page. ``can_destroy`` says whether the user may destroy an orphan (may edit its DAG); ``confirm``:
+    the orphan whose Destroy was pressed, asked about at the top of the page."""
 
     def destroy_button(row: LiveRental) -> str:
         if not can_destroy(row):
             return '<span class="muted">ask someone who may edit this DAG</span>'
+        return (  # asks for the confirmation below; the POST comes from there
+            f'<form class="inline" method="get" action=""><input type="hidden" name="days" value="{days}">'
+            f'<input type="hidden" name="conn" value="{escape(row.conn_id)}">'
+            f'<input type="hidden" name="destroy" value="{row.instance_id}"><button type="submit">Destroy…</button>'
+            "</form>"
+        )
+
+    def confirmation(row: LiveRental) -> str:
         action = f"orphans/{quote(row.conn_id, safe='')}/{row.instance_id}/destroy?days={days}"
-        question = f"Destroy instance {row.instance_id}? Its disk and everything on it are lost."
         return (
-            f'<form class="inline" method="post" action="{escape(action)}" '
-            f"onsubmit=\"return confirm('{escape(question)}')\">"
+            f'<div class="confirm" id="confirm-destroy"><p><strong>Destroy instance {row.instance_id}</strong> '
+            f"({escape(row.conn_id)}, {_money(row.cost_so_far)} so far: {escape(row.orphan_reason or '')})? "
+            "Billing stops, and its disk and everything on it are lost.</p>"
+            f'<form class="inline" method="post" action="{escape(action)}">'
             f'<input type="hidden" name="confirm" value="{row.instance_id}">'
-            f'<button type="submit">Destroy</button></form>'
+            f'<button type="submit">Destroy instance {row.instance_id}</button></form> '
+            f'<a href="?days={days}">Cancel</a></div>'
         )
 
     running = [r for r in live if not r.orphan_reason]
@@ -136,6 +151,7 @@ def render(
             f"<style>{_STYLE}</style></head><body><h1>GPU rentals</h1>",
             *(f'<p class="error">{escape(e)}</p>' for e in errors),
             f"<p><strong>{escape(message)}</strong></p>" if message else "",
+            confirmation(confirm) if confirm is not None and confirm.orphan_reason and can_destroy(confirm) else "",
             f"<h2>Live rentals ({len(running)})</h2>",
             f"<table>{head}<th>DAG / run / task</th></tr>{_rental_rows(running, target, destroy_button)}</table>"
             if running

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_gpumarket import lifecycle
+from airflow_gpumarket._compat import is_airflow_2
 
 #: The XCom keys of a task instance's rental records: this prefix and the instance id.
 RECORD_KEY_PREFIX = "gpumarket_rental_"
@@ -109,7 +110,14 @@ class RentalRecorder:
         self._open[rental.instance_id] = record
         if write:
             self._push(record_key(rental.instance_id), record)
-            self._push(URL_XCOM_KEY, rental_url(rental.instance_id))
+            url = rental_url(rental.instance_id)
+            self._push(URL_XCOM_KEY, url)
+            if not is_airflow_2():
+                # Airflow 3 stores a link's address when the task's process ends or defers; written now as well,
+                # a task still running in its worker has its link.
+                from airflow_gpumarket.ui.links import GpuRentalLink
+
+                self._push(GpuRentalLink().xcom_key, url)
 
     def end(self, instance_id: int) -> None:
         """The rental's instance is destroyed (by this task, or by its own job)."""

@@ -20,7 +20,7 @@ LISTING_CACHE_SECONDS = 5.0
 #: variable or a secrets backend).
 CONNECTIONS_OPTION = ("gpumarket", "ui_connections")
 
-_listings: dict[str, tuple[float, list[Any]]] = {}
+_listings: dict[str, tuple[float, list[Any], float]] = {}
 _listing_lock = threading.Lock()
 
 
@@ -45,19 +45,21 @@ def connection_ids(session: Any) -> list[str]:
     return sorted(ids)
 
 
-def listing(conn_id: str) -> list[Any]:
-    """The connection's instances, at most ``LISTING_CACHE_SECONDS`` old."""
+def listing(conn_id: str) -> tuple[list[Any], float]:
+    """The connection's instances, at most ``LISTING_CACHE_SECONDS`` old, and the service's clock minus this
+    host's when it listed them (``GpuMarketHook.service_clock_offset``)."""
     now = time.monotonic()
     with _listing_lock:
         cached = _listings.get(conn_id)
         if cached and now - cached[0] < LISTING_CACHE_SECONDS:
-            return cached[1]
+            return cached[1], cached[2]
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
-    instances = GpuMarketHook(conn_id).list_instances()
+    hook = GpuMarketHook(conn_id)
+    instances = hook.list_instances()
     with _listing_lock:
-        _listings[conn_id] = (time.monotonic(), instances)
-    return instances
+        _listings[conn_id] = (time.monotonic(), instances, hook.service_clock_offset)
+    return instances, hook.service_clock_offset
 
 
 def forget_listing(conn_id: str) -> None:

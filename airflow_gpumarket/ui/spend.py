@@ -104,16 +104,21 @@ def live_rentals(
     records: Mapping[int, RecordRow],
     tasks: Mapping[tuple[str, str, str, int], TaskState],
     now: float,
+    clock_offsets: Mapping[str, float] | None = None,
 ) -> list[LiveRental]:
     """Every listed instance (``(conn_id, instance)`` pairs), newest first, with its task and, if it is one, why
-    it is an orphan."""
+    it is an orphan. Uptime counts from the instance's ``start_date`` to the service's time (``now`` plus the
+    connection's ``clock_offsets``, the service's clock minus this host's), or from the task's record to ``now``
+    when the service gives no start."""
     rows = []
     for conn_id, instance in instances:
         if not isinstance(instance.get("id"), int):
             continue
         recorded = records.get(instance["id"])
         record = recorded.record if recorded else None
-        start = _number(instance.get("start_date")) or (_number(record.get("created_at")) if record else None)
+        start, until = _number(instance.get("start_date")), now + (clock_offsets or {}).get(conn_id, 0.0)
+        if start is None:
+            start, until = (_number(record.get("created_at")) if record else None), now
         price = hourly_price_of(instance, record)
         task = tasks.get(recorded.ti_key) if recorded else None
         rows.append(
@@ -126,8 +131,10 @@ def live_rentals(
                 gpu_name=instance.get("gpu_name", record.get("gpu_name") if record else None),
                 num_gpus=instance.get("num_gpus"),
                 hourly_price=price,
-                uptime_seconds=None if start is None else max(0.0, now - start),
-                cost_so_far=None if start is None else lifecycle.estimated_cost(price, now - start, digits=COST_DIGITS),
+                uptime_seconds=None if start is None else max(0.0, until - start),
+                cost_so_far=None
+                if start is None
+                else lifecycle.estimated_cost(price, until - start, digits=COST_DIGITS),
                 recorded=recorded,
                 task_state=task.state if task else None,
                 orphan_reason=orphan_reason(instance.get("label"), recorded, task, now),
@@ -162,18 +169,19 @@ def orphan_reason(label: Any, recorded: RecordRow | None, task: TaskState | None
 def spend(
     records: Iterable[RecordRow],
     tasks: Mapping[tuple[str, str, str, int], TaskState],
-    alive_ids: set[int],
+    alive_costs: Mapping[int, float | None],
     window_start: float,
     now: float,
 ) -> Spend:
-    """What the rentals created in ``[window_start, now]`` cost, per DAG, per run and per day and DAG."""
+    """What the rentals created in ``[window_start, now]`` cost, per DAG, per run and per day and DAG.
+    ``alive_costs``: the cost so far of each instance the service lists (its live row's figure)."""
     result = Spend(window_start=window_start, window_end=now)
     per_day: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for row in records:
         created = _number(row.record.get("created_at"))
         if created is None or not window_start <= created <= now:
             continue
-        cost = rental_cost(row, tasks.get(row.ti_key), row.record.get("instance_id") in alive_ids, now)
+        cost = rental_cost(row, tasks.get(row.ti_key), alive_costs, now)
         if cost is None:
             continue
         result.rentals += 1
@@ -185,16 +193,23 @@ def spend(
     return result
 
 
-def rental_cost(row: RecordRow, task: TaskState | None, alive: bool, now: float) -> float | None:
-    """The record's cost once ended; still open: at its hourly price until now if the instance is alive, else until
-    its task ended (the task was stopped before it could write the end, e.g. killed)."""
+def rental_cost(
+    row: RecordRow, task: TaskState | None, alive_costs: Mapping[int, float | None], now: float
+) -> float | None:
+    """The record's cost once ended; still open: its live row's cost so far if the service lists the instance, else
+    at its hourly price until its task ended (the task was stopped before it could write the end, e.g. killed) or
+    until now."""
     cost = _number(row.record.get("cost"))
     if cost is not None:
         return cost
+    instance_id = row.record.get("instance_id")
+    live_cost = alive_costs.get(instance_id) if isinstance(instance_id, int) else None
+    if live_cost is not None:
+        return live_cost
     created = _number(row.record.get("created_at"))
     if created is None:
         return None
-    end = now if alive or task is None or task.end_date is None else task.end_date
+    end = now if instance_id in alive_costs or task is None or task.end_date is None else task.end_date
     return lifecycle.estimated_cost(price_of(row.record), end - created, digits=COST_DIGITS)
 
 

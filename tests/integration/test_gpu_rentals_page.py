@@ -114,13 +114,14 @@ def test_rule_the_page_shows_a_live_rental_with_its_dag_run_task_and_cost(exampl
         run.run_id,
         "rent",
     )
-    # The simulator's clock runs 600x ahead of the wall clock, which the page's "now" is: uptime and cost show 0.
-    assert row["orphan"] is None and row["cost_so_far"] == 0.0 and row["uptime_seconds"] == 0.0
+    # Counted on the service's clock (the Date header of its answers): the simulator's runs 600x ahead of this host's.
+    sim_uptime = sim.now() - instance["start_date"]
+    assert row["orphan"] is None and 0 < row["uptime_seconds"] <= sim_uptime + 1 and row["cost_so_far"] > 0
     assert row["hourly_price"] == instance["dph_total"]
     assert row["try_number"] == 1 and row["status"] == "running"
     html = api_client("viewer").get("/gpumarket/", params={"instance": instance["id"]}).text
     assert f'<tr id="rental-{instance["id"]}" class="target">' in html and "gpm_ui_handover" in html
-    assert "Destroy</button>" not in html
+    assert "Destroy…</button>" not in html
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
     GpuMarketHook().destroy_instance(instance["id"])
@@ -135,12 +136,18 @@ def test_rule_an_orphan_is_destroyed_by_an_admin_after_confirming_and_never_by_a
     viewer = api_client("viewer").get("/gpumarket/api/rentals").json()["live"]
     assert viewer[0]["orphan"] == "it was handed to its DAG run, which is success"
     assert viewer[0]["may_destroy"] is False
-    assert "Destroy</button>" not in api_client("viewer").get("/gpumarket/").text
+    assert "Destroy…</button>" not in api_client("viewer").get("/gpumarket/").text
+    asked = {"destroy": instance["id"], "conn": "gpumarket_default"}
+    refused = api_client("viewer").get("/gpumarket/", params=asked).text
+    assert "is not an orphan you may destroy" in refused and "/destroy" not in refused
     assert api_client("viewer").post(path, data={"confirm": str(instance["id"])}).status_code == 403
     assert alive(sim) != []
 
     admin = api_client("admin")
-    assert "Destroy</button>" in admin.get("/gpumarket/").text
+    assert "Destroy…</button>" in admin.get("/gpumarket/").text and alive(sim) != []  # pressing it asks first:
+    question = admin.get("/gpumarket/", params=asked).text
+    assert f"<strong>Destroy instance {instance['id']}</strong>" in question and alive(sim) != []
+    assert f'action="orphans/gpumarket_default/{instance["id"]}/destroy?days=7"' in question
     assert admin.post(path, data={}).status_code == 400  # no confirmation
     foreign = admin.post(path, data={"confirm": str(instance["id"])}, headers={"Origin": "http://evil.test"})
     assert foreign.status_code == 403 and alive(sim) != []  # a cross-site form cannot use the cookie

@@ -76,6 +76,20 @@ def test_a_live_rental_is_matched_to_its_task_through_its_record_and_priced_at_t
     assert rental.hourly_price == 0.4 and rental.uptime_seconds == 1800 and rental.cost_so_far == pytest.approx(0.2)
 
 
+def test_rule_uptime_counts_the_services_start_date_on_the_services_clock_and_a_recorded_start_on_this_hosts():
+    # The service's clock runs an hour ahead (the simulator's runs ahead by design): its instance started half an
+    # hour ago by its own clock, which by this host's clock is half an hour in the future.
+    listed = {"id": 1, "actual_status": "running", "label": LABEL, "dph_total": 0.5, "start_date": NOW + 1800}
+    (rental,) = live_rentals([("c", listed)], {}, {}, NOW, {"c": 3600.0})
+    assert rental.uptime_seconds == 1800 and rental.cost_so_far == pytest.approx(0.25)
+    # With no start_date, the task's record (written by this host's clock) counts until this host's now.
+    unstarted = {**listed, "start_date": None}
+    (recorded,) = live_rentals([("c", unstarted)], {1: row()}, {row().ti_key: TaskState("running")}, NOW, {"c": 3600})
+    assert recorded.uptime_seconds == 3600 and recorded.cost_so_far == pytest.approx(0.5)
+    # The spend of an open rental the service lists is its live row's figure, so the two sections agree.
+    assert spend([row()], {}, {1: rental.cost_so_far}, NOW - 86400, NOW).total == pytest.approx(0.25)
+
+
 def test_rule_spend_counts_rentals_created_in_the_window_at_their_recorded_cost_or_their_price_so_far():
     rows = [
         row(1, cost=0.25),  # ended: its recorded cost
@@ -85,7 +99,7 @@ def test_rule_spend_counts_rentals_created_in_the_window_at_their_recorded_cost_
         row(5, dag_id="other", cost=1.0),
     ]
     tasks = {("train_dag", "run-3", "train", -1): TaskState("failed", end_date=NOW - 3600)}
-    result = spend(rows, tasks, alive_ids={2}, window_start=NOW - 86400, now=NOW)
+    result = spend(rows, tasks, {2: None}, window_start=NOW - 86400, now=NOW)
     assert result.per_dag == {"train_dag": pytest.approx(0.25 + 0.5 + 0.5), "other": 1.0}
     assert result.per_run[("train_dag", "run-1")] == 0.25 and result.rentals == 4
     assert sum(sum(day.values()) for day in result.per_day.values()) == pytest.approx(result.total)
@@ -95,10 +109,14 @@ def test_the_page_escapes_what_it_shows_and_offers_a_destroy_only_to_who_may():
     instance = {"id": 1, "actual_status": "running", "label": LABEL, "dph_total": 0.5, "start_date": NOW - 60}
     odd = row(run_id="<img src=x onerror=alert(1)>")
     (orphan,) = live_rentals([("c", instance)], {1: odd}, {odd.ti_key: TaskState("success")}, NOW)
-    totals = spend([odd], {}, {1}, NOW - 86400, NOW)
+    totals = spend([odd], {}, {1: orphan.cost_so_far}, NOW - 86400, NOW)
     for allowed in (True, False):
-        html = page.render(live=[orphan], spend=totals, days=1, target=1, can_destroy=lambda _, a=allowed: a)
+        may = lambda _, a=allowed: a  # noqa: E731
+        html = page.render(live=[orphan], spend=totals, days=1, target=1, can_destroy=may)
         assert "<img src=x" not in html and "&lt;img src=x" in html
-        assert ("Destroy</button>" in html) is allowed
-        assert ('action="orphans/c/1/destroy?days=1"' in html) is allowed
+        assert ('name="destroy" value="1"><button type="submit">Destroy…</button>' in html) is allowed
+        assert "orphans/c/1/destroy" not in html  # the POST only from the confirmation
+        asked = page.render(live=[orphan], spend=totals, days=1, target=1, can_destroy=may, confirm=orphan)
+        assert ('<form class="inline" method="post" action="orphans/c/1/destroy?days=1">' in asked) is allowed
+        assert "<script" not in asked and "onsubmit" not in asked  # the UI's sandboxed frame allows no dialogs
     assert page.chart_svg({}) == "" and "<svg" in page.chart_svg(totals.per_day)
