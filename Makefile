@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install lint typecheck test test-fast test-airflow2 test-wheel demo demo-airflow2 bench chaos system fleet system-airflow2 system-airflow32 services clean
+.PHONY: install lint typecheck test test-fast test-airflow2 test-wheel demo demo-airflow2 bench chaos system ui-test fleet system-airflow2 system-airflow32 services browser clean
 
 # The main environment: the Airflow that `make demo`, `make system` and `make chaos` run, and the first leg of the
 # tests. The second leg runs the same tests on the newest Airflow 2.11.x, in a virtual environment of its own.
@@ -134,9 +134,33 @@ $(VENV)/.installed-system: $(STAMP)
 
 # A real Airflow deployment against the simulator, shaped as production runs it (api-server, two schedulers, a
 # dag-processor, two triggerers, two Celery workers; PostgreSQL, Redis): one SYS line per failure scenario
-# (bench/system.py). Not part of `make test`; about 4 minutes.
-system: install services $(VENV)/.installed-system
+# (bench/system.py); then the browser test of the GPU rentals page (make ui-test). Not part of `make test`; about
+# 8 minutes.
+system: install services browser $(VENV)/.installed-system $(VENV)/.installed-ui
 	$(BIN)/python bench/system.py
+	$(BIN)/python bench/ui_browser.py
+
+# Debian's Chromium and its WebDriver for the browser test, installed when missing (apt needs root).
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "make ui-test needs chromium and chromedriver (sudo apt-get install chromium chromium-driver)"; exit 1; \
+	  fi; \
+	  echo "installing Debian's chromium and chromium-driver"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+
+# Selenium drives the browser (pinned: 4.52.0 asks for a certifi release the package index does not have yet).
+SELENIUM := selenium==4.50.0
+$(VENV)/.installed-ui: $(VENV)/.installed-system
+	$(BIN)/python -m pip install $(PIP_QUIET) $(SELENIUM) "apache-airflow==$(AIRFLOW3)"
+	@touch $@
+
+# The GPU rentals page and the "GPU rental" link in headless Chromium, on a real Airflow 3.3 deployment (the small
+# shape: PostgreSQL, LocalExecutor) with the simulator and the simple auth manager's login (an admin and a viewer):
+# one UI line per check (bench/ui_browser.py). Not part of `make test`; about 2 minutes.
+ui-test: install services browser $(VENV)/.installed-system $(VENV)/.installed-ui
+	$(BIN)/python bench/ui_browser.py
 
 # Many jobs at once on one API key, on the same production-shaped deployment: 200 deferred and 20 sync RunJobs with
 # the live rate limits on (bench/fleet.py). FLEET lines: leaked, double rentals, 429s, job end -> task success.

@@ -279,11 +279,13 @@ class AirflowApi:
 
     Auth (Airflow 3.3.2, simple auth manager): with `[core] simple_auth_manager_all_admins = True`,
     `GET /auth/token` returns `{"access_token": ...}` without credentials (and a middleware would even add a token
-    to requests without one); the token goes in `Authorization: Bearer`.
+    to requests without one); with users, `POST /auth/token` with ``credentials`` (username, password) does. The
+    token goes in `Authorization: Bearer`.
     """
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, credentials: tuple[str, str] | None = None) -> None:
         self.base = base_url
+        self.credentials = credentials
         self.session = requests.Session()
 
     def health(self) -> dict | None:
@@ -294,7 +296,12 @@ class AirflowApi:
             return None
 
     def login(self) -> None:
-        response = self.session.get(f"{self.base}/auth/token", timeout=30)
+        if self.credentials is None:
+            response = self.session.get(f"{self.base}/auth/token", timeout=30)
+        else:
+            username, password = self.credentials
+            body = {"username": username, "password": password}
+            response = self.session.post(f"{self.base}/auth/token", json=body, timeout=30)
         response.raise_for_status()
         self.session.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
 

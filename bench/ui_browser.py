@@ -1,0 +1,510 @@
+"""`make ui-test`: the GPU rentals page and the "GPU rental" link in a real browser, on a real Airflow deployment.
+
+1. The deployment of `make system`'s small shape (bench/system.py: PostgreSQL, LocalExecutor, the api-server, a
+   scheduler, a dag-processor, a triggerer) against the simulator, with the simple auth manager's login on: two
+   users, `admin` (role admin) and `viewer` (role viewer), whose passwords this script makes up and writes to the
+   auth manager's passwords file.
+2. The DAGs of bench/ui_dags: a job that keeps running, two that end (spend), and an instance handed to its run
+   that outlives it (an orphan).
+3. Headless Chromium (Debian's chromium and chromium-driver) driven by Selenium logs in through Airflow's own login
+   page and checks, one `UI <check>: PASS|FAIL` line each (CHECKS below).
+4. The task still running is marked failed through the REST API, and the script counts what is alive
+   (`UI alive_total`, goal 0). The last line: `UI: <passed>/<total> checks pass, <n> instances alive`.
+
+    python bench/ui_browser.py                                      # make ui-test
+    python bench/ui_browser.py --screenshot docs/gpu-rentals-page.png   # also refresh the README's screenshot
+
+Screenshots of the page (alone, and inside the Airflow UI) are saved in the Airflow home (.airflow/ui-<time>),
+and, on a failed check, the browser's page as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import requests
+from system import ROOT, SMALL, AirflowApi, Deployment, Shape, Workload, clip, interrupt_on_signals
+
+DAGS_FOLDER = ROOT / "bench" / "ui_dags"
+sys.path.insert(0, str(DAGS_FOLDER))
+from ui_dags import GPUS  # noqa: E402 - the DAG file's own names, so both sides agree
+
+SPEED = 20.0  # simulated seconds per real second: boots take 3-15 s, and a running rental costs something to see
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+WAIT = 60.0  # seconds any one thing in the browser may take to show
+RUNS = {"embeddings_batch": 2, "eval_sweep": 1, "gpu_sandbox": 1, "nightly_finetune": 1}
+ROLES = {"admin": "admin", "viewer": "viewer"}  # user -> the simple auth manager's role
+
+CHECKS = {
+    "anonymous": "without a login the page, its JSON and the destroy action answer 401, and nothing is destroyed",
+    "menu": "the viewer finds 'GPU rentals' in the UI's Browse menu, and it opens the page inside the Airflow UI",
+    "live_rental": "the running job's rental shows its DAG, run, task and try, status running and a cost above $0",
+    "spend": "spend per DAG lists the DAGs whose jobs ended, with a chart of spend per day and DAG",
+    "viewer_cannot_destroy": "the viewer sees the orphan without a Destroy button, a POST from the page is refused "
+    "(403), and the orphan stays alive",
+    "admin_destroys_orphan": "inside the Airflow UI, the admin's Destroy… asks for confirmation, then the orphan "
+    "is destroyed on the service and the page says so",
+    "extra_link": "the running task instance's 'GPU rental' link opens its rental's row, highlighted",
+}
+
+
+class Failed(Exception):
+    """A check missed its goal; the message says how."""
+
+
+def offers() -> tuple[dict, ...]:
+    """Two offers of each DAG's GPU model, so a rental that fails over finds another machine."""
+    return tuple(
+        {"id": 900_000 + 10 * n + k, "gpu_name": gpu, "num_gpus": 1 + (n % 2), "dph_total": round(0.6 + n + k / 10, 2)}
+        for n, gpu in enumerate(GPUS.values())
+        for k in range(2)
+    )
+
+
+class UiDeployment(Deployment):
+    """The small deployment with the simple auth manager's login on: made-up passwords, written where it reads
+    them (a file it keeps as given for users it lists)."""
+
+    def __init__(self, shape: Shape, workload: Workload) -> None:
+        super().__init__(shape, workload)
+        self.passwords = {user: secrets.token_urlsafe(12) for user in ROLES}
+        self.api = AirflowApi(self.api.base, credentials=("admin", self.passwords["admin"]))
+
+    def airflow_env(self, conn_uri: str) -> dict[str, str]:
+        env = super().airflow_env(conn_uri)
+        passwords_file = self.home / "passwords.json"
+        passwords_file.write_text(json.dumps(self.passwords))
+        env.update(
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="False",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=",".join(f"{user}:{role}" for user, role in ROLES.items()),
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(passwords_file),
+        )
+        return env
+
+
+def new_browser(profile: Path) -> Any:
+    """Headless Debian Chromium with the flags this machine's closed network needs (no background connections)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",  # run as root in a container
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1050",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+class UiTest:
+    def __init__(self, screenshot_to: Path | None) -> None:
+        self.started = time.time()
+        workload = Workload("ui", DAGS_FOLDER, frozenset(GPUS), offers(), SPEED, worker_concurrency=4)
+        self.deployment = UiDeployment(SMALL, workload)
+        self.base = self.deployment.api.base
+        self.screenshot_to = screenshot_to
+        self.results: dict[str, str | None] = {}  # check -> None (pass) or why it failed
+        self.runs: dict[str, list[str]] = {}  # DAG id -> run ids
+        self.browser: Any = None
+        self.page_shot: Path | None = None  # the admin's view of the page inside the Airflow UI
+        self.profile = Path(tempfile.mkdtemp(prefix="gpumarket-ui-chromium-"))
+        self.summary = f"UI: 0/{len(CHECKS)} checks pass, alive unknown (the simulator was never reached)"
+
+    @property
+    def api(self) -> AirflowApi:
+        return self.deployment.api
+
+    @property
+    def sim(self) -> Any:
+        assert self.deployment.sim is not None
+        return self.deployment.sim
+
+    def say(self, text: str) -> None:
+        print(f"  {time.time() - self.started:6.1f}s  {text}", flush=True)
+
+    # --- the deployment and its runs ---------------------------------------------------------------------------
+
+    def wait(self, what: str, timeout: float, check: Callable[[], Any], interval: float = 1.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = check()
+            if found:
+                return found
+            if time.monotonic() > deadline:
+                raise Failed(f"{what}: not after {timeout:.0f} s")
+            time.sleep(interval)
+
+    def trigger(self, dag_id: str) -> str:
+        run_id = f"ui-{time.strftime('%H%M%S')}-{secrets.token_hex(3)}"
+        self.api.call("POST", f"/dags/{dag_id}/dagRuns", {"logical_date": None, "dag_run_id": run_id})
+        self.runs.setdefault(dag_id, []).append(run_id)
+        return run_id
+
+    def run_state(self, dag_id: str, run_id: str) -> str | None:
+        return self.api.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}").get("state")
+
+    def instances_of(self, dag_id: str) -> list[dict]:
+        return [i for i in self.sim.refresh() if i.get("gpu_name") == GPUS[dag_id]]
+
+    def alive_of(self, dag_id: str) -> list[dict]:
+        return [i for i in self.instances_of(dag_id) if not i["destroyed"]]
+
+    def prepare(self) -> None:
+        self.deployment.start(self.say)
+        self.deployment.wait_ready(self.say)
+        for dag_id, count in RUNS.items():
+            for _ in range(count):
+                self.say(f"triggered {dag_id} run {self.trigger(dag_id)}")
+        ended = [(d, r) for d, runs in self.runs.items() if d != "nightly_finetune" for r in runs]
+
+        def all_ended() -> bool:
+            states = {run: self.run_state(d, run) for d, run in ended}
+            failed = [run for run, state in states.items() if state == "failed"]
+            if failed:
+                raise Failed(f"runs failed: {failed}; see the task logs under {self.deployment.home / 'logs'}")
+            return all(state == "success" for state in states.values())
+
+        self.wait("the short runs succeed", 300, all_ended, interval=2)
+        self.say("the short runs succeeded")
+        self.wait("nightly_finetune's job runs", 120, lambda: self.job_running("nightly_finetune"), interval=2)
+        self.say("nightly_finetune's job is running")
+
+    def job_running(self, dag_id: str) -> dict | None:
+        alive = [i for i in self.alive_of(dag_id) if i.get("actual_status") == "running"]
+        return alive[0] if alive else None
+
+    def finish(self) -> None:
+        """Mark the job that would run forever failed (its operator destroys its instance), then wait for it."""
+        for run_id in self.runs.get("nightly_finetune", []):
+            with contextlib.suppress(RuntimeError):
+                path = f"/dags/nightly_finetune/dagRuns/{run_id}/taskInstances/train"
+                self.api.call("PATCH", path, {"new_state": "failed"})
+        with contextlib.suppress(Failed):
+            self.wait("every instance destroyed", 90, lambda: not any(not i["destroyed"] for i in self.sim.refresh()))
+
+    # --- the browser ---------------------------------------------------------------------------------------------
+
+    def login(self, user: str) -> None:
+        from selenium.webdriver.common.by import By
+
+        b = self.browser
+        b.delete_all_cookies()
+        b.get(f"{self.base}/auth/login/")
+        self.wait_for(lambda: b.find_elements(By.NAME, "username"), "the login form")
+        b.find_element(By.NAME, "username").send_keys(user)
+        b.find_element(By.NAME, "password").send_keys(self.deployment.passwords[user])
+        b.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        self.wait_for(lambda: b.get_cookie("_token"), f"{user}'s login (the _token cookie)")
+
+    def wait_for(self, found: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        def look() -> Any:
+            try:
+                return found()
+            except StaleElementReferenceException:  # the page re-rendered while we read it: look again
+                return None
+
+        try:
+            return self.wait(what, timeout, look, interval=0.3)
+        except Failed:
+            where = self.browser.current_url
+            raise Failed(f"{what} did not show in the browser within {timeout:.0f} s (at {where})") from None
+
+    def open_page(self, query: str = "") -> None:
+        from selenium.webdriver.common.by import By
+
+        self.browser.get(f"{self.base}/gpumarket/{query}")
+        self.wait_for(lambda: self.browser.find_elements(By.TAG_NAME, "h1"), "the GPU rentals page")
+
+    def row(self, instance_id: int) -> Any:
+        from selenium.webdriver.common.by import By
+
+        rows = self.browser.find_elements(By.ID, f"rental-{instance_id}")
+        if not rows:
+            raise Failed(f"no row for instance {instance_id} on the page: {clip(self.page_text(), 600)}")
+        return rows[0]
+
+    def page_text(self) -> str:
+        from selenium.webdriver.common.by import By
+
+        return self.browser.find_element(By.TAG_NAME, "body").text
+
+    def section(self, heading_start: str) -> str:
+        """The text of the page's table (or note) under the h2 that starts with ``heading_start``."""
+        text = self.page_text()
+        start = text.find(heading_start)
+        if start < 0:
+            raise Failed(f"no section {heading_start!r} on the page")
+        rest = text[start + len(heading_start) :]
+        following = [rest.find(h) for h in ("Live rentals", "Orphans", "Spend, last") if rest.find(h) > 0]
+        return rest[: min(following)] if following else rest
+
+    def screenshot(self, name: str) -> Path:
+        path = self.deployment.home / f"{name}.png"
+        self.browser.save_screenshot(str(path))
+        return path
+
+    # --- the checks ----------------------------------------------------------------------------------------------
+
+    def check(self, name: str, run: Callable[[], None]) -> None:
+        try:
+            run()
+            self.results[name] = None
+        except Failed as failed:
+            self.results[name] = str(failed)
+        except Exception as exc:  # noqa: BLE001 - a harness or browser error is this check's failure
+            self.results[name] = f"{type(exc).__name__}: {clip(str(exc), 300)}"
+            traceback.print_exc()
+        if self.results[name] is not None and self.browser is not None:
+            with contextlib.suppress(Exception):
+                (self.deployment.home / f"failed-{name}.html").write_text(self.browser.page_source)
+                self.screenshot(f"failed-{name}")
+        self.say(f"{name}: {'PASS' if self.results[name] is None else 'FAIL: ' + self.results[name]}")
+
+    def orphan(self) -> dict:
+        (orphan,) = self.alive_of("gpu_sandbox")
+        return orphan
+
+    def check_anonymous(self) -> None:
+        orphan = self.orphan()
+        anonymous = requests.Session()
+        for method, path in (
+            ("GET", "/gpumarket/"),
+            ("GET", "/gpumarket/api/rentals"),
+            ("POST", f"/gpumarket/orphans/gpumarket_default/{orphan['id']}/destroy"),
+        ):
+            response = anonymous.request(method, f"{self.base}{path}", data={"confirm": orphan["id"]}, timeout=30)
+            if response.status_code != 401:
+                raise Failed(f"{method} {path} without a login answered {response.status_code}, not 401")
+        if self.orphan()["destroyed"]:
+            raise Failed("the anonymous POST destroyed the orphan")
+
+    def check_menu(self) -> None:
+        from selenium.webdriver.common.by import By
+
+        b = self.browser
+        self.login("viewer")
+        b.get(f"{self.base}/")
+        browse = self.wait_for(
+            lambda: [e for e in b.find_elements(By.CSS_SELECTOR, "button, a") if e.text.strip() == "Browse"],
+            "the navigation's Browse menu",
+        )
+        browse[0].click()
+        item = self.wait_for(
+            lambda: [e for e in b.find_elements(By.XPATH, "//*[normalize-space(text())='GPU rentals']")],
+            "'GPU rentals' in the Browse menu",
+        )
+        item[0].click()
+        frame = self.wait_for(lambda: b.find_elements(By.TAG_NAME, "iframe"), "the page's frame in the Airflow UI")
+        b.switch_to.frame(frame[0])
+        try:
+            heading = self.wait_for(lambda: b.find_elements(By.TAG_NAME, "h1"), "the page inside its frame")
+            if heading[0].text != "GPU rentals":
+                raise Failed(f"the frame shows {heading[0].text!r}, not the GPU rentals page")
+        finally:
+            b.switch_to.default_content()
+        self.screenshot("gpu-rentals-in-airflow-ui-as-viewer")
+
+    def check_live_rental(self) -> None:
+        job = self.job_running("nightly_finetune")
+        if job is None:
+            raise Failed("nightly_finetune's instance is not running on the service")
+        (run_id,) = self.runs["nightly_finetune"]
+        self.login("viewer")
+        self.open_page()
+        row = self.row(job["id"])
+        text = row.text
+        wanted = f"nightly_finetune / {run_id} / train (try 1)"
+        if wanted not in text.replace("\n", " "):
+            raise Failed(f"the row does not name {wanted!r}: {text!r}")
+        if "running" not in text:
+            raise Failed(f"the row does not say running: {text!r}")
+        costs = [float(c.replace(",", "")) for c in re.findall(r"\$([\d,]+\.\d+)(?!/h)", text)]
+        if not costs or max(costs) <= 0:
+            raise Failed(f"no cost above $0 in the row: {text!r}")
+        if str(job["id"]) not in self.section("Live rentals"):
+            raise Failed("the running rental is not under Live rentals")
+
+    def check_spend(self) -> None:
+        from selenium.webdriver.common.by import By
+
+        spend = self.section("Spend, last")
+        for dag_id in ("embeddings_batch", "eval_sweep"):
+            amounts = re.findall(rf"{dag_id} \$([\d,]+\.\d+)", spend)
+            if not amounts or float(amounts[0].replace(",", "")) <= 0:
+                raise Failed(f"no spend above $0 for {dag_id} in: {clip(spend, 400)}")
+        for run_id in self.runs["embeddings_batch"]:
+            if run_id not in spend:
+                raise Failed(f"embeddings_batch's run {run_id} is not in the spend per run")
+        bars = self.browser.find_elements(By.CSS_SELECTOR, "svg rect title")
+        if not any("embeddings_batch" in (bar.get_attribute("textContent") or "") for bar in bars):
+            raise Failed("the chart has no bar for embeddings_batch")
+
+    def check_viewer_cannot_destroy(self) -> None:
+        from selenium.webdriver.common.by import By
+
+        orphan = self.orphan()
+        self.open_page()
+        row = self.row(orphan["id"])
+        if "gpu_sandbox" not in row.text or row.find_elements(By.TAG_NAME, "button"):
+            raise Failed(f"the viewer's orphan row names no DAG or has a button: {row.text!r}")
+        status = self.browser.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "fetch(arguments[0], {method: 'POST', body: new URLSearchParams({confirm: arguments[1]}),"
+            " credentials: 'same-origin'}).then(r => done(r.status), e => done(String(e)));",
+            f"orphans/gpumarket_default/{orphan['id']}/destroy",
+            str(orphan["id"]),
+        )
+        if status != 403:
+            raise Failed(f"the viewer's POST to destroy the orphan answered {status}, not 403")
+        if self.orphan()["destroyed"]:
+            raise Failed("the viewer's POST destroyed the orphan")
+
+    def check_admin_destroys_orphan(self) -> None:
+        """Inside the Airflow UI's frame, as a user would: the frame is sandboxed without dialogs, so the page asks
+        for the confirmation itself."""
+        from selenium.webdriver.common.by import By
+
+        orphan = self.orphan()
+        self.login("admin")
+        self.open_page()
+        self.screenshot("gpu-rentals-page")
+        b = self.browser
+        b.get(f"{self.base}/plugin/gpu-rentals")
+        frame = self.wait_for(lambda: b.find_elements(By.TAG_NAME, "iframe"), "the page's frame in the Airflow UI")
+        b.switch_to.frame(frame[0])
+        try:
+            self.wait_for(lambda: b.find_elements(By.ID, f"rental-{orphan['id']}"), "the orphan's row in the frame")
+            b.switch_to.default_content()
+            self.page_shot = self.screenshot("gpu-rentals-in-airflow-ui")  # the README's picture
+            b.switch_to.frame(frame[0])
+            buttons = self.row(orphan["id"]).find_elements(By.TAG_NAME, "button")
+            if [button.text for button in buttons] != ["Destroy…"]:
+                raise Failed(f"the admin's orphan row has {[button.text for button in buttons]}, not one Destroy…")
+            buttons[0].click()
+            question = self.wait_for(lambda: b.find_elements(By.ID, "confirm-destroy"), "the confirmation")[0]
+            if f"Destroy instance {orphan['id']}" not in question.text:
+                raise Failed(f"the confirmation does not name the instance: {question.text!r}")
+            if self.orphan()["destroyed"]:
+                raise Failed("pressing Destroy… destroyed the orphan before it was confirmed")
+            question.find_element(By.TAG_NAME, "button").click()
+            said = f"Instance {orphan['id']} was destroyed."
+            self.wait_for(lambda: said in self.page_text() and "Orphans (0)" in self.page_text(), repr(said))
+        finally:
+            b.switch_to.default_content()
+        found = next(i for i in self.instances_of("gpu_sandbox") if i["id"] == orphan["id"])
+        if not found["destroyed"]:
+            raise Failed("the page says destroyed, but the service still runs the orphan")
+
+    def check_extra_link(self) -> None:
+        from selenium.webdriver.common.by import By
+
+        job = self.job_running("nightly_finetune")
+        if job is None:
+            raise Failed("nightly_finetune's instance is not running on the service")
+        (run_id,) = self.runs["nightly_finetune"]
+        b = self.browser
+        b.get(f"{self.base}/dags/nightly_finetune/runs/{run_id}/tasks/train")
+        details = self.wait_for(  # Airflow 3.3 lists a task instance's extra links on its Details tab
+            lambda: [e for e in b.find_elements(By.CSS_SELECTOR, "button, a") if e.text.strip() == "Details"],
+            "the task instance's Details tab",
+        )
+        details[0].click()
+        link = self.wait_for(
+            lambda: [a for a in b.find_elements(By.TAG_NAME, "a") if a.text.strip() == "GPU rental"],
+            "the task instance's 'GPU rental' link",
+        )[0]
+        link.click()
+        self.wait_for(lambda: f"gpumarket/?instance={job['id']}" in b.current_url, "the rental's row after the click")
+        row = self.wait_for(lambda: b.find_elements(By.ID, f"rental-{job['id']}"), "the rental's row")[0]
+        if "target" not in (row.get_attribute("class") or ""):
+            raise Failed(f"the rental's row is not highlighted (class {row.get_attribute('class')!r})")
+
+    def run(self) -> None:
+        self.prepare()
+        self.browser = new_browser(self.profile)
+        self.check("anonymous", self.check_anonymous)
+        self.check("menu", self.check_menu)
+        self.check("live_rental", self.check_live_rental)
+        self.check("spend", self.check_spend)
+        self.check("viewer_cannot_destroy", self.check_viewer_cannot_destroy)
+        self.check("admin_destroys_orphan", self.check_admin_destroys_orphan)
+        self.check("extra_link", self.check_extra_link)
+
+    def report(self) -> bool:
+        passed = 0
+        for name, goal in CHECKS.items():
+            reason = self.results.get(name, "not run")
+            passed += reason is None
+            print(f"UI {name}: {'PASS' if reason is None else f'FAIL ({reason})'} (goal: {goal})")
+        alive = [i["id"] for i in self.sim.refresh() if not i["destroyed"]]
+        print(f"UI alive_total: {len(alive)} {alive or ''}(goal: 0)")
+        self.summary = f"UI: {passed}/{len(CHECKS)} checks pass, {len(alive)} instances alive"
+        return passed == len(CHECKS) and not alive
+
+    def close(self) -> None:
+        if self.browser is not None:
+            with contextlib.suppress(Exception):
+                self.browser.quit()
+        shutil.rmtree(self.profile, ignore_errors=True)
+        self.deployment.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--screenshot", type=Path, help="copy the page's screenshot here (the README's)")
+    args = parser.parse_args()
+    interrupt_on_signals()
+    test = UiTest(args.screenshot)
+    ok = False
+    try:
+        test.run()
+        ok = True
+    except KeyboardInterrupt:
+        print("interrupted: counting what is alive and stopping what this script started", flush=True)
+    except Exception as exc:  # noqa: BLE001 - report, count and clean up whatever broke
+        print(f"ui test could not run: {type(exc).__name__}: {exc}", flush=True)
+        traceback.print_exc()
+    finally:
+        try:
+            if test.deployment.sim is not None:
+                test.finish()
+                ok = test.report() and ok
+            shot = test.page_shot
+            if shot is not None:
+                print(f"screenshots: {test.deployment.home}/*.png")
+                if args.screenshot is not None:
+                    shutil.copyfile(shot, args.screenshot)
+                    print(f"copied to {args.screenshot}")
+            print(f"wall-clock time: {time.time() - test.started:.0f} s; Airflow home {test.deployment.home}")
+        finally:
+            test.close()
+        print(test.summary, flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
