@@ -281,8 +281,10 @@ class _GpuMarketHookBase(BaseHook):
         )
 
     def _note_service_clock(self, date: str | None) -> None:
-        with contextlib.suppress(TypeError, ValueError, IndexError):  # no Date, or not an HTTP date: keep the last
-            self.service_clock_offset = parsedate_to_datetime(date).timestamp() - time.time()  # type: ignore[arg-type]
+        if not date:
+            return
+        with contextlib.suppress(TypeError, ValueError, IndexError):  # not an HTTP date: keep what was known
+            self.service_clock_offset = parsedate_to_datetime(date).timestamp() - time.time()
 
     def _paced_flow(self, request: Request) -> Flow[Any]:
         """One try in a slot of the operation's budget (a retry sent outside it would draw the next call's 429)."""

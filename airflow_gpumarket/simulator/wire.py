@@ -172,7 +172,7 @@ class WireLayer:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        raw_send, send = send, self._dated(send)
+        raw_send, send = send, self._dated(send)  # dropping a connection needs the server's own send
         path: str = scope["path"]
         if path.startswith(UPLOAD_PREFIX):
             await self._serve_log_upload(scope, send)
