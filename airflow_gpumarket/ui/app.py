@@ -83,6 +83,11 @@ def _view(access: _Access, days: int) -> tuple[list[spend.LiveRental], spend.Spe
     return live, spend.spend(seen, tasks, alive_costs, now - days * 86400, now), errors
 
 
+def _listed(live: list[spend.LiveRental], conn_id: str | None, instance_id: int | None) -> spend.LiveRental | None:
+    """The page's row of one instance of one connection, if the service listed it."""
+    return next((r for r in live if r.instance_id == instance_id and r.conn_id == conn_id), None)
+
+
 def _belongs(row: spend.LiveRental, access: _Access) -> bool:
     """An instance is on the page when its DAG is readable; one no task recorded only when it has this provider's
     label (an orphan) and the user reads every DAG. Instances made by hand are not the page's business."""
@@ -105,7 +110,7 @@ def create_app() -> FastAPI:
     ) -> HTMLResponse:
         access = _Access(user)
         live, totals, errors = _view(access, days)
-        asked = next((r for r in live if r.instance_id == destroy and r.conn_id == conn), None)
+        asked = _listed(live, conn, destroy)
         if destroy is not None and (asked is None or not asked.orphan_reason or not access.may_destroy(asked)):
             errors.append(f"Instance {destroy} is not an orphan you may destroy (any more): nothing was destroyed.")
         html = page.render(
@@ -154,7 +159,7 @@ def create_app() -> FastAPI:
         access = _Access(user)
         sources.forget_listing(conn_id)  # decide on a fresh listing, not a cached one
         live, _, _ = _view(access, days)
-        row = next((r for r in live if r.instance_id == instance_id and r.conn_id == conn_id), None)
+        row = _listed(live, conn_id, instance_id)
         if row is None or not row.orphan_reason:
             raise HTTPException(409, f"instance {instance_id} is not an orphan you can see (any more): not destroyed")
         if not access.may_destroy(row):
