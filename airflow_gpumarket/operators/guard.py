@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket import api, job_logs, lifecycle
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketError
 
@@ -65,6 +65,7 @@ class RentalGuard:
     if TYPE_CHECKING:
         hook: GpuMarketHook
         log: Any
+        _wait_for: str
 
         def _rental_key(self, context: Any) -> str: ...
 
@@ -177,5 +178,20 @@ class RentalGuard:
         )
 
     def _may_adopt(self, instance: Mapping[str, Any]) -> bool:
+        """Keep an instance that may still work: booting or running, or (waiting for a job) stopped by the job
+        wrapper after the job succeeded, whose success the wait then reads from the log instead of running the job
+        again. A job that failed is run again, which is what a retry is for."""
         status = instance.get("actual_status")
-        return api.is_booting(status) or status == api.STATUS_RUNNING
+        if api.is_booting(status) or status == api.STATUS_RUNNING:
+            return True
+        return status == api.STATUS_STOPPED and self._wait_for == lifecycle.WAIT_JOB and self._job_succeeded(instance)
+
+    def _job_succeeded(self, instance: Mapping[str, Any]) -> bool:
+        """Whether the log of a stopped instance ends with the job wrapper's exit status 0. A log that cannot be
+        read proves nothing: the instance is destroyed and the job runs again, as it would without this read."""
+        try:
+            text = self.hook.get_instance_logs(int(instance["id"]))
+        except GpuMarketError as exc:
+            self.log.warning("Cannot read the log of instance %s to see how its job ended (%s)", instance["id"], exc)
+            return False
+        return job_logs.exit_status(job_logs.split_lines(text, complete_only=False)) == 0

@@ -62,3 +62,33 @@ def test_the_exception_message_carries_the_remote_traceback(sim):
     assert "exit status 1" in message and "ValueError: invalid literal for int()" in message
     assert "return int(text)" in message
     assert alive(sim) == []
+
+
+def test_a_retry_returns_the_value_of_a_function_whose_run_ended_after_the_worker_died(sim):
+    import time
+    from datetime import datetime
+    from types import SimpleNamespace
+
+    from airflow.providers.common.compat.sdk import DAG
+
+    from airflow_gpumarket import lifecycle
+    from airflow_gpumarket.decorators.gpumarket import gpumarket_task
+
+    from .dags.gpumarket_decorator_dags import COMMON
+    from .test_money_safety import cheapest_offers, wait_until
+
+    def double(n: int) -> int:
+        return 2 * n
+
+    with DAG(dag_id="direct", start_date=datetime(2026, 1, 1), schedule=None):
+        op = gpumarket_task(**COMMON, deferrable=False)(double)(21).operator
+    retry = {"run_id": "r1", "ti": SimpleNamespace(try_number=2, map_index=-1, start_date=None)}
+    key = op._rental_key(retry)
+    op.command = op._command(key, list(op.op_args), dict(op.op_kwargs))  # try 1's command (execute builds it)
+    label = lifecycle.make_label(key, time.time() + 3600)
+    body = op._creation_body(label=label, base_url=op.hook.settings.base_url)  # try 1's rental, then its worker died
+    made = op.hook.create_instance(cheapest_offers(1)[0]["id"], **body)["new_contract"]
+    wait_until(lambda: sim.state()["instances"][0]["actual_status"] == "stopped")  # the function returned
+    assert op.execute(retry) == 42
+    assert [i["id"] for i in sim.state()["instances"]] == [made]
+    assert alive(sim) == []

@@ -261,19 +261,32 @@ def test_on_kill_mid_job_destroys_the_instance_and_stops_the_job(sim):
     wait_until(lambda: not sim.onstart_result(instance["id"])["running"])  # the job process is killed too
 
 
+def rented_by_a_dead_try(ctx: dict, command: str) -> int:
+    """What try 1 made before its worker vanished: same label key, same job script."""
+    first = job(command=command)
+    label = lifecycle.make_label(first._rental_key(ctx), time.time() + 3600)
+    body = first._creation_body(label=label, base_url=first.hook.settings.base_url)
+    return first.hook.create_instance(cheapest_offers(1)[0]["id"], **body)["new_contract"]
+
+
 def test_retry_after_the_worker_died_adopts_the_earlier_instance_instead_of_renting_again(sim):
     ctx = context(try_number=2)
-    first = job(command="echo adopted")
-    key = first._rental_key(ctx)
-    offer = cheapest_offers(1)[0]
-    # What try 1 made before its worker vanished: same label key, same job script.
-    label = lifecycle.make_label(key, time.time() + 3600)
-    body = first._creation_body(label=label, base_url=first.hook.settings.base_url)
-    made = first.hook.create_instance(offer["id"], **body)["new_contract"]
-
+    made = rented_by_a_dead_try(ctx, "echo adopted")
+    # Booting, running or already stopped by its wrapper after exit 0 when the retry looks: adopted all the same.
     result = job(command="echo adopted").execute(ctx)
     assert result["instance_id"] == made and result["job_status"] == "succeeded"
     assert [i["id"] for i in sim.state()["instances"]] == [made]
+    assert alive(sim) == []
+
+
+def test_retry_after_the_job_ended_unseen_reports_its_success_without_running_it_again(sim):
+    ctx = context(try_number=2)
+    made = rented_by_a_dead_try(ctx, "echo trained")
+    wait_until(lambda: sim.onstart_result(made) and not sim.onstart_result(made)["running"])
+    wait_until(lambda: sim.state()["instances"][0]["actual_status"] == "stopped")  # the wrapper stopped it
+    result = job(command="echo trained").execute(ctx)
+    assert result["instance_id"] == made and result["job_status"] == "succeeded"
+    assert [i["id"] for i in sim.state()["instances"]] == [made]  # nothing rented, nothing run twice
     assert alive(sim) == []
 
 

@@ -294,6 +294,67 @@ def test_retry_adopts_a_running_earlier_instance_and_destroys_the_other_leftover
     assert hook.destroyed == [1001, 1002] and len(hook.instances) == 2  # nothing rented anew
 
 
+def earlier_try_left(hook: FakeHook, op, status: str, log_text: str) -> None:
+    """Instance 1001, of try 1 whose worker died, on the last offer: in ``status``, its log ``log_text``."""
+    hook.create_instance(max(hook.scripts), label=lifecycle.make_label(op._rental_key(ctx()), time.time() + 600))
+    hook.instances[1001]["actual_status"] = status
+    hook.log_text = log_text
+
+
+def test_retry_keeps_the_success_of_a_job_that_ended_after_the_worker_died_instead_of_running_it_again(task_log):
+    hook = FakeHook({1: ["stopped"]})  # the wrapper stopped the instance after the job exited 0
+    op = job(hook)
+    earlier_try_left(hook, op, "stopped", "gpumarket: job started\nsaved model.pt\n" + EXIT_0)
+    result = op.execute(ctx(try_number=2))
+    assert result["instance_id"] == 1001 and result["job_status"] == "succeeded"
+    assert len(hook.instances) == 1 and hook.alive() == []  # nothing rented anew; the stopped one destroyed
+    assert "adopting instance 1001" in task_log()
+
+
+def test_retry_runs_again_a_job_that_failed_before_the_worker_died():
+    hook = FakeHook({1: ["running", DONE], 2: ["stopped"]})
+    op = job(hook)
+    earlier_try_left(hook, op, "stopped", "gpumarket: job started\ngpumarket: job exited with status 1\n")
+    result = op.execute(ctx(try_number=2))
+    assert result["instance_id"] == 1002 and result["job_status"] == "succeeded"
+    assert hook.destroyed[0] == 1001 and hook.alive() == []
+
+
+def test_retry_runs_again_a_job_whose_stopped_instance_has_no_exit_status_in_its_log():
+    hook = FakeHook({1: ["running", DONE], 2: ["stopped"]})
+    op = job(hook)
+    earlier_try_left(hook, op, "stopped", "gpumarket: job started\nepoch 1\n")  # stopped by hand, mid-job
+    assert op.execute(ctx(try_number=2))["instance_id"] == 1002
+    assert hook.destroyed[0] == 1001 and hook.alive() == []
+
+
+def test_retry_runs_again_when_the_log_of_a_stopped_earlier_instance_cannot_be_read(task_log):
+    hook = FakeHook({1: ["running", DONE], 2: ["stopped"]})
+    op = job(hook)
+    earlier_try_left(hook, op, "stopped", EXIT_0)
+    reads = hook.get_instance_logs
+
+    def unreadable_once(instance_id, **kw):
+        if instance_id == 1001:
+            raise GpuMarketServerError("logs: HTTP 503 after retries", status_code=503)
+        return reads(instance_id, **kw)
+
+    hook.get_instance_logs = unreadable_once
+    assert op.execute(ctx(try_number=2))["instance_id"] == 1002
+    assert hook.destroyed[0] == 1001 and hook.alive() == []
+    assert "Cannot read the log of instance 1001 to see how its job ended" in task_log()
+
+
+def test_retry_of_an_instance_waiter_does_not_adopt_a_stopped_instance_nor_read_its_log():
+    hook = FakeHook({1: ["running"], 2: ["stopped"]})
+    op = GpuMarketCreateInstanceOperator(task_id="make", offer_filters={"num_gpus": {"gte": 1}}, image="img")
+    op.__dict__["hook"] = hook
+    hook.get_instance = lambda instance_id: hook.find_instance(instance_id)  # the details it returns
+    earlier_try_left(hook, op, "stopped", EXIT_0)
+    assert op.execute(ctx(try_number=2))["instance_id"] == 1002
+    assert hook.destroyed == [1001] and hook.log_reads == []
+
+
 def fired(deferred: pytest.ExceptionInfo, kind: lifecycle.EventKind, **facts) -> dict:
     """The event the deferred task's trigger would send (it carries the rental back, as the trigger does)."""
     trigger = deferred.value.trigger
