@@ -8,6 +8,7 @@ once on the attempt the test wants it to finish on, and sleeps (until it is kill
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -22,13 +23,25 @@ THIRD_RUN_FINISHES = (
     '[ "$GPUMARKET_ATTEMPT" -ge 3 ] || sleep 60; echo "finished on attempt $GPUMARKET_ATTEMPT"'
 )
 
+#: What a resumed job does (given its checkpoint's path): waits for the Outbidder's release, then ends.
+RESUMED_ONCE_RELEASED = "until [ -f {0}.go ]; do sleep 0.05; done; echo resumed; exit 0;"
+
 
 class Outbidder:
     """Outbids each newly running bid instance whose command started, ``times`` times (with ``resume_after``: the
-    bid wins again that many simulated seconds later).
+    bid wins again that many simulated seconds later, and not before the task has seen the stop).
 
     ``by_market=False`` outbids through the admin surface; ``by_market=True`` as the market does, by a competing
-    bid for the instance's machine above its bid, which falls away again after ``resume_after``."""
+    bid for the instance's machine above its bid, which falls away again.
+
+    ``release``: a file the resumed job waits for before it ends, made once the task has seen the instance run
+    again. With both waits no real time decides the outcome on a slow machine: the task sees the stop and the
+    return, which a fast resumed job would otherwise hide between two polls. The task has seen a state once it
+    has read the instance twice since (the second read began after the change)."""
+
+    #: How long an admin outbid holds the machine at most (simulated seconds): the clock is moved to its end once
+    #: the task has seen the stop.
+    HOLD = 86_400.0
 
     def __init__(
         self,
@@ -38,11 +51,14 @@ class Outbidder:
         marker: str = "run attempt=",
         *,
         by_market: bool = False,
+        release: Path | None = None,
     ) -> None:
         self.sim, self.times, self.resume_after, self.marker = sim, times, resume_after, marker
-        self.by_market = by_market
+        self.by_market, self.release = by_market, release
         self.outbid: list[int] = []
-        self._falls_away: dict[int, float] = {}  # offer id -> when its competing bid goes
+        self._outbid_at: tuple[dict, float] | None = None  # the instance waiting to resume, when it was outbid
+        self._resumed: dict | None = None  # the resumed instance, until its job is released
+        self._running_at: float | None = None  # when the simulator had it running again
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -56,10 +72,10 @@ class Outbidder:
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
-            for offer_id, at in list(self._falls_away.items()):
-                if self.sim.now() >= at:
-                    self.sim.set_competing_bid(offer_id, None)
-                    del self._falls_away[offer_id]
+            if self._outbid_at is not None:
+                self._resume_once_seen(*self._outbid_at)
+            if self._resumed is not None:
+                self._release_once_seen_running(self._resumed)
             if len(self.outbid) < self.times:
                 self._outbid_a_running_job()
 
@@ -72,11 +88,33 @@ class Outbidder:
                 continue
             if self.by_market:
                 self.sim.set_competing_bid(instance["offer_id"], instance["bid_price"] * 1.5)
-                if self.resume_after is not None:
-                    self._falls_away[instance["offer_id"]] = self.sim.now() + self.resume_after
             else:
-                self.sim.outbid(instance["id"], self.resume_after)
+                self.sim.outbid(instance["id"], None if self.resume_after is None else self.HOLD)
+            if self.resume_after is not None:
+                self._outbid_at = (instance, self.sim.now())
             self.outbid.append(instance["id"])
+            return
+
+    def _task_read_since(self, t: float) -> bool:
+        reads = [r for r in self.sim.requests() if r["t"] > t and r["status"] == 200]
+        return sum(r["op"] in ("get_instance", "list_instances", "list_instances_v1") for r in reads) >= 2
+
+    def _resume_once_seen(self, instance: dict, outbid_at: float) -> None:
+        if not self._task_read_since(outbid_at) or self.sim.now() < outbid_at + self.resume_after:
+            return
+        if self.by_market:
+            self.sim.set_competing_bid(instance["offer_id"], None)
+        else:
+            self.sim.advance(outbid_at + self.HOLD - self.sim.now())  # the admin's hold ends now
+        self._outbid_at, self._resumed = None, instance if self.release is not None else None
+
+    def _release_once_seen_running(self, instance: dict) -> None:
+        if self._running_at is None:
+            if any(i["id"] == instance["id"] and i["actual_status"] == "running" for i in self.sim.alive_instances()):
+                self._running_at = self.sim.now()
+        elif self._task_read_since(self._running_at):
+            self.release.touch()
+            self._resumed = None
 
 
 #: Both ways an instance is outbid: by the admin surface, and by a competing bid that rises above the job's bid.
@@ -148,11 +186,12 @@ def test_rule_fallback_on_demand_rents_on_demand_after_max_preemptions(sim):
 def test_rule_on_preemption_wait_resumes_on_the_same_instance_when_the_bid_wins_again(sim, tmp_path, by_market):
     marker = tmp_path / "checkpoint"  # the instance's disk survives an outbid: the job's own checkpoint
     command = (
-        f'echo "run attempt=$GPUMARKET_ATTEMPT"; [ -f {marker} ] && echo resumed && exit 0; touch {marker}; sleep 60'
+        f'echo "run attempt=$GPUMARKET_ATTEMPT"; [ -f {marker} ] && {{ {RESUMED_ONCE_RELEASED.format(marker)} }}; '
+        f"touch {marker}; echo checkpointed; sleep 60"
     )
     op = job(command=command, interruptible=True, on_preemption="wait", max_outbid_wait=600)
-    # 1 s at 600x: the task sees it stopped, then back
-    with Outbidder(sim, times=1, resume_after=600, by_market=by_market):
+    release = tmp_path / "checkpoint.go"
+    with Outbidder(sim, times=1, resume_after=600, marker="checkpointed", by_market=by_market, release=release):
         result = op.execute(context())
     assert result["job_status"] == "succeeded" and result["preemptions"] == 1  # the task saw the outbid, and waited
     (instance,) = sim.state()["instances"]
@@ -162,7 +201,8 @@ def test_rule_on_preemption_wait_resumes_on_the_same_instance_when_the_bid_wins_
 
 def test_rule_on_preemption_wait_in_deferred_mode_resumes_on_the_same_instance(example_dag, sim, monkeypatch, tmp_path):
     monkeypatch.setenv("GPUMARKET_TEST_MARKER", str(tmp_path / "checkpoint"))
-    with Outbidder(sim, times=1, resume_after=600, by_market=True):
+    release = tmp_path / "checkpoint.go"
+    with Outbidder(sim, times=1, resume_after=600, marker="checkpointed", by_market=True, release=release):
         run = example_dag("gpm_interruptible_wait_deferred").test()
     assert run.state == "success", task_states(run)
     (instance,) = sim.state()["instances"]

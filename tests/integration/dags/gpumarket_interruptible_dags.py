@@ -40,12 +40,13 @@ for dag_id, deferrable in (("gpm_interruptible_decorated", True), ("gpm_interrup
 
 with DAG("gpm_interruptible_wait_deferred", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
     # The instance's disk survives an outbid: a marker file there is the job's checkpoint. On resume the script
-    # runs again on the same instance, finds it, and finishes.
+    # runs again on the same instance, finds it, and finishes once the test lets it (the ".go" file).
     GpuMarketRunJobOperator(
         task_id="train",
         command=(
-            'echo "run attempt=$GPUMARKET_ATTEMPT"; [ -f "$GPUMARKET_TEST_MARKER" ] && echo resumed && exit 0; '
-            'touch "$GPUMARKET_TEST_MARKER"; sleep 60'
+            'echo "run attempt=$GPUMARKET_ATTEMPT"; [ -f "$GPUMARKET_TEST_MARKER" ] && '
+            '{ until [ -f "$GPUMARKET_TEST_MARKER.go" ]; do sleep 0.05; done; echo resumed; exit 0; }; '
+            'touch "$GPUMARKET_TEST_MARKER"; echo checkpointed; sleep 60'
         ),
         env={"GPUMARKET_TEST_MARKER": os.environ.get("GPUMARKET_TEST_MARKER", "/tmp/gpm-wait-marker")},
         deferrable=True,
