@@ -3,9 +3,18 @@ traceback, mapping rents one instance per mapped task, and nothing is left alive
 
 from __future__ import annotations
 
+import time
+from datetime import datetime
+from types import SimpleNamespace
+
 import pytest
+from airflow.providers.common.compat.sdk import DAG
+
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket.decorators.gpumarket import gpumarket_task
 
 from .conftest import alive, offers_rented_twice_at_once, task_states
+from .test_money_safety import cheapest_offers, wait_until
 
 
 @pytest.mark.parametrize("mode", ["sync", "deferred"])
@@ -65,17 +74,7 @@ def test_the_exception_message_carries_the_remote_traceback(sim):
 
 
 def test_a_retry_returns_the_value_of_a_function_whose_run_ended_after_the_worker_died(sim):
-    import time
-    from datetime import datetime
-    from types import SimpleNamespace
-
-    from airflow.providers.common.compat.sdk import DAG
-
-    from airflow_gpumarket import lifecycle
-    from airflow_gpumarket.decorators.gpumarket import gpumarket_task
-
-    from .dags.gpumarket_decorator_dags import COMMON
-    from .test_money_safety import cheapest_offers, wait_until
+    from .dags.gpumarket_decorator_dags import COMMON  # after the fixtures set its poll interval
 
     def double(n: int) -> int:
         return 2 * n
