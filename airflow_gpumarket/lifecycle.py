@@ -169,6 +169,16 @@ class Rental:
     bid: float | None = None  # $/h bid for an interruptible rental; None on demand
     machine_id: int | None = None  # the offer's machine, when the search named it
     attempts: Attempts = field(default_factory=Attempts)
+    recorded_at: float | None = None  # the start in the rental's record, on the service's clock
+    running_at: float | None = None  # when its watcher first saw it running, on the service's clock
+    stopped_at: float | None = None  # when its watcher first saw it stopped since it last ran, on that clock
+
+    def note_billing(self, status: str | None, at: float) -> bool:
+        """Take one read's status at the service's time ``at`` (see ``billing_marks``); True when it is the first
+        read that found the rental running."""
+        first = self.running_at is None
+        self.running_at, self.stopped_at = billing_marks(self.running_at, self.stopped_at, status, at)
+        return first and self.running_at is not None
 
     def elapsed(self, now: float) -> float:
         return now - self.created_at
@@ -217,6 +227,19 @@ class Rental:
             return cls(**data, attempts=Attempts(**attempts))
         except TypeError as exc:
             raise ValueError(f"bad attempts in {data!r}: {exc}") from None
+
+
+def billing_marks(
+    running_at: float | None, stopped_at: float | None, status: str | None, at: float
+) -> tuple[float | None, float | None]:
+    """When compute billing started (the first read that found the instance running) and, while it is stopped after
+    running, when it stopped (the first read that found it stopped), after one more read at ``at``. Both are up to
+    one poll late, so an estimate between them errs both ways alike."""
+    if status == api.STATUS_RUNNING:
+        return (at if running_at is None else running_at), None
+    if status == api.STATUS_STOPPED and running_at is not None:
+        return running_at, (at if stopped_at is None else stopped_at)
+    return running_at, stopped_at
 
 
 def rentals_of(instances: Iterable[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:

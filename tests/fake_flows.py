@@ -13,6 +13,7 @@ class FlowsOverMethods:
     """Mix into a fake hook that has ``label_instance`` and/or ``get_instance_logs``."""
 
     renew_lease_flow = GpuMarketHook.renew_lease_flow  # the real one, over the fake's label flow
+    service_clock_offset = 0.0  # the fake service's clock is this host's
 
     def label_instance_flow(self, instance_id: int, label: str) -> Any:
         return self.label_instance(instance_id, label)  # type: ignore[attr-defined]

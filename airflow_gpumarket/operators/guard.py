@@ -45,9 +45,12 @@ def destroy_rentals_on_failure(context: Any) -> None:
         task.dag_id or "", str(context.get("run_id")), task.task_id, getattr(ti, "map_index", -1)
     )
     log = getattr(task, "log", None) or hook.log
+    from airflow_gpumarket.ui import records
+
     for instance in lifecycle.rentals_of(hook.list_instances(), key):
         log.warning("The task failed: destroying instance %s so it stops billing", instance["id"])
         hook.destroy_instance(int(instance["id"]))
+        records.push_end(context, log, hook, int(instance["id"]), ended_by="failure callback", instance=instance)
 
 
 class RentalGuard:
@@ -72,9 +75,12 @@ class RentalGuard:
         def _lease_seconds(self) -> float: ...
 
     def _destroy_rentals_of_this_task(self, context: Any, reason: BaseException | str) -> None:
+        from airflow_gpumarket.ui import records
+
         for instance in lifecycle.rentals_of(self.hook.list_instances(), self._rental_key(context)):
             self.log.warning("%s: destroying instance %s so it stops billing", reason, instance["id"])
             self._destroy(int(instance["id"]))
+            records.push_end(context, self.log, self.hook, int(instance["id"]), ended_by=str(reason), instance=instance)
 
     # --- destroy on every failure path -----------------------------------------------------------------
     @contextmanager
@@ -175,6 +181,7 @@ class RentalGuard:
             bid=adopted.get("bid_price") if adopted.get("is_bid") else None,
             machine_id=adopted.get("machine_id"),
             attempts=lifecycle.Attempts(tried=[] if offer_id is None else [int(offer_id)]),
+            recorded_at=start if api.is_positive_number(start := adopted.get("start_date")) else None,
         )
 
     def _may_adopt(self, instance: Mapping[str, Any]) -> bool:

@@ -31,6 +31,8 @@ class GpuMarketReapOrphansOperator(GpuMarketBaseOperator):
         api.require_non_negative_number("grace", self.grace)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_gpumarket.ui import records
+
         now = time.time()
         expired = []
         for instance in self.hook.list_instances():
@@ -43,6 +45,7 @@ class GpuMarketReapOrphansOperator(GpuMarketBaseOperator):
             overdue = lifecycle.format_duration(now - lifecycle.parse_label(instance["label"])[1])  # type: ignore[index]
             if not self.report_only:
                 self.hook.destroy_instance(instance_id)
+                records.push_end(context, self.log, self.hook, instance_id, ended_by=self.task_id, instance=instance)
             destroyed.append(instance_id)
             per_hour += float(instance.get("dph_total") or 0)  # type: ignore[arg-type]
             self.log.warning(

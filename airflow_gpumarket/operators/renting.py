@@ -252,15 +252,20 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             rental.relabel(event.get("label"))  # the trigger's renewals came later
             # Written when it was created, before the deferral.
             self._recorder.start(rental, write=False, handed_over=self._hands_over_its_instance)
+            if rental.running_at is None and api.is_positive_number(running_at := event.get("running_at")):
+                rental.running_at = running_at
+                self._recorder.running(rental)
+            if api.is_positive_number(stopped_at := event.get("stopped_at")):
+                rental.stopped_at = stopped_at
             event = dict(event)
             job_logs.show_held(event, self.log)
             return self._finish(context, rental, event)
 
     def _new_recorder(self, context: Any) -> RentalRecorder:
         """This run's writer of rental records (imported here, not when a DAG file is parsed)."""
-        from airflow_gpumarket.ui.records import RentalRecorder
+        from airflow_gpumarket.ui.records import RentalRecorder, service_now
 
-        return RentalRecorder(context, self.log, self.gpumarket_conn_id)
+        return RentalRecorder(context, self.log, self.gpumarket_conn_id, clock=lambda: service_now(self.hook))
 
     def _execution_deadline(self, context: Any) -> float | None:
         """The epoch second at which ``execution_timeout`` ends, counted from the start of this try.
@@ -455,6 +460,8 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 gone=instance is None and not unread,
                 unread=unread,
             )
+            if rental.note_billing(watch.status, now + self.hook.service_clock_offset) and self._recorder is not None:
+                self._recorder.running(rental)
             if watch.changed:
                 self.log.info("Instance %s: status %s", instance_id, watch.shown)
             self.log.info(

@@ -3,10 +3,10 @@ it is the teardown of a rental made by ``GpuMarketCreateInstanceOperator``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.utils import check_instance_id_argument, instance_id_from
 
@@ -51,6 +51,19 @@ class GpuMarketDestroyInstanceOperator(_OneInstanceOperator):
         if instance_id is None:
             self.log.info("No instance id: nothing to destroy")
             return {"success": True, "destroyed": None}
+        from airflow_gpumarket.ui import records
+
+        instance = self._read(instance_id)
         result = self.hook.destroy_instance(instance_id)
         self.log.info("Destroyed instance %s%s", instance_id, " (already gone)" if result.get("already_gone") else "")
+        if not result.get("already_gone"):
+            records.push_end(context, self.log, self.hook, instance_id, ended_by=self.task_id, instance=instance)
         return {"success": True, "destroyed": instance_id, "already_gone": bool(result.get("already_gone"))}
+
+    def _read(self, instance_id: int) -> Mapping[str, Any] | None:
+        """The instance before its destroy (its start, price and label go into the end record), if it can be read."""
+        try:
+            return self.hook.get_instance(instance_id)
+        except GpuMarketError as exc:
+            self.log.info("Could not read instance %s before destroying it: %s", instance_id, exc)
+            return None

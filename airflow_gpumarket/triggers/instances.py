@@ -101,6 +101,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.outbid_wait_until = outbid_wait_until
         self.resume = resume
         self._fired = False  # an event was handed to Airflow: the task resumes and owns the instance again
+        # The service's times of the first read that found it running, and stopped since (lifecycle.billing_marks).
+        self._running_at: float | None = None
+        self._stopped_at: float | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -142,10 +145,11 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 except GpuMarketError as exc:
                     yield Observation(error=exc)
                 else:
+                    at = time.time() + hook.service_clock_offset
                     yield (
-                        Observation(gone=True)
+                        Observation(gone=True, at=at)
                         if instance is None
-                        else Observation(status=instance.get("actual_status"))
+                        else Observation(status=instance.get("actual_status"), at=at)
                     )
                 await asyncio.sleep(self.poll_interval)
         finally:
@@ -214,6 +218,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                     pump.began(seen.status == api.STATUS_RUNNING)
                     await self._renew_lease(watch)
                 event = watch.observe(time.time(), status=seen.status, gone=seen.gone, unread=seen.error is not None)
+                self._running_at, self._stopped_at = lifecycle.billing_marks(
+                    self._running_at, self._stopped_at, watch.status, seen.at
+                )
                 if watch.changed:
                     self.log.info(
                         "Instance %s: status %s after %s",
@@ -242,6 +249,10 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     def _event(self, event: dict[str, Any], watch: lifecycle.Watch) -> TriggerEvent:
         self._fired = True
         event["instance_id"] = self.instance_id
+        if self._running_at is not None:
+            event["running_at"] = self._running_at
+        if self._stopped_at is not None:
+            event["stopped_at"] = self._stopped_at
         if watch.label is not None:
             event["label"] = watch.label  # as renewed: the resumed operator's copy is older
         if self.resume is not None:
@@ -259,8 +270,30 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             self.log.warning("Task killed while deferred: destroyed instance %s", self.instance_id)
         except Exception as exc:  # best effort: the reaper is the last line of defence
             self.log.error("Task killed while deferred, and destroying instance %s failed: %s", self.instance_id, exc)
+            return
         finally:
             await hook.aclose()
+        await self._record_end(hook)
+
+    async def _record_end(self, hook: Any) -> None:
+        """The rental's end on its task instance's XComs: a task marked failed writes nothing more itself."""
+        from airflow_gpumarket.ui import records
+
+        ti = getattr(self, "task_instance", None)  # set by the triggerer
+        if ti is None:
+            return
+        end = records.end_only(
+            instance_id=self.instance_id,
+            ended_at=records.service_now(hook),
+            ended_by="trigger (task left deferred)",
+            instance={"running_at": self._running_at, "stopped_at": self._stopped_at},
+        )
+        try:
+            await asyncio.to_thread(records.write_end, ti, end)
+        except Exception as exc:  # the page is a view: nothing else depends on this record
+            self.log.warning(
+                "Could not record the end of instance %s for the GPU rentals page: %s", self.instance_id, exc
+            )
 
     async def cleanup(self) -> None:
         """Before 3.3 Airflow never calls ``on_kill``; its triggerer calls ``cleanup`` whenever this trigger stops:

@@ -31,14 +31,22 @@ _POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, SharedI
 
 
 class Observation:
-    """What one round learnt about one instance: its status, that it is gone, or a failure."""
+    """What one round learnt about one instance: its status, that it is gone, or a failure; and the service's time
+    of the read (``at``, epoch seconds on the service's clock)."""
 
-    __slots__ = ("status", "gone", "error")
+    __slots__ = ("status", "gone", "error", "at")
 
-    def __init__(self, status: str | None = None, gone: bool = False, error: GpuMarketError | None = None) -> None:
+    def __init__(
+        self,
+        status: str | None = None,
+        gone: bool = False,
+        error: GpuMarketError | None = None,
+        at: float | None = None,
+    ) -> None:
         self.status = status
         self.gone = gone
         self.error = error
+        self.at = time.time() if at is None else at
 
 
 def poller_for(conn_id: str, hook_factory: Any) -> SharedInstancePoller:
@@ -125,9 +133,10 @@ class SharedInstancePoller:
             self._deliver_all(watched, Observation(error=exc))
             return
         self._slowdown = 1.0
+        at = time.time() + self._hook.service_clock_offset
         for instance_id in watched:
             if instance_id in listed:
-                self._deliver(instance_id, Observation(status=listed[instance_id].get("actual_status")))
+                self._deliver(instance_id, Observation(status=listed[instance_id].get("actual_status"), at=at))
             else:
                 self._deliver(instance_id, await self._confirm(instance_id))
 
@@ -139,7 +148,7 @@ class SharedInstancePoller:
             return Observation(gone=True)
         except GpuMarketError as exc:
             return Observation(error=exc)
-        return Observation(status=instance.get("actual_status"))
+        return Observation(status=instance.get("actual_status"), at=time.time() + self._hook.service_clock_offset)
 
     def _deliver(self, instance_id: int, observation: Observation) -> None:
         for queue in self._watchers.get(instance_id, []):

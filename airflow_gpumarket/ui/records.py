@@ -2,9 +2,10 @@
 
 A task instance writes one XCom per rental (``record_key(instance_id)``; a failover or a preemption adds one) when
 the instance is created or adopted, and writes it again when the instance is destroyed, with what it cost; and
-``URL_XCOM_KEY``, the page's row of its latest rental, which the link reads. The page matches live instances to
-DAG, run and task through these records, never by guessing from labels; spend per DAG comes from them too. The
-records are small plain JSON (no instance key, no SSH address).
+``URL_XCOM_KEY``, the page's row of its latest rental, which the link reads. Whatever else ends a rental (the
+teardown task, the reaper, the trigger of a task marked failed, the page's Destroy) writes an end record
+(``end_key(instance_id)``) where it can. Every time in a record is on the service's clock. The records are small
+plain JSON (no instance key, no SSH address).
 
 Importing this module is cheap: operators import it on every DAG parse.
 """
@@ -12,14 +13,16 @@ Importing this module is cheap: operators import it on every DAG parse.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from airflow_gpumarket import lifecycle
+from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket._compat import is_airflow_2
 
 #: The XCom keys of a task instance's rental records: this prefix and the instance id.
 RECORD_KEY_PREFIX = "gpumarket_rental_"
+#: The XCom keys of the end of a rental written by something other than its renter (it carries ``end_only``).
+END_KEY_PREFIX = f"{RECORD_KEY_PREFIX}end_"
 #: The XCom key of the page's row of the task instance's latest rental (what the "GPU rental" link opens).
 URL_XCOM_KEY = "gpumarket_rental_url"
 #: The URL path of the page, relative to the Airflow UI's base URL (no leading slash: it works behind a proxy).
@@ -28,6 +31,10 @@ PAGE_PATH = "gpumarket/"
 
 def record_key(instance_id: int) -> str:
     return f"{RECORD_KEY_PREFIX}{int(instance_id)}"
+
+
+def end_key(instance_id: int) -> str:
+    return f"{END_KEY_PREFIX}{int(instance_id)}"
 
 
 def rental_url(instance_id: int) -> str:
@@ -58,6 +65,8 @@ def started(
         "created_at": round(created_at, 3),
         "try_number": try_number,
         "handed_over": handed_over,
+        "running_at": None,
+        "stopped_at": None,
         "ended_at": None,
         "cost": None,
     }
@@ -73,12 +82,87 @@ def price_of(record: Mapping[str, Any]) -> float | None:
     return float(price) if isinstance(price, int | float) and not isinstance(price, bool) else None
 
 
-def ended(record: Mapping[str, Any], ended_at: float | None = None) -> dict[str, Any]:
-    """The record once its instance is destroyed: when, and what it cost (at its hourly price from creation: an
-    upper bound, since a booting or stopped instance bills storage only)."""
-    end = time.time() if ended_at is None else ended_at
-    cost = lifecycle.estimated_cost(price_of(record), end - float(record["created_at"]), digits=COST_DIGITS)
-    return {**record, "ended_at": round(end, 3), "cost": cost}
+def billed_from(record: Mapping[str, Any]) -> float | None:
+    """When compute billing started, as far as the record knows: first seen running, else created."""
+    for name in ("running_at", "created_at"):
+        value = record.get(name)
+        if isinstance(value, int | float) and api.is_positive_number(value):
+            return float(value)
+    return None
+
+
+def billed_until(record: Mapping[str, Any], ended_at: float) -> float:
+    """When compute billing ended: first seen stopped (its job ended) when that came before the destroy."""
+    stopped = record.get("stopped_at")
+    return (
+        min(float(stopped), ended_at)
+        if isinstance(stopped, int | float) and api.is_positive_number(stopped)
+        else ended_at
+    )
+
+
+def ended(record: Mapping[str, Any], ended_at: float) -> dict[str, Any]:
+    """The record once its instance is destroyed: when, and its estimated cost (its hourly price from when it was
+    first seen running, else from its creation, until it was seen stopped or destroyed)."""
+    start, end = billed_from(record), billed_until(record, ended_at)
+    cost = None if start is None else lifecycle.estimated_cost(price_of(record), end - start, digits=COST_DIGITS)
+    return {**record, "ended_at": round(ended_at, 3), "cost": cost}
+
+
+def end_only(
+    *, instance_id: int, ended_at: float, ended_by: str, instance: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The end of a rental, as written by what destroyed it when that is not its renter. ``instance``: the
+    service's instance read before the destroy, whose label, start and price let the page cost and attribute a
+    rental whose own record is missing."""
+    seen = instance or {}
+    start = seen.get("start_date")
+    price = seen.get("bid_price") if seen.get("is_bid") else seen.get("dph_total")
+    return {
+        "instance_id": int(instance_id),
+        "end_only": True,
+        "ended_at": round(ended_at, 3),
+        "ended_by": ended_by,
+        "label": seen.get("label"),
+        "created_at": start if api.is_positive_number(start) else None,
+        "running_at": seen.get("running_at") if api.is_positive_number(seen.get("running_at")) else None,
+        "stopped_at": seen.get("stopped_at") if api.is_positive_number(seen.get("stopped_at")) else None,
+        "hourly_price": price if api.is_positive_number(price) else None,
+        "gpu_name": seen.get("gpu_name"),
+        "offer_id": seen.get("offer_id"),
+    }
+
+
+def service_now(hook: Any) -> float:
+    """The service's time now, by the offset the hook learnt from the Date header of its latest answer."""
+    return time.time() + float(getattr(hook, "service_clock_offset", 0.0) or 0.0)
+
+
+def push_end(
+    context: Any, log: Any, hook: Any, instance_id: int, *, ended_by: str, instance: Mapping[str, Any] | None = None
+) -> None:
+    """Store the end of a rental just destroyed on the running task instance's XComs, best effort."""
+    record = end_only(instance_id=instance_id, ended_at=service_now(hook), ended_by=ended_by, instance=instance)
+    _push(context.get("ti") if isinstance(context, Mapping) else None, log, end_key(instance_id), record)
+
+
+def write_end(ti: Any, record: Mapping[str, Any]) -> None:
+    """Store an end record on the task instance ``ti`` names, from a triggerer or a callback (no ``xcom_push``
+    there): through the Task SDK on Airflow 3, the metadata database on 2.11."""
+    names = {
+        "dag_id": ti.dag_id,
+        "task_id": ti.task_id,
+        "run_id": ti.run_id,
+        "map_index": getattr(ti, "map_index", -1),
+    }
+    if is_airflow_2():
+        from airflow.models.xcom import XCom
+
+        XCom.set(key=end_key(record["instance_id"]), value=dict(record), **names)
+        return
+    from airflow.sdk.execution_time.xcom import XCom as SdkXCom
+
+    SdkXCom.set(end_key(record["instance_id"]), dict(record), **names)
 
 
 class RentalRecorder:
@@ -86,16 +170,21 @@ class RentalRecorder:
     test's bare context, a backend error) still runs its job, and its rental is still destroyed; only the page
     loses sight of it."""
 
-    def __init__(self, context: Any, log: Any, conn_id: str) -> None:
+    def __init__(self, context: Any, log: Any, conn_id: str, clock: Callable[[], float]) -> None:
         self._ti = context.get("ti") if isinstance(context, Mapping) else None
         self._log = log
         self._conn_id = conn_id
+        self._clock = clock
         self._open: dict[int, dict[str, Any]] = {}
+        self._rentals: dict[int, Any] = {}  # the lifecycle.Rental of each open record
 
     def start(self, rental: Any, *, write: bool = True, handed_over: bool = False) -> None:
-        """A rental this try holds (``write=False``: one whose start an earlier run of this try wrote, resumed
-        after a deferral; ``handed_over``: the task hands the instance to later tasks of its DAG run)."""
+        """A rental this try holds, created now or adopted (``write=False``: one whose start an earlier run of this
+        try wrote, resumed after a deferral; ``handed_over``: the task hands the instance to later tasks of its DAG
+        run). Its start is ``rental.recorded_at`` when known, else the service's time now."""
         number = getattr(self._ti, "try_number", None)
+        if rental.recorded_at is None:
+            rental.recorded_at = self._clock()
         record = started(
             instance_id=rental.instance_id,
             conn_id=self._conn_id,
@@ -103,11 +192,14 @@ class RentalRecorder:
             gpu_name=rental.gpu_name,
             hourly_price=rental.hourly_price,
             bid=rental.bid,
-            created_at=rental.created_at,
+            created_at=rental.recorded_at,
             try_number=number if isinstance(number, int) else None,
             handed_over=handed_over,
         )
         self._open[rental.instance_id] = record
+        self._rentals[rental.instance_id] = rental
+        if rental.running_at is not None:
+            record["running_at"] = round(rental.running_at, 3)
         if write:
             self._push(record_key(rental.instance_id), record)
             url = rental_url(rental.instance_id)
@@ -119,17 +211,31 @@ class RentalRecorder:
 
                 self._push(GpuRentalLink().xcom_key, url)
 
+    def running(self, rental: Any) -> None:
+        """Its watcher first saw the rental running (``rental.running_at``): written, so its cost starts there."""
+        record = self._open.get(rental.instance_id)
+        if record is not None and rental.running_at is not None:
+            record["running_at"] = round(rental.running_at, 3)
+            self._push(record_key(rental.instance_id), record)
+
     def end(self, instance_id: int) -> None:
         """The rental's instance is destroyed (by this task, or by its own job)."""
         record = self._open.pop(instance_id, None)
+        rental = self._rentals.pop(instance_id, None)
+        if record is not None and rental is not None and rental.stopped_at is not None:
+            record["stopped_at"] = round(rental.stopped_at, 3)
         if record is not None:
-            self._push(record_key(instance_id), ended(record))
+            self._push(record_key(instance_id), ended(record, self._clock()))
 
     def _push(self, key: str, value: Any) -> None:
-        push = getattr(self._ti, "xcom_push", None)
-        if push is None:
-            return
-        try:
-            push(key=key, value=value)
-        except Exception as exc:  # noqa: BLE001 - the page is a view; the job and its destroy go on
-            self._log.warning("Could not record the rental for the GPU rentals page: %s", exc)
+        _push(self._ti, self._log, key, value)
+
+
+def _push(ti: Any, log: Any, key: str, value: Any) -> None:
+    push = getattr(ti, "xcom_push", None)
+    if push is None:
+        return
+    try:
+        push(key=key, value=value)
+    except Exception as exc:  # noqa: BLE001 - the page is a view; the job and its destroy go on
+        log.warning("Could not record the rental for the GPU rentals page: %s", exc)

@@ -49,6 +49,13 @@ def test_reaper_destroys_expired_leases_only(example_dag, sim):
     assert {made[leased], made["made-by-hand"]} <= still_alive
     for instance_id in still_alive:
         hook.destroy_instance(instance_id)
+    # The end of what it destroyed, for the GPU rentals page: the label names the DAG whose spend it counts toward.
+    from airflow_gpumarket.ui import records
+
+    from .test_gpu_rentals_page import xcoms_of
+
+    end = xcoms_of(run, "reap_orphans")[records.end_key(made[expired])]
+    assert end["end_only"] and end["label"] == expired and end["ended_by"] == "reap_orphans"
 
 
 def test_reaper_finds_an_expired_lease_beyond_the_first_page_of_the_live_list(example_dag, sim, monkeypatch):

@@ -29,6 +29,8 @@ class FakeAsyncHook:
     get_instance.
     """
 
+    service_clock_offset = 0.0  # the fake service's clock is this host's
+
     def __init__(self, script):
         self.script = list(script)
         self.reads = 0
@@ -159,9 +161,11 @@ def test_serialize_round_trip_mirrors_init():
 
 def test_waits_through_provisioning_and_loading_until_running(make_trigger, monkeypatch):
     hook = FakeAsyncHook([None, "loading", "loading", "running"])
+    before = time.time()
     event = _run(make_trigger(), hook, monkeypatch)
+    running_at = event.pop("running_at")  # the service's time of the first read that found it running
     assert event == {"status": lifecycle.EventKind.REACHED, "actual_status": "running", "instance_id": 7}
-    assert hook.reads == 4
+    assert hook.reads == 4 and before <= running_at <= time.time()
 
 
 @pytest.mark.parametrize("status", ["exited", "unknown", "offline"])
@@ -176,6 +180,7 @@ def test_job_mode_gone_is_success_and_stopped_is_failure(make_trigger, monkeypat
     )
     assert ok["status"] == lifecycle.EventKind.JOB_SUCCEEDED
     bad = _run(make_trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", "stopped"]), monkeypatch)
+    assert bad.pop("running_at") > 0
     assert bad == {"status": lifecycle.EventKind.JOB_FAILED, "actual_status": "stopped", "instance_id": 7}
 
 
@@ -325,6 +330,22 @@ def test_on_kill_destroys_the_rented_instance(make_trigger, monkeypatch):
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
     asyncio.run(trigger.on_kill())
     assert hook.destroyed == [7] and hook.closed
+
+
+def test_rule_a_deferred_task_marked_failed_writes_its_rentals_end_from_the_trigger(make_trigger, monkeypatch):
+    from airflow_gpumarket.ui import records
+
+    written = []
+    monkeypatch.setattr(records, "write_end", lambda ti, record: written.append((ti, record)))
+    hook = FakeAsyncHook(["running"])
+    trigger = make_trigger(destroy_on_kill=True)
+    monkeypatch.setattr(trigger, "_hook", lambda: hook)
+    trigger.task_instance = TI
+    trigger._running_at = 1234.0  # the service's time of its first read that found the instance running
+    asyncio.run(trigger.on_kill())
+    ((ti, record),) = written
+    assert ti is TI and record["instance_id"] == 7 and record["end_only"] and record["running_at"] == 1234.0
+    assert record["ended_at"] == pytest.approx(time.time(), abs=5)  # the hook's clock offset: none here
 
 
 def test_on_kill_of_a_sensor_trigger_leaves_the_instance_alone(make_trigger, monkeypatch):
