@@ -20,10 +20,14 @@ STAMP     := $(VENV)/.installed-airflow-$(AIRFLOW3)
 STAMP2    := $(VENV2)/.installed-airflow-$(subst *,x,$(AIRFLOW2))
 PIP_QUIET := --quiet --disable-pip-version-check
 
+# The FAB auth manager (Airflow 3 only), which most production deployments use: the GPU rentals page's per-DAG
+# rules are tested with it (tests/integration/test_gpu_rentals_page_fab.py, make ui-test).
+FAB := apache-airflow-providers-fab==3.10.2
+
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install $(PIP_QUIET) --upgrade pip
-	$(BIN)/python -m pip install $(PIP_QUIET) -e '.[dev]' "apache-airflow==$(AIRFLOW3)"
+	$(BIN)/python -m pip install $(PIP_QUIET) -e '.[dev]' "apache-airflow==$(AIRFLOW3)" $(FAB)
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -157,8 +161,8 @@ $(VENV)/.installed-ui: $(VENV)/.installed-system
 	@touch $@
 
 # The GPU rentals page and the "GPU rental" link in headless Chromium, on a real Airflow 3.3 deployment (the small
-# shape: PostgreSQL, LocalExecutor) with the simulator and the simple auth manager's login (an admin and a viewer):
-# one UI line per check (bench/ui_browser.py). Not part of `make test`; about 2 minutes.
+# shape: PostgreSQL, LocalExecutor) with the simulator and the FAB auth manager's login (Admin, Viewer, and two
+# teams' per-DAG roles): one UI line per check (bench/ui_browser.py). Not part of `make test`; about 4 minutes.
 ui-test: install services browser $(VENV)/.installed-system $(VENV)/.installed-ui
 	$(BIN)/python bench/ui_browser.py
 

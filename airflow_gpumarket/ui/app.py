@@ -1,14 +1,16 @@
 """The GPU rentals page's FastAPI app, mounted by the plugin in Airflow 3.1+'s api-server at ``/gpumarket``.
 
 Airflow does not protect a plugin's endpoints: each route here asks Airflow's auth manager itself. An anonymous
-request gets 401; a user sees the rentals of the DAGs they may read, and may destroy an orphan only of a DAG they
-may edit. Instances that no task recorded (no DAG to ask about) are shown to, and destroyable by, users who may
-read, respectively edit, every DAG. Connections are not filtered by Airflow's connection permission: the page
-never shows a connection's details, only the id an instance was listed through.
+request gets 401. A rental is shown only to users who may read its DAG (from its record, else from its label), asked
+about that DAG; an orphan is destroyable only by users who may edit it. An instance that no DAG can be found for is
+shown to, and destroyable by, only users who may read, respectively edit, every DAG, asked DAG by DAG (the FAB auth
+manager answers a question that names no DAG with "may list DAGs"). Connections are not filtered by Airflow's
+connection permission: the page never shows a connection's details, only the id an instance was listed through.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Annotated, Any
 from urllib.parse import urlencode, urlparse
@@ -22,6 +24,7 @@ from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.ui import page, sources, spend
 
 DEFAULT_DAYS, MAX_DAYS = 7, 90
+log = logging.getLogger(__name__)
 Days = Annotated[int, Query(ge=1, le=MAX_DAYS)]
 
 
@@ -30,12 +33,16 @@ class _Access:
 
     def __init__(self, user: Any) -> None:
         from airflow.api_fastapi.app import get_auth_manager
+        from airflow.utils.session import create_session
 
         self.user = user
         self.manager = get_auth_manager()
+        with create_session() as session:
+            every_dag = sources.all_dag_ids(session)
         self.readable: set[str] = set(self.manager.get_authorized_dag_ids(user=user, method="GET"))
-        self.reads_all = self.manager.is_authorized_dag(method="GET", user=user)
-        self.edits_all = self.manager.is_authorized_dag(method="PUT", user=user)
+        editable = set(self.manager.get_authorized_dag_ids(user=user, method="PUT"))
+        self.reads_all = bool(every_dag) and every_dag <= self.readable
+        self.edits_all = bool(every_dag) and every_dag <= editable
         self._edits: dict[str, bool] = {}
 
     def sees(self, dag_id: str | None) -> bool:
@@ -59,6 +66,7 @@ def _view(access: _Access, days: int) -> tuple[list[spend.LiveRental], spend.Spe
     from airflow.utils.session import create_session
 
     now = time.time()
+    since = now - days * 86400
     errors: list[str] = []
     listed: list[tuple[str, dict[str, Any]]] = []
     clock_offsets: dict[str, float] = {}
@@ -73,14 +81,30 @@ def _view(access: _Access, days: int) -> tuple[list[spend.LiveRental], spend.Spe
         listed += [(conn_id, i) for i in instances]
     alive = {i["id"] for _, i in listed if isinstance(i.get("id"), int)}
     with create_session() as session:
-        rows = sources.records(session, since=now - days * 86400, instance_ids=alive)
-        tasks = sources.task_states(session, rows)
-    by_instance = {r.record["instance_id"]: r for r in sorted(rows, key=lambda r: r.record.get("created_at") or 0)}
-    every_live = spend.live_rentals(listed, by_instance, tasks, now, clock_offsets)
+        rows = sources.records(session, since=since, instance_ids=alive)
+        starts = [r for r in rows if not r.end_only]
+        by_instance = _records_of(listed, starts)
+        keys = {spend.label_key(i.get("label")) for _, i in listed if i.get("id") not in by_instance}
+        keys |= {r.rental_key for r in rows if r.end_only}
+        attributed = sources.label_owners(session, {k for k in keys if k}, since=since)
+        tasks = sources.task_states(session, [r.ti_key for r in starts] + list(attributed.values()))
+    every_live = spend.live_rentals(listed, by_instance, tasks, now, clock_offsets, attributed)
     live = [r for r in every_live if _belongs(r, access)]
-    seen = [r for r in rows if access.sees(r.dag_id)]
     alive_costs = {r.instance_id: r.cost_so_far for r in every_live}
-    return live, spend.spend(seen, tasks, alive_costs, now - days * 86400, now), errors
+    seen = [s for s in spend.spans(rows, attributed) if s.owner is not None and access.sees(s.owner[0])]
+    return live, spend.spend(seen, alive_costs, since, now), errors
+
+
+def _records_of(listed: list[tuple[str, dict[str, Any]]], starts: list[spend.RecordRow]) -> dict[int, spend.RecordRow]:
+    """Each listed instance's latest start record whose task its label names (any, for a label not the
+    provider's): a simulator that was reset gives an id again, and an older rental's record is not this one's."""
+    keys = {i["id"]: spend.label_key(i.get("label")) for _, i in listed if isinstance(i.get("id"), int)}
+    found: dict[int, spend.RecordRow] = {}
+    for row in sorted(starts, key=lambda r: r.record.get("created_at") or 0):
+        instance_id = row.record["instance_id"]
+        if instance_id in keys and keys[instance_id] in (None, row.rental_key):
+            found[instance_id] = row
+    return found
 
 
 def _listed(live: list[spend.LiveRental], conn_id: str | None, instance_id: int | None) -> spend.LiveRental | None:
@@ -89,9 +113,9 @@ def _listed(live: list[spend.LiveRental], conn_id: str | None, instance_id: int 
 
 
 def _belongs(row: spend.LiveRental, access: _Access) -> bool:
-    """An instance is on the page when its DAG is readable; one no task recorded only when it has this provider's
-    label (an orphan) and the user reads every DAG. Instances made by hand are not the page's business."""
-    if row.recorded is not None:
+    """An instance is on the page when its owner's DAG is readable; one with no owner only when it has this
+    provider's label (an orphan) and the user reads every DAG. Instances made by hand are not the page's business."""
+    if row.owner is not None:
         return access.sees(row.dag_id)
     return row.orphan_reason is not None and access.sees(None)
 
@@ -139,6 +163,7 @@ def create_app() -> FastAPI:
                     "per_dag": totals.per_dag,
                     "per_run": [{"dag_id": d, "run_id": r, "spend": v} for (d, r), v in totals.per_run.items()],
                     "per_day": totals.per_day,
+                    "unknown_cost": totals.unknown_cost,
                 },
                 "errors": errors,
             }
@@ -166,15 +191,39 @@ def create_app() -> FastAPI:
             raise HTTPException(403, f"you may not edit DAG {row.dag_id or '(every DAG)'}: not destroyed")
         from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
+        hook = GpuMarketHook(conn_id)
         try:
-            GpuMarketHook(conn_id).destroy_instance(instance_id)
+            hook.destroy_instance(instance_id)
         except GpuMarketError as exc:
             raise HTTPException(502, f"destroying instance {instance_id} failed: {exc}") from None
         sources.forget_listing(conn_id)
+        _record_end(row, hook, getattr(user, "get_name", lambda: "a user")())
         # Relative to this route (…/gpumarket/orphans/<conn>/<id>/destroy): back to the page behind any proxy.
         return RedirectResponse("../../../?" + urlencode({"days": days, "destroyed": instance_id}), status_code=303)
 
     return app
+
+
+def _record_end(row: spend.LiveRental, hook: Any, user_name: str) -> None:
+    """The destroyed rental's end, on its owner's XComs, so its cost stays in its DAG's spend."""
+    if row.owner is None:
+        return
+    from airflow.utils.session import create_session
+
+    from airflow_gpumarket.ui import records
+
+    seen = {"label": row.label, "start_date": row.started_at, "dph_total": row.hourly_price, "gpu_name": row.gpu_name}
+    end = records.end_only(
+        instance_id=row.instance_id,
+        ended_at=records.service_now(hook),
+        ended_by=f"GPU rentals page ({user_name})",
+        instance={**seen, "offer_id": row.offer_id},
+    )
+    try:
+        with create_session() as session:
+            sources.write_end(session, row.owner, end)
+    except Exception as exc:  # noqa: BLE001 - destroyed all the same; only its spend loses its end
+        log.warning("Could not record the end of instance %s: %s", row.instance_id, exc)
 
 
 def _same_origin(request: Request) -> None:
@@ -190,6 +239,7 @@ def _same_origin(request: Request) -> None:
 
 def _row_json(row: spend.LiveRental, access: _Access) -> dict[str, Any]:
     recorded = row.recorded
+    owner = row.owner or (None, None, None, None)
     return {
         "conn_id": row.conn_id,
         "instance_id": row.instance_id,
@@ -199,10 +249,11 @@ def _row_json(row: spend.LiveRental, access: _Access) -> dict[str, Any]:
         "hourly_price": row.hourly_price,
         "uptime_seconds": row.uptime_seconds,
         "cost_so_far": row.cost_so_far,
-        "dag_id": recorded.dag_id if recorded else None,
-        "run_id": recorded.run_id if recorded else None,
-        "task_id": recorded.task_id if recorded else None,
-        "map_index": recorded.map_index if recorded else None,
+        "dag_id": owner[0],
+        "run_id": owner[1],
+        "task_id": owner[2],
+        "map_index": owner[3],
+        "owner_from": "record" if recorded else "label" if row.owner else None,
         "try_number": recorded.record.get("try_number") if recorded else None,
         "task_state": row.task_state,
         "orphan": row.orphan_reason,

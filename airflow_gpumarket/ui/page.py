@@ -11,7 +11,7 @@ from html import escape
 from urllib.parse import quote
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.ui.spend import LiveRental, Spend, utc_text
+from airflow_gpumarket.ui.spend import LiveRental, Spend, ti_text, utc_text
 
 #: Bar colours of the chart, one per DAG in turn.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
@@ -37,15 +37,13 @@ def _duration(seconds: float | None) -> str:
 
 
 def _task_cell(row: LiveRental) -> str:
-    if row.recorded is None:
+    if row.owner is None:
         return '<span class="muted">not recorded</span>'
-    r = row.recorded
-    index = "" if r.map_index < 0 else f"[{r.map_index}]"
-    tried = r.record.get("try_number")
+    tried = row.recorded.record.get("try_number") if row.recorded else None
     return (
-        f"{escape(r.dag_id)} / {escape(r.run_id)} / {escape(r.task_id)}{index}"
-        f"{'' if tried is None else f' (try {int(tried)})'}"
-        f"<br><span class=muted>{escape(row.task_state or 'state unknown')}</span>"
+        f"{escape(ti_text(row.owner))}{'' if tried is None else f' (try {int(tried)})'}"
+        f"<br><span class=muted>{escape(row.task_state or 'state unknown')}"
+        f"{' · from its label' if row.by_label else ''}</span>"
     )
 
 
@@ -177,7 +175,14 @@ def render(
                 for (d, r), v in runs
             )
             + "</table>",
-            f'<p class="muted">Costs are estimates at the offer\'s price or the bid, from creation to destroy, from '
-            f"what each renting task recorded; shown at {utc_text(spend.window_end)}.</p></body></html>",
+            f"<p>{spend.unknown_cost} rental(s) ended with no end recorded (destroyed outside Airflow): "
+            "their cost is not in these figures.</p>"
+            if spend.unknown_cost
+            else "",
+            "<p class=\"muted\">Costs are estimates on the service's clock: the offer's price or the bid, from when "
+            "the renting task first saw the instance running (else from its start) until it saw it stopped or it was "
+            "destroyed; live rentals from "
+            "their start. Disk storage is not included, and the service's own charges can differ. "
+            f"Shown at {utc_text(spend.window_end)}.</p></body></html>",
         ]
     )

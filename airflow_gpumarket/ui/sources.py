@@ -10,8 +10,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from airflow_gpumarket.ui.records import RECORD_KEY_PREFIX, URL_XCOM_KEY, record_key
-from airflow_gpumarket.ui.spend import RecordRow, TaskState
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket.ui.records import RECORD_KEY_PREFIX, URL_XCOM_KEY, end_key, record_key
+from airflow_gpumarket.ui.spend import RecordRow, TaskState, TiKey
 
 #: Seconds a connection's listing is reused for.
 LISTING_CACHE_SECONDS = 5.0
@@ -20,8 +21,13 @@ LISTING_CACHE_SECONDS = 5.0
 #: variable or a secrets backend).
 CONNECTIONS_OPTION = ("gpumarket", "ui_connections")
 
+#: Seconds a label key that named no task instance is not looked for again.
+UNKNOWN_KEY_SECONDS = 60.0
+
 _listings: dict[str, tuple[float, list[Any], float]] = {}
 _listing_lock = threading.Lock()
+_owners: dict[str, TiKey] = {}  # label key -> task instance (a key never changes owner)
+_unknown_keys: dict[str, float] = {}  # label key -> when it named no task instance
 
 
 def connection_ids(session: Any) -> list[str]:
@@ -90,12 +96,63 @@ def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[
     return rows
 
 
-def task_states(session: Any, rows: Iterable[RecordRow]) -> dict[tuple[str, str, str, int], TaskState]:
+def all_dag_ids(session: Any) -> set[str]:
+    from airflow.models.dag import DagModel
+    from sqlalchemy import select
+
+    return set(session.scalars(select(DagModel.dag_id)))
+
+
+def label_owners(session: Any, keys: Iterable[str], *, since: float) -> dict[str, TiKey]:
+    """The task instance each label key derives from (``lifecycle.rental_key``), looked for among the task instances
+    of DAG runs since ``since`` (epoch seconds). A key is a one-way digest, so the candidates are hashed."""
+    import datetime as dt
+
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy import select
+
+    now = time.monotonic()
+    wanted = set(keys)
+    missing = {
+        k for k in wanted - _owners.keys() if now - _unknown_keys.get(k, -UNKNOWN_KEY_SECONDS) >= UNKNOWN_KEY_SECONDS
+    }
+    if missing:
+        query = (
+            select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index)
+            .join(DagRun, (DagRun.dag_id == TaskInstance.dag_id) & (DagRun.run_id == TaskInstance.run_id))
+            .where(DagRun.run_after >= dt.datetime.fromtimestamp(since, dt.UTC))
+        )
+        for dag_id, run_id, task_id, map_index in session.execute(query):
+            key = lifecycle.rental_key(dag_id, run_id, task_id, map_index)
+            if key in missing:
+                _owners[key] = (dag_id, run_id, task_id, map_index)
+        _unknown_keys.update({k: now for k in missing - _owners.keys()})
+    return {k: _owners[k] for k in wanted if k in _owners}
+
+
+def write_end(session: Any, owner: TiKey, record: dict[str, Any]) -> None:
+    """Store an end record on the owner's task instance (the page's Destroy: the api-server has the database)."""
+    from airflow.models.xcom import XComModel
+
+    dag_id, run_id, task_id, map_index = owner
+    XComModel.set(
+        end_key(record["instance_id"]),
+        record,
+        dag_id=dag_id,
+        run_id=run_id,
+        task_id=task_id,
+        map_index=map_index,
+        session=session,
+    )
+
+
+def task_states(session: Any, tis: Iterable[TiKey]) -> dict[TiKey, TaskState]:
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from sqlalchemy import select, tuple_
 
-    keys = {row.ti_key for row in rows}
+    keys = set(tis)
     if not keys:
         return {}
     query = (

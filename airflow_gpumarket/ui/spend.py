@@ -1,13 +1,17 @@
-"""The GPU rentals page's data, from plain inputs: the service's instances, the renting tasks' records, and the
-states of those tasks and their runs. No I/O here (``sources.py`` reads; ``page.py`` renders), so every rule of
+"""The GPU rentals page's data, from plain inputs: the service's instances, the rental records, and the states of
+the task instances and runs they name. No I/O here (``sources.py`` reads; ``page.py`` renders), so every rule of
 the page is unit-tested.
 
-- **Live rentals**: every instance the service lists, matched to the DAG, run, task and try that recorded it.
-- **Orphans**: live instances with this provider's label whose lease expired, that no task recorded, or whose task
-  no longer runs (for ``GpuMarketCreateInstanceOperator``, which hands its instance to later tasks: whose DAG run
-  no longer runs).
-- **Spend**: per DAG, per DAG run and per day and DAG, from the records of rentals created in the window. A rental
-  counts on the day it was created, at what its record says it cost (or, still open, at its hourly price so far).
+- **Whose**: an instance belongs to the task instance whose record names it, else to the one its label's key
+  derives from (``attributed``: label key -> task instance), else to nobody.
+- **Live rentals**: every instance the service lists, with its owner.
+- **Orphans**: live instances with this provider's label whose lease expired, that no task recorded (unless the
+  task its label names still runs), or whose task no longer runs (for ``GpuMarketCreateInstanceOperator``, which
+  hands its instance to later tasks: whose DAG run no longer runs).
+- **Spend**: per DAG, per DAG run and per day and DAG, of the rentals created in the window. Every time is the
+  service's: a rental costs its hourly price from when its watcher first saw it running (else from its start) to
+  the first end any record gives; one still listed costs its live row's figure; one gone with no end recorded
+  (destroyed outside Airflow) is counted apart, as of unknown cost.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ ACTIVE_TASK_STATES = frozenset(
 ACTIVE_RUN_STATES = frozenset({"queued", "running"})
 
 
+#: A task instance: dag_id, run_id, task_id, map_index.
+TiKey = tuple[str, str, str, int]
+
+
 @dataclass(frozen=True)
 class RecordRow:
     """One rental record, with the task instance that wrote it."""
@@ -40,8 +48,20 @@ class RecordRow:
     record: Mapping[str, Any]
 
     @property
-    def ti_key(self) -> tuple[str, str, str, int]:
+    def ti_key(self) -> TiKey:
         return self.dag_id, self.run_id, self.task_id, self.map_index
+
+    @property
+    def rental_key(self) -> str:
+        """The label key of the rental this record is about: its renter's (an end written by another task names
+        the rental by its label)."""
+        named = label_key(self.record.get("label")) if self.end_only else None
+        return named or lifecycle.rental_key(*self.ti_key)
+
+    @property
+    def end_only(self) -> bool:
+        """Written by what destroyed the instance, not by its renter (``records.end_only``)."""
+        return bool(self.record.get("end_only"))
 
 
 @dataclass(frozen=True)
@@ -63,13 +83,21 @@ class LiveRental:
     hourly_price: float | None
     uptime_seconds: float | None
     cost_so_far: float | None
+    started_at: float | None = None  # the service's start_date
     recorded: RecordRow | None = None
+    #: The task instance the instance belongs to: its record's, else the one its label's key names.
+    owner: TiKey | None = None
     task_state: str | None = None
     orphan_reason: str | None = None
 
     @property
     def dag_id(self) -> str | None:
-        return self.recorded.dag_id if self.recorded else None
+        return self.owner[0] if self.owner else None
+
+    @property
+    def by_label(self) -> bool:
+        """Its owner comes from its label alone (no record names it)."""
+        return self.recorded is None and self.owner is not None
 
 
 @dataclass
@@ -81,6 +109,8 @@ class Spend:
     #: day (YYYY-MM-DD, UTC) -> dag_id -> dollars
     per_day: dict[str, dict[str, float]] = field(default_factory=dict)
     rentals: int = 0
+    #: Rentals that ended with no end recorded anywhere (destroyed outside Airflow): not in the figures.
+    unknown_cost: int = 0
 
     @property
     def total(self) -> float:
@@ -99,28 +129,40 @@ def hourly_price_of(instance: Mapping[str, Any], record: Mapping[str, Any] | Non
     return price_of(record) if record else None
 
 
+def label_key(label: Any) -> str | None:
+    """The task instance key in a label this provider wrote (``lifecycle.rental_key``), else None."""
+    parsed = lifecycle.parse_label(label)
+    return parsed[0] if parsed else None
+
+
 def live_rentals(
     instances: Iterable[tuple[str, Mapping[str, Any]]],
     records: Mapping[int, RecordRow],
-    tasks: Mapping[tuple[str, str, str, int], TaskState],
+    tasks: Mapping[TiKey, TaskState],
     now: float,
     clock_offsets: Mapping[str, float] | None = None,
+    attributed: Mapping[str, TiKey] | None = None,
 ) -> list[LiveRental]:
-    """Every listed instance (``(conn_id, instance)`` pairs), newest first, with its task and, if it is one, why
-    it is an orphan. Uptime counts from the instance's ``start_date`` to the service's time (``now`` plus the
-    connection's ``clock_offsets``, the service's clock minus this host's), or from the task's record to ``now``
-    when the service gives no start."""
+    """Every listed instance (``(conn_id, instance)`` pairs), newest first, with its owner, its task's state and,
+    if it is one, why it is an orphan. Uptime counts from the instance's ``start_date`` to the service's time
+    (``now`` plus the connection's ``clock_offsets``, the service's clock minus this host's), or from its record's
+    start when the service gives none."""
     rows = []
     for conn_id, instance in instances:
         if not isinstance(instance.get("id"), int):
             continue
         recorded = records.get(instance["id"])
+        key = label_key(instance.get("label"))
+        if recorded is not None and key is not None and recorded.rental_key != key:
+            recorded = None  # another rental that had this id (a simulator reset reuses ids): not this one's
         record = recorded.record if recorded else None
-        start, until = _number(instance.get("start_date")), now + (clock_offsets or {}).get(conn_id, 0.0)
-        if start is None:
-            start, until = (_number(record.get("created_at")) if record else None), now
+        service_now = now + (clock_offsets or {}).get(conn_id, 0.0)
+        start = _number(instance.get("start_date"))
+        if start is None and record:
+            start = _number(record.get("created_at"))
+        owner = recorded.ti_key if recorded else (attributed or {}).get(key or "")
         price = hourly_price_of(instance, record)
-        task = tasks.get(recorded.ti_key) if recorded else None
+        task = tasks.get(owner) if owner else None
         rows.append(
             LiveRental(
                 conn_id=conn_id,
@@ -131,22 +173,26 @@ def live_rentals(
                 gpu_name=instance.get("gpu_name", record.get("gpu_name") if record else None),
                 num_gpus=instance.get("num_gpus"),
                 hourly_price=price,
-                uptime_seconds=None if start is None else max(0.0, until - start),
+                uptime_seconds=None if start is None else max(0.0, service_now - start),
                 cost_so_far=None
                 if start is None
-                else lifecycle.estimated_cost(price, until - start, digits=COST_DIGITS),
+                else lifecycle.estimated_cost(price, max(0.0, service_now - start), digits=COST_DIGITS),
+                started_at=start,
                 recorded=recorded,
+                owner=owner,
                 task_state=task.state if task else None,
-                orphan_reason=orphan_reason(instance.get("label"), recorded, task, now),
+                orphan_reason=orphan_reason(instance.get("label"), recorded, task, now, owner=owner),
             )
         )
     rows.sort(key=lambda r: (r.uptime_seconds is None, r.uptime_seconds or 0.0))
     return rows
 
 
-def orphan_reason(label: Any, recorded: RecordRow | None, task: TaskState | None, now: float) -> str | None:
+def orphan_reason(
+    label: Any, recorded: RecordRow | None, task: TaskState | None, now: float, owner: TiKey | None = None
+) -> str | None:
     """Why a live instance is an orphan, or None. Only instances with this provider's label can be: one made by
-    hand is nobody's business here."""
+    hand is nobody's business here. ``owner``: the task instance its label names, when no record does."""
     parsed = lifecycle.parse_label(label)
     if parsed is None:
         return None
@@ -154,7 +200,11 @@ def orphan_reason(label: Any, recorded: RecordRow | None, task: TaskState | None
     if lease_until <= now:
         return f"its lease expired at {utc_text(lease_until)}"
     if recorded is None:
-        return "no task recorded renting it"
+        if owner is None:
+            return "no task recorded renting it, and its label names no task instance found"
+        if task is not None and task.state in ACTIVE_TASK_STATES:
+            return None
+        return f"no task recorded renting it; its label names {ti_text(owner)}, which is {_state(task)}"
     if task is None:
         return "the task that rented it is gone (its run was deleted)"
     if recorded.record.get("handed_over"):
@@ -166,51 +216,88 @@ def orphan_reason(label: Any, recorded: RecordRow | None, task: TaskState | None
     return None
 
 
-def spend(
-    records: Iterable[RecordRow],
-    tasks: Mapping[tuple[str, str, str, int], TaskState],
-    alive_costs: Mapping[int, float | None],
-    window_start: float,
-    now: float,
-) -> Spend:
-    """What the rentals created in ``[window_start, now]`` cost, per DAG, per run and per day and DAG.
+def _state(task: TaskState | None) -> str:
+    return "gone" if task is None else task.state or "cleared"
+
+
+def ti_text(ti: TiKey) -> str:
+    dag_id, run_id, task_id, map_index = ti
+    return f"{dag_id} / {run_id} / {task_id}{'' if map_index < 0 else f'[{map_index}]'}"
+
+
+@dataclass(frozen=True)
+class Span:
+    """One rental's life from all its records, on the service's clock."""
+
+    instance_id: int
+    owner: TiKey | None
+    created_at: float | None
+    hourly_price: float | None
+    ended_at: float | None
+    running_at: float | None = None  # first seen running: compute billing started by then
+    stopped_at: float | None = None  # first seen stopped after its job: compute billing ended by then
+
+
+def spans(rows: Iterable[RecordRow], attributed: Mapping[str, TiKey] | None = None) -> list[Span]:
+    """One span per rental (instance id and label key): owned by its renter's record, else by the task instance its
+    label names; started as its earliest record says; ended at the first end any record gives."""
+    groups: dict[tuple[int, str], list[RecordRow]] = defaultdict(list)
+    for row in rows:
+        groups[(row.record["instance_id"], row.rental_key)].append(row)
+    result = []
+    for (instance_id, key), group in groups.items():
+        starts = sorted((r for r in group if not r.end_only), key=lambda r: _number(r.record.get("created_at")) or 0)
+        ordered = starts + [r for r in group if r.end_only]
+        owner = starts[0].ti_key if starts else (attributed or {}).get(key)
+        result.append(
+            Span(
+                instance_id=instance_id,
+                owner=owner,
+                created_at=next((t for r in ordered if (t := _number(r.record.get("created_at"))) is not None), None),
+                hourly_price=next((p for r in ordered if (p := price_of(r.record)) is not None), None),
+                ended_at=min((t for r in group if (t := _number(r.record.get("ended_at"))) is not None), default=None),
+                running_at=min(
+                    (t for r in group if (t := _number(r.record.get("running_at"))) is not None), default=None
+                ),
+                stopped_at=min(
+                    (t for r in group if (t := _number(r.record.get("stopped_at"))) is not None), default=None
+                ),
+            )
+        )
+    return result
+
+
+def spend(rentals: Iterable[Span], alive_costs: Mapping[int, float | None], window_start: float, now: float) -> Spend:
+    """What the owned rentals created since ``window_start`` cost, per DAG, per run and per day and DAG.
     ``alive_costs``: the cost so far of each instance the service lists (its live row's figure)."""
     result = Spend(window_start=window_start, window_end=now)
     per_day: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for row in records:
-        created = _number(row.record.get("created_at"))
-        if created is None or not window_start <= created <= now:
+    for span in rentals:
+        if span.owner is None or span.created_at is None or span.created_at < window_start:
             continue
-        cost = rental_cost(row, tasks.get(row.ti_key), alive_costs, now)
+        cost = span_cost(span, alive_costs)
         if cost is None:
+            result.unknown_cost += 1
             continue
+        dag_id, run_id = span.owner[0], span.owner[1]
         result.rentals += 1
-        result.per_dag[row.dag_id] = round(result.per_dag.get(row.dag_id, 0.0) + cost, 6)
-        run = (row.dag_id, row.run_id)
-        result.per_run[run] = round(result.per_run.get(run, 0.0) + cost, 6)
-        per_day[_day(created)][row.dag_id] += cost
+        result.per_dag[dag_id] = round(result.per_dag.get(dag_id, 0.0) + cost, 6)
+        result.per_run[(dag_id, run_id)] = round(result.per_run.get((dag_id, run_id), 0.0) + cost, 6)
+        per_day[_day(span.created_at)][dag_id] += cost
     result.per_day = {day: {d: round(v, 6) for d, v in dags.items()} for day, dags in sorted(per_day.items())}
     return result
 
 
-def rental_cost(
-    row: RecordRow, task: TaskState | None, alive_costs: Mapping[int, float | None], now: float
-) -> float | None:
-    """The record's cost once ended; still open: its live row's cost so far if the service lists the instance, else
-    at its hourly price until its task ended (the task was stopped before it could write the end, e.g. killed) or
-    until now."""
-    cost = _number(row.record.get("cost"))
-    if cost is not None:
-        return cost
-    instance_id = row.record.get("instance_id")
-    live_cost = alive_costs.get(instance_id) if isinstance(instance_id, int) else None
-    if live_cost is not None:
-        return live_cost
-    created = _number(row.record.get("created_at"))
-    if created is None:
-        return None
-    end = now if instance_id in alive_costs or task is None or task.end_date is None else task.end_date
-    return lifecycle.estimated_cost(price_of(row.record), end - created, digits=COST_DIGITS)
+def span_cost(span: Span, alive_costs: Mapping[int, float | None]) -> float | None:
+    """Ended: its hourly price from when it was first seen running (else from its creation) until it was seen
+    stopped after its job, or its end. Still
+    listed: its live row's cost so far. Gone with no end recorded: unknown (None), never guessed from its task's
+    end."""
+    start = span.running_at if span.running_at is not None else span.created_at
+    if span.ended_at is not None and start is not None:
+        end = span.ended_at if span.stopped_at is None else min(span.stopped_at, span.ended_at)
+        return lifecycle.estimated_cost(span.hourly_price, max(0.0, end - start), digits=COST_DIGITS)
+    return alive_costs.get(span.instance_id)
 
 
 def _day(epoch: float) -> str:

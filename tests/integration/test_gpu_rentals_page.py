@@ -220,3 +220,25 @@ def test_rule_spend_per_dag_and_per_run_comes_from_the_recorded_costs_with_a_plo
     assert re.search(r"<svg[^>]*aria-label=\"GPU spend per day and DAG\"", html) and "gpm_ui_job" in html
     assert api_client("viewer").get("/gpumarket/", params={"days": 0}).status_code == 422  # a bad window: said so
     assert alive(sim) == []
+
+
+def test_rule_a_teardown_task_writes_the_end_of_the_rental_it_destroys_and_the_run_is_costed_to_it(
+    example_dag, sim, api_client
+):
+    run = example_dag("gpm_ui_create_teardown").test()
+    assert run.state == "success", task_states(run)
+    (instance,) = sim.state()["instances"]
+    start = xcoms_of(run, "rent")[records.record_key(instance["id"])]
+    end = xcoms_of(run, "destroy")[records.end_key(instance["id"])]
+    assert start["ended_at"] is None and start["running_at"] >= start["created_at"]  # handed over while running
+    assert end["end_only"] and end["label"] == instance["label"] and end["ended_by"] == "destroy"
+    # On the service's clock: the simulator's runs 600x ahead of this host's.
+    assert instance["created_at"] - 60 <= start["created_at"] <= start["running_at"] <= end["ended_at"]
+    assert end["ended_at"] <= instance["destroyed_at"] + 60
+    if AIRFLOW_2:
+        return
+    per_run = api_client("viewer").get("/gpumarket/api/rentals").json()["spend"]["per_run"]
+    (spent,) = [r["spend"] for r in per_run if r["run_id"] == run.run_id]
+    whole_life = instance["dph_total"] * (instance["destroyed_at"] - instance["created_at"]) / 3600
+    assert 0.9 * instance["compute_cost"] <= spent <= whole_life
+    assert alive(sim) == []

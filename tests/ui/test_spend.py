@@ -7,10 +7,10 @@ import pytest
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.ui import page, records
-from airflow_gpumarket.ui.spend import RecordRow, TaskState, live_rentals, orphan_reason, spend
+from airflow_gpumarket.ui.spend import RecordRow, TaskState, live_rentals, orphan_reason, spans, spend
 
 NOW = 1_800_000_000.0
-KEY = "0123456789ab"
+KEY = lifecycle.rental_key("train_dag", "run-1", "train", -1)  # row()'s task instance's
 LABEL = lifecycle.make_label(KEY, NOW + 600)
 
 
@@ -36,7 +36,7 @@ def row(instance_id=1, *, created_at=NOW - 3600, cost=None, handed_over=False, r
     [
         ("my own box", None, None, None),  # made by hand: never an orphan here
         (lifecycle.make_label(KEY, NOW - 1), row(), TaskState("running"), "its lease expired at"),
-        (LABEL, None, None, "no task recorded renting it"),
+        (LABEL, None, None, "no task recorded renting it, and its label names no task instance found"),
         (LABEL, row(), None, "the task that rented it is gone"),
         (LABEL, row(), TaskState("running"), None),
         (LABEL, row(), TaskState("deferred"), None),
@@ -76,40 +76,88 @@ def test_a_live_rental_is_matched_to_its_task_through_its_record_and_priced_at_t
     assert rental.hourly_price == 0.4 and rental.uptime_seconds == 1800 and rental.cost_so_far == pytest.approx(0.2)
 
 
-def test_rule_uptime_counts_the_services_start_date_on_the_services_clock_and_a_recorded_start_on_this_hosts():
+def test_rule_every_duration_is_measured_on_the_services_clock():
     # The service's clock runs an hour ahead (the simulator's runs ahead by design): its instance started half an
     # hour ago by its own clock, which by this host's clock is half an hour in the future.
     listed = {"id": 1, "actual_status": "running", "label": LABEL, "dph_total": 0.5, "start_date": NOW + 1800}
     (rental,) = live_rentals([("c", listed)], {}, {}, NOW, {"c": 3600.0})
     assert rental.uptime_seconds == 1800 and rental.cost_so_far == pytest.approx(0.25)
-    # With no start_date, the task's record (written by this host's clock) counts until this host's now.
+    # With no start_date, the task's record (also on the service's clock) counts until the service's now.
     unstarted = {**listed, "start_date": None}
     (recorded,) = live_rentals([("c", unstarted)], {1: row()}, {row().ti_key: TaskState("running")}, NOW, {"c": 3600})
-    assert recorded.uptime_seconds == 3600 and recorded.cost_so_far == pytest.approx(0.5)
+    assert recorded.uptime_seconds == 7200 and recorded.cost_so_far == pytest.approx(1.0)
     # The spend of an open rental the service lists is its live row's figure, so the two sections agree.
-    assert spend([row()], {}, {1: rental.cost_so_far}, NOW - 86400, NOW).total == pytest.approx(0.25)
+    assert spend(spans([row()]), {1: rental.cost_so_far}, NOW - 86400, NOW).total == pytest.approx(0.25)
 
 
-def test_rule_spend_counts_rentals_created_in_the_window_at_their_recorded_cost_or_their_price_so_far():
+def test_rule_spend_counts_rentals_created_in_the_window_from_start_to_first_recorded_end_or_live_cost():
     rows = [
-        row(1, cost=0.25),  # ended: its recorded cost
-        row(2, run_id="run-2"),  # open and alive: 0.5 $/h for an hour so far
-        row(3, run_id="run-3", created_at=NOW - 7200),  # open, dead: until its task ended, 1 h after creation
+        row(1, cost=0.25),  # ended by its renter: 0.5 $/h for 60 s
+        row(2, run_id="run-2"),  # open and alive: its live row's cost
+        row(3, run_id="run-3", created_at=NOW - 7200),  # open, gone, no end anywhere: unknown, not guessed
         row(4, created_at=NOW - 10 * 86400, cost=9.0),  # before the window
         row(5, dag_id="other", cost=1.0),
+        row(6, run_id="run-6", created_at=NOW - 7200),  # open in its record; its end written by a teardown task
+        RecordRow("train_dag", "run-6", "teardown", -1, end(6, NOW - 3600, label=label_of("run-6"))),
+        # seen running 3000 s ago, stopped by its job 1800 s later, destroyed after its log was read
+        RecordRow(
+            "train_dag",
+            "run-7",
+            "train",
+            -1,
+            {**row(7).record, "running_at": NOW - 3000, "stopped_at": NOW - 1200, "ended_at": NOW - 600},
+        ),
     ]
-    tasks = {("train_dag", "run-3", "train", -1): TaskState("failed", end_date=NOW - 3600)}
-    result = spend(rows, tasks, {2: None}, window_start=NOW - 86400, now=NOW)
-    assert result.per_dag == {"train_dag": pytest.approx(0.25 + 0.5 + 0.5), "other": 1.0}
-    assert result.per_run[("train_dag", "run-1")] == 0.25 and result.rentals == 4
+    result = spend(spans(rows), {2: 0.5}, window_start=NOW - 86400, now=NOW)
+    minute = 0.5 / 60
+    assert result.per_dag == {
+        "train_dag": pytest.approx(minute + 0.5 + 0.5 + 0.25, abs=1e-6),
+        "other": pytest.approx(minute, abs=1e-6),
+    }
+    assert result.per_run[("train_dag", "run-6")] == pytest.approx(0.5) and result.rentals == 5
+    assert result.per_run[("train_dag", "run-7")] == pytest.approx(0.25)
+    assert result.unknown_cost == 1
     assert sum(sum(day.values()) for day in result.per_day.values()) == pytest.approx(result.total)
+
+
+def label_of(run_id):
+    return lifecycle.make_label(lifecycle.rental_key("train_dag", run_id, "train", -1), NOW + 600)
+
+
+def end(instance_id, ended_at, label=None, created_at=None):
+    seen = {"label": label, "start_date": created_at, "dph_total": 0.5}
+    return records.end_only(instance_id=instance_id, ended_at=ended_at, ended_by="teardown", instance=seen)
+
+
+def test_rule_a_rental_with_no_record_is_attributed_to_the_task_instance_its_label_names():
+    owner = ("team_b_train", "run-1", "train", -1)
+    label = lifecycle.make_label(lifecycle.rental_key(*owner), NOW + 600)
+    listed = {"id": 9, "actual_status": "running", "label": label, "dph_total": 0.5, "start_date": NOW - 3600}
+    (rental,) = live_rentals([("c", listed)], {}, {owner: TaskState("failed")}, NOW, None, {KEY_OF(label): owner})
+    assert rental.owner == owner and rental.by_label and rental.dag_id == "team_b_train"
+    assert (
+        rental.orphan_reason
+        == "no task recorded renting it; its label names team_b_train / run-1 / train, which is failed"
+    )
+    (running,) = live_rentals([("c", listed)], {}, {owner: TaskState("running")}, NOW, None, {KEY_OF(label): owner})
+    assert running.orphan_reason is None  # its task still runs: not an orphan, records or not
+    # Destroyed (by the reaper, on the reaper's own task instance): still counted to the DAG its label names.
+    reaped = RecordRow("reaper", "daily", "reap", -1, end(9, NOW, label=label, created_at=NOW - 3600))
+    assert spend(spans([reaped], {KEY_OF(label): owner}), {}, NOW - 86400, NOW).per_dag == {
+        "team_b_train": pytest.approx(0.5)
+    }
+    assert spend(spans([reaped], {}), {}, NOW - 86400, NOW).per_dag == {}  # no owner: in no DAG's spend
+
+
+def KEY_OF(label):  # noqa: N802 - reads as the label's key
+    return lifecycle.parse_label(label)[0]
 
 
 def test_the_page_escapes_what_it_shows_and_offers_a_destroy_only_to_who_may():
     instance = {"id": 1, "actual_status": "running", "label": LABEL, "dph_total": 0.5, "start_date": NOW - 60}
     odd = row(run_id="<img src=x onerror=alert(1)>")
     (orphan,) = live_rentals([("c", instance)], {1: odd}, {odd.ti_key: TaskState("success")}, NOW)
-    totals = spend([odd], {}, {1: orphan.cost_so_far}, NOW - 86400, NOW)
+    totals = spend(spans([odd]), {1: orphan.cost_so_far}, NOW - 86400, NOW)
     for allowed in (True, False):
         may = lambda _, a=allowed: a  # noqa: E731
         html = page.render(live=[orphan], spend=totals, days=1, target=1, can_destroy=may)

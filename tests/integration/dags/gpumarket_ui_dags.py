@@ -1,5 +1,5 @@
-"""DAGs for the GPU rentals page's tests: a job that ends (its rental recorded with its cost), and an instance
-handed to its DAG run that outlives the run (an orphan once the run ended)."""
+"""DAGs for the GPU rentals page's tests: a job that ends (its rental recorded with its cost), an instance handed
+to its DAG run that outlives the run (an orphan once the run ended), and one its teardown task destroys."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from datetime import datetime
 from airflow.providers.common.compat.sdk import DAG
 
 from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
+from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator
 
 POLL = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
 COMMON = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img", "poll_interval": POLL}
@@ -19,3 +20,7 @@ with DAG("gpm_ui_job", start_date=datetime(2026, 1, 1), schedule=None, catchup=F
 with DAG("gpm_ui_handover", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
     # No teardown on purpose: the run ends with its instance still alive.
     GpuMarketCreateInstanceOperator(task_id="rent", **COMMON)
+
+with DAG("gpm_ui_create_teardown", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
+    rented = GpuMarketCreateInstanceOperator(task_id="rent", **COMMON)
+    rented >> GpuMarketDestroyInstanceOperator(task_id="destroy", instance_id=rented.output).as_teardown(setups=rented)
