@@ -171,13 +171,16 @@ class Rental:
     attempts: Attempts = field(default_factory=Attempts)
     recorded_at: float | None = None  # the start in the rental's record, on the service's clock
     running_at: float | None = None  # when its watcher first saw it running, on the service's clock
-    stopped_at: float | None = None  # when its watcher first saw it stopped since it last ran, on that clock
+    stopped_at: float | None = None  # when its watcher saw it stop since it last ran, on that clock
+    read_at: float | None = None  # its watcher's last read, on that clock
 
     def note_billing(self, status: str | None, at: float) -> bool:
         """Take one read's status at the service's time ``at`` (see ``billing_marks``); True when it is the first
         read that found the rental running."""
         first = self.running_at is None
-        self.running_at, self.stopped_at = billing_marks(self.running_at, self.stopped_at, status, at)
+        previous = self.read_at if self.read_at is not None else self.recorded_at
+        self.running_at, self.stopped_at = billing_marks(self.running_at, self.stopped_at, status, at, previous)
+        self.read_at = at
         return first and self.running_at is not None
 
     def elapsed(self, now: float) -> float:
@@ -230,15 +233,20 @@ class Rental:
 
 
 def billing_marks(
-    running_at: float | None, stopped_at: float | None, status: str | None, at: float
+    running_at: float | None,
+    stopped_at: float | None,
+    status: str | None,
+    at: float,
+    previous: float | None = None,
 ) -> tuple[float | None, float | None]:
-    """When compute billing started (the first read that found the instance running) and, while it is stopped after
-    running, when it stopped (the first read that found it stopped), after one more read at ``at``. Both are up to
-    one poll late, so an estimate between them errs both ways alike."""
+    """When compute billing started (the instance was first read running) and, while it is stopped after running,
+    when it stopped, after one more read at ``at``. A change is put halfway between the read that found it and the
+    ``previous`` read (when known), so each mark is off by at most half a poll, either way."""
+    change = at if previous is None or previous > at else (previous + at) / 2
     if status == api.STATUS_RUNNING:
-        return (at if running_at is None else running_at), None
+        return (change if running_at is None else running_at), None
     if status == api.STATUS_STOPPED and running_at is not None:
-        return running_at, (at if stopped_at is None else stopped_at)
+        return running_at, (change if stopped_at is None else stopped_at)
     return running_at, stopped_at
 
 

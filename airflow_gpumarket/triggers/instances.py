@@ -104,6 +104,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         # The service's times of the first read that found it running, and stopped since (lifecycle.billing_marks).
         self._running_at: float | None = None
         self._stopped_at: float | None = None
+        self._read_at: float | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -219,8 +220,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                     await self._renew_lease(watch)
                 event = watch.observe(time.time(), status=seen.status, gone=seen.gone, unread=seen.error is not None)
                 self._running_at, self._stopped_at = lifecycle.billing_marks(
-                    self._running_at, self._stopped_at, watch.status, seen.at
+                    self._running_at, self._stopped_at, watch.status, seen.at, self._read_at
                 )
+                self._read_at = seen.at
                 if watch.changed:
                     self.log.info(
                         "Instance %s: status %s after %s",

@@ -88,11 +88,11 @@ def test_rule_a_rental_costs_its_price_from_first_seen_running_until_first_seen_
     held = rental()
     recorder.start(held)  # created at 1000.0 on the service's clock, then boots
     assert held.note_billing("loading", 1100.0) is False and held.running_at is None
-    assert held.note_billing("running", 1200.0) is True  # the first read that found it running: written
+    assert held.note_billing("running", 1300.0) is True  # the first read that found it running: written
     recorder.running(held)
-    assert ti.pushed[records.record_key(41)]["running_at"] == 1200.0
-    assert held.note_billing("running", 3000.0) is False
-    held.note_billing("stopped", 4800.0)  # its job ended and stopped it: compute billing ended by then
+    assert ti.pushed[records.record_key(41)]["running_at"] == 1200.0  # halfway from the read before
+    assert held.note_billing("running", 4700.0) is False
+    held.note_billing("stopped", 4900.0)  # its job ended and stopped it: compute billing ended by then
     held.note_billing("stopped", 5000.0)
     recorder.end(41)  # destroyed at 8200.0, after its log was read
     ended = ti.pushed[records.record_key(41)]
@@ -101,11 +101,12 @@ def test_rule_a_rental_costs_its_price_from_first_seen_running_until_first_seen_
 
 
 def test_rule_billing_marks_start_at_the_first_running_read_and_a_resume_clears_the_stop():
-    marks = (None, None)
+    marks, previous = (None, None), None
     for status, at in [(None, 1.0), ("loading", 2.0), ("running", 3.0), ("stopped", 4.0), ("stopped", 5.0)]:
-        marks = lifecycle.billing_marks(*marks, status, at)
-    assert marks == (3.0, 4.0)
-    assert lifecycle.billing_marks(*marks, "running", 6.0) == (3.0, None)  # resumed (an outbid instance won back)
+        marks, previous = lifecycle.billing_marks(*marks, status, at, previous), at
+    assert marks == (2.5, 3.5)  # each change halfway between the read that found it and the one before
+    assert lifecycle.billing_marks(*marks, "running", 6.0) == (2.5, None)  # resumed (an outbid instance won back)
+    assert lifecycle.billing_marks(None, None, "running", 7.0) == (7.0, None)  # no read before: the read's time
     assert lifecycle.billing_marks(None, None, "stopped", 1.0) == (None, None)  # never ran: no compute to end
 
 
