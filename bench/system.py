@@ -490,6 +490,7 @@ class Deployment:
             subprocess.run(
                 [str(BIN / "airflow"), "db", "migrate"], env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True
             )
+        self.after_migrate()
         if self.shape.workers:
             redis = ["redis-server", "--bind", "127.0.0.1", "--port", str(self.redis_port), "--save", ""]
             redis += ["--appendonly", "no", "--dir", str(self.home)]  # nothing written: a broker for one run
@@ -498,6 +499,9 @@ class Deployment:
         say(f"airflow db migrate done; starting {', '.join(self.components)}")
         for name in self.components:
             self.start_component(name)
+
+    def after_migrate(self) -> None:
+        """What a deployment sets up in its database before its components start (nothing here)."""
 
     def start_component(self, name: str) -> None:
         kind = name if name == "dag-processor" else name.split("-")[0]

@@ -1,14 +1,16 @@
 """`make ui-test`: the GPU rentals page and the "GPU rental" link in a real browser, on a real Airflow deployment.
 
 1. The deployment of `make system`'s small shape (bench/system.py: PostgreSQL, LocalExecutor, the api-server, a
-   scheduler, a dag-processor, a triggerer) against the simulator, with the simple auth manager's login on: two
-   users, `admin` (role admin) and `viewer` (role viewer), whose passwords this script makes up and writes to the
-   auth manager's passwords file.
-2. The DAGs of bench/ui_dags: a job that keeps running, two that end (spend), and an instance handed to its run
-   that outlives it (an orphan).
+   scheduler, a dag-processor, a triggerer) against the simulator, with the FAB auth manager, as most production
+   deployments run it: `admin` (FAB's Admin), `viewer` (Viewer), `reader_a` (may read team_a_train only) and
+   `editor_b` (may read and edit team_b_train only), whose passwords this script makes up (bench/fab_users.py).
+2. The DAGs of bench/ui_dags: a job that keeps running, jobs that end (spend), an instance handed to its run that
+   outlives it (an orphan), and two teams' DAGs: a job, @task.gpumarket, create -> work -> teardown, and a deferred
+   job the test marks failed. The test also makes, through the service's API, an instance with a team_b_train
+   task's label and no record, and one whose label names no task instance.
 3. Headless Chromium (Debian's chromium and chromium-driver) driven by Selenium logs in through Airflow's own login
    page and checks, one `UI <check>: PASS|FAIL` line each (CHECKS below).
-4. The task still running is marked failed through the REST API, and the script counts what is alive
+4. The tasks still running are marked failed through the REST API, and the script counts what is alive
    (`UI alive_total`, goal 0). The last line: `UI: <passed>/<total> checks pass, <n> instances alive`.
 
     python bench/ui_browser.py                                      # make ui-test
@@ -26,6 +28,7 @@ import json
 import re
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,17 +38,38 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from system import ROOT, SMALL, AirflowApi, Deployment, Shape, Workload, clip, interrupt_on_signals
+from system import BIN, ROOT, SMALL, AirflowApi, Deployment, Shape, Workload, clip, interrupt_on_signals
 
 DAGS_FOLDER = ROOT / "bench" / "ui_dags"
 sys.path.insert(0, str(DAGS_FOLDER))
-from ui_dags import GPUS  # noqa: E402 - the DAG file's own names, so both sides agree
+from ui_dags import GPUS, LABEL_ORPHAN_GPU  # noqa: E402 - the DAG file's own names, so both sides agree
 
 SPEED = 20.0  # simulated seconds per real second: boots take 3-15 s, and a running rental costs something to see
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 WAIT = 60.0  # seconds any one thing in the browser may take to show
-RUNS = {"embeddings_batch": 2, "eval_sweep": 1, "gpu_sandbox": 1, "nightly_finetune": 1}
-ROLES = {"admin": "admin", "viewer": "viewer"}  # user -> the simple auth manager's role
+RUNS = {
+    "embeddings_batch": 2,
+    "eval_sweep": 1,
+    "gpu_sandbox": 1,
+    "nightly_finetune": 1,
+    "team_a_train": 1,
+    "team_a_embed": 1,
+    "team_b_train": 2,
+    "team_b_serve": 1,
+}
+RUN_UNTIL_STOPPED = ("nightly_finetune", "team_b_serve")  # their jobs run until the test marks them failed
+#: The renting task of each DAG whose spend is checked against the simulator's ledger.
+RENTING_TASKS = {"team_a_train": "train", "team_a_embed": "embed", "team_b_train": "rent", "team_b_serve": "serve"}
+LEDGER_TOLERANCE = 0.10
+FAB_AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+#: The deployment's users and their FAB roles (bench/fab_users.py makes them). FAB shows plugin pages in the menu only
+#: to roles with menu access on Plugins (Admin and Op have it): the viewer's second role grants it.
+USERS = {
+    "admin": {"roles": {"Admin": []}},
+    "viewer": {"roles": {"Viewer": [], "plugin_menu": [["menu_access", "Plugins"], ["can_read", "Plugins"]]}},
+    "reader_a": {"roles": {"team_a_reader": [["can_read", "DAG:team_a_train"]]}},
+    "editor_b": {"roles": {"team_b_editor": [["can_read", "DAG:team_b_train"], ["can_edit", "DAG:team_b_train"]]}},
+}
 
 CHECKS = {
     "anonymous": "without a login the page, its JSON and the destroy action answer 401, and nothing is destroyed",
@@ -57,6 +81,14 @@ CHECKS = {
     "admin_destroys_orphan": "inside the Airflow UI, the admin's Destroy… asks for confirmation, then the orphan "
     "is destroyed on the service and the page says so",
     "extra_link": "the running task instance's 'GPU rental' link opens its rental's row, highlighted",
+    "team_isolation": "reader_a (FAB role: read team_a_train only) sees team_a_train's spend, and no instance id, "
+    "GPU or price of team b's DAGs nor of an instance no DAG is found for, in the page or its JSON; a POST to "
+    "destroy team b's orphan answers 409",
+    "label_orphan": "editor_b (read and edit team_b_train only) sees an instance with a team_b_train task's label "
+    "and no record as that task's orphan, and destroys it after the confirmation; reader_a never saw it",
+    "spend_matches_ledger": "once every rental ended (team_b_serve's deferred job marked failed), each run's spend "
+    "on the page is within 10 % of the simulator's ledger: RunJob, @task.gpumarket, create -> teardown, deferred "
+    "marked failed",
 }
 
 
@@ -68,30 +100,36 @@ def offers() -> tuple[dict, ...]:
     """Two offers of each DAG's GPU model, so a rental that fails over finds another machine."""
     return tuple(
         {"id": 900_000 + 10 * n + k, "gpu_name": gpu, "num_gpus": 1 + (n % 2), "dph_total": round(0.6 + n + k / 10, 2)}
-        for n, gpu in enumerate(GPUS.values())
+        for n, gpu in enumerate([*GPUS.values(), LABEL_ORPHAN_GPU])
         for k in range(2)
     )
 
 
 class UiDeployment(Deployment):
-    """The small deployment with the simple auth manager's login on: made-up passwords, written where it reads
-    them (a file it keeps as given for users it lists)."""
+    """The small deployment with the FAB auth manager, as most production deployments run it: made-up passwords,
+    FAB's Admin and Viewer roles, and one role per team that may see its own DAGs only (``USERS``)."""
 
     def __init__(self, shape: Shape, workload: Workload) -> None:
         super().__init__(shape, workload)
-        self.passwords = {user: secrets.token_urlsafe(12) for user in ROLES}
+        self.passwords = {user: secrets.token_urlsafe(12) for user in USERS}
         self.api = AirflowApi(self.api.base, credentials=("admin", self.passwords["admin"]))
 
     def airflow_env(self, conn_uri: str) -> dict[str, str]:
         env = super().airflow_env(conn_uri)
-        passwords_file = self.home / "passwords.json"
-        passwords_file.write_text(json.dumps(self.passwords))
-        env.update(
-            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="False",
-            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=",".join(f"{user}:{role}" for user, role in ROLES.items()),
-            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(passwords_file),
-        )
+        env.update(AIRFLOW__CORE__AUTH_MANAGER=FAB_AUTH_MANAGER)
         return env
+
+    def after_migrate(self) -> None:
+        users = {name: {**spec, "password": self.passwords[name]} for name, spec in USERS.items()}
+        with open(self.home / "fab-users.log", "wb") as log:
+            subprocess.run(
+                [str(BIN / "python"), str(ROOT / "bench" / "fab_users.py")],
+                input=json.dumps(users).encode(),
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=True,
+            )
 
 
 def new_browser(profile: Path) -> Any:
@@ -126,11 +164,13 @@ class UiTest:
         self.base = self.deployment.api.base
         self.screenshot_to = screenshot_to
         self.results: dict[str, str | None] = {}  # check -> None (pass) or why it failed
+        self.sessions: dict[str, dict] = {}  # user -> the browser cookie of their login
         self.runs: dict[str, list[str]] = {}  # DAG id -> run ids
         self.browser: Any = None
         self.page_shot: Path | None = None  # the admin's view of the page inside the Airflow UI
         self.profile = Path(tempfile.mkdtemp(prefix="gpumarket-ui-chromium-"))
         self.summary = f"UI: 0/{len(CHECKS)} checks pass, alive unknown (the simulator was never reached)"
+        self.label_orphan = self.nobodys = 0  # made by make_label_orphan
 
     @property
     def api(self) -> AirflowApi:
@@ -177,7 +217,7 @@ class UiTest:
         for dag_id, count in RUNS.items():
             for _ in range(count):
                 self.say(f"triggered {dag_id} run {self.trigger(dag_id)}")
-        ended = [(d, r) for d, runs in self.runs.items() if d != "nightly_finetune" for r in runs]
+        ended = [(d, r) for d, runs in self.runs.items() if d not in RUN_UNTIL_STOPPED for r in runs]
 
         def all_ended() -> bool:
             states = {run: self.run_state(d, run) for d, run in ended}
@@ -188,35 +228,52 @@ class UiTest:
 
         self.wait("the short runs succeed", 300, all_ended, interval=2)
         self.say("the short runs succeeded")
-        self.wait("nightly_finetune's job runs", 120, lambda: self.job_running("nightly_finetune"), interval=2)
-        self.say("nightly_finetune's job is running")
+        for dag_id in RUN_UNTIL_STOPPED:
+            self.wait(f"{dag_id}'s job runs", 120, lambda d=dag_id: self.job_running(d), interval=2)
+            self.say(f"{dag_id}'s job is running")
 
     def job_running(self, dag_id: str) -> dict | None:
         alive = [i for i in self.alive_of(dag_id) if i.get("actual_status") == "running"]
         return alive[0] if alive else None
 
-    def finish(self) -> None:
-        """Mark the job that would run forever failed (its operator destroys its instance), then wait for it."""
-        for run_id in self.runs.get("nightly_finetune", []):
+    def mark_failed(self, dag_id: str, task_id: str) -> None:
+        for run_id in self.runs.get(dag_id, []):
             with contextlib.suppress(RuntimeError):
-                path = f"/dags/nightly_finetune/dagRuns/{run_id}/taskInstances/train"
+                path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
                 self.api.call("PATCH", path, {"new_state": "failed"})
+
+    def finish(self) -> None:
+        """Mark the jobs that would run forever failed (their operator or trigger destroys the instance), then wait
+        for every instance to be gone."""
+        self.mark_failed("nightly_finetune", "train")
+        self.mark_failed("team_b_serve", "serve")
+        if self.nobodys:  # no DAG is found for it: destroyed here, as its maker would
+            with contextlib.suppress(Exception):
+                from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+                GpuMarketHook().destroy_instance(self.nobodys)
         with contextlib.suppress(Failed):
             self.wait("every instance destroyed", 90, lambda: not any(not i["destroyed"] for i in self.sim.refresh()))
 
     # --- the browser ---------------------------------------------------------------------------------------------
 
     def login(self, user: str) -> None:
+        """Through Airflow's login page, once per user: FAB allows 5 logins per 40 s (AUTH_RATE_LIMIT), so a
+        user's session cookie is kept and set again to switch back to them."""
         from selenium.webdriver.common.by import By
 
         b = self.browser
         b.delete_all_cookies()
         b.get(f"{self.base}/auth/login/")
+        if user in self.sessions:
+            b.delete_all_cookies()
+            b.add_cookie(self.sessions[user])
+            return
         self.wait_for(lambda: b.find_elements(By.NAME, "username"), "the login form")
         b.find_element(By.NAME, "username").send_keys(user)
         b.find_element(By.NAME, "password").send_keys(self.deployment.passwords[user])
-        b.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        self.wait_for(lambda: b.get_cookie("_token"), f"{user}'s login (the _token cookie)")
+        b.find_element(By.CSS_SELECTOR, "button[type=submit], input[type=submit]").click()  # FAB's form
+        self.sessions[user] = self.wait_for(lambda: b.get_cookie("_token"), f"{user}'s login (the _token cookie)")
 
     def wait_for(self, found: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
         from selenium.common.exceptions import StaleElementReferenceException
@@ -443,6 +500,142 @@ class UiTest:
         if "target" not in (row.get_attribute("class") or ""):
             raise Failed(f"the rental's row is not highlighted (class {row.get_attribute('class')!r})")
 
+    def page_json(self) -> dict:
+        """The page's JSON as the logged-in browser user gets it (their cookie, from the page itself)."""
+        text = self.browser.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "fetch('api/rentals', {credentials: 'same-origin'}).then(r => r.text(), e => String(e)).then(done);"
+        )
+        return json.loads(text)
+
+    def post_destroy(self, instance_id: int) -> Any:
+        return self.browser.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "fetch(arguments[0], {method: 'POST', body: new URLSearchParams({confirm: arguments[1]}),"
+            " credentials: 'same-origin'}).then(r => done(r.status), e => done(String(e)));",
+            f"orphans/gpumarket_default/{instance_id}/destroy",
+            str(instance_id),
+        )
+
+    def make_label_orphan(self) -> None:
+        """An instance labelled for team_b_train's work task (second run) that no task recorded, made through the
+        service's API as a script outside Airflow would; and one whose label names no task instance at all."""
+        import os
+
+        os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = self.deployment.env["AIRFLOW_CONN_GPUMARKET_DEFAULT"]
+        from airflow_gpumarket import lifecycle
+        from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+        hook = GpuMarketHook()
+        offers = hook.search_offers({"gpu_name": {"eq": LABEL_ORPHAN_GPU}}, limit=2)
+        key = lifecycle.rental_key("team_b_train", self.runs["team_b_train"][1], "work", -1)
+        self.label_orphan = int(
+            hook.create_instance(offers[0]["id"], image="img", label=lifecycle.make_label(key, time.time() + 7200))[
+                "new_contract"
+            ]
+        )
+        nobody = lifecycle.make_label("0123456789ab", time.time() + 7200)
+        self.nobodys = int(hook.create_instance(offers[1]["id"], image="img", label=nobody)["new_contract"])
+        self.say(f"made instance {self.label_orphan} (team_b_train's label) and {self.nobodys} (no task's label)")
+
+    def check_team_isolation(self) -> None:
+        self.login("reader_a")
+        self.open_page()
+        text = self.page_text()
+        data = self.page_json()
+        if "team_a_train" not in self.section("Spend, last"):
+            raise Failed(f"reader_a's spend does not list team_a_train: {clip(self.section('Spend, last'), 300)}")
+        team_b = [i for d in ("team_b_train", "team_b_serve") for i in self.instances_of(d)]
+        foreign = [*team_b, *(i for i in self.sim.refresh() if i["id"] in (self.label_orphan, self.nobodys))]
+        for instance in foreign:
+            for shown in (f"rental-{instance['id']}", str(instance["gpu_name"]), f"${instance['dph_total']:.2f}/h"):
+                if shown in self.browser.page_source:
+                    raise Failed(f"reader_a's page shows {shown!r} of team b's instance {instance['id']}")
+        if data["live"] or set(data["spend"]["per_dag"]) - {"team_a_train"}:
+            raise Failed(f"reader_a's JSON shows more than team_a_train: {clip(json.dumps(data), 400)}")
+        if "team_b" in text or "team_b" in json.dumps(data):
+            raise Failed("reader_a's page or JSON names a team b DAG")
+        status = self.post_destroy(self.label_orphan)
+        if status != 409:
+            raise Failed(f"reader_a's POST to destroy team b's orphan answered {status}, not 409")
+
+    def check_label_orphan(self) -> None:
+        from selenium.webdriver.common.by import By
+
+        self.login("editor_b")
+        self.open_page()
+        row = self.row(self.label_orphan)
+        wanted = f"team_b_train / {self.runs['team_b_train'][1]} / work"
+        if wanted not in row.text or "from its label" not in row.text:
+            raise Failed(f"the label orphan's row does not name {wanted!r} from its label: {row.text!r}")
+        if self.browser.find_elements(By.ID, f"rental-{self.nobodys}"):
+            raise Failed("editor_b sees the instance no DAG is found for")
+        buttons = row.find_elements(By.TAG_NAME, "button")
+        if [button.text for button in buttons] != ["Destroy…"]:
+            raise Failed(f"editor_b's label orphan row has {[button.text for button in buttons]}, not one Destroy…")
+        buttons[0].click()
+        question = self.wait_for(lambda: self.browser.find_elements(By.ID, "confirm-destroy"), "the confirmation")[0]
+        question.find_element(By.TAG_NAME, "button").click()
+        said = f"Instance {self.label_orphan} was destroyed."
+        self.wait_for(lambda: said in self.page_text(), repr(said))
+        if any(i["id"] == self.label_orphan and not i["destroyed"] for i in self.sim.refresh()):
+            raise Failed("the page says destroyed, but the service still runs the label orphan")
+
+    def check_spend_matches_ledger(self) -> None:
+        (serving,) = self.alive_of("team_b_serve")
+        self.mark_failed("team_b_serve", "serve")
+        self.wait("team_b_serve's instance destroyed", 60, lambda: not self.alive_of("team_b_serve"))
+        # Its trigger writes the end of its rental on the task's XComs a moment after the destroy, and the page
+        # reuses a listing for a few seconds: until then the rental counts as still open.
+        serve = f"/dags/team_b_serve/dagRuns/{self.runs['team_b_serve'][0]}/taskInstances/serve/xcomEntries"
+        end = f"{serve}/gpumarket_rental_end_{serving['id']}"
+        self.wait("the end of team_b_serve's rental recorded", 60, lambda: self.api.call("GET", end, ok404=True))
+        from airflow_gpumarket import lifecycle
+
+        self.login("admin")
+        self.open_page()
+        # (dag_id, run_id) -> what the simulator billed the rentals of that run's renting task. Not team_b_train's
+        # second run: the label orphan counts there, costed from its creation (no task saw it boot).
+        ledger = {}
+        for dag_id, task_id in RENTING_TASKS.items():
+            for run_id in self.runs[dag_id]:
+                if dag_id == "team_b_train" and run_id == self.runs[dag_id][1]:
+                    continue
+                key = lifecycle.rental_key(dag_id, run_id, task_id, -1)
+                ledger[(dag_id, run_id)] = sum(
+                    i["cost"] for i in self.sim.refresh() if (lifecycle.parse_label(i.get("label")) or ("",))[0] == key
+                )
+
+        def ended() -> dict | None:
+            data = self.page_json()
+            if any(row["instance_id"] == serving["id"] for row in data["live"]):
+                return None
+            spent = {(r["dag_id"], r["run_id"]): r["spend"] for r in data["spend"]["per_run"]}
+            return spent if all(run in spent for run in ledger) else None
+
+        page = self.wait("the page's spend once every rental ended", 30, ended)
+        off = []
+        for run, billed in ledger.items():
+            shown = page[run]
+            self.say(f"spend of {run[0]} {run[1]}: page ${shown:.4f}, ledger ${billed:.4f}")
+            if billed <= 0 or abs(shown - billed) > LEDGER_TOLERANCE * billed:
+                off.append(f"{run[0]}/{run[1]}: page ${shown:.4f}, ledger ${billed:.4f}")
+        if off:
+            raise Failed("spend off the ledger by more than 10 %: " + "; ".join(off) + f"; records: {self.records()}")
+
+    def records(self) -> str:
+        """The rental records of the ledger check's task instances (what the page costed), for a failure's message."""
+        found = []
+        for dag_id, task_id in RENTING_TASKS.items():
+            for run_id in self.runs[dag_id]:
+                path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries"
+                with contextlib.suppress(RuntimeError):
+                    for entry in self.api.call("GET", path)["xcom_entries"]:
+                        if entry["key"].startswith("gpumarket_rental_") and entry["key"] != "gpumarket_rental_url":
+                            value = self.api.call("GET", f"{path}/{entry['key']}", deserialize="true")["value"]
+                            found.append(f"{dag_id}/{task_id} {entry['key']}={value}")
+        return clip("; ".join(found), 3000)
+
     def run(self) -> None:
         self.prepare()
         self.browser = new_browser(self.profile)
@@ -453,6 +646,10 @@ class UiTest:
         self.check("viewer_cannot_destroy", self.check_viewer_cannot_destroy)
         self.check("admin_destroys_orphan", self.check_admin_destroys_orphan)
         self.check("extra_link", self.check_extra_link)
+        self.make_label_orphan()
+        self.check("team_isolation", self.check_team_isolation)
+        self.check("label_orphan", self.check_label_orphan)
+        self.check("spend_matches_ledger", self.check_spend_matches_ledger)
 
     def report(self) -> bool:
         passed = 0
