@@ -3,7 +3,9 @@ production runs it (SQLite lets one writer at a time, and its lock has stalled w
 
 The server is Debian's `postgresql` package (the Makefile installs it when missing). It runs from a temporary
 directory on a loopback port, with trust authentication for one local role, and is removed when it stops. As
-root it runs as the unprivileged `postgres` user (PostgreSQL refuses to run as root). Nothing else on the machine
+root it runs as the unprivileged `postgres` user (PostgreSQL refuses to run as root), which may not be able to
+enter the checkout (a clone inside a `mktemp -d` folder, mode 0700): its programs run from the temporary
+directory and write their log there, copied to the deployment's log path as it stops. Nothing else on the machine
 is touched: not the package's own cluster, not another server.
 """
 
@@ -46,16 +48,14 @@ class Postgres:
     def __init__(self, log: Path) -> None:
         self.bin = find_bin()
         self.port = _free_port()
-        self.log = log
+        self.log = log  # where the server's log is copied as it stops
         self.root = Path(tempfile.mkdtemp(prefix="gpumarket-pg-"))
         self.data = self.root / "data"
+        self.server_log = self.root / "postgres.log"  # where the server writes it: a folder its user can enter
         self.run_as: list[str] = []
         if os.geteuid() == 0:  # initdb and postgres refuse root: run them as the package's unprivileged user
             self.run_as = ["runuser", "-u", "postgres", "--"]
             shutil.chown(self.root, "postgres", "postgres")
-        self.log.touch()
-        if self.run_as:
-            shutil.chown(self.log, "postgres", "postgres")
 
     @property
     def url(self) -> str:
@@ -63,7 +63,7 @@ class Postgres:
 
     def _run(self, program: str, *args: str) -> None:
         command = [*self.run_as, str(self.bin / program), *args]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=self.root)
         if result.returncode != 0:
             raise RuntimeError(f"{program} failed ({result.returncode}): {(result.stderr or result.stdout)[-600:]}")
 
@@ -83,7 +83,7 @@ class Postgres:
         )
         args = ["-D", str(self.data), "-w", "-t", str(PG_CTL_WAIT)]
         if action == "start":
-            args += ["-o", options, "-l", str(self.log)]
+            args += ["-o", options, "-l", str(self.server_log)]
         else:
             args += ["-m", "fast"]
         self._run("pg_ctl", action, *args)
@@ -99,4 +99,6 @@ class Postgres:
         with contextlib.suppress(RuntimeError):
             if (self.data / "postmaster.pid").exists():
                 self._pg_ctl("stop")
+        with contextlib.suppress(OSError):
+            shutil.copyfile(self.server_log, self.log)
         shutil.rmtree(self.root, ignore_errors=True)
