@@ -138,7 +138,7 @@ def failure_detail(lines: Sequence[str], status: int | None) -> str:
         parts.append(f"the command ended with exit status {status}")
     shown = [line for line in lines if line != STARTED_LINE and not _EXIT_STATUS.match(line)][-FAILURE_TAIL_LINES:]
     if shown:
-        parts.append("its last output lines:\n" + "\n".join(f"    {line}" for line in shown))
+        parts.append("its last output lines, quoted from its log:\n" + "\n".join(f"    > {line}" for line in shown))
     return "; ".join(parts)
 
 

@@ -442,13 +442,14 @@ def destroyed_itself(event: Mapping[str, Any]) -> bool:
 
 
 def describe_event(event: Mapping[str, Any], instance_id: int) -> str:
-    """A sentence for the task log and for exception messages; with the job's exit status and last output lines
-    when the event carries them."""
+    """A sentence for the task log and for exception messages; for a job that did not succeed, with its exit status
+    and last output lines when the event carries them (a success quotes none: the task log showed them)."""
     try:
         kind = event_kind(event)
     except ValueError:
         return f"instance {instance_id}: unexpected event {event!r}"
-    return with_job_detail(_sentence(kind, event, instance_id), event)
+    sentence = _sentence(kind, event, instance_id)
+    return sentence if kind is EventKind.JOB_SUCCEEDED else with_job_detail(sentence, event)
 
 
 def with_job_detail(sentence: str, event: Mapping[str, Any]) -> str:

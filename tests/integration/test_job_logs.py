@@ -9,7 +9,7 @@ import pytest
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
 
-from .conftest import POLL, alive
+from .conftest import POLL, alive, task_states
 
 
 def computed_line(sim) -> str:
@@ -72,6 +72,18 @@ def test_a_short_successful_jobs_every_line_reaches_the_task_log_before_its_inst
     assert shown == [first, "second", "third"]
     # Compute billing ended with the job (the wrapper's stop); only storage billed until the destroy.
     assert instance["destroyed"] and instance["storage_seconds"] >= instance["compute_seconds"]
+    assert alive(sim) == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "deferred"])
+def test_rule_each_line_of_a_successful_job_appears_once_in_the_task_log(example_dag, sim, task_log, mode):
+    run = example_dag(f"gpm_log_ticks_success_{mode}").test()
+    assert run.state == "success", task_states(run)
+    (instance,) = sim.state()["instances"]
+    printed = re.findall(r"^tick-\d+-[0-9a-f]{6}$", sim.onstart_result(instance["id"])["output"], re.M)
+    assert len(printed) == 34  # computed as the job ran: no test can know them beforehand
+    log = task_log()
+    assert {line: log.count(line) for line in printed} == dict.fromkeys(printed, 1)
     assert alive(sim) == []
 
 

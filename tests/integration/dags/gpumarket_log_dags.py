@@ -20,6 +20,11 @@ TICKS_THEN_EXIT_5 = 'for i in 1 2 3 4 5 6 7 8; do echo "tick $i"; sleep 0.25; do
 #: A short job that succeeds before any read while it runs (the default log_interval of 30 s): its lines reach the
 #: task log only through the final read of the instance it stopped.
 SHORT_SUCCESS = 'echo "first $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo second; sleep 1; echo third'
+#: Lines computed as the job runs, printed over about two seconds of real time (many log reads), then success.
+TICKS_THEN_SUCCESS = (
+    'seed=$(od -An -N3 -tx1 /dev/urandom | tr -d " \\n"); '
+    'for i in $(seq 11 44); do echo "tick-$i-$seed"; sleep 0.06; done'
+)
 
 
 def _dag(dag_id: str, **job) -> DAG:
@@ -36,3 +41,5 @@ leaky_sync = _dag("gpm_log_leaky_sync", command=PRINTS_ITS_KEY, deferrable=False
 leaky_deferred = _dag("gpm_log_leaky_deferred", command=PRINTS_ITS_KEY, deferrable=True)
 short_sync = _dag("gpm_log_short_sync", command=SHORT_SUCCESS, deferrable=False, log_interval=30)
 short_deferred = _dag("gpm_log_short_deferred", command=SHORT_SUCCESS, deferrable=True, log_interval=30)
+ticks_success_sync = _dag("gpm_log_ticks_success_sync", command=TICKS_THEN_SUCCESS, deferrable=False)
+ticks_success_deferred = _dag("gpm_log_ticks_success_deferred", command=TICKS_THEN_SUCCESS, deferrable=True)
