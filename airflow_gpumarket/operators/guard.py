@@ -45,12 +45,9 @@ def destroy_rentals_on_failure(context: Any) -> None:
         task.dag_id or "", str(context.get("run_id")), task.task_id, getattr(ti, "map_index", -1)
     )
     log = getattr(task, "log", None) or hook.log
-    from airflow_gpumarket.ui import records
-
     for instance in lifecycle.rentals_of(hook.list_instances(), key):
         log.warning("The task failed: destroying instance %s so it stops billing", instance["id"])
         hook.destroy_instance(int(instance["id"]))
-        records.push_end(context, log, hook, int(instance["id"]), ended_by="failure callback", instance=instance)
 
 
 class RentalGuard:
@@ -75,12 +72,11 @@ class RentalGuard:
         def _lease_seconds(self) -> float: ...
 
     def _destroy_rentals_of_this_task(self, context: Any, reason: BaseException | str) -> None:
-        from airflow_gpumarket.ui import records
-
+        # No end record from here: the DAG processor runs this callback for a lost worker, and a message its
+        # supervisor cannot decode (an XCom write) stalls the parsing of the DAG file until it times out.
         for instance in lifecycle.rentals_of(self.hook.list_instances(), self._rental_key(context)):
             self.log.warning("%s: destroying instance %s so it stops billing", reason, instance["id"])
             self._destroy(int(instance["id"]))
-            records.push_end(context, self.log, self.hook, int(instance["id"]), ended_by=str(reason), instance=instance)
 
     # --- destroy on every failure path -----------------------------------------------------------------
     @contextmanager

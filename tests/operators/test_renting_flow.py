@@ -417,8 +417,13 @@ def test_failure_callback_destroys_what_a_lost_worker_rented():
     with pytest.raises(TaskDeferred):
         job(hook, deferrable=True).execute(ctx())
     parsed = job(hook)  # what the DAG processor parsed
-    destroy_rentals_on_failure({**ctx(), "task": parsed})
+    context = ctx()
+    pushed = []
+    context["ti"].xcom_push = lambda **kwargs: pushed.append(kwargs)
+    destroy_rentals_on_failure({**context, "task": parsed})
     assert hook.alive() == []
+    # No XCom from there: the DAG processor's supervisor cannot take one, and its parsing would stall.
+    assert pushed == []
 
 
 def test_create_instance_operator_hands_over_a_running_instance_without_destroying_it():
@@ -612,3 +617,25 @@ def test_a_deferred_execution_timeout_names_the_jobs_last_lines():
     with pytest.raises(AirflowTaskTimeout, match="(?s)execution_timeout .* elapsed.*epoch 7 of 9"):
         job(hook, deferrable=True, execution_timeout=timedelta(seconds=60)).execute_complete(ctx(), event)
     assert hook.alive() == []
+
+
+def test_rule_a_resumed_job_that_ended_between_two_reads_of_a_wait_for_the_bid_succeeds_without_a_rerun(task_log):
+    """on_preemption='wait': the market stops the bid instance mid-job, it wins its machine back, and the job runs
+    again and ends (exit 0, the wrapper stops it) between two reads: every read of the wait sees it stopped."""
+    hook = BidMarketHook({2: [None, "running", "stopped"], 3: ["running", DONE]}, destroy_worked=True)
+    hook.log_text = "gpumarket: job started\nepoch 1\n"  # the preempted run: no exit status line
+    reads = []
+    find = hook.find_instance
+
+    def find_instance(instance_id):
+        found = find(instance_id)
+        reads.append(found and found["actual_status"])
+        if len(reads) == 4:  # the wait for the bid began: the resumed run starts, ends, and stops its instance
+            hook.log_text += "gpumarket: job started\nepoch 1\nepoch 2\n" + EXIT_0
+        return found
+
+    hook.find_instance = find_instance
+    result = job(hook, interruptible=True, on_preemption="wait", max_outbid_wait=0.05).execute(ctx())
+    assert result["job_status"] == "succeeded" and result["instance_id"] == 1001
+    assert list(hook.instances) == [1001] and hook.alive() == []  # no failover, no second run
+    assert "epoch 2" in task_log() and reads[2:4] == ["stopped", "stopped"]
