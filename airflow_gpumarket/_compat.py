@@ -54,6 +54,11 @@ def is_airflow_2() -> bool:
     return airflow_version()[0] == 2
 
 
+def has_retry_policies() -> bool:
+    """True from Airflow 3.3, whose tasks take a ``retry_policy`` (AIP-105)."""
+    return airflow_version() >= (3, 3)
+
+
 def triggerer_calls_on_kill() -> bool:
     """True from Airflow 3.3, whose triggerer calls a trigger's ``on_kill`` when a user marks its deferred task
     failed or clears it. Before, only ``cleanup`` runs, for that and for every other reason a trigger stops."""

@@ -12,9 +12,9 @@ command fail (say ``sys.exit("CUDA out of memory")``), the sensor's log ends lik
     [instance 12000001] CUDA out of memory
     [instance 12000001] gpumarket: job exited with status 1
     AirflowFailException: the job on instance 12000001 failed: the instance is in status 'stopped' (...); the
-    command ended with exit status 1; its last output lines:
-        epoch 1/3 loss=0.5000
-        CUDA out of memory
+    command ended with exit status 1; its last output lines, quoted from its log:
+        > epoch 1/3 loss=0.5000
+        > CUDA out of memory
 """
 
 from __future__ import annotations

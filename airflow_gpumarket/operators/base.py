@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket._compat import BaseOperator
+from airflow_gpumarket._compat import BaseOperator, has_retry_policies
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
@@ -15,6 +15,8 @@ class GpuMarketBaseOperator(BaseOperator):
     """Connection handling shared by every operator of this provider."""
 
     def __init__(self, *, gpumarket_conn_id: str = "gpumarket_default", **kwargs: Any) -> None:
+        if "retry_policy" in kwargs and kwargs["retry_policy"] is None and not has_retry_policies():
+            del kwargs["retry_policy"]  # gpumarket_retry_policy() before Airflow 3.3: the standard retries apply
         super().__init__(**kwargs)
         self.gpumarket_conn_id = gpumarket_conn_id
 

@@ -11,6 +11,7 @@ from typing import Any
 from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
+from airflow_gpumarket.operators.failures import GpuMarketJobFailed
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
 from airflow_gpumarket.operators.renting import JOB_LEASE_MARGIN_SECONDS, KEEPALIVE_POLLS, GpuMarketRentingBaseOperator
 from airflow_gpumarket.utils import duration_seconds
@@ -153,7 +154,10 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
             rental.hourly_price,
         )
         if not succeeded:
-            raise AirflowException(lifecycle.describe_event(event, rental.instance_id))
+            sentence = lifecycle.describe_event(event, rental.instance_id)
+            if lifecycle.event_kind(event) is lifecycle.EventKind.JOB_FAILED:
+                raise GpuMarketJobFailed(sentence, exit_status=event.get("exit_status"))
+            raise AirflowException(sentence)
         return summary
 
 

@@ -28,8 +28,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, lifecycle
-from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
+from airflow_gpumarket.operators.failures import GpuMarketPreemptedTooOften
 from airflow_gpumarket.utils import duration_seconds
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ class PreemptionHandling:
         attempts.lose_machine(rental.machine_id, sentence)
         if over:
             if not (policy.fallback_on_demand and not attempts.on_demand):
-                raise AirflowException(
+                raise GpuMarketPreemptedTooOften(
                     f"The job was preempted {attempts.preemptions} times, more than max_preemptions="
                     f"{policy.max_preemptions}; every instance it rented is destroyed. Raise max_preemptions, set "
                     "fallback_on_demand=True, or rent on demand (interruptible=False)."

@@ -27,6 +27,7 @@ from airflow_gpumarket.exceptions import (
 from airflow_gpumarket.operators import interruptible as interruptible_rentals
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.creation import TYPED_FIELDS, CreationBody, creation_fields, takes_creation_fields
+from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
 from airflow_gpumarket.operators.interruptible import PreemptionHandling
 from airflow_gpumarket.ui.links import GpuRentalLink
@@ -296,7 +297,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             if rental is None:  # nothing was made (or what was made is destroyed): the reason is in attempts
                 continue
             return self._wait_and_finish(context, rental)
-        raise AirflowException(
+        raise GpuMarketNoWorkingOffer(
             f"Could not get a working instance after trying {attempts.offers_this_round()} offer(s) "
             f"(max_offer_attempts={self.max_offer_attempts}): {'; '.join(attempts.reasons) or 'no offer matched'}. "
             "Nothing is left running."

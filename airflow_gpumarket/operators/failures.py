@@ -1,0 +1,28 @@
+"""Why a renting task failed, as exception types a retry policy can tell apart (``airflow_gpumarket.retry_policy``).
+
+Each is an ``AirflowException``, raised after everything the task rented was destroyed (or handed over).
+"""
+
+from __future__ import annotations
+
+from airflow_gpumarket._compat import AirflowException
+
+
+class GpuMarketJobFailed(AirflowException):
+    """The job ran and failed: its command exited non-zero (``exit_status``), or its log proves no success.
+
+    :param exit_status: the command's exit status when its log showed one, else None.
+    """
+
+    def __init__(self, message: str, *, exit_status: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+class GpuMarketNoWorkingOffer(AirflowException):
+    """No offer gave a working instance: none matched the filters and price (or all were taken), or each one tried
+    never ran (a host that failed, a boot past ``boot_timeout``)."""
+
+
+class GpuMarketPreemptedTooOften(AirflowException):
+    """An interruptible job was preempted more than ``max_preemptions`` times."""
