@@ -70,7 +70,8 @@ GOALS = {
     "short_job_deferred": "a 3-second deferred job's three lines each once in the task log, success, 0 alive",
     "mark_failed_deferred": "destroyed <= 30 s after the PATCH, 0 alive",
     "mark_failed_running": "destroyed <= 30 s after the PATCH, 0 alive",
-    "kill9_retry": "the retry adopts the only instance, success, 0 alive",
+    "kill9_retry": "the rental in the task state store while the job runs; the retry reconnects through it, "
+    "success on the only instance, 0 alive",
     "lost_worker": "destroyed <= 120 s after Airflow failed the TI, 0 alive",
     "lost_worker_mapped": "the same for a mapped @task.gpumarket (map index 0), 0 alive",
     "triggerer_restart": "success across a triggerer kill -9 and restart, 0 alive",
@@ -666,6 +667,12 @@ class Scenario:
     def state(self) -> str | None:
         return self.ti().get("state")
 
+    def state_store(self) -> dict:
+        """The TI's task state store entries (Airflow 3.3+), key -> value, through the REST API."""
+        found = self.h.api.call("GET", f"{self.ti_path}/state-store", ok404=True) or {}
+        entries = {entry["key"]: entry["value"] for entry in found.get("task_state_store", [])}
+        return {k: json.loads(v) if isinstance(v, str) and v.startswith("{") else v for k, v in entries.items()}
+
     def mark_failed(self) -> None:
         self.h.api.call("PATCH", self.ti_path, {"new_state": "failed"})
 
@@ -868,6 +875,11 @@ def mark_failed(s: Scenario, deferred: bool) -> None:
 def kill9(s: Scenario, retry: bool) -> None:
     s.trigger()
     instance = s.wait_running("running")
+    if retry:  # durable (Airflow 3.3+): the rental is in the task state store, visible through the REST API
+        store = s.wait("the rental in the task state store", 30, lambda: s.state_store().get("gpumarket_rental"))
+        if store.get("instance_id") != instance["id"]:
+            raise Miss(f"the task state store names {store!r}, not instance {instance['id']}")
+        s.say(f"the task state store holds {store} (REST API) while the job runs")
     s.kill_task()
     killed = time.time()
     if retry:
@@ -881,6 +893,9 @@ def kill9(s: Scenario, retry: bool) -> None:
             raise Miss(f"{len(created)} instances rented for one task instance: {[i['id'] for i in created]}")
         if final != "success":
             raise Miss(f"retry ended {final!r} ({s.describe()})")
+        if f"the task state store names instance {instance['id']}" not in s.task_log():
+            raise Miss("the retry did not reconnect through the task state store (its log does not say so)")
+        s.say("the retry reconnected to its rental through the task state store")
         s.wait_all_destroyed()
         return
     s.expect_state("failed", HEARTBEAT_TIMEOUT + 90)

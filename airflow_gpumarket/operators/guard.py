@@ -50,6 +50,10 @@ def destroy_rentals_on_failure(context: Any) -> None:
         hook.destroy_instance(int(instance["id"]))
 
 
+#: The task state store's key (Airflow 3.3+) of the rental a task instance holds: a retry reconnects to it.
+STATE_KEY = "gpumarket_rental"
+
+
 class RentalGuard:
     """The renting operator's part that destroys what it rented on every failure path, and adopts on a retry what
     an earlier try of the same task instance left, instead of renting twice. Mixed into
@@ -61,6 +65,8 @@ class RentalGuard:
     _killed = False
     _started_at: float | None = None
     _recorder: RentalRecorder | None = None
+    _store: Any = None  # the task state store (Airflow 3.3+, durable=True), else None
+    durable = True
 
     if TYPE_CHECKING:
         hook: GpuMarketHook
@@ -122,12 +128,45 @@ class RentalGuard:
         self._forget(instance_id)
 
     def _forget(self, instance_id: int) -> None:
-        """The instance is gone (destroyed by this task, or by its own job): no longer this task's to destroy, and
-        its rental record ends."""
+        """The instance is gone (destroyed by this task, or by its own job): no longer this task's to destroy, its
+        rental record ends, and the task state store forgets it."""
         if self._recorder is not None:
             self._recorder.end(instance_id)
         if self._instance_id == instance_id:
             self._instance_id = None
+        saved = self._saved_instance_id()
+        if saved == instance_id:
+            self._store_call("delete", STATE_KEY)
+
+    # --- the task state store (Airflow 3.3+) ------------------------------------------------------------
+    def _state_store(self, context: Any) -> Any:
+        """The task instance's state store when this task is durable and Airflow has one (3.3+), else None."""
+        if not self.durable or not isinstance(context, Mapping):
+            return None
+        return context.get("task_state_store")
+
+    def _save_rental(self, rental: lifecycle.Rental) -> None:
+        """The rental goes into the task state store before anything is awaited: a retry reconnects to it."""
+        saved = {"instance_id": rental.instance_id, "label": rental.label, "offer_id": rental.offer_id}
+        if self._store_call("set", STATE_KEY, saved) is not False:
+            self.log.info("Instance %s saved in the task state store (key %r)", rental.instance_id, STATE_KEY)
+
+    def _saved_instance_id(self) -> int | None:
+        saved = self._store_call("get", STATE_KEY)
+        found = saved.get("instance_id") if isinstance(saved, Mapping) else None
+        return found if isinstance(found, int) else None
+
+    def _store_call(self, method: str, *args: Any) -> Any:
+        """One call to the task state store; a store that fails is reported and the label path goes on alone."""
+        if self._store is None:
+            return False
+        try:
+            return getattr(self._store, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - durability is a help; the label still finds the rental
+            self.log.warning(
+                "The task state store failed (%s %s: %s); a retry finds the rental by its label", method, STATE_KEY, exc
+            )
+            return False
 
     def on_kill(self) -> None:
         """SIGTERM or execution_timeout: destroy now (the process may be killed for good any moment)."""
@@ -149,6 +188,10 @@ class RentalGuard:
         if ti is None or (getattr(ti, "try_number", 1) or 1) <= 1:
             return None
         earlier = lifecycle.rentals_of(self.hook.list_instances(), self._rental_key(context))
+        saved = self._saved_instance_id()
+        if saved is not None:  # reconnect to the one an earlier try saved first; the label finds any other
+            self.log.info("Retry: the task state store names instance %s, rented by an earlier try", saved)
+            earlier = sorted(earlier, key=lambda instance: instance.get("id") == saved)
         adopted = None
         for instance in reversed(earlier):
             if adopted is None and self._may_adopt(instance):

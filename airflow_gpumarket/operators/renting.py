@@ -75,6 +75,8 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         the stopped instance ``max_outbid_wait`` to win its machine back, then fail over).
     :param max_outbid_wait: see ``on_preemption`` (default 10 minutes).
     :param fallback_on_demand: after ``max_preemptions``, rent on demand instead of failing.
+    :param durable: on Airflow 3.3+, keep the rental in the task state store (AIP-103) from its creation to its
+        end, so that a retry reconnects to it first (default True). The label finds it as well, on every version.
 
     :param instance: the spec's creation fields as one dict (templated; "Rendered Template" shows it as sent).
         Each field may also be given by name, below; a name wins over the dict. ``cancel_unavail`` defaults to
@@ -113,10 +115,13 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         on_preemption: str = "failover",
         max_outbid_wait: timedelta | float = interruptible_rentals.DEFAULT_MAX_OUTBID_WAIT,
         fallback_on_demand: bool = False,
+        durable: bool = True,
         **kwargs: Any,
     ) -> None:
         named = {name: kwargs.pop(name) for name in api.CREATION_FIELD_NAMES if name in kwargs}
         super().__init__(**kwargs)
+        api.require_bool("durable", durable)
+        self.durable = durable
         self.command = command
         self.instance = creation_fields(instance, named, command=command)
         self.export_env_to_ssh = export_env_to_ssh
@@ -228,10 +233,12 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         self._started_at = time.time()
         self._validate()
         self._recorder = self._new_recorder(context)
+        self._store = self._state_store(context)
         with self._destroy_on_failure():
             rental = self._adopt_earlier_rental(context)
             if rental is not None:
                 self._recorder.start(rental, handed_over=self._hands_over_its_instance)
+                self._save_rental(rental)
                 return self._wait_and_finish(context, rental)
             return self._rent(context, lifecycle.Attempts())
 
@@ -242,6 +249,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         if isinstance(instance_id, int):
             self._instance_id = instance_id  # whatever else is wrong with the event, the guard destroys it
         self._recorder = self._new_recorder(context)
+        self._store = self._state_store(context)
         with self._destroy_on_failure():
             try:
                 lifecycle.event_kind(event)
@@ -362,6 +370,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         )
         if self._recorder is not None:
             self._recorder.start(rental, handed_over=self._hands_over_its_instance)
+        self._save_rental(rental)
         if rental.ambiguous:
             self._destroy_duplicates(rental)
         return rental

@@ -38,6 +38,7 @@ CASES = [
     (CREATE, {**OK, "args_str": "--epochs 3", "runtype": "ssh"}, "args_str"),
     (CREATE, {**OK, "price": 0}, "price"),
     (CREATE, {**OK, "price": -0.2}, "price"),
+    (JOB, {**OK, "command": "python train.py", "durable": "yes"}, "durable"),
     (CREATE, {**OK, "price": "cheap"}, "price"),
     (CREATE, {**OK, "disk": 0}, "disk"),
     (CREATE, {**OK, "disk": "8GB"}, "disk"),

@@ -294,6 +294,69 @@ def test_retry_adopts_a_running_earlier_instance_and_destroys_the_other_leftover
     assert hook.destroyed == [1001, 1002] and len(hook.instances) == 2  # nothing rented anew
 
 
+class FakeStateStore:
+    """context["task_state_store"] (Airflow 3.3+): get/set/delete, each call kept."""
+
+    def __init__(self, values: dict | None = None, fails: bool = False) -> None:
+        self.values = dict(values or {})
+        self.calls: list[tuple] = []
+        self.fails = fails
+
+    def _call(self, *call):
+        self.calls.append(call)
+        if self.fails:
+            raise RuntimeError("the state store's backend is down")
+
+    def get(self, key, default=None):
+        self._call("get", key)
+        return self.values.get(key, default)
+
+    def set(self, key, value, *, retention=None):
+        self._call("set", key, value)
+        self.values[key] = value
+
+    def delete(self, key):
+        self._call("delete", key)
+        self.values.pop(key, None)
+
+
+def test_rule_durable_a_rental_is_in_the_task_state_store_from_its_creation_to_its_end():
+    hook = FakeHook({1: [None, "running", DONE]})
+    store = FakeStateStore()
+    result = job(hook).execute({**ctx(), "task_state_store": store})
+    assert result["instance_id"] == 1001 and hook.alive() == []
+    saved = [call for call in store.calls if call[0] == "set"]
+    assert saved == [("set", "gpumarket_rental", {"instance_id": 1001, "label": saved[0][2]["label"], "offer_id": 1})]
+    assert store.calls.index(saved[0]) < store.calls.index(("delete", "gpumarket_rental"))  # cleared at its end
+    assert store.values == {}
+
+
+def test_rule_durable_a_retry_reconnects_first_to_the_rental_in_the_task_state_store():
+    hook = FakeHook({1: ["running", DONE], 2: ["running"]})
+    op = job(hook)
+    key = op._rental_key(ctx())
+    for offer_id in (1, 2):  # try 1 saved 1001; 1002 is a duplicate its label also finds
+        hook.create_instance(offer_id, label=lifecycle.make_label(key, time.time() + 600))
+    store = FakeStateStore({"gpumarket_rental": {"instance_id": 1001, "label": None, "offer_id": 1}})
+    result = op.execute({**ctx(try_number=2), "task_state_store": store})
+    assert result["instance_id"] == 1001 and result["job_status"] == "succeeded"  # not the newest: the saved one
+    assert hook.destroyed == [1002, 1001] and len(hook.instances) == 2  # nothing rented anew
+
+
+@pytest.mark.parametrize("store", [None, FakeStateStore(fails=True)], ids=["durable=False", "store fails"])
+def test_without_a_working_task_state_store_a_retry_adopts_by_the_label(store, task_log):
+    hook = FakeHook({1: ["running", DONE]})
+    op = job(hook, durable=store is not None)
+    hook.create_instance(1, label=lifecycle.make_label(op._rental_key(ctx()), time.time() + 600))
+    used = store or FakeStateStore()
+    result = op.execute({**ctx(try_number=2), "task_state_store": used})
+    assert result["instance_id"] == 1001 and len(hook.instances) == 1 and hook.alive() == []
+    if store is None:
+        assert used.calls == []  # durable=False: the store is never asked
+    else:
+        assert "The task state store failed" in task_log()
+
+
 def earlier_try_left(hook: FakeHook, op, status: str, log_text: str) -> None:
     """Instance 1001, of try 1 whose worker died, on the last offer: in ``status``, its log ``log_text``."""
     hook.create_instance(max(hook.scripts), label=lifecycle.make_label(op._rental_key(ctx()), time.time() + 600))
