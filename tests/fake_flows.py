@@ -14,6 +14,7 @@ class FlowsOverMethods:
 
     renew_lease_flow = GpuMarketHook.renew_lease_flow  # the real one, over the fake's label flow
     service_clock_offset = 0.0  # the fake service's clock is this host's
+    service_now = GpuMarketHook.service_now
 
     def label_instance_flow(self, instance_id: int, label: str) -> Any:
         return self.label_instance(instance_id, label)  # type: ignore[attr-defined]

@@ -280,6 +280,10 @@ class _GpuMarketHookBase(BaseHook):
             secrets=(self.settings.api_key,),
         )
 
+    def service_now(self) -> float:
+        """The service's time now: this host's plus the offset learnt from the Date header of its latest answer."""
+        return time.time() + self.service_clock_offset
+
     def _note_service_clock(self, date: str | None) -> None:
         if not date:
             return

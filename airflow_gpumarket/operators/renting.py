@@ -272,9 +272,9 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
 
     def _new_recorder(self, context: Any) -> RentalRecorder:
         """This run's writer of rental records (imported here, not when a DAG file is parsed)."""
-        from airflow_gpumarket.ui.records import RentalRecorder, service_now
+        from airflow_gpumarket.ui.records import RentalRecorder
 
-        return RentalRecorder(context, self.log, self.gpumarket_conn_id, clock=lambda: service_now(self.hook))
+        return RentalRecorder(context, self.log, self.gpumarket_conn_id, clock=self.hook.service_now)
 
     def _execution_deadline(self, context: Any) -> float | None:
         """The epoch second at which ``execution_timeout`` ends, counted from the start of this try.
@@ -470,7 +470,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 gone=instance is None and not unread,
                 unread=unread,
             )
-            if rental.note_billing(watch.status, now + self.hook.service_clock_offset) and self._recorder is not None:
+            if rental.note_billing(watch.status, self.hook.service_now()) and self._recorder is not None:
                 self._recorder.running(rental)
             if watch.changed:
                 self.log.info("Instance %s: status %s", instance_id, watch.shown)

@@ -146,7 +146,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 except GpuMarketError as exc:
                     yield Observation(error=exc)
                 else:
-                    at = time.time() + hook.service_clock_offset
+                    at = hook.service_now()
                     yield (
                         Observation(gone=True, at=at)
                         if instance is None
@@ -286,9 +286,10 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             return
         end = records.end_only(
             instance_id=self.instance_id,
-            ended_at=records.service_now(hook),
+            ended_at=hook.service_now(),
             ended_by="trigger (task left deferred)",
-            instance={"running_at": self._running_at, "stopped_at": self._stopped_at},
+            running_at=self._running_at,
+            stopped_at=self._stopped_at,
         )
         try:
             await asyncio.to_thread(records.write_end, ti, end)

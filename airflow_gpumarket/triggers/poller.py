@@ -133,7 +133,7 @@ class SharedInstancePoller:
             self._deliver_all(watched, Observation(error=exc))
             return
         self._slowdown = 1.0
-        at = time.time() + self._hook.service_clock_offset
+        at = self._hook.service_now()
         for instance_id in watched:
             if instance_id in listed:
                 self._deliver(instance_id, Observation(status=listed[instance_id].get("actual_status"), at=at))
@@ -148,7 +148,7 @@ class SharedInstancePoller:
             return Observation(gone=True)
         except GpuMarketError as exc:
             return Observation(error=exc)
-        return Observation(status=instance.get("actual_status"), at=time.time() + self._hook.service_clock_offset)
+        return Observation(status=instance.get("actual_status"), at=self._hook.service_now())
 
     def _deliver(self, instance_id: int, observation: Observation) -> None:
         for queue in self._watchers.get(instance_id, []):

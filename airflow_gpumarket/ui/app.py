@@ -83,7 +83,7 @@ def _view(access: _Access, days: int) -> tuple[list[spend.LiveRental], spend.Spe
     with create_session() as session:
         rows = sources.records(session, since=since, instance_ids=alive)
         starts = [r for r in rows if not r.end_only]
-        by_instance = _records_of(listed, starts)
+        by_instance = spend.records_of(listed, starts)
         keys = {spend.label_key(i.get("label")) for _, i in listed if i.get("id") not in by_instance}
         keys |= {r.rental_key for r in rows if r.end_only}
         attributed = sources.label_owners(session, {k for k in keys if k}, since=since)
@@ -93,18 +93,6 @@ def _view(access: _Access, days: int) -> tuple[list[spend.LiveRental], spend.Spe
     alive_costs = {r.instance_id: r.cost_so_far for r in every_live}
     seen = [s for s in spend.spans(rows, attributed) if s.owner is not None and access.sees(s.owner[0])]
     return live, spend.spend(seen, alive_costs, since, now), errors
-
-
-def _records_of(listed: list[tuple[str, dict[str, Any]]], starts: list[spend.RecordRow]) -> dict[int, spend.RecordRow]:
-    """Each listed instance's latest start record whose task its label names (any, for a label not the
-    provider's): a simulator that was reset gives an id again, and an older rental's record is not this one's."""
-    keys = {i["id"]: spend.label_key(i.get("label")) for _, i in listed if isinstance(i.get("id"), int)}
-    found: dict[int, spend.RecordRow] = {}
-    for row in sorted(starts, key=lambda r: r.record.get("created_at") or 0):
-        instance_id = row.record["instance_id"]
-        if instance_id in keys and keys[instance_id] in (None, row.rental_key):
-            found[instance_id] = row
-    return found
 
 
 def _listed(live: list[spend.LiveRental], conn_id: str | None, instance_id: int | None) -> spend.LiveRental | None:
@@ -215,7 +203,7 @@ def _record_end(row: spend.LiveRental, hook: Any, user_name: str) -> None:
     seen = {"label": row.label, "start_date": row.started_at, "dph_total": row.hourly_price, "gpu_name": row.gpu_name}
     end = records.end_only(
         instance_id=row.instance_id,
-        ended_at=records.service_now(hook),
+        ended_at=hook.service_now(),
         ended_by=f"GPU rentals page ({user_name})",
         instance={**seen, "offer_id": row.offer_id},
     )

@@ -12,7 +12,6 @@ Importing this module is cheap: operators import it on every DAG parse.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -76,45 +75,57 @@ def started(
 COST_DIGITS = 6
 
 
+def number(value: Any) -> float | None:
+    """A value read back from XCom as a float, or None when it is no number."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def price_of(record: Mapping[str, Any]) -> float | None:
-    """The record's hourly price, or None when it holds none (records are read back from XCom)."""
-    price = record.get("hourly_price")
-    return float(price) if isinstance(price, int | float) and not isinstance(price, bool) else None
+    """The record's hourly price, or None when it holds none."""
+    return number(record.get("hourly_price"))
 
 
-def billed_from(record: Mapping[str, Any]) -> float | None:
-    """When compute billing started, as far as the record knows: first seen running, else created."""
-    for name in ("running_at", "created_at"):
-        value = record.get(name)
-        if isinstance(value, int | float) and api.is_positive_number(value):
-            return float(value)
-    return None
-
-
-def billed_until(record: Mapping[str, Any], ended_at: float) -> float:
-    """When compute billing ended: first seen stopped (its job ended) when that came before the destroy."""
-    stopped = record.get("stopped_at")
-    return (
-        min(float(stopped), ended_at)
-        if isinstance(stopped, int | float) and api.is_positive_number(stopped)
-        else ended_at
-    )
+def rental_cost(
+    price: float | None,
+    *,
+    created_at: float | None,
+    running_at: float | None,
+    stopped_at: float | None,
+    ended_at: float,
+) -> float | None:
+    """A rental's estimated cost: its hourly price from when it was first seen running (else from its creation)
+    until it was seen stopped after its job or destroyed, whichever came first; None without a start."""
+    start = running_at if running_at is not None else created_at
+    if start is None:
+        return None
+    end = ended_at if stopped_at is None else min(stopped_at, ended_at)
+    return lifecycle.estimated_cost(price, max(0.0, end - start), digits=COST_DIGITS)
 
 
 def ended(record: Mapping[str, Any], ended_at: float) -> dict[str, Any]:
-    """The record once its instance is destroyed: when, and its estimated cost (its hourly price from when it was
-    first seen running, else from its creation, until it was seen stopped or destroyed)."""
-    start, end = billed_from(record), billed_until(record, ended_at)
-    cost = None if start is None else lifecycle.estimated_cost(price_of(record), end - start, digits=COST_DIGITS)
+    """The record once its instance is destroyed: when, and its estimated cost (``rental_cost``)."""
+    cost = rental_cost(
+        price_of(record),
+        created_at=number(record.get("created_at")),
+        running_at=number(record.get("running_at")),
+        stopped_at=number(record.get("stopped_at")),
+        ended_at=ended_at,
+    )
     return {**record, "ended_at": round(ended_at, 3), "cost": cost}
 
 
 def end_only(
-    *, instance_id: int, ended_at: float, ended_by: str, instance: Mapping[str, Any] | None = None
+    *,
+    instance_id: int,
+    ended_at: float,
+    ended_by: str,
+    instance: Mapping[str, Any] | None = None,
+    running_at: float | None = None,
+    stopped_at: float | None = None,
 ) -> dict[str, Any]:
     """The end of a rental, as written by what destroyed it when that is not its renter. ``instance``: the
     service's instance read before the destroy, whose label, start and price let the page cost and attribute a
-    rental whose own record is missing."""
+    rental whose own record is missing; ``running_at``, ``stopped_at``: what a watcher saw of it (a trigger)."""
     seen = instance or {}
     start = seen.get("start_date")
     price = seen.get("bid_price") if seen.get("is_bid") else seen.get("dph_total")
@@ -125,30 +136,25 @@ def end_only(
         "ended_by": ended_by,
         "label": seen.get("label"),
         "created_at": start if api.is_positive_number(start) else None,
-        "running_at": seen.get("running_at") if api.is_positive_number(seen.get("running_at")) else None,
-        "stopped_at": seen.get("stopped_at") if api.is_positive_number(seen.get("stopped_at")) else None,
+        "running_at": running_at,
+        "stopped_at": stopped_at,
         "hourly_price": price if api.is_positive_number(price) else None,
         "gpu_name": seen.get("gpu_name"),
         "offer_id": seen.get("offer_id"),
     }
 
 
-def service_now(hook: Any) -> float:
-    """The service's time now, by the offset the hook learnt from the Date header of its latest answer."""
-    return time.time() + float(getattr(hook, "service_clock_offset", 0.0) or 0.0)
-
-
 def push_end(
     context: Any, log: Any, hook: Any, instance_id: int, *, ended_by: str, instance: Mapping[str, Any] | None = None
 ) -> None:
     """Store the end of a rental just destroyed on the running task instance's XComs, best effort."""
-    record = end_only(instance_id=instance_id, ended_at=service_now(hook), ended_by=ended_by, instance=instance)
+    record = end_only(instance_id=instance_id, ended_at=hook.service_now(), ended_by=ended_by, instance=instance)
     _push(context.get("ti") if isinstance(context, Mapping) else None, log, end_key(instance_id), record)
 
 
 def write_end(ti: Any, record: Mapping[str, Any]) -> None:
-    """Store an end record on the task instance ``ti`` names, from a triggerer or a callback (no ``xcom_push``
-    there): through the Task SDK on Airflow 3, the metadata database on 2.11."""
+    """Store an end record on the task instance ``ti`` names, from a triggerer (no ``xcom_push`` there): through
+    the Task SDK on Airflow 3, the metadata database on 2.11."""
     names = {
         "dag_id": ti.dag_id,
         "task_id": ti.task_id,
@@ -175,8 +181,7 @@ class RentalRecorder:
         self._log = log
         self._conn_id = conn_id
         self._clock = clock
-        self._open: dict[int, dict[str, Any]] = {}
-        self._rentals: dict[int, Any] = {}  # the lifecycle.Rental of each open record
+        self._open: dict[int, tuple[dict[str, Any], Any]] = {}  # instance id -> (its record, its lifecycle.Rental)
 
     def start(self, rental: Any, *, write: bool = True, handed_over: bool = False) -> None:
         """A rental this try holds, created now or adopted (``write=False``: one whose start an earlier run of this
@@ -196,8 +201,7 @@ class RentalRecorder:
             try_number=number if isinstance(number, int) else None,
             handed_over=handed_over,
         )
-        self._open[rental.instance_id] = record
-        self._rentals[rental.instance_id] = rental
+        self._open[rental.instance_id] = (record, rental)
         if rental.running_at is not None:
             record["running_at"] = round(rental.running_at, 3)
         if write:
@@ -213,19 +217,21 @@ class RentalRecorder:
 
     def running(self, rental: Any) -> None:
         """Its watcher first saw the rental running (``rental.running_at``): written, so its cost starts there."""
-        record = self._open.get(rental.instance_id)
-        if record is not None and rental.running_at is not None:
+        opened = self._open.get(rental.instance_id)
+        if opened is not None and rental.running_at is not None:
+            record = opened[0]
             record["running_at"] = round(rental.running_at, 3)
             self._push(record_key(rental.instance_id), record)
 
     def end(self, instance_id: int) -> None:
         """The rental's instance is destroyed (by this task, or by its own job)."""
-        record = self._open.pop(instance_id, None)
-        rental = self._rentals.pop(instance_id, None)
-        if record is not None and rental is not None and rental.stopped_at is not None:
+        opened = self._open.pop(instance_id, None)
+        if opened is None:
+            return
+        record, rental = opened
+        if rental.stopped_at is not None:
             record["stopped_at"] = round(rental.stopped_at, 3)
-        if record is not None:
-            self._push(record_key(instance_id), ended(record, self._clock()))
+        self._push(record_key(instance_id), ended(record, self._clock()))
 
     def _push(self, key: str, value: Any) -> None:
         _push(self._ti, self._log, key, value)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.ui.records import COST_DIGITS, price_of
+from airflow_gpumarket.ui.records import COST_DIGITS, number, price_of, rental_cost
 
 #: Task instance states in which a renting task still holds (or is about to hold) its rental.
 ACTIVE_TASK_STATES = frozenset(
@@ -117,14 +117,10 @@ class Spend:
         return round(sum(self.per_dag.values()), 6)
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def hourly_price_of(instance: Mapping[str, Any], record: Mapping[str, Any] | None) -> float | None:
     """The bid of an interruptible instance, else its on-demand price; the record's when the service gives neither."""
     for value in (instance.get("bid_price") if instance.get("is_bid") else None, instance.get("dph_total")):
-        if (price := _number(value)) is not None:
+        if (price := number(value)) is not None:
             return price
     return price_of(record) if record else None
 
@@ -135,9 +131,21 @@ def label_key(label: Any) -> str | None:
     return parsed[0] if parsed else None
 
 
+def records_of(instances: Iterable[tuple[str, Mapping[str, Any]]], starts: Iterable[RecordRow]) -> dict[int, RecordRow]:
+    """Each listed instance's latest start record whose task its label names (any, for a label not the
+    provider's): a simulator that was reset gives an id again, and an older rental's record is not this one's."""
+    keys = {i["id"]: label_key(i.get("label")) for _, i in instances if isinstance(i.get("id"), int)}
+    found: dict[int, RecordRow] = {}
+    for row in sorted(starts, key=lambda r: number(r.record.get("created_at")) or 0):
+        instance_id = row.record["instance_id"]
+        if instance_id in keys and keys[instance_id] in (None, row.rental_key):
+            found[instance_id] = row
+    return found
+
+
 def live_rentals(
     instances: Iterable[tuple[str, Mapping[str, Any]]],
-    records: Mapping[int, RecordRow],
+    records: Mapping[int, RecordRow],  # from records_of
     tasks: Mapping[TiKey, TaskState],
     now: float,
     clock_offsets: Mapping[str, float] | None = None,
@@ -153,13 +161,11 @@ def live_rentals(
             continue
         recorded = records.get(instance["id"])
         key = label_key(instance.get("label"))
-        if recorded is not None and key is not None and recorded.rental_key != key:
-            recorded = None  # another rental that had this id (a simulator reset reuses ids): not this one's
         record = recorded.record if recorded else None
         service_now = now + (clock_offsets or {}).get(conn_id, 0.0)
-        start = _number(instance.get("start_date"))
+        start = number(instance.get("start_date"))
         if start is None and record:
-            start = _number(record.get("created_at"))
+            start = number(record.get("created_at"))
         owner = recorded.ti_key if recorded else (attributed or {}).get(key or "")
         price = hourly_price_of(instance, record)
         task = tasks.get(owner) if owner else None
@@ -246,21 +252,21 @@ def spans(rows: Iterable[RecordRow], attributed: Mapping[str, TiKey] | None = No
         groups[(row.record["instance_id"], row.rental_key)].append(row)
     result = []
     for (instance_id, key), group in groups.items():
-        starts = sorted((r for r in group if not r.end_only), key=lambda r: _number(r.record.get("created_at")) or 0)
+        starts = sorted((r for r in group if not r.end_only), key=lambda r: number(r.record.get("created_at")) or 0)
         ordered = starts + [r for r in group if r.end_only]
         owner = starts[0].ti_key if starts else (attributed or {}).get(key)
         result.append(
             Span(
                 instance_id=instance_id,
                 owner=owner,
-                created_at=next((t for r in ordered if (t := _number(r.record.get("created_at"))) is not None), None),
+                created_at=next((t for r in ordered if (t := number(r.record.get("created_at"))) is not None), None),
                 hourly_price=next((p for r in ordered if (p := price_of(r.record)) is not None), None),
-                ended_at=min((t for r in group if (t := _number(r.record.get("ended_at"))) is not None), default=None),
+                ended_at=min((t for r in group if (t := number(r.record.get("ended_at"))) is not None), default=None),
                 running_at=min(
-                    (t for r in group if (t := _number(r.record.get("running_at"))) is not None), default=None
+                    (t for r in group if (t := number(r.record.get("running_at"))) is not None), default=None
                 ),
                 stopped_at=min(
-                    (t for r in group if (t := _number(r.record.get("stopped_at"))) is not None), default=None
+                    (t for r in group if (t := number(r.record.get("stopped_at"))) is not None), default=None
                 ),
             )
         )
@@ -289,14 +295,16 @@ def spend(rentals: Iterable[Span], alive_costs: Mapping[int, float | None], wind
 
 
 def span_cost(span: Span, alive_costs: Mapping[int, float | None]) -> float | None:
-    """Ended: its hourly price from when it was first seen running (else from its creation) until it was seen
-    stopped after its job, or its end. Still
-    listed: its live row's cost so far. Gone with no end recorded: unknown (None), never guessed from its task's
-    end."""
-    start = span.running_at if span.running_at is not None else span.created_at
-    if span.ended_at is not None and start is not None:
-        end = span.ended_at if span.stopped_at is None else min(span.stopped_at, span.ended_at)
-        return lifecycle.estimated_cost(span.hourly_price, max(0.0, end - start), digits=COST_DIGITS)
+    """Ended: ``records.rental_cost``. Still listed: its live row's cost so far. Gone with no end recorded:
+    unknown (None), never guessed from its task's end."""
+    if span.ended_at is not None:
+        return rental_cost(
+            span.hourly_price,
+            created_at=span.created_at,
+            running_at=span.running_at,
+            stopped_at=span.stopped_at,
+            ended_at=span.ended_at,
+        )
     return alive_costs.get(span.instance_id)
 
 

@@ -80,7 +80,7 @@ with dag("team_a_embed"):
     def embed() -> int:
         import time
 
-        time.sleep(12)
+        time.sleep(12)  # the embedding work: long enough for the rental to cost something to compare
         return 1000
 
     embed()

@@ -30,6 +30,7 @@ class FakeAsyncHook:
     """
 
     service_clock_offset = 0.0  # the fake service's clock is this host's
+    service_now = GpuMarketAsyncHook.service_now
 
     def __init__(self, script):
         self.script = list(script)

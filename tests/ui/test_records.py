@@ -127,6 +127,6 @@ def test_an_end_written_by_another_task_carries_what_costs_and_attributes_the_re
         "offer_id": None,
     }
     ti = PushingTi()
-    hook = type("Hook", (), {"service_clock_offset": 0.0})()
+    hook = type("Hook", (), {"service_now": lambda self: 3700.0})()
     records.push_end({"ti": ti}, LOG, hook, 7, ended_by="reap")
     assert ti.pushed[records.end_key(7)]["ended_by"] == "reap"

@@ -7,7 +7,7 @@ import pytest
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.ui import page, records
-from airflow_gpumarket.ui.spend import RecordRow, TaskState, live_rentals, orphan_reason, spans, spend
+from airflow_gpumarket.ui.spend import RecordRow, TaskState, live_rentals, orphan_reason, records_of, spans, spend
 
 NOW = 1_800_000_000.0
 KEY = lifecycle.rental_key("train_dag", "run-1", "train", -1)  # row()'s task instance's
@@ -168,3 +168,11 @@ def test_the_page_escapes_what_it_shows_and_offers_a_destroy_only_to_who_may():
         assert ('<form class="inline" method="post" action="orphans/c/1/destroy?days=1">' in asked) is allowed
         assert "<script" not in asked and "onsubmit" not in asked  # the UI's sandboxed frame allows no dialogs
     assert page.chart_svg({}) == "" and "<svg" in page.chart_svg(totals.per_day)
+
+
+def test_rule_an_instance_takes_the_latest_record_whose_task_its_label_names():
+    mine, older = row(1, created_at=NOW - 60), row(1, created_at=NOW - 90000, run_id="run-0")  # same id, reused
+    by_hand = row(2, run_id="run-2")
+    listed = [("c", {"id": 1, "label": LABEL}), ("c", {"id": 2, "label": "my own box"}), ("c", {"id": 3})]
+    assert records_of(listed, [mine, older, by_hand]) == {1: mine, 2: by_hand}
+    assert records_of([("c", {"id": 1, "label": label_of("run-9")})], [mine, older]) == {}  # neither is its rental
