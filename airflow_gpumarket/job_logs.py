@@ -20,10 +20,6 @@ from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError,
 from airflow_gpumarket.job_script import EXIT_STATUS_LINE, STARTED_LINE
 from airflow_gpumarket.python_job import is_marker_line
 
-#: Seconds between reads of a running job's log, by default. Each read is one logs request (a PUT, whose live
-#: budget is not published; changing an instance is allowed 1/s per key) and one download from storage, so 30 s
-#: leaves room for about 30 jobs logging at once per key beside their status reads; rate-limited reads back off.
-DEFAULT_LOG_INTERVAL_SECONDS = 30.0
 #: After a rate-limited read the interval doubles, up to this; a read that works brings it back.
 MAX_LOG_INTERVAL_SECONDS = 600.0
 

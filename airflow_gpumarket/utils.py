@@ -5,12 +5,25 @@ No Airflow import at module level but the configuration read once for ``DEFAULT_
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+
+class RunTimeModule:
+    """A module imported when first used: for what only a running task needs, which a DAG file importing an
+    operator does not pay for (``if TYPE_CHECKING:`` imports the module itself, for type checkers)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
 
 #: Values that are never resolved at run time (checked first: this runs for every field of every task parsed).
 _PLAIN = (str, int, float, type(None), timedelta)

@@ -29,6 +29,22 @@ def test_the_plugin_every_airflow_process_loads_imports_neither_the_page_nor_the
     assert "loaded: []" in result.stdout.splitlines(), result.stdout + result.stderr
 
 
+def test_a_dag_file_with_renting_operators_imports_only_what_parsing_needs():
+    """The wait's state machine, the log reader and the hook are imported when a task runs, not by every parse."""
+    code = (
+        "import sys; from datetime import datetime; from airflow.sdk import DAG; "
+        "from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator; "
+        "dag = DAG('d', start_date=datetime(2026, 1, 1), schedule=None)\n"
+        "with dag:\n"
+        "    GpuMarketRunJobOperator(task_id='j', command='true', image='i', offer_filters={}, interruptible=True)\n"
+        "    GpuMarketCreateInstanceOperator(task_id='c', offer_id=1, image='i')\n"
+        "runtime = ('lifecycle', 'job_logs', 'python_job', 'hooks.gpumarket', 'triggers.instances')\n"
+        "print('loaded:', [m for m in runtime if 'airflow_gpumarket.' + m in sys.modules])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "loaded: []" in result.stdout.splitlines(), result.stdout + result.stderr
+
+
 def test_the_simulators_server_is_an_extra_not_a_runtime_dependency():
     requirements = DIST.requires or []
     server = [r for r in requirements if r.split(">")[0].split("=")[0].strip() in ("fastapi", "uvicorn")]

@@ -51,6 +51,7 @@ from airflow_gpumarket.api.paths import (
     LOG_FETCH_INTERVAL_SECONDS,
     LOG_FETCH_TIMEOUT_SECONDS,
     LOG_FETCH_TRIES,
+    LOG_INTERVAL_SECONDS,
     LOG_MAX_BYTES,
     LOG_TAIL_DEFAULT,
     OFFER_TYPES,

@@ -45,6 +45,10 @@ BOOTING_STATUSES = (None, STATUS_LOADING)
 # Limits.
 ONSTART_MAX_CHARS = 4048
 POLL_INTERVAL_SECONDS = 10
+#: Seconds between reads of a running job's log, by default. Each read is one logs request (a PUT, whose live
+#: budget is not published; changing an instance is allowed 1/s per key) and one download from storage, so 30 s
+#: leaves room for about 30 jobs logging at once per key beside their status reads; rate-limited reads back off.
+LOG_INTERVAL_SECONDS = 30.0
 #: Seconds to wait for each HTTP response unless the connection says otherwise.
 REQUEST_TIMEOUT_SECONDS = 30.0
 #: Characters of an unexpected body quoted in an error message.

@@ -108,7 +108,7 @@ class CreationBody:
         return False
 
     def _creation_body(
-        self, *, label: str, base_url: str | None, bid: float | None = None, preemptions: int = 0
+        self, *, label: str | None, base_url: str | None, bid: float | None = None, preemptions: int = 0
     ) -> dict[str, Any]:
         fields = self._creation_fields(base_url)
         if bid is not None:

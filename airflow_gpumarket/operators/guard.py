@@ -9,13 +9,17 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, job_logs, lifecycle
+from airflow_gpumarket import api
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketError
+from airflow_gpumarket.utils import RunTimeModule
 
 if TYPE_CHECKING:
+    from airflow_gpumarket import job_logs, lifecycle
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
     from airflow_gpumarket.ui.records import RentalRecorder
+else:  # what only a running task needs: not imported when a DAG file is parsed
+    job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
 
 
 def destroy_rentals_on_failure(context: Any) -> None:
@@ -71,7 +75,7 @@ class RentalGuard:
     if TYPE_CHECKING:
         hook: GpuMarketHook
         log: Any
-        _wait_for: str
+        _waits_for_job: bool
 
         def _rental_key(self, context: Any) -> str: ...
 
@@ -230,7 +234,7 @@ class RentalGuard:
         status = instance.get("actual_status")
         if api.is_booting(status) or status == api.STATUS_RUNNING:
             return True
-        return status == api.STATUS_STOPPED and self._wait_for == lifecycle.WAIT_JOB and self._job_succeeded(instance)
+        return status == api.STATUS_STOPPED and self._waits_for_job and self._job_succeeded(instance)
 
     def _job_succeeded(self, instance: Mapping[str, Any]) -> bool:
         """Whether the log of a stopped instance ends with the job wrapper's exit status 0. A log that cannot be

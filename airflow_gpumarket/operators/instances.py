@@ -6,15 +6,20 @@ Searching, stopping, destroying and reaping are in ``search``, ``teardown`` and 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket import api
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators.failures import GpuMarketJobFailed
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
 from airflow_gpumarket.operators.renting import JOB_LEASE_MARGIN_SECONDS, KEEPALIVE_POLLS, GpuMarketRentingBaseOperator
-from airflow_gpumarket.utils import duration_seconds
+from airflow_gpumarket.utils import RunTimeModule, duration_seconds
+
+if TYPE_CHECKING:
+    from airflow_gpumarket import lifecycle
+else:  # what only a running task needs: not imported when a DAG file is parsed
+    lifecycle = RunTimeModule("airflow_gpumarket.lifecycle")
 
 #: Also importable from here, as the README shows: the failure callback for mapped tasks, and the base.
 __all__ = [
@@ -90,7 +95,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
     (Other parameters: see ``GpuMarketRentingBaseOperator``; runtype defaults to ``ssh_proxy``.)
     """
 
-    _wait_for = lifecycle.WAIT_JOB
+    _waits_for_job = True
 
     def __init__(
         self,

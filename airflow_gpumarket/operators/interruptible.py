@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators.failures import GpuMarketPreemptedTooOften
-from airflow_gpumarket.utils import duration_seconds
+from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
+    from airflow_gpumarket import lifecycle
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+else:  # what only a running task needs: not imported when a DAG file is parsed
+    lifecycle = RunTimeModule("airflow_gpumarket.lifecycle")
 
 #: The bid is the offer's ``min_bid`` plus this share of it, so that the smallest rise of the winning price does
 #: not outbid the instance at once; never above the cap (``max_bid``, and the offer's on-demand ``dph_total``).
@@ -46,8 +48,7 @@ ATTEMPT_ENV = "GPUMARKET_ATTEMPT"
 PREEMPTIONS_ENV = "GPUMARKET_PREEMPTIONS"
 
 
-@dataclass(frozen=True)
-class BidPolicy:
+class BidPolicy(NamedTuple):  # not a dataclass, which takes longer to make when a DAG file imports this module
     """How an interruptible rental bids and what it does when preempted (checked when the DAG is parsed)."""
 
     max_bid: float | None = None
@@ -122,7 +123,7 @@ class PreemptionHandling:
         log_interval: float
         boot_timeout: float
         deferrable: bool
-        _wait_for: str
+        _waits_for_job: bool
 
         def _watch(self, rental: lifecycle.Rental) -> lifecycle.Watch: ...
 
@@ -151,7 +152,7 @@ class PreemptionHandling:
                 "pins one machine, which a preemption takes away: give offer_filters so the job can fail over to "
                 "another machine, or on_preemption='wait'",
             )
-        if self._wait_for == lifecycle.WAIT_JOB and self.log_interval <= 0:
+        if self._waits_for_job and self.log_interval <= 0:
             raise GpuMarketValidationError(
                 "log_interval",
                 "is 0, which turns log reads off, but an interruptible job needs the end of its log to tell a "

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, job_logs, lifecycle
+from airflow_gpumarket import api
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout
 from airflow_gpumarket.exceptions import (
     GpuMarketCreateRefusedError,
@@ -31,7 +31,18 @@ from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
 from airflow_gpumarket.operators.interruptible import PreemptionHandling
 from airflow_gpumarket.ui.links import GpuRentalLink
-from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, duration_seconds, is_templated, resolved_at_run_time
+from airflow_gpumarket.utils import (
+    DEFAULT_DEFERRABLE,
+    RunTimeModule,
+    duration_seconds,
+    is_templated,
+    resolved_at_run_time,
+)
+
+if TYPE_CHECKING:
+    from airflow_gpumarket import job_logs, lifecycle
+else:  # what only a running task needs: not imported when a DAG file is parsed
+    job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
 
 if TYPE_CHECKING:
     from airflow_gpumarket.ui.records import RentalRecorder
@@ -90,7 +101,8 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
     _hands_over_its_instance = False
     template_fields_renderers = {"instance": "json", "offer_filters": "json", "command": "bash"}
     ui_color = "#c9e7ff"
-    _wait_for = lifecycle.WAIT_STATUS
+    #: Waits for a job to end (``lifecycle.WAIT_JOB``) rather than for a status (``lifecycle.WAIT_STATUS``).
+    _waits_for_job = False
 
     @takes_creation_fields
     def __init__(
@@ -108,7 +120,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         instance: Mapping[str, Any] | None = None,
         command: str | None = None,
         export_env_to_ssh: bool = False,
-        log_interval: timedelta | float = job_logs.DEFAULT_LOG_INTERVAL_SECONDS,
+        log_interval: timedelta | float = api.LOG_INTERVAL_SECONDS,
         interruptible: bool = False,
         max_bid: float | None = None,
         max_preemptions: int = 3,
@@ -177,7 +189,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             for name, value in self.instance.items()
         )
         if not deferred:
-            self._creation_body(label=lifecycle.make_label("0" * 12, 0), base_url=None)
+            self._creation_body(label=None, base_url=None)
         if parse_time and is_templated(self.offer_id):
             return
         if self.offer_id is not None:
@@ -388,7 +400,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
     def _watch(self, rental: lifecycle.Rental) -> lifecycle.Watch:
         deadline, max_runtime = self._limits(rental)
         return lifecycle.Watch(
-            wait_for=self._wait_for,
+            wait_for=lifecycle.WAIT_JOB if self._waits_for_job else lifecycle.WAIT_STATUS,
             boot_deadline=rental.created_at + self.boot_timeout,
             deadline=deadline,
             max_runtime=max_runtime,
@@ -439,7 +451,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
 
     def _job_log_interval(self) -> float:
         """Seconds between reads of the job's output while this task waits (0: none)."""
-        return self.log_interval if self._wait_for == lifecycle.WAIT_JOB else 0.0
+        return self.log_interval if self._waits_for_job else 0.0
 
     def _poll(self, rental: lifecycle.Rental, watch: lifecycle.Watch) -> dict:
         """The synchronous loop around ``watch`` (the trigger is the asynchronous one), with cost-so-far logging

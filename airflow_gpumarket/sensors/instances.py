@@ -52,7 +52,7 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         gpumarket_conn_id: str = "gpumarket_default",
         deferrable: bool | None = None,
         poke_interval: timedelta | float = api.POLL_INTERVAL_SECONDS,
-        log_interval: timedelta | float = job_logs.DEFAULT_LOG_INTERVAL_SECONDS,
+        log_interval: timedelta | float = api.LOG_INTERVAL_SECONDS,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
