@@ -171,6 +171,7 @@ class Instance:
     destroyed_at: float | None = None
     accounted_until: float = 0.0
     compute_seconds: float = 0.0
+    compute_dollars: float = 0.0  # each running second at the price of that second (a bid may change)
     storage_seconds: float = 0.0
 
     @property
@@ -184,7 +185,7 @@ class Instance:
         return float(price) if price is not None else self.offer.dph_total
 
     def costs(self, disk_price_per_gb_month: float) -> tuple[float, float]:
-        compute = self.compute_seconds / 3600.0 * self.hourly_price()
+        compute = self.compute_dollars
         storage = self.storage_seconds / SECONDS_PER_MONTH * float(self.config["disk"]) * disk_price_per_gb_month
         return compute, storage
 
@@ -316,6 +317,7 @@ class World:
             inst.storage_seconds += elapsed
             if inst.status == "running":
                 inst.compute_seconds += elapsed
+                inst.compute_dollars += elapsed / 3600.0 * inst.hourly_price()
             inst.accounted_until = t
 
     def _set_status(self, inst: Instance, status: str | None, at: float) -> None:

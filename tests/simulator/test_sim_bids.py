@@ -214,3 +214,16 @@ def test_a_world_file_sets_competing_bids_and_drift_and_refuses_bad_ones():
         MarketSimulator(speed=0, world={"bid_drift": {"interval": -5, "volatility": 0.5}})
     with pytest.raises(ValueError, match="competing_bid"):
         MarketSimulator(speed=0, world={"offers": [{**offer, "competing_bid": "lots"}]})
+
+
+def test_rule_a_changed_bid_is_billed_from_the_change_not_back_to_the_start(sim, api):
+    offer, instance_id = rent_at(sim, api, price_share=1.2)
+    first = api.instance(instance_id)["bid_price"]
+    before = ledger(sim, instance_id)
+    sim.advance(3600)
+    api.put(f"/api/v0/instances/bid_price/{instance_id}/", {"client_id": "me", "price": first * 2})
+    sim.advance(3600)
+    after = ledger(sim, instance_id)
+    assert after["compute_seconds"] - before["compute_seconds"] == pytest.approx(7200, abs=2)
+    billed = after["compute_cost"] - before["compute_cost"]
+    assert billed == pytest.approx(first + first * 2, rel=1e-3)  # an hour at each bid
