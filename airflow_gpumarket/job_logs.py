@@ -75,16 +75,25 @@ class LogFollower:
     lines seen, longest match first; only the last ``window`` lines are kept, so memory stays bounded however
     long the job runs. When the log grew by more than a whole tail between two reads, the lines in between were
     never fetched: ``skipped`` is then True for that read.
+
+    ``shown``: the last lines an earlier wait on the same log showed (as its event carries them: ``log_tail``).
+    The first read returns only what follows their first occurrence, when it has them all.
     """
 
-    def __init__(self, window: int = api.LOG_TAIL_DEFAULT) -> None:
+    def __init__(self, window: int = api.LOG_TAIL_DEFAULT, shown: Sequence[str] = ()) -> None:
         self.window = window
         self._seen: deque[str] = deque(maxlen=window)
+        self._shown_before = [line[:EVENT_LINE_CHARS] for line in shown]
         self.skipped = False
         self.exit_status: int | None = None
 
     def take(self, lines: Sequence[str]) -> list[str]:
-        start = self._overlap(lines)
+        if self._shown_before:  # the first read after an earlier wait's
+            start = self._after_shown_before(lines)
+            self._seen.extend(lines[:start])
+            self._shown_before = []
+        else:
+            start = self._overlap(lines)
         self.skipped = bool(self._seen) and start == 0 and len(lines) >= self.window
         new = list(lines[start:])
         self._seen.extend(new)
@@ -104,6 +113,17 @@ class LogFollower:
             k = len(seen) - i
             if seen[i] == first and seen[i:] == list(lines[:k]):
                 return k
+        return 0
+
+    def _after_shown_before(self, lines: Sequence[str]) -> int:
+        """Where the lines an earlier wait showed last end in ``lines`` (their first occurrence), else 0."""
+        block = self._shown_before
+        if not block:
+            return 0
+        cut = [line[:EVENT_LINE_CHARS] for line in lines]
+        for end in range(len(block), len(cut) + 1):
+            if cut[end - len(block) : end] == block:
+                return end
         return 0
 
     def recent(self, n: int = FAILURE_TAIL_LINES) -> list[str]:
@@ -148,7 +168,7 @@ class LogPump:
     (prefixed with the instance id), and how failed reads slow it down or turn it off.
 
     Used by the operator's loop, the trigger and the sensor around their own transport. ``interval`` 0 turns
-    reading off (no request to the logs endpoint at all).
+    reading off (no request to the logs endpoint at all). ``shown``: see ``LogFollower``.
     """
 
     def __init__(
@@ -158,11 +178,12 @@ class LogPump:
         *,
         key_digest: str | None = None,
         window: int = api.LOG_TAIL_DEFAULT,
+        shown: Sequence[str] = (),
     ) -> None:
         self.instance_id = instance_id
         self.interval = interval
         self.key_digests = (key_digest,) if key_digest else ()
-        self.follower = LogFollower(window)
+        self.follower = LogFollower(window, shown)
         self.off = interval <= 0
         self._wait = interval
         self._next_at: float | None = None

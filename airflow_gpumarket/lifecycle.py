@@ -197,6 +197,10 @@ class Rental:
         if label:
             self.label = label
 
+    def rebid(self, bid: float) -> None:
+        """The bid was changed (``bid_strategy="hold"``): what an hour costs from now on."""
+        self.bid = bid
+
     def learn_ssh_host(self, ssh_host: str | None) -> None:
         """The first SSH address an instance read reports is kept."""
         self.ssh_host = self.ssh_host or ssh_host
@@ -278,7 +282,8 @@ def evaluate(
     after ``lease_until`` (the label's lease as last written) proves nothing, since the reaper may have destroyed it.
     ``max_runtime`` counts from ``running_since``, when the watcher first saw the instance running (the job starts
     then); ``deadline`` is absolute. With ``outbid_wait_until`` (a preempted bid instance left to win its machine
-    back), any status but running or a failed host is waiting for the bid until then, and PREEMPTED after.
+    back), any status but running is waiting for the bid until then, and PREEMPTED after; so is a failed host at
+    once. Either way the log decides (``with_job_end``): the resumed run may have ended between two reads.
     """
     if wait_for == WAIT_JOB:
         if gone and lease_until is not None and now > lease_until:
@@ -287,8 +292,9 @@ def evaluate(
             return {"status": EventKind.JOB_SUCCEEDED.value}
         if status == api.STATUS_RUNNING:
             pass
-        elif outbid_wait_until is not None and status not in api.FAILED_STATUSES:
-            if now >= outbid_wait_until and not api.is_booting(status):  # booting: the bid won, boot_deadline rules
+        elif outbid_wait_until is not None:
+            # Booting: the bid won, boot_deadline rules.
+            if status in api.FAILED_STATUSES or (now >= outbid_wait_until and not api.is_booting(status)):
                 return {"status": EventKind.PREEMPTED.value, "actual_status": status, "waited": True}
         elif status in api.FAILED_STATUSES and not seen_running:
             return {"status": EventKind.NEVER_RUNS.value, "actual_status": status}
@@ -345,7 +351,7 @@ class Watch:
         self.changed, self.status, self.shown = shown != self.shown, status, shown
         if status == api.STATUS_RUNNING and self.running_since is None:
             self.running_since = now
-        if status == api.STATUS_RUNNING or api.is_booting(status):
+        if not unread and (status == api.STATUS_RUNNING or api.is_booting(status)):
             self.outbid_wait_until = None  # the bid won again: the job runs again, and its next stop is judged anew
         return evaluate(
             wait_for=self.wait_for,
@@ -361,6 +367,11 @@ class Watch:
             running_since=self.running_since,
             outbid_wait_until=self.outbid_wait_until,
         )
+
+    def reads_log(self) -> bool:
+        """Whether the job's log is read as this wait goes on: the job was seen running, or a preempted bid instance
+        may win its machine back and run the job to its end between two reads (``ended_while_waiting``)."""
+        return self.running_since is not None or self.outbid_wait_until is not None
 
     def lease_renewal(self, now: float) -> str | None:
         """The label to write now to keep the lease ahead, or None when no renewal is due (see ``renewed_label``).
@@ -386,6 +397,15 @@ def needs_final_read(event: Mapping[str, Any], pump: job_logs.LogPump) -> bool:
     return ends_with_log(event) and pump.interval > 0 and not pump.off
 
 
+def ended_while_waiting(watch: Watch, pump: job_logs.LogPump) -> dict[str, Any] | None:
+    """While a preempted bid instance is left to win its machine back: once a read of its log found the job
+    wrapper's exit status line, the resumed run ended (and stopped its instance) between two reads of its status,
+    and the wait ends there, judged by the log like any job's end. None while no such line was read."""
+    if watch.outbid_wait_until is None or pump.follower.exit_status is None:
+        return None
+    return {"status": EventKind.JOB_FAILED.value, "actual_status": watch.status}
+
+
 def end_of_wait(event: dict[str, Any], pump: job_logs.LogPump) -> dict[str, Any]:
     """``event`` as every wait ends it: a job's end judged by what the log reads found (``with_job_end``), and the
     instance named."""
@@ -403,15 +423,17 @@ def with_job_end(event: dict[str, Any], summary: Mapping[str, Any]) -> dict[str,
     ends with exit status 0 is a job that succeeded (whatever the service shows after a stop: the spec does not
     say, and the live service is reported to show "stopped" or "exited"). Anything else (another status, a host
     failure or a stop by hand before the command ended, no status line read) stays a failure: an outcome the
-    log does not prove is never reported as a success.
+    log does not prove is never reported as a success. A time limit whose wait ends with the log's exit status 0
+    came after the job had ended well: a success too.
     """
     event.update(summary)
     if event.get("status") == EventKind.PREEMPTED.value and event.get("exit_status") is not None:
         # A preempted run never prints the line: this one is the resumed run's, which ended unseen.
         event["status"] = EventKind.JOB_FAILED.value
         event.pop("waited", None)
-    if event.get("status") == EventKind.JOB_FAILED.value and event.get("exit_status") == 0:
-        event["status"] = EventKind.JOB_SUCCEEDED.value
+    if event.get("status") in (EventKind.JOB_FAILED.value, EventKind.TIMEOUT.value) and event.get("exit_status") == 0:
+        event["status"] = EventKind.JOB_SUCCEEDED.value  # a time limit read after the job had ended well
+        event.pop("limit", None)
     return event
 
 

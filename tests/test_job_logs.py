@@ -201,3 +201,13 @@ def test_a_python_jobs_result_line_is_shown_by_its_size_only():
     line = python_job.marker("0123456789ab") + " eyJhIjogMX0="
     (shown,) = LogPump(7, 30.0).read(0.0, line + "\n")
     assert "return value" in shown and "eyJhIjogMX0=" not in shown
+
+
+def test_rule_a_wait_after_a_preemption_shows_only_what_follows_the_lines_an_earlier_wait_showed():
+    earlier = ["gpumarket: job started", "run 1", "checkpointed"]
+    log = [*earlier, "Terminated", "gpumarket: job started", "run 1", "resumed"]
+    assert LogFollower(shown=earlier).take(log) == ["Terminated", "gpumarket: job started", "run 1", "resumed"]
+    assert LogFollower(shown=["not in this log"]).take(log) == log  # nothing is lost when they cannot be found
+    follower = LogFollower(shown=earlier)
+    follower.take(log)
+    assert follower.take([*log, "done"]) == ["done"]  # later reads overlap as usual

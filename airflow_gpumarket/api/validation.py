@@ -22,7 +22,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def is_positive_number(value: Any) -> bool:
+def is_positive_number(value: Any) -> TypeGuard[float]:
     return _is_number(value) and value > 0
 
 

@@ -1,5 +1,5 @@
-"""Interruptible (bid) rentals: the policy a renting operator is given, the bid it makes for an offer, and what a
-preemption leads to.
+"""Interruptible (bid) rentals: the policy a renting operator is given, how it bids (``airflow_gpumarket.bidding``),
+and what a preemption leads to.
 
 A bid instance rents a machine below its on-demand price until a higher bid takes the machine: the market stops it
 (its processes killed, its disk kept; storage bills on). How the provider tells that stop from the job's own is
@@ -15,6 +15,15 @@ After a preemption (``on_preemption``):
 - ``"wait"``: the stopped instance is left for ``max_outbid_wait`` to win its machine back (the market restarts it
   and its onstart script runs again, on the same disk, with the same environment); after that, failover.
 
+How it bids (``bid_strategy``):
+
+- ``"min"`` (default): ``BID_MARGIN`` over the offer's ``min_bid`` when it rents, never changed.
+- ``"hold"``: the same first bid; then, on every read of the instance, the bid is raised through the service's
+  change-bid call (never above ``max_bid`` or the on-demand price) once the machine's ``min_bid`` eats half the
+  margin. After a preemption it bids again at once: when that bid wins, the stopped instance is left up to
+  ``max_outbid_wait`` to come back (as with ``"wait"``, whatever ``on_preemption`` says); when no bid up to the
+  cap wins, ``on_preemption`` decides. A raised bid is what the rental costs from then on.
+
 After ``max_preemptions`` the task fails with a sentence saying so, or rents on demand from then on with
 ``fallback_on_demand=True``.
 """
@@ -22,11 +31,11 @@ After ``max_preemptions`` the task fails with a sentence saying so, or rents on 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from airflow_gpumarket import api
+from airflow_gpumarket import api, bidding
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators.failures import GpuMarketPreemptedTooOften
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
@@ -37,9 +46,6 @@ if TYPE_CHECKING:
 else:  # what only a running task needs: not imported when a DAG file is parsed
     lifecycle = RunTimeModule("airflow_gpumarket.lifecycle")
 
-#: The bid is the offer's ``min_bid`` plus this share of it, so that the smallest rise of the winning price does
-#: not outbid the instance at once; never above the cap (``max_bid``, and the offer's on-demand ``dph_total``).
-BID_MARGIN = 0.05
 ON_PREEMPTION = ("failover", "wait")
 DEFAULT_MAX_OUTBID_WAIT = timedelta(minutes=10)
 #: Environment variables every interruptible job gets: which run of the job this is (1 for the first) and how many
@@ -56,6 +62,7 @@ class BidPolicy(NamedTuple):  # not a dataclass, which takes longer to make when
     on_preemption: str = "failover"
     max_outbid_wait: float = DEFAULT_MAX_OUTBID_WAIT.total_seconds()
     fallback_on_demand: bool = False
+    bid_strategy: str = "min"
 
     @classmethod
     def parse(
@@ -66,6 +73,7 @@ class BidPolicy(NamedTuple):  # not a dataclass, which takes longer to make when
         on_preemption: Any,
         max_outbid_wait: timedelta | float,
         fallback_on_demand: Any,
+        bid_strategy: Any = "min",
     ) -> BidPolicy:
         if max_bid is not None:
             api.require_positive_number("max_bid", max_bid)
@@ -75,32 +83,19 @@ class BidPolicy(NamedTuple):  # not a dataclass, which takes longer to make when
                 "on_preemption", f"must be one of {', '.join(map(repr, ON_PREEMPTION))}, got {on_preemption!r}"
             )
         api.require_bool("fallback_on_demand", fallback_on_demand)
+        if bid_strategy not in bidding.BID_STRATEGIES:
+            raise GpuMarketValidationError(
+                "bid_strategy",
+                f"must be one of {', '.join(map(repr, bidding.BID_STRATEGIES))}, got {bid_strategy!r}",
+            )
         return cls(
             max_bid=None if max_bid is None else float(max_bid),
             max_preemptions=max_preemptions,
             on_preemption=on_preemption,
             max_outbid_wait=duration_seconds("max_outbid_wait", max_outbid_wait, zero_ok=True),
             fallback_on_demand=fallback_on_demand,
+            bid_strategy=bid_strategy,
         )
-
-
-def bid_for(offer: Mapping[str, Any], max_bid: float | None) -> tuple[float | None, str]:
-    """(the bid for ``offer`` in $/h, "") or (None, why no bid is made on it).
-
-    The bid is ``min_bid`` plus ``BID_MARGIN``, capped by ``max_bid`` and by the offer's on-demand ``dph_total``
-    (a bid above the on-demand price buys nothing). An offer without a ``min_bid`` or a price, or whose minimum is
-    above the cap, gets no bid: a bid is never made without a price."""
-    min_bid: Any = offer.get("min_bid")
-    on_demand = offer.get("dph_total")
-    if not api.is_positive_number(min_bid):
-        return None, f"offer {offer.get('id')} shows no min_bid"
-    caps: list[float] = [cap for cap in (max_bid, on_demand) if api.is_positive_number(cap)]  # type: ignore[misc]
-    if not caps:
-        return None, f"offer {offer.get('id')} shows no on-demand price to cap the bid (set max_bid)"
-    cap = min(caps)
-    if min_bid > cap:
-        return None, f"offer {offer.get('id')}'s min_bid ${min_bid}/h is above the cap ${cap}/h"
-    return round(min(min_bid * (1 + BID_MARGIN), cap), 4), ""
 
 
 def job_env(env: Any, *, preemptions: int) -> dict[str, str]:
@@ -127,9 +122,11 @@ class PreemptionHandling:
 
         def _watch(self, rental: lifecycle.Rental) -> lifecycle.Watch: ...
 
-        def _defer(self, context: Any, rental: lifecycle.Rental, watch: lifecycle.Watch) -> None: ...
+        def _defer(
+            self, context: Any, rental: lifecycle.Rental, watch: lifecycle.Watch, shown: Sequence[str] = ()
+        ) -> None: ...
 
-        def _poll(self, rental: lifecycle.Rental, watch: lifecycle.Watch) -> dict: ...
+        def _poll(self, rental: lifecycle.Rental, watch: lifecycle.Watch, shown: Sequence[str] = ()) -> dict: ...
 
         def _finish(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any]) -> Any: ...
 
@@ -141,6 +138,10 @@ class PreemptionHandling:
         if not self.interruptible:
             if self.bidding.max_bid is not None:
                 raise GpuMarketValidationError("max_bid", "applies to interruptible rentals: set interruptible=True")
+            if self.bidding.bid_strategy != "min":
+                raise GpuMarketValidationError(
+                    "bid_strategy", "applies to interruptible rentals: set interruptible=True"
+                )
             return
         if "price" in self.instance:
             raise GpuMarketValidationError(
@@ -173,21 +174,24 @@ class PreemptionHandling:
         waited = bool(event.get("waited"))  # the wait for the bid ran out: that preemption was counted already
         if not waited:
             attempts.count_preemption()
-        self._log_status_msg(rental.instance_id)
+        instance = self._read_preempted(rental.instance_id)
         self.log.warning("Preemption %d of at most %d: %s", attempts.preemptions, policy.max_preemptions, sentence)
         over = attempts.preemptions > policy.max_preemptions
-        if policy.on_preemption == "wait" and not waited and not over and policy.max_outbid_wait > 0:
+        won_back = not waited and not over and instance is not None and self._bids_back(rental, instance)
+        if (policy.on_preemption == "wait" or won_back) and not waited and not over and policy.max_outbid_wait > 0:
             self.log.warning(
-                "Leaving instance %s up to %s to win its machine back (on_preemption='wait')",
+                "Leaving instance %s up to %s to win its machine back (%s)",
                 rental.instance_id,
                 lifecycle.format_duration(policy.max_outbid_wait),
+                "its bid wins it again" if won_back else "on_preemption='wait'",
             )
             watch = self._watch(rental)
             watch.outbid_wait_until = time.time() + policy.max_outbid_wait
             watch.boot_deadline = watch.outbid_wait_until + self.boot_timeout
+            shown = event.get("log_tail") or ()  # this wait's reads of the log start after them
             if self.deferrable:
-                self._defer(context, rental, watch)
-            return self._finish(context, rental, self._poll(rental, watch))
+                self._defer(context, rental, watch, shown)
+            return self._finish(context, rental, self._poll(rental, watch, shown))
         self._destroy(rental.instance_id)  # answered, or the task fails here: never two alive at once
         attempts.lose_machine(rental.machine_id, sentence)
         if over:
@@ -201,12 +205,51 @@ class PreemptionHandling:
             attempts.fall_back_to_on_demand()
         return self._rent(context, attempts)
 
-    def _log_status_msg(self, instance_id: int) -> None:
-        """What the service says of a preempted instance, for the person reading the log (never parsed)."""
+    def _read_preempted(self, instance_id: int) -> Mapping[str, Any] | None:
+        """A preempted instance as the service shows it now, its status message logged for the person reading the
+        log (never parsed); None when it cannot be read."""
         try:
             instance = self.hook.find_instance(instance_id)
         except GpuMarketError as exc:
             self.log.info("Could not read the status message of instance %s (%s)", instance_id, exc)
-            return
+            return None
         if instance and instance.get("status_msg"):
             self.log.warning("Instance %s: the service says %r", instance_id, instance.get("status_msg"))
+        return instance
+
+    def _hold_cap(self, rental: lifecycle.Rental) -> float | None:
+        """The most this rental's bid may be raised to, or None when it does not hold its bid."""
+        if self.bidding.bid_strategy != "hold" or rental.bid is None:
+            return None
+        return bidding.bid_cap(self.bidding.max_bid, rental.dph_total)
+
+    def _hold_bid(self, rental: lifecycle.Rental, instance: Mapping[str, Any]) -> None:
+        """Under ``bid_strategy="hold"``: raise the bid once the machine's ``min_bid`` rose toward it or past it."""
+        cap = self._hold_cap(rental)
+        if cap is None or rental.bid is None:
+            return
+        raised = bidding.held_bid(rental.bid, instance.get("min_bid"), cap)
+        if raised is None:
+            return
+        try:
+            self.hook.change_bid(rental.instance_id, raised)
+        except GpuMarketError as exc:
+            self.log.warning("Could not raise the bid of instance %s to $%s/h: %s", rental.instance_id, raised, exc)
+            return
+        self.log.warning(
+            "Raised the bid of instance %s from $%s/h to $%s/h: its machine's minimum bid is now $%s/h (cap $%s/h)",
+            rental.instance_id,
+            rental.bid,
+            raised,
+            instance.get("min_bid"),
+            cap,
+        )
+        rental.rebid(raised)
+
+    def _bids_back(self, rental: lifecycle.Rental, instance: Mapping[str, Any]) -> bool:
+        """Under ``bid_strategy="hold"``, after a preemption: bid again; whether the bid now wins the machine."""
+        if self._hold_cap(rental) is None:
+            return False
+        self._hold_bid(rental, instance)
+        min_bid = instance.get("min_bid")
+        return api.is_positive_number(min_bid) and rental.bid is not None and rental.bid >= min_bid

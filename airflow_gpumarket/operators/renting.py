@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api
+from airflow_gpumarket import api, bidding
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout
 from airflow_gpumarket.exceptions import (
     GpuMarketCreateRefusedError,
@@ -86,6 +86,9 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         the stopped instance ``max_outbid_wait`` to win its machine back, then fail over).
     :param max_outbid_wait: see ``on_preemption`` (default 10 minutes).
     :param fallback_on_demand: after ``max_preemptions``, rent on demand instead of failing.
+    :param bid_strategy: ``"min"`` (bid once, 5 % over the offer's ``min_bid``) or ``"hold"`` (raise the bid up to
+        ``max_bid`` when the machine's ``min_bid`` rises toward it, and bid again after a preemption to win the
+        machine back; see ``airflow_gpumarket.operators.interruptible``).
     :param durable: on Airflow 3.3+, keep the rental in the task state store (AIP-103) from its creation to its
         end, so that a retry reconnects to it first (default True). The label finds it as well, on every version.
 
@@ -127,6 +130,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         on_preemption: str = "failover",
         max_outbid_wait: timedelta | float = interruptible_rentals.DEFAULT_MAX_OUTBID_WAIT,
         fallback_on_demand: bool = False,
+        bid_strategy: str = "min",
         durable: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -155,6 +159,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             on_preemption=on_preemption,
             max_outbid_wait=max_outbid_wait,
             fallback_on_demand=fallback_on_demand,
+            bid_strategy=bid_strategy,
         )
         callbacks: Any = getattr(self, "on_failure_callback", None)
         if callbacks is None:
@@ -231,7 +236,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 continue  # a preemption took this machine: never again
             bid = None
             if bids:
-                bid, skipped = interruptible_rentals.bid_for(offer, self.bidding.max_bid)
+                bid, skipped = bidding.bid_for(offer, self.bidding.max_bid)
                 if bid is None:
                     continue
             price = bid if bid is not None else offer.get("dph_total") or 0
@@ -278,6 +283,8 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 self._recorder.running(rental)
             if api.is_positive_number(stopped_at := event.get("stopped_at")):
                 rental.stopped_at = stopped_at
+            if api.is_positive_number(bid := event.get("bid")):
+                rental.rebid(bid)  # the trigger held the bid
             event = dict(event)
             job_logs.show_held(event, self.log)
             return self._finish(context, rental, event)
@@ -417,7 +424,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             self._defer(context, rental, watch)
         return self._finish(context, rental, self._poll(rental, watch))
 
-    def _defer(self, context: Any, rental: lifecycle.Rental, watch: lifecycle.Watch) -> None:
+    def _defer(self, context: Any, rental: lifecycle.Rental, watch: lifecycle.Watch, shown: Sequence[str] = ()) -> None:
         from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
         deadline, timeout = watch.deadline, None
@@ -443,6 +450,8 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 log_interval=self._job_log_interval(),
                 key_digest=rental.key_digest,
                 outbid_wait_until=watch.outbid_wait_until,
+                hold_bid_up_to=self._hold_cap(rental),
+                shown_lines=list(shown),
                 resume=rental.to_resume(),
             ),
             method_name="execute_complete",
@@ -453,11 +462,11 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         """Seconds between reads of the job's output while this task waits (0: none)."""
         return self.log_interval if self._waits_for_job else 0.0
 
-    def _poll(self, rental: lifecycle.Rental, watch: lifecycle.Watch) -> dict:
+    def _poll(self, rental: lifecycle.Rental, watch: lifecycle.Watch, shown: Sequence[str] = ()) -> dict:
         """The synchronous loop around ``watch`` (the trigger is the asynchronous one), with cost-so-far logging
-        and the job's output forwarded to the task log."""
+        and the job's output forwarded to the task log (after ``shown``, the lines an earlier wait showed last)."""
         instance_id = rental.instance_id
-        pump = job_logs.LogPump(instance_id, self._job_log_interval(), key_digest=rental.key_digest)
+        pump = job_logs.LogPump(instance_id, self._job_log_interval(), key_digest=rental.key_digest, shown=shown)
         while True:
             # Wait first: right after creating (or a read) the answer cannot have changed yet.
             time.sleep(self.poll_interval)
@@ -475,6 +484,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 rental.learn_ssh_host(instance.get("ssh_host"))
                 pump.began(instance.get("actual_status") == api.STATUS_RUNNING)
                 self._renew_lease(rental, watch)
+                self._hold_bid(rental, instance)
             now = time.time()
             event = watch.observe(
                 now,
@@ -493,12 +503,13 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 lifecycle.format_duration(rental.elapsed(now)),
                 lifecycle.estimated_cost(rental.hourly_price, rental.elapsed(now)),
             )
+            if event is None and watch.reads_log() and pump.due(now):
+                self.hook.run_flow(job_logs.forward_flow(self.hook, pump, self.log))
+                event = lifecycle.ended_while_waiting(watch, pump)
             if event is not None:
                 if lifecycle.needs_final_read(event, pump):
                     self.hook.run_flow(job_logs.forward_flow(self.hook, pump, self.log, final=True))
                 return lifecycle.end_of_wait(event, pump)
-            if watch.running_since is not None and pump.due(now):
-                self.hook.run_flow(job_logs.forward_flow(self.hook, pump, self.log))
 
     def _log_daemon_tail(self, instance_id: int) -> None:
         """Before giving up an instance that never ran: what its host daemon said, for diagnosis."""

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from functools import cached_property
 from typing import Any
 
-from airflow_gpumarket import _compat, api, job_logs, lifecycle
+from airflow_gpumarket import _compat, api, bidding, job_logs, lifecycle
 from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
 from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.triggers.poller import Observation, poller_for
@@ -50,6 +50,12 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     :param outbid_wait_until: epoch seconds until which a preempted bid instance is left to win its machine
         back: any status but running or a failed host is waited through until then (see
         ``airflow_gpumarket.operators.interruptible``).
+    :param hold_bid_up_to: for a bid instance under ``bid_strategy="hold"``, the most its bid may be raised to:
+        the bid is raised (``airflow_gpumarket.bidding.held_bid``) whenever a read shows its machine's
+        ``min_bid`` rising toward it or past it, and the event carries the last bid placed (``bid``). None holds
+        nothing.
+    :param shown_lines: the last lines of the job's log an earlier wait showed (after a preemption): this wait's
+        first read shows what follows them.
     :param resume: state the deferring operator needs back, returned unchanged in every event under ``resume``
         (Airflow also passes the defer kwargs, but ``dag.test()`` drops them; carrying the state in the event
         works under both).
@@ -79,6 +85,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         log_interval: float = 0.0,
         key_digest: str | None = None,
         outbid_wait_until: float | None = None,
+        hold_bid_up_to: float | None = None,
+        shown_lines: list[str] | None = None,
         resume: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -99,7 +107,10 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.log_interval = log_interval
         self.key_digest = key_digest
         self.outbid_wait_until = outbid_wait_until
+        self.hold_bid_up_to = hold_bid_up_to
+        self.shown_lines = shown_lines
         self.resume = resume
+        self._raised_bid: float | None = None  # the last bid this trigger placed
         self._fired = False  # an event was handed to Airflow: the task resumes and owns the instance again
         # The service's times of the first read that found it running, and stopped since (lifecycle.billing_marks).
         self._running_at: float | None = None
@@ -127,6 +138,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 "log_interval": self.log_interval,
                 "key_digest": self.key_digest,
                 "outbid_wait_until": self.outbid_wait_until,
+                "hold_bid_up_to": self.hold_bid_up_to,
+                "shown_lines": self.shown_lines,
                 "resume": self.resume,
             },
         )
@@ -147,11 +160,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                     yield Observation(error=exc)
                 else:
                     at = hook.service_now()
-                    yield (
-                        Observation(gone=True, at=at)
-                        if instance is None
-                        else Observation(status=instance.get("actual_status"), at=at)
-                    )
+                    yield (Observation(gone=True, at=at) if instance is None else Observation.of(instance, at))
                 await asyncio.sleep(self.poll_interval)
         finally:
             await hook.aclose()
@@ -193,6 +202,29 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         now = time.time()
         await self._run_flow(lambda hook: hook.renew_lease_flow(self.instance_id, watch, now, self.log))
 
+    async def _hold_bid(self, seen: Observation) -> None:
+        """Raise the bid when the machine's ``min_bid`` rose toward it (see ``hold_bid_up_to``)."""
+        if self.hold_bid_up_to is None or not api.is_positive_number(seen.bid):
+            return
+        bid = max(seen.bid, self._raised_bid or 0.0)  # a listing may predate this trigger's last raise
+        raised = bidding.held_bid(bid, seen.min_bid, self.hold_bid_up_to)
+        if raised is None:
+            return
+        try:
+            await self._run_flow(lambda hook: hook.change_bid_flow(self.instance_id, raised))
+        except GpuMarketError as exc:
+            self.log.warning("Could not raise the bid of instance %s to $%s/h: %s", self.instance_id, raised, exc)
+            return
+        self._raised_bid = raised
+        self.log.warning(
+            "Raised the bid of instance %s from $%s/h to $%s/h: its machine's minimum bid is now $%s/h (cap $%s/h)",
+            self.instance_id,
+            bid,
+            raised,
+            seen.min_bid,
+            self.hold_bid_up_to,
+        )
+
     async def _read_job_log(self, pump: job_logs.LogPump, *, final: bool = False) -> list[str]:
         return await self._run_flow(
             lambda hook: job_logs.forward_flow(hook, pump, self.log, final=final, hold_final=True)
@@ -202,7 +234,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         started = time.time()
         watch = self._watch()
         interval = self.log_interval if self.wait_for == lifecycle.WAIT_JOB else 0.0
-        pump = job_logs.LogPump(self.instance_id, interval, key_digest=self.key_digest)
+        pump = job_logs.LogPump(self.instance_id, interval, key_digest=self.key_digest, shown=self.shown_lines or ())
         observations = self._observations()
         try:
             async for seen in observations:
@@ -218,6 +250,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 elif not seen.gone:
                     pump.began(seen.status == api.STATUS_RUNNING)
                     await self._renew_lease(watch)
+                    await self._hold_bid(seen)
                 event = watch.observe(time.time(), status=seen.status, gone=seen.gone, unread=seen.error is not None)
                 self._running_at, self._stopped_at = lifecycle.billing_marks(
                     self._running_at, self._stopped_at, watch.status, seen.at, self._read_at
@@ -230,6 +263,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                         watch.shown,
                         lifecycle.format_duration(time.time() - started),
                     )
+                if event is None and watch.reads_log() and pump.due(time.time()):
+                    await self._read_job_log(pump)
+                    event = lifecycle.ended_while_waiting(watch, pump)
                 if event is not None:
                     if lifecycle.needs_final_read(event, pump):
                         final_lines = await self._read_job_log(pump, final=True)
@@ -243,8 +279,6 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                             event["final_lines"] = job_logs.held_for_the_task(final_lines, self.instance_id)
                     yield self._event(lifecycle.end_of_wait(event, pump), watch)
                     return
-                if watch.running_since is not None and pump.due(time.time()):
-                    await self._read_job_log(pump)
         finally:
             await observations.aclose()  # type: ignore[attr-defined]
 
@@ -255,6 +289,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             event["running_at"] = self._running_at
         if self._stopped_at is not None:
             event["stopped_at"] = self._stopped_at
+        if self._raised_bid is not None:
+            event["bid"] = self._raised_bid
         if watch.label is not None:
             event["label"] = watch.label  # as renewed: the resumed operator's copy is older
         if self.resume is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from airflow_gpumarket import api
@@ -31,10 +31,11 @@ _POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, SharedI
 
 
 class Observation:
-    """What one round learnt about one instance: its status, that it is gone, or a failure; and the service's time
-    of the read (``at``, epoch seconds on the service's clock)."""
+    """What one round learnt about one instance: its status (and, for a bid instance, its bid and its machine's
+    ``min_bid``), that it is gone, or a failure; and the service's time of the read (``at``, epoch seconds on the
+    service's clock)."""
 
-    __slots__ = ("status", "gone", "error", "at")
+    __slots__ = ("status", "gone", "error", "at", "bid", "min_bid")
 
     def __init__(
         self,
@@ -42,11 +43,22 @@ class Observation:
         gone: bool = False,
         error: GpuMarketError | None = None,
         at: float | None = None,
+        bid: Any = None,
+        min_bid: Any = None,
     ) -> None:
         self.status = status
         self.gone = gone
         self.error = error
         self.at = time.time() if at is None else at
+        self.bid = bid
+        self.min_bid = min_bid
+
+    @classmethod
+    def of(cls, instance: Mapping[str, Any], at: float) -> Observation:
+        """What a read of ``instance`` at the service's time ``at`` learnt."""
+        return cls(
+            status=instance.get("actual_status"), at=at, bid=instance.get("bid_price"), min_bid=instance.get("min_bid")
+        )
 
 
 def poller_for(conn_id: str, hook_factory: Any) -> SharedInstancePoller:
@@ -136,7 +148,7 @@ class SharedInstancePoller:
         at = self._hook.service_now()
         for instance_id in watched:
             if instance_id in listed:
-                self._deliver(instance_id, Observation(status=listed[instance_id].get("actual_status"), at=at))
+                self._deliver(instance_id, Observation.of(listed[instance_id], at))
             else:
                 self._deliver(instance_id, await self._confirm(instance_id))
 
@@ -148,7 +160,7 @@ class SharedInstancePoller:
             return Observation(gone=True)
         except GpuMarketError as exc:
             return Observation(error=exc)
-        return Observation(status=instance.get("actual_status"), at=self._hook.service_now())
+        return Observation.of(instance, self._hook.service_now())
 
     def _deliver(self, instance_id: int, observation: Observation) -> None:
         for queue in self._watchers.get(instance_id, []):

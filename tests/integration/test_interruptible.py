@@ -233,3 +233,101 @@ def test_the_interruptible_example_resumes_from_its_checkpoint_after_an_outbid(e
     resumed = [o for o in outputs if "attempt 2 (after 1 preemptions) resumes at epoch" in o]
     assert resumed and "resumes at epoch 0" not in resumed[0] and "epoch 10 done" in resumed[0]
     assert alive(sim) == []
+
+
+class PriceRise:
+    """Plays a rising competing bid against the test's one bid instance once its command runs (``steps``: the
+    competing bid as a share of the instance's first bid, each set once the task has read the instance since the
+    one before)."""
+
+    def __init__(self, sim, *steps: float, marker: str = "run attempt=") -> None:
+        self.sim, self.steps, self.marker = sim, list(steps), marker
+        self.first_bid: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PriceRise:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        instance, since = None, 0.0
+        while self.steps and not self._stop.wait(0.02):
+            if instance is None:
+                instance = next((i for i in self.sim.alive_instances() if self._runs_its_command(i)), None)
+                if instance is not None:
+                    self.first_bid = instance["bid_price"]
+                continue
+            if Outbidder._task_read_since(self, since):
+                since = self.sim.now()
+                self.sim.set_competing_bid(instance["offer_id"], self.first_bid * self.steps.pop(0))
+
+    def _runs_its_command(self, instance: dict) -> bool:
+        result = self.sim.onstart_result(instance["id"]) or {}
+        return instance.get("actual_status") == "running" and self.marker in result.get("output", "")
+
+
+def run_to_the_end(op):
+    """Run a renting operator as Airflow would, each deferral through its trigger in this process."""
+    import asyncio
+
+    from airflow_gpumarket._compat import TaskDeferred
+
+    async def first_event(trigger):
+        async for event in trigger.run():
+            return event.payload
+
+    ctx, step = context(), None
+    while True:
+        try:
+            return op.execute(ctx) if step is None else step()
+        except TaskDeferred as deferred:
+            event = asyncio.run(first_event(deferred.trigger))
+            step = lambda d=deferred, e=event: getattr(op, d.method_name)(ctx, e)  # noqa: E731
+
+
+def test_rule_hold_raises_the_bid_as_the_competing_bid_rises_and_keeps_the_machine(sim, tmp_path, task_log):
+    go = tmp_path / "go"
+    command = f'echo "run attempt=$GPUMARKET_ATTEMPT"; until [ -f {go} ]; do sleep 0.05; done; echo done'
+    op = job(command=command, interruptible=True, bid_strategy="hold")
+    with PriceRise(sim, 0.99, 1.02) as market:  # 1.02: would have outbid the first bid
+        thread = threading.Thread(target=lambda: (market._thread.join(), go.touch()), daemon=True)
+        thread.start()
+        result = op.execute(context())
+    (instance,) = sim.state()["instances"]
+    assert result["job_status"] == "succeeded" and result["preemptions"] == 0
+    assert instance["outbids"] == 0 and instance["bid_price"] > market.first_bid * 1.02
+    assert result["bid"] == instance["bid_price"]
+    assert task_log().count("Raised the bid of instance") == 2
+    assert alive(sim) == []
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferred"])
+def test_rule_hold_bids_again_after_a_preemption_and_the_job_resumes_on_the_same_machine(sim, tmp_path, deferrable):
+    marker = tmp_path / "checkpoint"
+    command = (
+        f'echo "run attempt=$GPUMARKET_ATTEMPT"; [ -f {marker} ] && {{ echo resumed; exit 0; }}; '
+        f"touch {marker}; echo checkpointed; sleep 60"
+    )
+    op = job(command=command, interruptible=True, bid_strategy="hold", deferrable=deferrable, log_interval=0.2)
+    with PriceRise(sim, 1.3, marker="checkpointed") as market:
+        result = run_to_the_end(op)
+    (instance,) = sim.state()["instances"]  # no failover: the same machine, won back
+    assert instance["outbids"] == 1 and instance["bid_price"] >= market.first_bid * 1.3
+    assert "resumed" in sim.onstart_result(instance["id"])["output"]
+    assert result["job_status"] == "succeeded" and result["preemptions"] == 1
+    assert alive(sim) == []
+
+
+def test_rule_hold_fails_over_when_no_bid_up_to_its_cap_wins_the_machine(sim, task_log):
+    command = 'echo "run attempt=$GPUMARKET_ATTEMPT"; [ "$GPUMARKET_ATTEMPT" -ge 2 ] || sleep 60; echo finished'
+    op = job(command=command, interruptible=True, bid_strategy="hold")
+    with PriceRise(sim, 3.0) as market:  # above the on-demand price, the cap without max_bid
+        result = op.execute(context())
+    assert result["job_status"] == "succeeded" and result["preemptions"] == 1
+    first, _ = assert_bid_rentals_one_at_a_time(sim, 2)
+    assert first["bid_price"] == market.first_bid and "Raised the bid" not in task_log()

@@ -8,9 +8,10 @@ import re
 import pytest
 
 from airflow_gpumarket import lifecycle
+from airflow_gpumarket.bidding import BID_MARGIN, bid_cap, bid_for, held_bid
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
-from airflow_gpumarket.operators.interruptible import BID_MARGIN, bid_for, job_env
+from airflow_gpumarket.operators.interruptible import job_env
 
 FILTERS = {"num_gpus": {"gte": 1}}
 
@@ -41,6 +42,26 @@ def test_rule_no_bid_is_ever_made_without_a_price(offer, max_bid, why):
     assert re.search(why, reason)
 
 
+@pytest.mark.parametrize(
+    ("bid", "min_bid", "cap", "held"),
+    [
+        (0.21, 0.20, 0.5, None),  # more than half the margin left: no call
+        (0.21, 0.205, 0.5, round(0.205 * (1 + BID_MARGIN), 4)),  # the margin half eaten: raised to the full margin
+        (0.21, 0.30, 0.5, 0.315),  # outbid: bid again to win the machine back
+        (0.21, 0.30, 0.31, 0.31),  # never above the cap
+        (0.21, 0.40, 0.31, None),  # no bid up to the cap wins: nothing is raised
+        (0.21, None, 0.5, None),  # no minimum shown: no bid without a price
+    ],
+)
+def test_rule_hold_raises_the_bid_when_the_machines_min_bid_rises_never_above_the_cap(bid, min_bid, cap, held):
+    assert held_bid(bid, min_bid, cap) == held
+
+
+def test_the_cap_of_a_bid_is_max_bid_or_the_on_demand_price_whichever_is_lower():
+    assert bid_cap(None, 0.5) == 0.5 and bid_cap(0.3, 0.5) == 0.3 and bid_cap(0.9, 0.5) == 0.5
+    assert bid_cap(None, None) is None
+
+
 def test_the_job_learns_its_attempt_and_the_preemptions_before_it():
     assert job_env({"A": "1"}, preemptions=2) == {"A": "1", "GPUMARKET_ATTEMPT": "3", "GPUMARKET_PREEMPTIONS": "2"}
 
@@ -56,6 +77,7 @@ def test_the_job_learns_its_attempt_and_the_preemptions_before_it():
         ({"price": 0.3}, "price", "give max_bid instead"),
         ({"log_interval": 0}, "log_interval", "tell a preemption from its own stop"),
         ({"offer_id": 7, "offer_filters": None}, "offer_id", "give offer_filters"),
+        ({"bid_strategy": "max"}, "bid_strategy", "must be one of 'min', 'hold'"),
     ],
 )
 def test_rule_a_bad_interruptible_setting_is_refused_when_the_dag_is_parsed(kwargs, field, words):
@@ -65,8 +87,9 @@ def test_rule_a_bad_interruptible_setting_is_refused_when_the_dag_is_parsed(kwar
 
 
 def test_max_bid_without_interruptible_is_refused_and_a_pinned_offer_may_wait():
-    with pytest.raises(GpuMarketValidationError, match="set interruptible=True"):
-        GpuMarketRunJobOperator(task_id="t", image="i", command="c", offer_filters=FILTERS, max_bid=0.3)
+    for setting in ({"max_bid": 0.3}, {"bid_strategy": "hold"}):
+        with pytest.raises(GpuMarketValidationError, match="set interruptible=True"):
+            GpuMarketRunJobOperator(task_id="t", image="i", command="c", offer_filters=FILTERS, **setting)
     assert job(offer_id=7, offer_filters=None, on_preemption="wait").bidding.on_preemption == "wait"
     GpuMarketCreateInstanceOperator(task_id="c", image="i", offer_filters=FILTERS, interruptible=True, log_interval=0)
 

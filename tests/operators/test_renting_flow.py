@@ -702,3 +702,85 @@ def test_rule_a_resumed_job_that_ended_between_two_reads_of_a_wait_for_the_bid_s
     assert result["job_status"] == "succeeded" and result["instance_id"] == 1001
     assert list(hook.instances) == [1001] and hook.alive() == []  # no failover, no second run
     assert "epoch 2" in task_log() and reads[2:4] == ["stopped", "stopped"]
+
+
+FIRST_RUN = "gpumarket: job started\nepoch 1\n"  # a preempted run: no exit status line
+RESUMED_RUN = "gpumarket: job started\nepoch 1\nepoch 2\n" + EXIT_0
+
+
+def resumed_unseen(hook: FakeHook, *, at_read: int, failing: int | None = None) -> list:
+    """From read ``at_read`` of instance 1001 on, its resumed run has ended (exit 0) and stopped the instance,
+    between two reads; read number ``failing`` fails after the hook's retries."""
+    reads: list = []
+    find = hook.find_instance
+
+    def find_instance(instance_id):
+        reads.append(instance_id)
+        if len(reads) == failing:
+            raise GpuMarketServerError("find_instance: HTTP 503 after retries", status_code=503)
+        found = find(instance_id)
+        if len(reads) == at_read:
+            hook.log_text += RESUMED_RUN
+        return found
+
+    hook.find_instance = find_instance
+    return reads
+
+
+def wait_mode_job(hook: FakeHook, monkeypatch, **kwargs) -> tuple[GpuMarketRunJobOperator, Clock]:
+    from airflow_gpumarket.operators import interruptible, renting
+
+    clock = Clock()
+    monkeypatch.setattr(renting, "time", clock)
+    monkeypatch.setattr(interruptible, "time", clock)
+    kwargs = {"max_outbid_wait": 3600, "poll_interval": 10, "log_interval": 3600, **kwargs}
+    return job(hook, interruptible=True, on_preemption="wait", **kwargs), clock
+
+
+@pytest.mark.parametrize("shown", ["exited", "unknown", "offline"])
+def test_rule_a_wait_for_the_bid_reads_the_log_when_the_instance_shows_a_failed_status(monkeypatch, task_log, shown):
+    """Reads: boot, running, stopped (outbid), the status message, the wait's first read (still outbid); then the
+    run resumes, exits 0 and stops its instance between two reads, and the service shows it as ``shown``."""
+    hook = BidMarketHook({2: [None, "running", "stopped", "stopped", "stopped", shown]}, destroy_worked=True)
+    hook.log_text = FIRST_RUN
+    resumed_unseen(hook, at_read=6)
+    op, _ = wait_mode_job(hook, monkeypatch)
+    result = op.execute(ctx())
+    assert result["job_status"] == "succeeded" and result["instance_id"] == 1001
+    assert list(hook.instances) == [1001] and hook.alive() == []  # no failover, no second run
+
+
+def test_rule_a_wait_for_the_bid_reads_the_log_and_ends_when_the_resumed_run_ended(monkeypatch, task_log):
+    """Every read of the wait sees 'stopped'; the log's reads find the resumed run's exit 0 long before
+    max_outbid_wait runs out."""
+    hook = BidMarketHook({2: [None, "running", "stopped"]}, destroy_worked=True)
+    hook.log_text = FIRST_RUN
+    resumed_unseen(hook, at_read=6)
+    op, clock = wait_mode_job(hook, monkeypatch, log_interval=30)
+    started = clock.now
+    result = op.execute(ctx())
+    assert result["job_status"] == "succeeded" and list(hook.instances) == [1001] and hook.alive() == []
+    assert clock.now - started < 120  # the wait ended at the log's next read, not after its 3600 s
+    forwarded = [line for line in task_log().splitlines() if "[instance 1001] epoch" in line]
+    assert ["epoch 1" in line for line in forwarded] == [True, True, False]  # each run's lines once
+
+
+def test_rule_a_time_limit_read_after_the_job_ended_well_is_a_success(monkeypatch, task_log):
+    """The resumed run exits 0 inside the job's limit (boot_timeout + max_runtime), unseen by any status read; the
+    wait for the bid would run out after that limit, so the limit ends the wait, and the log says exit 0."""
+    hook = BidMarketHook({2: [None, "running", "stopped"]}, destroy_worked=True)
+    hook.log_text = FIRST_RUN
+    resumed_unseen(hook, at_read=6)
+    op, _ = wait_mode_job(hook, monkeypatch, boot_timeout=60, max_runtime=60)
+    result = op.execute(ctx())
+    assert result["job_status"] == "succeeded" and list(hook.instances) == [1001] and hook.alive() == []
+
+
+def test_rule_a_failed_read_at_the_start_of_a_wait_for_the_bid_counts_no_second_preemption(monkeypatch, task_log):
+    hook = BidMarketHook({2: [None, "running", "stopped"]}, destroy_worked=True)
+    hook.log_text = FIRST_RUN
+    resumed_unseen(hook, at_read=8, failing=5)  # the wait's first read fails after the hook's retries
+    op, _ = wait_mode_job(hook, monkeypatch, log_interval=30, max_preemptions=1)
+    result = op.execute(ctx())
+    assert result["job_status"] == "succeeded" and result["preemptions"] == 1
+    assert list(hook.instances) == [1001] and hook.alive() == []
