@@ -507,6 +507,100 @@ def p10_interruptible(*, steps: int, step_seconds: float, outbid_after: float) -
     )
 
 
+#: P10's bid strategies: the competing bids of every machine drift (a log-normal step every ``interval`` simulated
+#: seconds); the same job runs under each strategy on the same worlds, whose drift draws from the world's seed.
+P10_DRIFT = {"interval": 600.0, "volatility": 0.15}
+P10_STRATEGIES = ("min", "hold")
+
+
+def _p10_drift_run(strategy: str, *, seed: int, steps: int, step_seconds: float) -> dict:
+    """The 2-hour checkpointing job as one interruptible task under drifting competing bids, with ``strategy``.
+    Preemptions, rentals, bid changes, cost (the ledger's) and wall time (simulated) of one run."""
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+
+    speed = P10_STEP_SIMULATED_SECONDS / step_seconds
+    with (
+        tempfile.TemporaryDirectory() as bucket,
+        MarketSimulator(speed=speed, seed=seed, execute_onstart=True, **SIM_PROFILE) as sim,
+    ):
+        connect(sim)
+        for offer in GpuMarketHook().search_offers(P10_FILTERS, limit=50):
+            sim.set_offer_fate(offer["id"], "running")
+        sim.set_bid_drift(P10_DRIFT["interval"], P10_DRIFT["volatility"])
+        op = GpuMarketRunJobOperator(
+            task_id="p10",
+            offer_filters=P10_FILTERS,
+            image="bench",
+            env={"CHECKPOINT_URI": bucket},
+            command=P10_JOB.format(steps=steps, step_seconds=step_seconds),
+            poll_interval=0.05,
+            log_interval=0.5,
+            max_runtime=steps * P10_STEP_SIMULATED_SECONDS * 3,
+            interruptible=True,
+            bid_strategy=strategy,
+            max_preemptions=50,  # counted, not limited: each strategy runs the job to its end when it can
+            max_outbid_wait=2.0,
+        )
+        try:
+            result = op.execute(context(f"p10-{strategy}-{seed}"))
+        except Exception as exc:  # a strategy that runs out of machines is a result too
+            result = {"job_status": f"failed: {type(exc).__name__}", "preemptions": None}
+        instances = sorted(sim.state()["instances"], key=lambda i: i["created_at"])
+        if sim.alive_instances():
+            raise RuntimeError(f"P10 {strategy}: instances left alive: {sim.alive_instances()}")
+        return {
+            "ok": result["job_status"] == "succeeded",
+            "preemptions": sum(i["outbids"] for i in instances),
+            "rentals": len(instances),
+            "bid_changes": sum(r["op"] == "change_bid" for r in sim.requests()),
+            "cost": sum(i["cost"] for i in instances),
+            "wall": max(i["destroyed_at"] for i in instances) - instances[0]["created_at"],
+        }
+
+
+def p10_bid_strategies(*, seeds: int, steps: int, step_seconds: float) -> None:
+    """P10 under drifting prices: the bid strategies side by side, medians over ``seeds`` worlds."""
+    runs = {
+        s: [_p10_drift_run(s, seed=10 + k, steps=steps, step_seconds=step_seconds) for k in range(seeds)]
+        for s in P10_STRATEGIES
+    }
+    hours = steps * P10_STEP_SIMULATED_SECONDS / 3600
+    cells = []
+    for strategy, results in runs.items():
+        done = [r for r in results if r["ok"]]
+        med = (
+            {
+                k: statistics.median(r[k] for r in done)
+                for k in ("preemptions", "rentals", "bid_changes", "cost", "wall")
+            }
+            if done
+            else {}
+        )
+        cells.append(
+            f"{strategy}: {len(done)}/{len(results)} finished"
+            + (
+                f", {med['preemptions']:g} preemptions, {med['rentals']:g} rentals, "
+                f"{med['bid_changes']:g} bid changes, ${med['cost']:.4f}, wall {med['wall'] / 60:.0f} min"
+                if med
+                else ""
+            )
+        )
+    print(
+        f"P10 bid strategies under drift ({hours:g} h job, competing bids step every {P10_DRIFT['interval']:g} s "
+        f"by volatility {P10_DRIFT['volatility']:g}; medians of {seeds} worlds): " + "; ".join(cells)
+    )
+    for strategy, results in runs.items():
+        print(
+            f"P10 {strategy} per world: "
+            + ", ".join(
+                f"{'ok' if r['ok'] else 'FAILED'} {r['preemptions']} preemptions/{r['rentals']} rentals/"
+                f"${r['cost']:.4f}/{r['wall'] / 60:.0f} min"
+                for r in results
+            )
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, the same lines")
@@ -523,12 +617,14 @@ def main() -> int:
             p4_parse_time(runs=1, warm_runs=1, peers_python=args.peers_python)
             p5_hook_overhead(calls=100, runs=1, sim_log=log_stream)
             p10_interruptible(steps=4, step_seconds=0.5, outbid_after=0.6)
+            p10_bid_strategies(seeds=1, steps=2, step_seconds=0.5)
         else:
             p2_calls_per_lifecycle(runs=5)
             p3_billed_after_last_command(runs=3, pattern_interval=10.0)
             p4_parse_time(runs=15, warm_runs=5, peers_python=args.peers_python)
             p5_hook_overhead(calls=1000, runs=5, sim_log=log_stream)
             p10_interruptible(steps=12, step_seconds=1.0, outbid_after=5.5)
+            p10_bid_strategies(seeds=5, steps=12, step_seconds=1.0)
     finally:
         log_stream.flush()
         print(f"bench_provider: the log lines of Airflow and the simulators are in {log_path}", file=sys.stderr)
