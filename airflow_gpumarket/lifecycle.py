@@ -224,9 +224,6 @@ class Rental:
             raise ValueError(f"no rental to resume in {data!r}")
         data = dict(data)
         attempts = data.pop("attempts", None) or {}
-        for old in ("tried", "reasons"):  # a trigger deferred by the previous release carries them flat
-            if old in data:
-                attempts = {**attempts, old: data.pop(old)}
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown rental fields {sorted(unknown)} in {data!r}")

@@ -2,7 +2,7 @@
 
 They are plain dicts at run time (so results go to XCom unchanged). This module deliberately does not use
 ``from __future__ import annotations``: string annotations make ``typing`` compile a ForwardRef per field when the
-classes are created, which cost DAG files 12 ms of import time. Only the hooks import it at run time.
+classes are created, which DAG files would pay for at import. Only the hooks import it at run time.
 """
 
 from collections.abc import Iterable

@@ -99,8 +99,7 @@ _PATIENT_MAX_TRIES = 200
 #: Paced calls (``api.rate_budget``) are spaced this many times the budget's interval (10 % wider) ...
 PACING_MARGIN = 1.1
 #: ... plus this many seconds: a request that opens a connection (TCP, TLS: tens to a couple of hundred ms) reaches
-#: the server later than the next one on a warm connection, and two processes' slots would meet there (measured:
-#: one 429 per extra process at start-up, P1-HA).
+#: the server later than the next one on a warm connection, and two processes' slots would meet there.
 PACING_SLACK_SECONDS = 0.1
 #: Instance keys this process received from create calls, masked in every log text fetched here (bounded).
 _INSTANCE_KEYS: deque[str] = deque(maxlen=1000)

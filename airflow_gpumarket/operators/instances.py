@@ -165,25 +165,3 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
             raise AirflowException(sentence)
         return summary
 
-
-#: Operators that moved to modules of their own; importing them from here still works, with a warning.
-_MOVED = {
-    "GpuMarketSearchOffersOperator": "airflow_gpumarket.operators.search",
-    "GpuMarketStopInstanceOperator": "airflow_gpumarket.operators.teardown",
-    "GpuMarketDestroyInstanceOperator": "airflow_gpumarket.operators.teardown",
-    "GpuMarketReapOrphansOperator": "airflow_gpumarket.operators.reaper",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    warnings.warn(
-        f"{name} moved to {_MOVED[name]}; import it from there ({__name__} stops re-exporting it in a later release)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(_MOVED[name]), name)

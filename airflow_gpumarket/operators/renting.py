@@ -259,9 +259,9 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 return self._wait_and_finish(context, rental)
             return self._rent(context, lifecycle.Attempts())
 
-    def execute_complete(self, context: Any, event: dict[str, Any], **_: Any) -> Any:
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         """Resume after the trigger fired. Everything needed comes in the event (``dag.test()`` passes no defer
-        kwargs); keyword arguments that an older version of this provider passed are ignored."""
+        kwargs)."""
         instance_id = event.get("instance_id") if isinstance(event, Mapping) else None
         if isinstance(instance_id, int):
             self._instance_id = instance_id  # whatever else is wrong with the event, the guard destroys it

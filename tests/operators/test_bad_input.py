@@ -166,24 +166,3 @@ def test_a_field_the_spec_does_not_name_is_refused_naming_it():
 
     with pytest.raises(GpuMarketValidationError, match="gpu_count: is not a creation field of the spec"):
         api.build_create_instance_body(image="img", gpu_count=2)
-
-
-@pytest.mark.parametrize(
-    "name, module",
-    [
-        ("GpuMarketSearchOffersOperator", "search"),
-        ("GpuMarketStopInstanceOperator", "teardown"),
-        ("GpuMarketDestroyInstanceOperator", "teardown"),
-        ("GpuMarketReapOrphansOperator", "reaper"),
-    ],
-)
-def test_an_operator_that_moved_out_of_operators_instances_still_imports_from_there_with_a_warning(name, module):
-    import importlib
-
-    from airflow_gpumarket.operators import instances
-
-    with pytest.warns(DeprecationWarning, match=f"{name} moved to airflow_gpumarket.operators.{module}"):
-        moved = getattr(instances, name)
-    assert moved is getattr(importlib.import_module(f"airflow_gpumarket.operators.{module}"), name)
-    with pytest.raises(AttributeError):
-        instances.GpuMarketNoSuchOperator  # noqa: B018
