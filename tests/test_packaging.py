@@ -32,7 +32,7 @@ def test_the_plugin_every_airflow_process_loads_imports_neither_the_page_nor_the
 def test_a_dag_file_with_renting_operators_imports_only_what_parsing_needs():
     """The wait's state machine, the log reader and the hook are imported when a task runs, not by every parse."""
     code = (
-        "import sys; from datetime import datetime; from airflow.sdk import DAG; "
+        "import sys; from datetime import datetime; from airflow.providers.common.compat.sdk import DAG; "
         "from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator; "
         "dag = DAG('d', start_date=datetime(2026, 1, 1), schedule=None)\n"
         "with dag:\n"
