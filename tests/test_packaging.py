@@ -29,15 +29,17 @@ def test_the_plugin_every_airflow_process_loads_imports_neither_the_page_nor_the
     assert "loaded: []" in result.stdout.splitlines(), result.stdout + result.stderr
 
 
-def test_a_dag_file_with_renting_operators_imports_only_what_parsing_needs():
+def test_a_dag_file_with_renting_operators_and_sensors_imports_only_what_parsing_needs():
     """The wait's state machine, the log reader and the hook are imported when a task runs, not by every parse."""
     code = (
         "import sys; from datetime import datetime; from airflow.providers.common.compat.sdk import DAG; "
         "from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator; "
+        "from airflow_gpumarket.sensors.instances import GpuMarketInstanceStatusSensor; "
         "dag = DAG('d', start_date=datetime(2026, 1, 1), schedule=None)\n"
         "with dag:\n"
         "    GpuMarketRunJobOperator(task_id='j', command='true', image='i', offer_filters={}, interruptible=True)\n"
         "    GpuMarketCreateInstanceOperator(task_id='c', offer_id=1, image='i')\n"
+        "    GpuMarketInstanceStatusSensor(task_id='s', instance_id=3)\n"
         "runtime = ('lifecycle', 'job_logs', 'python_job', 'hooks.gpumarket', 'triggers.instances')\n"
         "print('loaded:', [m for m in runtime if 'airflow_gpumarket.' + m in sys.modules])"
     )

@@ -164,4 +164,3 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                 raise GpuMarketJobFailed(sentence, exit_status=event.get("exit_status"))
             raise AirflowException(sentence)
         return summary
-

@@ -8,18 +8,22 @@ from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, job_logs, lifecycle
+from airflow_gpumarket import api
 from airflow_gpumarket._compat import AirflowFailException, BaseSensorOperator
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.utils import (
     DEFAULT_DEFERRABLE,
+    RunTimeModule,
     check_instance_id_argument,
     duration_seconds,
     instance_id_from,
 )
 
 if TYPE_CHECKING:
+    from airflow_gpumarket import job_logs, lifecycle
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+else:  # what only a running sensor needs: not imported when a DAG file is parsed
+    job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
 
 
 class GpuMarketInstanceStatusSensor(BaseSensorOperator):
