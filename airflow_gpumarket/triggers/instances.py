@@ -48,12 +48,12 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     :param key_digest: sha256 of the instance's key, so the key is masked in its output although the triggerer
         never holds it.
     :param outbid_wait_until: epoch seconds until which a preempted bid instance is left to win its machine
-        back: any status but running or a failed host is waited through until then (see
-        ``airflow_gpumarket.operators.interruptible``).
+        back: any status but running is waited through until then, a failed host ends the wait at once, and the
+        job's log is read meanwhile (see ``airflow_gpumarket.operators.interruptible``).
     :param hold_bid_up_to: for a bid instance under ``bid_strategy="hold"``, the most its bid may be raised to:
         the bid is raised (``airflow_gpumarket.bidding.held_bid``) whenever a read shows its machine's
-        ``min_bid`` rising toward it or past it, and the event carries the last bid placed (``bid``). None holds
-        nothing.
+        ``min_bid`` rising toward it or past it, and the event carries the bid as last read or placed (``bid``).
+        None holds nothing.
     :param shown_lines: the last lines of the job's log an earlier wait showed (after a preemption): this wait's
         first read shows what follows them.
     :param resume: state the deferring operator needs back, returned unchanged in every event under ``resume``
@@ -110,7 +110,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.hold_bid_up_to = hold_bid_up_to
         self.shown_lines = shown_lines
         self.resume = resume
-        self._raised_bid: float | None = None  # the last bid this trigger placed
+        self._bid: float | None = None  # under hold_bid_up_to: the bid as last read or placed
         self._fired = False  # an event was handed to Airflow: the task resumes and owns the instance again
         # The service's times of the first read that found it running, and stopped since (lifecycle.billing_marks).
         self._running_at: float | None = None
@@ -206,7 +206,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         """Raise the bid when the machine's ``min_bid`` rose toward it (see ``hold_bid_up_to``)."""
         if self.hold_bid_up_to is None or not api.is_positive_number(seen.bid):
             return
-        bid = max(seen.bid, self._raised_bid or 0.0)  # a listing may predate this trigger's last raise
+        bid = self._bid = max(seen.bid, self._bid or 0.0)  # a listing may predate this trigger's last raise
         raised = bidding.held_bid(bid, seen.min_bid, self.hold_bid_up_to)
         if raised is None:
             return
@@ -215,7 +215,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         except GpuMarketError as exc:
             self.log.warning("Could not raise the bid of instance %s to $%s/h: %s", self.instance_id, raised, exc)
             return
-        self._raised_bid = raised
+        self._bid = raised
         self.log.warning(
             "Raised the bid of instance %s from $%s/h to $%s/h: its machine's minimum bid is now $%s/h (cap $%s/h)",
             self.instance_id,
@@ -289,8 +289,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             event["running_at"] = self._running_at
         if self._stopped_at is not None:
             event["stopped_at"] = self._stopped_at
-        if self._raised_bid is not None:
-            event["bid"] = self._raised_bid
+        if self._bid is not None:
+            event["bid"] = self._bid
         if watch.label is not None:
             event["label"] = watch.label  # as renewed: the resumed operator's copy is older
         if self.resume is not None:

@@ -42,6 +42,8 @@ class FakeAsyncHook:
         self._confirming: Exception | None = None
         self.log_texts = [""]
         self.log_reads: list[dict] = []
+        self.bids: dict = {}  # bid_price and min_bid of instance 7, as the service shows them
+        self.bid_changes: list[tuple[int, float]] = []
 
     def _next(self):
         self.reads += 1
@@ -54,7 +56,7 @@ class FakeAsyncHook:
             item = self._next()
         if isinstance(item, Exception):
             raise item
-        return {"id": instance_id, "actual_status": item}
+        return {"id": instance_id, "actual_status": item, **self.bids}
 
     async def find_instance(self, instance_id):
         try:
@@ -70,7 +72,7 @@ class FakeAsyncHook:
             return []
         if isinstance(item, Exception):
             raise item
-        return [{"id": 7, "actual_status": item}, {"id": 8, "actual_status": "running"}]
+        return [{"id": 7, "actual_status": item, **self.bids}, {"id": 8, "actual_status": "running"}]
 
     # Flows, as the real hook's: answered at once, with nothing for the driver to send.
     def label_instance_flow(self, instance_id, label):
@@ -97,6 +99,12 @@ class FakeAsyncHook:
 
     def min_list_interval(self):
         return 1.0 / api.retry.LIST_RATE_PER_SECOND  # the published budget (tests/triggers/conftest.py speeds it up)
+
+    def change_bid_flow(self, instance_id, price):
+        self.bid_changes.append((instance_id, price))
+        self.bids = {**self.bids, "bid_price": price}
+        return {"success": True}
+        yield
 
     async def destroy_instance(self, instance_id):
         self.destroyed.append(instance_id)
@@ -640,3 +648,21 @@ def test_shared_poller_rounds_never_go_faster_than_the_live_list_budget(monkeypa
     trigger = GpuMarketInstanceStatusTrigger(instance_id=7, poll_interval=0, gpumarket_conn_id="budget")
     assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
     assert waits and min(waits) > 1.9  # 2 s between list calls, although the trigger asked for 0 s
+
+
+def test_rule_a_holding_trigger_raises_the_bid_when_the_machines_min_bid_rises_and_hands_it_back(
+    make_trigger, monkeypatch
+):
+    hook = FakeAsyncHook(["running", "running", "running", "reached"])
+    hook.bids = {"bid_price": 0.21, "min_bid": 0.205}  # half the margin eaten
+    trigger = make_trigger(wait_for=lifecycle.WAIT_STATUS, target_status="reached", hold_bid_up_to=0.3)
+    event = _run(trigger, hook, monkeypatch)
+    assert hook.bid_changes == [(7, round(0.205 * 1.05, 4))]  # once: the next reads show the raised bid
+    assert event["status"] == "reached" and event["bid"] == round(0.205 * 1.05, 4)
+
+
+def test_a_trigger_that_holds_nothing_never_changes_a_bid(make_trigger, monkeypatch):
+    hook = FakeAsyncHook(["running", "reached"])
+    hook.bids = {"bid_price": 0.21, "min_bid": 0.3}
+    event = _run(make_trigger(wait_for=lifecycle.WAIT_STATUS, target_status="reached"), hook, monkeypatch)
+    assert hook.bid_changes == [] and "bid" not in event
