@@ -41,11 +41,9 @@ from airflow_gpumarket.utils import (
 
 if TYPE_CHECKING:
     from airflow_gpumarket import job_logs, lifecycle
+    from airflow_gpumarket.ui.records import RentalRecorder
 else:  # what only a running task needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
-
-if TYPE_CHECKING:
-    from airflow_gpumarket.ui.records import RentalRecorder
 
 #: A job's whole lease runs this long past its boot and run time limits.
 JOB_LEASE_MARGIN_SECONDS = 15 * 60
