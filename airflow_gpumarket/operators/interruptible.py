@@ -177,8 +177,9 @@ class PreemptionHandling:
         instance = self._read_preempted(rental.instance_id)
         self.log.warning("Preemption %d of at most %d: %s", attempts.preemptions, policy.max_preemptions, sentence)
         over = attempts.preemptions > policy.max_preemptions
-        won_back = not waited and not over and instance is not None and self._bids_back(rental, instance)
-        if (policy.on_preemption == "wait" or won_back) and not waited and not over and policy.max_outbid_wait > 0:
+        may_wait = not waited and not over and policy.max_outbid_wait > 0
+        won_back = may_wait and instance is not None and self._bids_back(rental, instance)
+        if may_wait and (policy.on_preemption == "wait" or won_back):
             self.log.warning(
                 "Leaving instance %s up to %s to win its machine back (%s)",
                 rental.instance_id,
