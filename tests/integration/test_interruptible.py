@@ -27,6 +27,13 @@ THIRD_RUN_FINISHES = (
 RESUMED_ONCE_RELEASED = "until [ -f {0}.go ]; do sleep 0.05; done; echo resumed; exit 0;"
 
 
+def task_read_since(sim, t: float) -> bool:
+    """Whether the task has seen the simulator's state at simulated time ``t``: it read the instance twice since
+    (the second read began after the change)."""
+    reads = [r for r in sim.requests() if r["t"] > t and r["status"] == 200]
+    return sum(r["op"] in ("get_instance", "list_instances", "list_instances_v1") for r in reads) >= 2
+
+
 class Outbidder:
     """Outbids each newly running bid instance whose command started, ``times`` times (with ``resume_after``: the
     bid wins again that many simulated seconds later, and not before the task has seen the stop).
@@ -95,12 +102,8 @@ class Outbidder:
             self.outbid.append(instance["id"])
             return
 
-    def _task_read_since(self, t: float) -> bool:
-        reads = [r for r in self.sim.requests() if r["t"] > t and r["status"] == 200]
-        return sum(r["op"] in ("get_instance", "list_instances", "list_instances_v1") for r in reads) >= 2
-
     def _resume_once_seen(self, instance: dict, outbid_at: float) -> None:
-        if not self._task_read_since(outbid_at) or self.sim.now() < outbid_at + self.resume_after:
+        if not task_read_since(self.sim, outbid_at) or self.sim.now() < outbid_at + self.resume_after:
             return
         if self.by_market:
             self.sim.set_competing_bid(instance["offer_id"], None)
@@ -112,7 +115,7 @@ class Outbidder:
         if self._running_at is None:
             if any(i["id"] == instance["id"] and i["actual_status"] == "running" for i in self.sim.alive_instances()):
                 self._running_at = self.sim.now()
-        elif self._task_read_since(self._running_at):
+        elif task_read_since(self.sim, self._running_at):
             self.release.touch()
             self._resumed = None
 
@@ -254,6 +257,10 @@ class PriceRise:
         self._stop.set()
         self._thread.join(timeout=10)
 
+    def join(self) -> None:
+        """Until every step was played."""
+        self._thread.join()
+
     def _run(self) -> None:
         instance, since = None, 0.0
         while self.steps and not self._stop.wait(0.02):
@@ -262,7 +269,7 @@ class PriceRise:
                 if instance is not None:
                     self.first_bid = instance["bid_price"]
                 continue
-            if Outbidder._task_read_since(self, since):
+            if task_read_since(self.sim, since):
                 since = self.sim.now()
                 self.sim.set_competing_bid(instance["offer_id"], self.first_bid * self.steps.pop(0))
 
@@ -295,7 +302,7 @@ def test_rule_hold_raises_the_bid_as_the_competing_bid_rises_and_keeps_the_machi
     command = f'echo "run attempt=$GPUMARKET_ATTEMPT"; until [ -f {go} ]; do sleep 0.05; done; echo done'
     op = job(command=command, interruptible=True, bid_strategy="hold")
     with PriceRise(sim, 0.99, 1.02) as market:  # 1.02: would have outbid the first bid
-        thread = threading.Thread(target=lambda: (market._thread.join(), go.touch()), daemon=True)
+        thread = threading.Thread(target=lambda: (market.join(), go.touch()), daemon=True)
         thread.start()
         result = op.execute(context())
     (instance,) = sim.state()["instances"]
