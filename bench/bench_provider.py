@@ -23,6 +23,7 @@ P4 starts no simulator.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -33,9 +34,10 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TextIO
+from typing import Any, TextIO
 
 import requests
 
@@ -417,30 +419,46 @@ P10_STEP_SIMULATED_SECONDS = 600.0
 P10_FILTERS = {"gpu_name": {"eq": "RTX 4090"}, "num_gpus": {"eq": 1}}
 
 
-def _p10_run(*, interruptible: bool, steps: int, step_seconds: float, outbid_after: float) -> dict:
-    """One 2-hour-like job on the simulator's market; with ``interruptible``, each of its first two rentals is
-    outbid ``outbid_after`` real seconds into its job. Cost and wall time come from the simulator's ledger."""
+@contextlib.contextmanager
+def _p10_job(*, seed: int, steps: int, step_seconds: float, **options: Any) -> Iterator[tuple[Any, Any]]:
+    """(simulator, operator) for P10's job on the seeded market, its hosts all healthy (hosts that fail would blur
+    what bidding costs), checkpointing into a folder that outlives every instance; ``options`` go to the operator."""
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
     from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
 
     speed = P10_STEP_SIMULATED_SECONDS / step_seconds
     with (
         tempfile.TemporaryDirectory() as bucket,
-        MarketSimulator(speed=speed, seed=10, execute_onstart=True, **SIM_PROFILE) as sim,
+        MarketSimulator(speed=speed, seed=seed, execute_onstart=True, **SIM_PROFILE) as sim,
     ):
         connect(sim)
         for offer in GpuMarketHook().search_offers(P10_FILTERS, limit=50):
-            sim.set_offer_fate(offer["id"], "running")  # hosts that fail would blur what bidding costs
-        op = GpuMarketRunJobOperator(
-            task_id="p10",
-            offer_filters=P10_FILTERS,
-            image="bench",
-            env={"CHECKPOINT_URI": bucket},
-            command=P10_JOB.format(steps=steps, step_seconds=step_seconds),
-            poll_interval=0.05,
-            max_runtime=steps * P10_STEP_SIMULATED_SECONDS * 2,
-            interruptible=interruptible,
+            sim.set_offer_fate(offer["id"], "running")
+        yield (
+            sim,
+            GpuMarketRunJobOperator(
+                task_id="p10",
+                offer_filters=P10_FILTERS,
+                image="bench",
+                env={"CHECKPOINT_URI": bucket},
+                command=P10_JOB.format(steps=steps, step_seconds=step_seconds),
+                poll_interval=0.05,
+                **options,
+            ),
         )
+
+
+def _p10_run(*, interruptible: bool, steps: int, step_seconds: float, outbid_after: float) -> dict:
+    """One 2-hour-like job on the simulator's market; with ``interruptible``, each of its first two rentals is
+    outbid ``outbid_after`` real seconds into its job. Cost and wall time come from the simulator's ledger."""
+    speed = P10_STEP_SIMULATED_SECONDS / step_seconds
+    with _p10_job(
+        seed=10,
+        steps=steps,
+        step_seconds=step_seconds,
+        max_runtime=steps * P10_STEP_SIMULATED_SECONDS * 2,
+        interruptible=interruptible,
+    ) as (sim, op):
         done = threading.Event()
         outbid: list[int] = []
         outbid_at: dict[int, float] = {}
@@ -516,32 +534,18 @@ P10_STRATEGIES = ("min", "hold")
 def _p10_drift_run(strategy: str, *, seed: int, steps: int, step_seconds: float) -> dict:
     """The 2-hour checkpointing job as one interruptible task under drifting competing bids, with ``strategy``.
     Preemptions, rentals, bid changes, cost (the ledger's) and wall time (simulated) of one run."""
-    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
-    from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
-
-    speed = P10_STEP_SIMULATED_SECONDS / step_seconds
-    with (
-        tempfile.TemporaryDirectory() as bucket,
-        MarketSimulator(speed=speed, seed=seed, execute_onstart=True, **SIM_PROFILE) as sim,
-    ):
-        connect(sim)
-        for offer in GpuMarketHook().search_offers(P10_FILTERS, limit=50):
-            sim.set_offer_fate(offer["id"], "running")
+    with _p10_job(
+        seed=seed,
+        steps=steps,
+        step_seconds=step_seconds,
+        log_interval=0.5,
+        max_runtime=steps * P10_STEP_SIMULATED_SECONDS * 3,
+        interruptible=True,
+        bid_strategy=strategy,
+        max_preemptions=50,  # counted, not limited: each strategy runs the job to its end when it can
+        max_outbid_wait=2.0,
+    ) as (sim, op):
         sim.set_bid_drift(P10_DRIFT["interval"], P10_DRIFT["volatility"])
-        op = GpuMarketRunJobOperator(
-            task_id="p10",
-            offer_filters=P10_FILTERS,
-            image="bench",
-            env={"CHECKPOINT_URI": bucket},
-            command=P10_JOB.format(steps=steps, step_seconds=step_seconds),
-            poll_interval=0.05,
-            log_interval=0.5,
-            max_runtime=steps * P10_STEP_SIMULATED_SECONDS * 3,
-            interruptible=True,
-            bid_strategy=strategy,
-            max_preemptions=50,  # counted, not limited: each strategy runs the job to its end when it can
-            max_outbid_wait=2.0,
-        )
         try:
             result = op.execute(context(f"p10-{strategy}-{seed}"))
         except Exception as exc:  # a strategy that runs out of machines is a result too
