@@ -16,6 +16,12 @@ def test_installing_the_provider_adds_nothing_to_anyones_pytest():
     assert groups == {"apache_airflow_provider", "airflow.plugins", "console_scripts"}
 
 
+def assert_loads_none(code: str) -> None:
+    """Run ``code`` in a fresh interpreter; it prints ``loaded: [...]``, the modules it must not have imported."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "loaded: []" in result.stdout.splitlines(), result.stdout + result.stderr
+
+
 def test_the_plugin_every_airflow_process_loads_imports_neither_the_page_nor_the_hook():
     """Airflow's plugin manager imports the plugin in schedulers, workers and triggerers too: the page's app
     (FastAPI routes, the hook, the database reads) is built only by the api-server's first request to it."""
@@ -25,8 +31,7 @@ def test_the_plugin_every_airflow_process_loads_imports_neither_the_page_nor_the
         "loaded = [m for m in ('airflow_gpumarket.ui.app', 'airflow_gpumarket.hooks.gpumarket', 'fastapi') "
         "if m in sys.modules]; print('loaded:', loaded)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "loaded: []" in result.stdout.splitlines(), result.stdout + result.stderr
+    assert_loads_none(code)
 
 
 def test_a_dag_file_with_renting_operators_and_sensors_imports_only_what_parsing_needs():
@@ -43,8 +48,7 @@ def test_a_dag_file_with_renting_operators_and_sensors_imports_only_what_parsing
         "runtime = ('lifecycle', 'job_logs', 'python_job', 'hooks.gpumarket', 'triggers.instances')\n"
         "print('loaded:', [m for m in runtime if 'airflow_gpumarket.' + m in sys.modules])"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "loaded: []" in result.stdout.splitlines(), result.stdout + result.stderr
+    assert_loads_none(code)
 
 
 def test_the_simulators_server_is_an_extra_not_a_runtime_dependency():
