@@ -34,7 +34,30 @@ def task_read_since(sim, t: float) -> bool:
     return sum(r["op"] in ("get_instance", "list_instances", "list_instances_v1") for r in reads) >= 2
 
 
-class Outbidder:
+class MarketPlayer:
+    """A thread that plays the market against the test's task while the ``with`` block runs (``_run``)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def join(self) -> None:
+        """Until the player is done."""
+        self._thread.join()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Outbidder(MarketPlayer):
     """Outbids each newly running bid instance whose command started, ``times`` times (with ``resume_after``: the
     bid wins again that many simulated seconds later, and not before the task has seen the stop).
 
@@ -66,16 +89,7 @@ class Outbidder:
         self._outbid_at: tuple[dict, float] | None = None  # the instance waiting to resume, when it was outbid
         self._resumed: dict | None = None  # the resumed instance, until its job is released
         self._running_at: float | None = None  # when the simulator had it running again
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Outbidder:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+        super().__init__()
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
@@ -238,7 +252,7 @@ def test_the_interruptible_example_resumes_from_its_checkpoint_after_an_outbid(e
     assert alive(sim) == []
 
 
-class PriceRise:
+class PriceRise(MarketPlayer):
     """Plays a rising competing bid against the test's one bid instance once its command runs (``steps``: the
     competing bid as a share of the instance's first bid, each set once the task has read the instance since the
     one before)."""
@@ -246,20 +260,7 @@ class PriceRise:
     def __init__(self, sim, *steps: float, marker: str = "run attempt=") -> None:
         self.sim, self.steps, self.marker = sim, list(steps), marker
         self.first_bid: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> PriceRise:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def join(self) -> None:
-        """Until every step was played."""
-        self._thread.join()
+        super().__init__()
 
     def _run(self) -> None:
         instance, since = None, 0.0
