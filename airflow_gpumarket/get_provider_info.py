@@ -100,8 +100,9 @@ def get_provider_info() -> dict:
             {
                 "integration-name": INTEGRATION,
                 "python-modules": [
-                    "airflow_gpumarket.operators.instances",
+                    "airflow_gpumarket.operators.create_instance",
                     "airflow_gpumarket.operators.reaper",
+                    "airflow_gpumarket.operators.run_job",
                     "airflow_gpumarket.operators.search",
                     "airflow_gpumarket.operators.serverless",
                     "airflow_gpumarket.operators.teardown",

@@ -95,7 +95,7 @@ def p2_calls_per_lifecycle(runs: int, speed: float = 60.0, job_seconds: float = 
 
     The job runs from the instance's first ``running`` to the wrapper's stop: the ledger's compute seconds. The
     log read is the one that gives the exit status (the job's output and its status line come from the log)."""
-    from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+    from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
     interval = 1.0
     # The simulator's buckets are off here (SIM_PROFILE), so its connection says rate_limit_scale=0: no call waits
@@ -195,7 +195,8 @@ def p3_billed_after_last_command(runs: int, pattern_interval: float, job_seconds
     compute billing ended (the wrapper's stop, or the destroy), and storage-only seconds from that stop to the
     destroy, for the completion protocol and for a sensor (poke ``pattern_interval``) + teardown task."""
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
-    from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
+    from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+    from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
     compute: dict[str, list[float]] = {"protocol": [], "pattern": []}
     storage: dict[str, list[float]] = {"protocol": [], "pattern": []}
@@ -273,11 +274,11 @@ P4_DAGS = {
         """,
     ),
     "GpuMarketRunJobOperator": (
-        "airflow_gpumarket.operators.instances",
+        "airflow_gpumarket.operators.run_job",
         """
         from datetime import datetime
         from airflow.sdk import DAG
-        from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+        from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
         with DAG("p4", start_date=datetime(2026, 1, 1), schedule=None):
             for i in range(20):
                 GpuMarketRunJobOperator(task_id=f"job_{i}", offer_filters={"num_gpus": {"gte": 1}}, image="img",
@@ -308,7 +309,8 @@ IMPORTS = """
 import json, sys
 import airflow.sdk
 before = set(sys.modules)
-import airflow_gpumarket.operators.instances, airflow_gpumarket.sensors.instances
+import airflow_gpumarket.operators.run_job, airflow_gpumarket.operators.create_instance
+import airflow_gpumarket.sensors.instances
 print(json.dumps(sorted(m for m in set(sys.modules) - before if not m.startswith("airflow."))))
 """
 
@@ -424,7 +426,7 @@ def _p10_job(*, seed: int, steps: int, step_seconds: float, **options: Any) -> I
     """(simulator, operator) for P10's job on the seeded market, its hosts all healthy (hosts that fail would blur
     what bidding costs), checkpointing into a folder that outlives every instance; ``options`` go to the operator."""
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
-    from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+    from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
     speed = P10_STEP_SIMULATED_SECONDS / step_seconds
     with (

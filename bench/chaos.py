@@ -161,7 +161,7 @@ def classify(exc: BaseException) -> str:
 
 def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
     from airflow_gpumarket import lifecycle as lc
-    from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+    from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
     rng = random.Random(f"chaos-{seed}-{i}")
     command = rng.choices(["echo ok", "echo failing; exit 3", "sleep 0.3; echo done"], [0.7, 0.15, 0.15])[0]

@@ -38,7 +38,7 @@ TRIGGERER_DOWN = 5  # seconds between the triggerer's SIGTERM and its restart, a
 DAGS = """
 from datetime import datetime
 from airflow.providers.common.compat.sdk import DAG
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 for name, command, deferrable in (
     ("mark_failed_deferred", "sleep 600", True),

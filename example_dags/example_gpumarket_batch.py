@@ -10,7 +10,8 @@ from datetime import datetime, timedelta
 
 from airflow.providers.common.compat.sdk import DAG
 
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator, destroy_rentals_on_failure
+from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 POLL_SECONDS = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
 SHARDS = ["shard-000", "shard-001", "shard-002"]

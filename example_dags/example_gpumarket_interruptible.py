@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from airflow.providers.common.compat.sdk import DAG
 
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 POLL_SECONDS = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
 CHECKPOINT_URI = os.environ.get("GPUMARKET_EXAMPLE_CHECKPOINT_URI", os.path.join(tempfile.gettempdir(), "gpm-ckpt"))

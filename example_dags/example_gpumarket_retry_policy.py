@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from airflow.providers.common.compat.sdk import DAG
 
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.retry_policy import gpumarket_retry_policy
 
 POLL_SECONDS = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 from airflow.providers.common.compat.sdk import DAG
 
-from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
 from airflow_gpumarket.operators.search import GpuMarketSearchOffersOperator
 from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator
 from airflow_gpumarket.sensors.instances import GpuMarketInstanceStatusSensor

@@ -181,7 +181,7 @@ def test_forward_writes_new_lines_and_reports_a_failed_read_once(caplog):
 @pytest.mark.parametrize("interval", [-1, "30", float("nan")])
 def test_a_bad_log_interval_is_refused_at_parse_time(interval):
     from airflow_gpumarket.exceptions import GpuMarketValidationError
-    from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+    from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
     with pytest.raises(GpuMarketValidationError, match="log_interval"):
         GpuMarketRunJobOperator(task_id="t", offer_id=1, image="i", command="true", log_interval=interval)

@@ -38,14 +38,15 @@ def test_a_dag_file_with_renting_operators_and_sensors_imports_only_what_parsing
     """The wait's state machine, the log reader and the hook are imported when a task runs, not by every parse."""
     code = (
         "import sys; from datetime import datetime; from airflow.providers.common.compat.sdk import DAG; "
-        "from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator; "
+        "from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator; "
+        "from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator; "
         "from airflow_gpumarket.sensors.instances import GpuMarketInstanceStatusSensor; "
         "dag = DAG('d', start_date=datetime(2026, 1, 1), schedule=None)\n"
         "with dag:\n"
         "    GpuMarketRunJobOperator(task_id='j', command='true', image='i', offer_filters={}, interruptible=True)\n"
         "    GpuMarketCreateInstanceOperator(task_id='c', offer_id=1, image='i')\n"
         "    GpuMarketInstanceStatusSensor(task_id='s', instance_id=3)\n"
-        "runtime = ('lifecycle', 'job_logs', 'python_job', 'hooks.gpumarket', 'triggers.instances')\n"
+        "runtime = ('lifecycle', 'waiting', 'job_logs', 'python_job', 'hooks.gpumarket', 'triggers.instances')\n"
         "print('loaded:', [m for m in runtime if 'airflow_gpumarket.' + m in sys.modules])"
     )
     assert_loads_none(code)

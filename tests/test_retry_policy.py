@@ -74,7 +74,7 @@ def test_the_policy_survives_dag_serialization():
 
 @pytest.mark.skipif(has_retry_policies(), reason="before Airflow 3.3 only")
 def test_before_airflow_3_3_there_is_no_policy_and_the_operators_accept_none():
-    from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+    from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
     assert gpumarket_retry_policy() is None
     op = GpuMarketRunJobOperator(

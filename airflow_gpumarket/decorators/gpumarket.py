@@ -18,7 +18,8 @@ from typing import Any
 from airflow_gpumarket import job_logs, lifecycle, python_job
 from airflow_gpumarket._compat import AirflowException, DecoratedOperator, task_decorator_factory
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator, destroy_rentals_on_failure
+from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.utils import is_templated, resolved_at_run_time
 
 #: Lines of the job's log read for the return value (the marker line comes after everything the function printed).
@@ -136,7 +137,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
         assert event is not None  # a job is always waited for
         kind = lifecycle.event_kind(event)
         if lifecycle.destroyed_itself(event):  # stopped after success, so gone means someone destroyed it
-            self._forget(rental.instance_id)
+            self._held().forget(rental.instance_id)
             raise AirflowException(
                 f"instance {rental.instance_id} was destroyed before the function's return value was read from its "
                 "log (by hand, or by the reaper after its lease ran out); the value is lost"
@@ -151,7 +152,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             status = event.get("exit_status")  # what the wait's final read saw
         found, value = python_job.read_result(text, self._rental_key(context))
         if status == 0 and found:
-            self._destroy(rental.instance_id)
+            self._held().destroy(rental.instance_id)
             summary = self._summary(rental, event.get("actual_status"))
             self.log.info(
                 "%s returned on instance %s after %s; compute cost about $%s (at $%s/h)",
@@ -167,12 +168,16 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             event.update({"log_tail": shown[-job_logs.FAILURE_TAIL_LINES :]})
         event.update({"status": lifecycle.EventKind.JOB_FAILED.value, "exit_status": status})
         if status == 0:
-            self._destroy(rental.instance_id)
+            self._held().destroy(rental.instance_id)
             raise AirflowException(
                 f"{self._name} returned on instance {rental.instance_id}, but its return value could not be read "
                 "from the instance's log; the instance is destroyed"
             )
         return super()._complete(context, rental, event)
+
+    def _held(self) -> RentalGuard:
+        assert self._guard is not None  # set by execute and execute_complete
+        return self._guard
 
     def _result_log(self, rental: lifecycle.Rental) -> str:
         try:

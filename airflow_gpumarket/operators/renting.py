@@ -1,12 +1,9 @@
-"""The one renting mechanism that ``GpuMarketCreateInstanceOperator`` and ``GpuMarketRunJobOperator`` share, read top
-to bottom: validation, offers, the guarded rental, the wait (in the worker or deferred), its end. Destroying on
-failure is ``guard``'s part; the creation fields' handling is ``creation``'s.
+"""The renting mechanism that ``GpuMarketCreateInstanceOperator`` and ``GpuMarketRunJobOperator`` share.
 
-Every operator that rents goes through ``GpuMarketRentingBaseOperator``: one mechanism that picks offers, fails
-over, labels each rental deterministically, and destroys what it made on every failure path (exception in the
-task, SIGTERM and ``execution_timeout`` through ``on_kill``, ``execution_timeout`` while deferred through the
-trigger's deadline, a user killing the deferred task through the trigger's ``on_kill``, a worker lost without a
-trace through a failure callback that Airflow runs elsewhere, a retry after the worker died through the label).
+Read top to bottom: the create body, validation, offers, then ``_run``: one loop over offers and preemptions that
+rents, waits (in the worker, or deferred to the triggerer) and judges how the wait ended. The operator holds its
+parts: a ``RentalGuard`` destroys what the task rented on every failure path, a ``bidding.BidPolicy`` answers what
+a preemption leads to, and a ``waiting.Wait`` takes each read of the instance.
 """
 
 from __future__ import annotations
@@ -24,12 +21,9 @@ from airflow_gpumarket.exceptions import (
     GpuMarketOfferUnavailableError,
     GpuMarketValidationError,
 )
-from airflow_gpumarket.operators import interruptible as interruptible_rentals
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
-from airflow_gpumarket.operators.creation import TYPED_FIELDS, CreationBody, creation_fields, takes_creation_fields
-from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer
+from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer, GpuMarketPreemptedTooOften
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
-from airflow_gpumarket.operators.interruptible import PreemptionHandling
 from airflow_gpumarket.ui.links import GpuRentalLink
 from airflow_gpumarket.utils import (
     DEFAULT_DEFERRABLE,
@@ -40,19 +34,73 @@ from airflow_gpumarket.utils import (
 )
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import job_logs, lifecycle
-    from airflow_gpumarket.ui.records import RentalRecorder
+    from airflow_gpumarket import job_logs, lifecycle, waiting
 else:  # what only a running task needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
+    waiting = RunTimeModule("airflow_gpumarket.waiting")
 
 #: A job's whole lease runs this long past its boot and run time limits.
 JOB_LEASE_MARGIN_SECONDS = 15 * 60
 #: A kept-alive lease spans at least this many poll intervals, so a renewal always comes before it runs out.
 KEEPALIVE_POLLS = 3
+#: Creation fields whose templated (Jinja) value cannot be checked before rendering (plain text fields can).
+TYPED_FIELDS = tuple(field.name for field in api.CREATION_FIELDS if not field.text)
+#: What the renting operators send unless told otherwise: a taken offer then fails at once and the next is tried.
+CREATION_DEFAULTS: Mapping[str, Any] = {"cancel_unavail": True}
 
 
-class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody, GpuMarketBaseOperator):
-    """The one renting mechanism: offer choice, failover, labels, waiting, and destroy on every failure path.
+def creation_fields(
+    instance: Mapping[str, Any] | None, named: Mapping[str, Any], *, command: str | None = None
+) -> dict[str, Any]:
+    """The creation fields sent: ``CREATION_DEFAULTS``, then the ``instance`` dict, then the fields given by name.
+
+    A ``command`` stands for ``onstart`` (the provider writes the script) and makes ``runtype`` default to
+    ``ssh_proxy``. Values may still be Jinja or an upstream task's output; they are checked once rendered.
+    """
+    if instance is None:
+        instance = {}
+    if not isinstance(instance, Mapping):
+        raise GpuMarketValidationError(
+            "instance",
+            f"must be a dict of the spec's creation fields, e.g. {{'image': 'pytorch/pytorch', 'disk': 40}}; got "
+            f"{type(instance).__name__} (a field's value may be templated, the dict itself may not)",
+        )
+    if "label" in instance:
+        raise GpuMarketValidationError(
+            "instance", "has a 'label': the operator writes the label (it ties the instance to the task); remove it"
+        )
+    api.check_creation_field_names(instance)
+    fields = {**CREATION_DEFAULTS, **instance, **named}
+    if command is not None:
+        if fields.get("onstart") is not None:
+            raise GpuMarketValidationError("onstart", "give command (wrapped by the provider) or onstart, not both")
+        if fields.get("runtype") is None:
+            fields["runtype"] = "ssh_proxy"
+    return fields
+
+
+def creation_body(
+    fields: Mapping[str, Any],
+    *,
+    onstart: str | None,
+    label: str | None,
+    bid: float | None = None,
+    preemptions: int | None = None,
+) -> dict[str, Any]:
+    """The create request's body: the fields, the job's script, the bid, and (``preemptions`` given) which run of
+    an interruptible job this is."""
+    fields = dict(fields)
+    if onstart is not None:
+        fields["onstart"] = onstart
+    if bid is not None:
+        fields["price"] = bid
+    if preemptions is not None:
+        fields["env"] = bidding.job_env(fields.get("env"), preemptions=preemptions)
+    return api.build_create_instance_body(label=label, **fields)
+
+
+class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
+    """Rent an instance: offer choice, failover, labels, waiting, and destroy on every failure path.
 
     :param offer_id: rent exactly this offer (no failover to others).
     :param offer_filters: or pick the cheapest matching offer (ordered by ``offer_order``, default price
@@ -60,52 +108,62 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
     :param offer_order: ``[field, direction]`` pairs for the search.
     :param offer_type: ``ondemand`` (default), ``on-demand`` or ``bid``.
     :param max_dph: highest acceptable price in dollars per hour.
-    :param max_offer_attempts: offers tried at most (an offer taken by someone else, a host that ends in
-        exited/unknown/offline, a boot that times out all move on to the next offer; an offer is never tried twice).
+    :param max_offer_attempts: offers tried at most; a taken offer, a host that fails and a boot that times out
+        move on to the next offer, and an offer is never tried twice.
     :param boot_timeout: time allowed from creation to running (default 15 minutes).
     :param poll_interval: seconds between status reads (default 10, as the spec recommends).
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``). The task's
         ``execution_timeout`` counts the whole try, deferred waits included.
-    :param command: shell commands run through the provider's job wrapper as the onstart script (see
-        ``airflow_gpumarket.job_script``); give it or ``onstart``, not both. Runtype then defaults to ``ssh_proxy``.
-    :param export_env_to_ssh: the job wrapper also appends ``env``'s variables to ``/etc/environment`` so SSH
-        sessions see them (the spec says they are not visible there otherwise).
-    :param log_interval: seconds (or a timedelta) between reads of a running job's output through the service's
-        logs endpoint; new lines go to the task log, prefixed with the instance id, each once (default 30 s; the
-        interval doubles while reads are rate limited). When a job fails, its exit status and last lines go into
-        the exception; when an instance never boots, the host daemon's last lines are logged before the next
-        offer is tried. 0 turns every read of logs off.
-    :param interruptible: rent bid (interruptible) instances, below the on-demand price, until a higher bid takes
-        the machine (see ``airflow_gpumarket.operators.interruptible``): offers come from a ``type: bid`` search,
-        the bid is the offer's ``min_bid`` plus 5 %, and ``max_dph`` applies to the bid.
+    :param instance: the spec's creation fields as one dict (templated); a field given by name wins over it.
+    :param command: shell commands run through the provider's job wrapper as the onstart script
+        (``airflow_gpumarket.job_script``); give it or ``onstart``, not both. Runtype then defaults to ``ssh_proxy``.
+    :param export_env_to_ssh: the job wrapper also appends ``env``'s variables to ``/etc/environment``.
+    :param log_interval: seconds between reads of a running job's output; new lines go to the task log, each once
+        (default 30 s; 0 turns reads off).
+    :param interruptible: rent bid instances, below the on-demand price, until a higher bid takes the machine.
     :param max_bid: the highest bid in $/h (default: the offer's on-demand ``dph_total``, never above it).
     :param max_preemptions: preemptions survived before the task fails (default 3).
     :param on_preemption: ``"failover"`` (destroy, rent another machine, run the job again) or ``"wait"`` (leave
         the stopped instance ``max_outbid_wait`` to win its machine back, then fail over).
     :param max_outbid_wait: see ``on_preemption`` (default 10 minutes).
     :param fallback_on_demand: after ``max_preemptions``, rent on demand instead of failing.
-    :param bid_strategy: ``"min"`` (bid once, 5 % over the offer's ``min_bid``) or ``"hold"`` (raise the bid up to
-        ``max_bid`` when the machine's ``min_bid`` rises toward it, and bid again after a preemption to win the
-        machine back; see ``airflow_gpumarket.operators.interruptible``).
-    :param durable: on Airflow 3.3+, keep the rental in the task state store (AIP-103) from its creation to its
-        end, so that a retry reconnects to it first (default True). The label finds it as well, on every version.
-
-    :param instance: the spec's creation fields as one dict (templated; "Rendered Template" shows it as sent).
-        Each field may also be given by name, below; a name wins over the dict. ``cancel_unavail`` defaults to
-        True so a taken offer fails fast and the next is tried; the label is written by the operator (see
-        ``airflow_gpumarket.lifecycle``).
+    :param bid_strategy: ``"min"`` (bid once, 5 % over the offer's ``min_bid``) or ``"hold"`` (raise the bid up
+        to the cap as the machine's ``min_bid`` rises, and bid again after a preemption).
+    :param durable: on Airflow 3.3+, keep the rental in the task state store so that a retry reconnects to it
+        first (default True). The label finds it as well, on every version.
+    :param image: container image (or template_hash_id).
+    :param template_hash_id: a template to create from (or image).
+    :param disk: disk size in GB.
+    :param runtype: how the instance is reached.
+    :param target_state: running or stopped.
+    :param price: a bid in $/h (an interruptible instance).
+    :param env: environment variables and port mappings.
+    :param onstart: script run at start (ssh and jupyter runtypes).
+    :param args_str: arguments for runtype 'args'.
+    :param use_jupyter_lab: JupyterLab instead of Notebook.
+    :param jupyter_dir: Jupyter's working directory.
+    :param python_utf8: PYTHONUTF8=1.
+    :param lang_utf8: a UTF-8 locale.
+    :param image_login: registry login '-u <user> -p <token> <host>'.
+    :param cancel_unavail: fail at once when the offer is taken (default True).
+    :param vm: a virtual machine instead of a container.
+    :param volume_info: a volume to create or attach.
     """
 
     template_fields: Sequence[str] = ("offer_id", "offer_filters", "offer_order", "max_dph", "command", "instance")
+    template_fields_renderers = {"instance": "json", "offer_filters": "json", "command": "bash"}
     operator_extra_links = (GpuRentalLink(),)
+    ui_color = "#c9e7ff"
+    #: Read by ``destroy_rentals_on_failure``: what this operator rents carries its task instance's label key.
+    rents_instances = True
     #: The instance outlives the task, for later tasks of its DAG run (``GpuMarketCreateInstanceOperator``).
     _hands_over_its_instance = False
-    template_fields_renderers = {"instance": "json", "offer_filters": "json", "command": "bash"}
-    ui_color = "#c9e7ff"
     #: Waits for a job to end (``lifecycle.WAIT_JOB``) rather than for a status (``lifecycle.WAIT_STATUS``).
     _waits_for_job = False
+    #: The current try's guard, set by ``execute`` and ``execute_complete``.
+    _guard: RentalGuard | None = None
+    _started_at: float | None = None
 
-    @takes_creation_fields
     def __init__(
         self,
         *,
@@ -126,18 +184,35 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         max_bid: float | None = None,
         max_preemptions: int = 3,
         on_preemption: str = "failover",
-        max_outbid_wait: timedelta | float = interruptible_rentals.DEFAULT_MAX_OUTBID_WAIT,
+        max_outbid_wait: timedelta | float = bidding.DEFAULT_MAX_OUTBID_WAIT,
         fallback_on_demand: bool = False,
         bid_strategy: str = "min",
         durable: bool = True,
+        image: str | None = None,
+        template_hash_id: str | None = None,
+        disk: float | None = None,
+        runtype: str | None = None,
+        target_state: str | None = None,
+        price: float | None = None,
+        env: Mapping[str, Any] | None = None,
+        onstart: str | None = None,
+        args_str: str | None = None,
+        use_jupyter_lab: bool | None = None,
+        jupyter_dir: str | None = None,
+        python_utf8: bool | None = None,
+        lang_utf8: bool | None = None,
+        image_login: str | None = None,
+        cancel_unavail: bool | None = None,
+        vm: bool | None = None,
+        volume_info: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        named = {name: kwargs.pop(name) for name in api.CREATION_FIELD_NAMES if name in kwargs}
+        named = {name: value for name, value in locals().items() if name in api.CREATION_FIELD_NAMES}
         super().__init__(**kwargs)
         api.require_bool("durable", durable)
         self.durable = durable
         self.command = command
-        self.instance = creation_fields(instance, named, command=command)
+        self.instance = creation_fields(instance, {k: v for k, v in named.items() if v is not None}, command=command)
         self.export_env_to_ssh = export_env_to_ssh
         self.log_interval = duration_seconds("log_interval", log_interval, zero_ok=True)
         self.offer_id = offer_id
@@ -151,7 +226,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
         api.require_bool("interruptible", interruptible)
         self.interruptible = interruptible
-        self.bidding = interruptible_rentals.BidPolicy.parse(
+        self.bidding = bidding.BidPolicy.parse(
             max_bid=max_bid,
             max_preemptions=max_preemptions,
             on_preemption=on_preemption,
@@ -176,8 +251,7 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
 
     # --- validation ------------------------------------------------------------------------------------
     def _validate(self, *, parse_time: bool = False) -> None:
-        """Every rule that can be checked. At parse time, fields still holding Jinja are checked after rendering
-        (in ``execute``, before anything billable is sent)."""
+        """Every rule that can be checked; at parse time, fields holding Jinja wait for ``execute``."""
         if self.command is not None:
             if self.instance.get("runtype") == "args":
                 raise GpuMarketValidationError(
@@ -202,6 +276,30 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         if self.max_dph is not None and not (parse_time and is_templated(self.max_dph)):
             api.require_positive_number("max_dph", self.max_dph)
 
+    def _validate_interruptible(self) -> None:
+        if not self.interruptible:
+            for name, value, default in (
+                ("max_bid", self.bidding.max_bid, None),
+                ("bid_strategy", self.bidding.bid_strategy, "min"),
+            ):
+                if value != default:
+                    raise GpuMarketValidationError(name, "applies to interruptible rentals: set interruptible=True")
+            return
+        if "price" in self.instance:
+            raise GpuMarketValidationError(
+                "price", "is the bid, which an interruptible rental makes itself from the offer; give max_bid instead"
+            )
+        if self.offer_id is not None and self.bidding.on_preemption == "failover":
+            raise GpuMarketValidationError(
+                "offer_id",
+                "pins one machine, which a preemption takes away; give offer_filters, or on_preemption='wait'",
+            )
+        if self._waits_for_job and self.log_interval <= 0:
+            raise GpuMarketValidationError(
+                "log_interval",
+                "is 0, but an interruptible job's log tells a preemption from its own stop; give a log_interval > 0",
+            )
+
     def _offer_id_int(self) -> int:
         try:
             return int(self.offer_id)  # type: ignore[arg-type]
@@ -210,10 +308,51 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 "offer_id", f"must be an offer id (integer), got {self.offer_id!r}"
             ) from None
 
+    # --- the create body -------------------------------------------------------------------------------
+    def _creation_body(
+        self, *, label: str | None, base_url: str | None, bid: float | None = None, preemptions: int = 0
+    ) -> dict[str, Any]:
+        """What a create sends; without ``base_url`` (a check before the connection is read) a command's script is
+        written only when it might not fit."""
+        onstart = None
+        if self.command is not None and not (base_url is None and self._script_certainly_fits()):
+            onstart = self._job_script(base_url or "https://api.example.invalid")
+        return creation_body(
+            self.instance,
+            onstart=onstart,
+            label=label,
+            bid=bid,
+            preemptions=preemptions if self.interruptible else None,  # after a fallback too: the job learns its run
+        )
+
+    def _script_certainly_fits(self) -> bool:
+        from airflow_gpumarket.job_script import certainly_fits
+
+        return (
+            isinstance(self.command, str)
+            and not self.export_env_to_ssh
+            and certainly_fits(self.command, stop_on_success=self._stops_on_success())
+        )
+
+    def _job_script(self, base_url: str) -> str | None:
+        """The job wrapper's onstart script for ``command``; None while the command or ``env`` is templated."""
+        from airflow_gpumarket.job_script import build_job_onstart
+
+        env = self.instance.get("env")
+        if is_templated(self.command) or is_templated(env):
+            return None
+        names = sorted(api.env_variables(env or {})) if self.export_env_to_ssh else []
+        return build_job_onstart(
+            self.command,  # type: ignore[arg-type]
+            base_url=base_url,
+            export_env=names,
+            stop_on_success=self._stops_on_success(),
+        )
+
     # --- offers ----------------------------------------------------------------------------------------
     def _next_offer(self, attempts: lifecycle.Attempts) -> tuple[Mapping[str, Any] | None, float | None, str]:
         """The next offer to rent and its bid (None on demand); or no offer, and why."""
-        tried, bids = attempts.tried, self._bids(attempts)
+        tried, bids = attempts.tried, self.interruptible and not attempts.on_demand
         if self.offer_id is not None:
             offer_id = self._offer_id_int()
             if offer_id in tried:
@@ -243,29 +382,28 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             return offer, bid, ""
         return None, None, "no further matching offer" + (f" (the last one refused: {skipped})" if skipped else "")
 
-    # --- the guarded rental ------------------------------------------------------------------------------
+    # --- the task --------------------------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
         self._started_at = time.time()
         self._validate()
-        self._recorder = self._new_recorder(context)
-        self._store = self._state_store(context)
-        with self._destroy_on_failure():
-            rental = self._adopt_earlier_rental(context)
+        guard = self._guard = self._new_guard(context)
+        with guard.on_failure():
+            ti = context.get("ti") if isinstance(context, Mapping) else None
+            adopted = guard.adopt(getattr(ti, "try_number", 1) or 1, waits_for_job=self._waits_for_job)
+            rental = None if adopted is None else self._rental_of(adopted)
+            if rental is not None and guard.recorder is not None:
+                guard.recorder.start(rental, handed_over=self._hands_over_its_instance)
             if rental is not None:
-                self._recorder.start(rental, handed_over=self._hands_over_its_instance)
-                self._save_rental(rental)
-                return self._wait_and_finish(context, rental)
-            return self._rent(context, lifecycle.Attempts())
+                guard.hold(rental)
+            return self._run(context, rental, None)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
-        """Resume after the trigger fired. Everything needed comes in the event (``dag.test()`` passes no defer
-        kwargs)."""
+        """Resume after the trigger fired; everything needed comes in the event."""
         instance_id = event.get("instance_id") if isinstance(event, Mapping) else None
+        guard = self._guard = self._new_guard(context)
         if isinstance(instance_id, int):
-            self._instance_id = instance_id  # whatever else is wrong with the event, the guard destroys it
-        self._recorder = self._new_recorder(context)
-        self._store = self._state_store(context)
-        with self._destroy_on_failure():
+            guard.instance_id = instance_id  # whatever else is wrong with the event, the guard destroys it
+        with guard.on_failure():
             try:
                 lifecycle.event_kind(event)
                 rental = lifecycle.Rental.from_resume(event.get("resume"))
@@ -274,43 +412,76 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             if rental.instance_id != instance_id:
                 raise AirflowException(f"Unexpected trigger event for instance {rental.instance_id}: {event!r}")
             rental.relabel(event.get("label"))  # the trigger's renewals came later
-            # Written when it was created, before the deferral.
-            self._recorder.start(rental, write=False, handed_over=self._hands_over_its_instance)
+            if guard.recorder is not None:
+                guard.recorder.start(rental, write=False, handed_over=self._hands_over_its_instance)
             if rental.running_at is None and api.is_positive_number(running_at := event.get("running_at")):
                 rental.running_at = running_at
-                self._recorder.running(rental)
+                if guard.recorder is not None:
+                    guard.recorder.running(rental)
             if api.is_positive_number(stopped_at := event.get("stopped_at")):
                 rental.stopped_at = stopped_at
             if api.is_positive_number(bid := event.get("bid")):
                 rental.rebid(bid)  # the trigger held the bid
             event = dict(event)
             job_logs.show_held(event, self.log)
-            return self._finish(context, rental, event)
+            return self._run(context, rental, event)
 
-    def _new_recorder(self, context: Any) -> RentalRecorder:
-        """This run's writer of rental records (imported here, not when a DAG file is parsed)."""
+    def on_kill(self) -> None:
+        """SIGTERM or execution_timeout: destroy what this try holds now."""
+        if self._guard is not None:
+            self._guard.kill()
+
+    def _new_guard(self, context: Any) -> RentalGuard:
         from airflow_gpumarket.ui.records import RentalRecorder
 
-        return RentalRecorder(context, self.log, self.gpumarket_conn_id, clock=self.hook.service_now)
+        recorder = RentalRecorder(context, self.log, self.gpumarket_conn_id, clock=self.hook.service_now)
+        store = context.get("task_state_store") if self.durable and isinstance(context, Mapping) else None
+        return RentalGuard(self.hook, self.log, self._rental_key(context), store=store, recorder=recorder)
 
-    def _execution_deadline(self, context: Any) -> float | None:
-        """The epoch second at which ``execution_timeout`` ends, counted from the start of this try.
+    def _run(self, context: Any, rental: lifecycle.Rental | None, event: dict[str, Any] | None) -> Any:
+        """Rent, wait and judge, over offers and preemptions, until the task's outcome."""
+        guard = self._guard
+        assert guard is not None
+        attempts = lifecycle.Attempts() if rental is None else rental.attempts
+        watch: lifecycle.Watch | None = None
+        shown: Sequence[str] = ()  # the log lines the wait before a preemption showed last
+        while True:
+            if rental is None:
+                rental = self._rent(context, attempts)
+                if not self._should_wait():
+                    return self._complete(context, rental, None)
+            if event is None:
+                watch = watch or self._watch(rental)
+                if self.deferrable:
+                    self._defer(context, rental, watch, shown)
+                event = self._poll(rental, watch, shown)
+            shown = ()
+            if rental.ambiguous:  # a create delayed past the first sweep may have landed since
+                guard.destroy_duplicates(rental)
+            kind = lifecycle.event_kind(event)
+            if kind is lifecycle.EventKind.TIMEOUT and self._execution_timeout_is_binding(context, rental, event):
+                guard.destroy(rental.instance_id)
+                raise AirflowTaskTimeout(lifecycle.with_job_detail(self._timed_out(rental.instance_id), event))
+            if kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT):
+                sentence = lifecycle.describe_event(event, rental.instance_id)
+                self.log.warning("Failover: %s", sentence)
+                self._log_daemon_tail(rental.instance_id)
+                guard.destroy(rental.instance_id)
+                rental.give_up(sentence)
+                rental, event, watch = None, None, None
+                continue
+            if rental.bid is not None and lifecycle.preempted(event):
+                watch = self._after_preemption(rental, event)
+                if watch is None:
+                    rental = None
+                else:
+                    shown = event.get("log_tail") or ()  # the wait for the bid shows what follows them
+                event = None
+                continue
+            return self._complete(context, rental, event)
 
-        Airflow times each run of the task's code on its own (``execute``, then ``execute_complete`` afresh), so a
-        deferred wait carries the remaining time itself: as the trigger's deadline and as ``defer(timeout=...)``.
-        """
-        if not self.execution_timeout:
-            return None
-        ti = context.get("ti") if isinstance(context, Mapping) else None
-        start_date = getattr(ti, "start_date", None)
-        if isinstance(start_date, datetime):
-            started = start_date.timestamp()
-        else:
-            started = self._started_at if self._started_at is not None else time.time()
-        return started + self.execution_timeout.total_seconds()
-
-    def _rent(self, context: Any, attempts: lifecycle.Attempts) -> Any:
-        """Create on the next untried offer and wait, failing over until max_offer_attempts offers were tried (since
+    def _rent(self, context: Any, attempts: lifecycle.Attempts) -> lifecycle.Rental:
+        """Create on the next untried offer, until one is made or ``max_offer_attempts`` offers were tried (since
         the last preemption)."""
         while attempts.offers_this_round() < self.max_offer_attempts:
             offer, bid, why_not = self._next_offer(attempts)
@@ -319,9 +490,8 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 break
             attempts.tried.append(int(offer["id"]))
             rental = self._create(context, offer, bid, attempts)
-            if rental is None:  # nothing was made (or what was made is destroyed): the reason is in attempts
-                continue
-            return self._wait_and_finish(context, rental)
+            if rental is not None:
+                return rental
         raise GpuMarketNoWorkingOffer(
             f"Could not get a working instance after trying {attempts.offers_this_round()} offer(s) "
             f"(max_offer_attempts={self.max_offer_attempts}): {'; '.join(attempts.reasons) or 'no offer matched'}. "
@@ -331,11 +501,13 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
     def _create(
         self, context: Any, offer: Mapping[str, Any], bid: float | None, attempts: lifecycle.Attempts
     ) -> lifecycle.Rental | None:
-        key = self._rental_key(context)
+        """Rent ``offer``; None when nothing was made (the reason is in ``attempts``)."""
+        guard = self._guard
+        assert guard is not None
         created_at = time.time()
         keepalive = self._keepalive_seconds()
         lease = self._lease_seconds() if keepalive is None else min(keepalive, self._lease_seconds())
-        label = lifecycle.make_label(key, created_at + lease)
+        label = lifecycle.make_label(guard.key, created_at + lease)
         body = self._creation_body(
             label=label, base_url=self.hook.settings.base_url, bid=bid, preemptions=attempts.preemptions
         )
@@ -348,31 +520,28 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             "" if bid is None else f" on demand; bidding ${bid}/h, interruptible, attempt {attempts.preemptions + 1}",
             label,
         )
-        # Until the answer names the instance, a failure (or on_kill) looks for it by this label: the request may
-        # have made it. Cleared only once the id is held, or the service said no instance was made.
-        self._creating_label = label
+        # Until the answer names the instance, a failure (or on_kill) looks for it by this label.
+        guard.creating_label = label
         try:
             result = self.hook.create_instance(int(offer["id"]), **body)
         except GpuMarketOfferUnavailableError as exc:
-            self._creating_label = None
+            guard.creating_label = None
             self.log.warning("Offer %s is no longer available (%s); trying the next one", offer["id"], exc.msg or exc)
             attempts.reasons.append(f"offer {offer['id']} was taken before creation")
             return None
         except GpuMarketCreateRefusedError as exc:
-            # Not destroyed: the label stays set, and the failure path finds the instance by it and destroys it. A
-            # price of the user's own (not the operator's bid) is not retried on other offers: it fails as it is.
+            # Not destroyed: the label stays set, and the failure path finds the instance by it. A price of the
+            # user's own (not the operator's bid) is not retried on other offers.
             if not exc.destroyed or bid is None:
                 raise
-            self._creating_label = None
-            # The winning price of a bid market moves: it rose above the bid between the search and the create.
+            guard.creating_label = None
             self.log.warning("Offer %s refused the bid of $%s/h (%s); trying the next one", offer["id"], bid, exc)
             attempts.reasons.append(f"offer {offer['id']} refused the bid of ${bid}/h (its minimum rose)")
             return None
-        self._instance_id = int(result["new_contract"])
-        self._creating_label = None
-        self.log.info("Created instance %s on offer %s", self._instance_id, offer["id"])
+        guard.instance_id = int(result["new_contract"])
+        self.log.info("Created instance %s on offer %s", guard.instance_id, offer["id"])
         rental = lifecycle.Rental(
-            instance_id=self._instance_id,
+            instance_id=guard.instance_id,
             offer_id=int(offer["id"]),
             dph_total=offer.get("dph_total"),
             gpu_name=offer.get("gpu_name"),
@@ -385,23 +554,32 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             machine_id=offer.get("machine_id"),
             attempts=attempts,
         )
-        if self._recorder is not None:
-            self._recorder.start(rental, handed_over=self._hands_over_its_instance)
-        self._save_rental(rental)
+        if guard.recorder is not None:
+            guard.recorder.start(rental, handed_over=self._hands_over_its_instance)
+        guard.hold(rental)
         if rental.ambiguous:
-            self._destroy_duplicates(rental)
+            guard.destroy_duplicates(rental)
         return rental
 
-    def _destroy_duplicates(self, rental: lifecycle.Rental) -> None:
-        """After an ambiguous create, a request still in flight may have made a second instance with this
-        task's label key: destroy every instance of the key but this rental's."""
-        key = (lifecycle.parse_label(rental.label) or ("",))[0]
-        for instance in lifecycle.rentals_of(self.hook.list_instances(), key):
-            if instance.get("id") == rental.instance_id:
-                continue
-            self.log.warning("Destroying instance %s: a duplicate left by an ambiguous create", instance.get("id"))
-            self._destroy(int(instance["id"]))
+    def _rental_of(self, adopted: Mapping[str, Any]) -> lifecycle.Rental:
+        """The rental an earlier try left, as this try holds it."""
+        created_at = lifecycle.started_at(adopted, fallback=time.time(), now=time.time())
+        offer_id = adopted.get("offer_id")
+        return lifecycle.Rental(
+            instance_id=int(adopted["id"]),
+            offer_id=offer_id,
+            dph_total=adopted.get("dph_total"),
+            gpu_name=adopted.get("gpu_name"),
+            label=adopted.get("label"),
+            created_at=created_at,
+            lease_cap=created_at + self._lease_seconds(),
+            bid=adopted.get("bid_price") if adopted.get("is_bid") else None,
+            machine_id=adopted.get("machine_id"),
+            attempts=lifecycle.Attempts(tried=[] if offer_id is None else [int(offer_id)]),
+            recorded_at=start if api.is_positive_number(start := adopted.get("start_date")) else None,
+        )
 
+    # --- the wait --------------------------------------------------------------------------------------
     def _watch(self, rental: lifecycle.Rental) -> lifecycle.Watch:
         deadline, max_runtime = self._limits(rental)
         return lifecycle.Watch(
@@ -414,15 +592,17 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             lease_cap=rental.lease_cap,
         )
 
-    def _wait_and_finish(self, context: Any, rental: lifecycle.Rental) -> Any:
-        if not self._should_wait():
-            return self._complete(context, rental, None)
-        watch = self._watch(rental)
-        if self.deferrable:
-            self._defer(context, rental, watch)
-        return self._finish(context, rental, self._poll(rental, watch))
+    def _job_log_interval(self) -> float:
+        """Seconds between reads of the job's output while this task waits (0: none)."""
+        return self.log_interval if self._waits_for_job else 0.0
 
-    def _defer(self, context: Any, rental: lifecycle.Rental, watch: lifecycle.Watch, shown: Sequence[str] = ()) -> None:
+    def _hold_cap(self, rental: lifecycle.Rental) -> float | None:
+        """The most this rental's bid may be raised to, or None when it does not hold its bid."""
+        if not self.bidding.holds() or rental.bid is None:
+            return None
+        return bidding.bid_cap(self.bidding.max_bid, rental.dph_total)
+
+    def _defer(self, context: Any, rental: lifecycle.Rental, watch: lifecycle.Watch, shown: Sequence[str]) -> None:
         from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
         deadline, timeout = watch.deadline, None
@@ -456,44 +636,46 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             timeout=timeout,
         )
 
-    def _job_log_interval(self) -> float:
-        """Seconds between reads of the job's output while this task waits (0: none)."""
-        return self.log_interval if self._waits_for_job else 0.0
-
-    def _poll(self, rental: lifecycle.Rental, watch: lifecycle.Watch, shown: Sequence[str] = ()) -> dict:
-        """The synchronous loop around ``watch`` (the trigger is the asynchronous one), with cost-so-far logging
-        and the job's output forwarded to the task log (after ``shown``, the lines an earlier wait showed last)."""
-        instance_id = rental.instance_id
+    def _poll(self, rental: lifecycle.Rental, watch: lifecycle.Watch, shown: Sequence[str]) -> dict[str, Any]:
+        """The wait in the worker: read, sleep, and hand each read to a ``waiting.Wait``; log the cost so far."""
+        guard, instance_id = self._guard, rental.instance_id
+        assert guard is not None
         pump = job_logs.LogPump(instance_id, self._job_log_interval(), key_digest=rental.key_digest, shown=shown)
+        wait = waiting.Wait(
+            watch,
+            pump,
+            self.log,
+            hold_bid_up_to=self._hold_cap(rental),
+            bid=rental.bid,
+            read_at=rental.read_at if rental.read_at is not None else rental.recorded_at,
+        )
+        wait.running_at, wait.stopped_at = rental.running_at, rental.stopped_at
         while True:
-            # Wait first: right after creating (or a read) the answer cannot have changed yet.
-            time.sleep(self.poll_interval)
-            self._stop_if_killed(instance_id)
-            instance, unread = None, False
+            time.sleep(self.poll_interval)  # right after creating (or a read) the answer cannot have changed yet
+            guard.stop_if_killed(instance_id)
             try:
                 instance = self.hook.find_instance(instance_id)
             except GpuMarketError as exc:
                 if not api.is_retryable(exc):
                     raise
-                self.log.warning("Reading instance %s failed after retries (%s); still polling", instance_id, exc)
-                unread = True
-            self._stop_if_killed(instance_id)  # on_kill ran during the read: "gone" would not be the job's doing
+                instance, seen = None, waiting.Observation(error=exc)
+            else:
+                at = self.hook.service_now()
+                seen = (
+                    waiting.Observation(gone=True, at=at) if instance is None else waiting.Observation.of(instance, at)
+                )
+            guard.stop_if_killed(instance_id)  # on_kill ran during the read: "gone" would not be the job's doing
             if instance is not None:
                 rental.learn_ssh_host(instance.get("ssh_host"))
-                pump.began(instance.get("actual_status") == api.STATUS_RUNNING)
-                self._renew_lease(rental, watch)
-                self._hold_bid(rental, instance)
             now = time.time()
-            event = watch.observe(
-                now,
-                status=None if instance is None else instance.get("actual_status"),
-                gone=instance is None and not unread,
-                unread=unread,
-            )
-            if rental.note_billing(watch.status, self.hook.service_now()) and self._recorder is not None:
-                self._recorder.running(rental)
-            if watch.changed:
-                self.log.info("Instance %s: status %s", instance_id, watch.shown)
+            event = self.hook.run_flow(wait.step(self.hook, seen, now))
+            rental.relabel(watch.label)
+            if wait.bid is not None and rental.bid is not None and wait.bid != rental.bid:
+                rental.rebid(wait.bid)
+            first_running = rental.running_at is None and wait.running_at is not None
+            rental.running_at, rental.stopped_at, rental.read_at = wait.running_at, wait.stopped_at, wait.read_at
+            if first_running and guard.recorder is not None:
+                guard.recorder.running(rental)
             self.log.info(
                 "Instance %s: %s after %s, cost so far about $%s",
                 instance_id,
@@ -501,13 +683,8 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
                 lifecycle.format_duration(rental.elapsed(now)),
                 lifecycle.estimated_cost(rental.hourly_price, rental.elapsed(now)),
             )
-            if event is None and watch.reads_log() and pump.due(now):
-                self.hook.run_flow(job_logs.forward_flow(self.hook, pump, self.log))
-                event = lifecycle.ended_while_waiting(watch, pump)
             if event is not None:
-                if lifecycle.needs_final_read(event, pump):
-                    self.hook.run_flow(job_logs.forward_flow(self.hook, pump, self.log, final=True))
-                return lifecycle.end_of_wait(event, pump)
+                return event
 
     def _log_daemon_tail(self, instance_id: int) -> None:
         """Before giving up an instance that never ran: what its host daemon said, for diagnosis."""
@@ -525,32 +702,90 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         for line in lines:
             self.log.warning("[instance %s daemon] %s", instance_id, line)
 
-    def _stop_if_killed(self, instance_id: int) -> None:
-        if self._killed:
-            raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
+    # --- preemptions -----------------------------------------------------------------------------------
+    def _after_preemption(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> lifecycle.Watch | None:
+        """A bid instance of this job was preempted: the watch of the wait for it to win its machine back, or None
+        once it is destroyed and another is to be rented. Fails after ``max_preemptions``."""
+        guard, attempts, policy = self._guard, rental.attempts, self.bidding
+        assert guard is not None
+        sentence = lifecycle.describe_event(
+            {**event, "status": lifecycle.EventKind.PREEMPTED.value}, rental.instance_id
+        )
+        waited = bool(event.get("waited"))  # the wait for the bid ran out: that preemption was counted already
+        if not waited:
+            attempts.count_preemption()
+        instance = self._read_preempted(rental.instance_id)
+        self.log.warning("Preemption %d of at most %d: %s", attempts.preemptions, policy.max_preemptions, sentence)
+        won_back = (
+            policy.holds()
+            and instance is not None
+            and policy.may_wait(attempts.preemptions, waited=waited)
+            and self._bids_back(rental, instance)
+        )
+        step = policy.after_preemption(
+            attempts.preemptions, waited=waited, won_back=won_back, on_demand=attempts.on_demand
+        )
+        if step is bidding.Next.WAIT:
+            self.log.warning(
+                "Leaving instance %s up to %s to win its machine back (%s)",
+                rental.instance_id,
+                lifecycle.format_duration(policy.max_outbid_wait),
+                "its bid wins it again" if won_back else "on_preemption='wait'",
+            )
+            watch = self._watch(rental)
+            watch.outbid_wait_until = time.time() + policy.max_outbid_wait
+            watch.boot_deadline = watch.outbid_wait_until + self.boot_timeout
+            return watch
+        guard.destroy(rental.instance_id)  # answered, or the task fails here: never two alive at once
+        attempts.lose_machine(rental.machine_id, sentence)
+        if step is bidding.Next.FAIL:
+            raise GpuMarketPreemptedTooOften(
+                f"The job was preempted {attempts.preemptions} times, more than max_preemptions="
+                f"{policy.max_preemptions}; every instance it rented is destroyed. Raise max_preemptions or set "
+                "fallback_on_demand=True."
+            )
+        if step is bidding.Next.ON_DEMAND:
+            self.log.warning("max_preemptions=%d reached: renting on demand from now on", policy.max_preemptions)
+            attempts.fall_back_to_on_demand()
+        return None
 
-    def _renew_lease(self, rental: lifecycle.Rental, watch: lifecycle.Watch) -> None:
-        renewed = self.hook.run_flow(self.hook.renew_lease_flow(rental.instance_id, watch, time.time(), self.log))
-        if renewed is not None:
-            rental.relabel(renewed)
+    def _read_preempted(self, instance_id: int) -> Mapping[str, Any] | None:
+        """A preempted instance as the service shows it now (its status message logged); None when unreadable."""
+        try:
+            instance = self.hook.find_instance(instance_id)
+        except GpuMarketError as exc:
+            self.log.info("Could not read the status message of instance %s (%s)", instance_id, exc)
+            return None
+        if instance and instance.get("status_msg"):
+            self.log.warning("Instance %s: the service says %r", instance_id, instance.get("status_msg"))
+        return instance
 
-    def _finish(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any]) -> Any:
-        if rental.ambiguous:  # a create delayed past the first sweep may have landed since
-            self._destroy_duplicates(rental)
-        kind = lifecycle.event_kind(event)
-        if kind is lifecycle.EventKind.TIMEOUT and self._execution_timeout_is_binding(context, rental, event):
-            self._destroy(rental.instance_id)
-            raise AirflowTaskTimeout(lifecycle.with_job_detail(self._timed_out(rental.instance_id), event))
-        if kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT):
-            sentence = lifecycle.describe_event(event, rental.instance_id)
-            self.log.warning("Failover: %s", sentence)
-            self._log_daemon_tail(rental.instance_id)
-            self._destroy(rental.instance_id)
-            rental.give_up(sentence)
-            return self._rent(context, rental.attempts)
-        if rental.bid is not None and lifecycle.preempted(event):
-            return self._after_preemption(context, rental, event)
-        return self._complete(context, rental, event)
+    def _bids_back(self, rental: lifecycle.Rental, instance: Mapping[str, Any]) -> bool:
+        """After a preemption, under ``bid_strategy="hold"``: bid again; whether the bid now wins the machine."""
+        cap = self._hold_cap(rental)
+        if cap is None or rental.bid is None:
+            return False
+        min_bid = instance.get("min_bid")
+        raised = self.hook.run_flow(
+            waiting.hold_bid_flow(self.hook, rental.instance_id, rental.bid, min_bid, cap, self.log)
+        )
+        if raised is not None:
+            rental.rebid(raised)
+        return api.is_positive_number(min_bid) and rental.bid >= min_bid
+
+    # --- timeouts --------------------------------------------------------------------------------------
+    def _execution_deadline(self, context: Any) -> float | None:
+        """The epoch second at which ``execution_timeout`` ends, counted from the start of this try (a deferred
+        wait carries the time left as the trigger's deadline and as ``defer(timeout=...)``)."""
+        if not self.execution_timeout:
+            return None
+        ti = context.get("ti") if isinstance(context, Mapping) else None
+        start_date = getattr(ti, "start_date", None)
+        if isinstance(start_date, datetime):
+            started = start_date.timestamp()
+        else:
+            started = self._started_at if self._started_at is not None else time.time()
+        return started + self.execution_timeout.total_seconds()
 
     def _execution_timeout_is_binding(self, context: Any, rental: lifecycle.Rental, event: Mapping[str, Any]) -> bool:
         if event.get("limit") == lifecycle.MAX_RUNTIME:
@@ -587,6 +822,10 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
         """The wait's absolute deadline (epoch seconds) and max_runtime (seconds from the job's start), if any."""
         return None, None
 
+    def _stops_on_success(self) -> bool:
+        """Whether the job wrapper stops the instance after exit 0 (else it destroys it)."""
+        return False
+
     def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
         """What the task returns, or the failure it raises, once the wait ended with ``event`` (None: no wait)."""
         raise NotImplementedError
@@ -605,8 +844,3 @@ class GpuMarketRentingBaseOperator(RentalGuard, PreemptionHandling, CreationBody
             "elapsed_seconds": round(elapsed, 3),
             "estimated_cost": lifecycle.estimated_cost(rental.hourly_price, elapsed),
         }
-
-
-GpuMarketRentingBaseOperator.__doc__ = (
-    (GpuMarketRentingBaseOperator.__doc__ or "").rstrip() + "\n" + api.fields_doc(api.CREATION_FIELDS, "    ")
-)

@@ -20,10 +20,11 @@ from airflow_gpumarket.utils import (
 )
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import job_logs, lifecycle
+    from airflow_gpumarket import job_logs, lifecycle, waiting
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 else:  # what only a running sensor needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
+    waiting = RunTimeModule("airflow_gpumarket.waiting")
 
 
 class GpuMarketInstanceStatusSensor(BaseSensorOperator):
@@ -66,8 +67,7 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         self.gpumarket_conn_id = gpumarket_conn_id
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
         self.log_interval = duration_seconds("log_interval", log_interval, zero_ok=True) if wait_for_job else 0.0
-        self._watch: lifecycle.Watch | None = None  # made at the first poke, once the fields are rendered
-        self._pump: job_logs.LogPump | None = None
+        self._wait: waiting.Wait | None = None
         api.require_positive_number("poke_interval", self.poke_interval)
         check_instance_id_argument(instance_id)
         if not isinstance(target_status, str) or not target_status:
@@ -111,28 +111,20 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
 
     def poke(self, context: Any) -> bool:
         instance_id = self._instance()
+        if self._wait is None:  # made at the first poke, once the fields are rendered
+            watch = lifecycle.Watch(wait_for=self._wait_for, target_status=self.target_status)
+            self._wait = waiting.Wait(watch, job_logs.LogPump(instance_id, self.log_interval), self.log)
         try:
             instance = self.hook.find_instance(instance_id)
         except GpuMarketError as exc:
-            if api.is_retryable(exc):
-                self.log.warning("Reading instance %s failed (%s); will poke again", instance_id, exc)
-                return False
-            raise
-        if self._watch is None or self._pump is None:
-            self._watch = lifecycle.Watch(wait_for=self._wait_for, target_status=self.target_status)
-            self._pump = job_logs.LogPump(instance_id, self.log_interval)
-        watch, pump = self._watch, self._pump
-        status = None if instance is None else instance.get("actual_status")
-        now = time.time()
-        event = watch.observe(now, status=status, gone=instance is None)
-        self.log.info("Instance %s: %s", instance_id, watch.shown if instance is None else f"status {watch.shown}")
-        if event is None:
-            if watch.running_since is not None and pump.due(now):
-                self.hook.run_flow(job_logs.forward_flow(self.hook, pump, self.log))
-            return False
-        if lifecycle.needs_final_read(event, pump):
-            self.hook.run_flow(job_logs.forward_flow(self.hook, pump, self.log, final=True))
-        return self._conclude(lifecycle.end_of_wait(event, pump))
+            if not api.is_retryable(exc):
+                raise
+            seen = waiting.Observation(error=exc)
+        else:
+            at = self.hook.service_now()
+            seen = waiting.Observation.of(instance, at) if instance else waiting.Observation(gone=True, at=at)
+        event = self.hook.run_flow(self._wait.step(self.hook, seen, time.time()))
+        return event is not None and self._conclude(event)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         event = dict(event)

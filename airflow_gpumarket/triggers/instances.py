@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from functools import cached_property
 from typing import Any
 
-from airflow_gpumarket import _compat, api, bidding, job_logs, lifecycle
+from airflow_gpumarket import _compat, api, job_logs, lifecycle, waiting
 from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
 from airflow_gpumarket.exceptions import GpuMarketError
-from airflow_gpumarket.triggers.poller import Observation, poller_for
+from airflow_gpumarket.triggers.poller import poller_for
+from airflow_gpumarket.waiting import Observation
 
 #: Seconds ``cleanup`` waits for the task instance's state before leaving the instance to its lease.
 STATE_READ_TIMEOUT = 15
@@ -49,7 +50,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         never holds it.
     :param outbid_wait_until: epoch seconds until which a preempted bid instance is left to win its machine
         back: any status but running is waited through until then, a failed host ends the wait at once, and the
-        job's log is read meanwhile (see ``airflow_gpumarket.operators.interruptible``).
+        job's log is read meanwhile (see ``airflow_gpumarket.bidding``).
     :param hold_bid_up_to: for a bid instance under ``bid_strategy="hold"``, the most its bid may be raised to:
         the bid is raised (``airflow_gpumarket.bidding.held_bid``) whenever a read shows its machine's
         ``min_bid`` rising toward it or past it, and the event carries the bid as last read or placed (``bid``).
@@ -110,12 +111,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.hold_bid_up_to = hold_bid_up_to
         self.shown_lines = shown_lines
         self.resume = resume
-        self._bid: float | None = None  # under hold_bid_up_to: the bid as last read or placed
         self._fired = False  # an event was handed to Airflow: the task resumes and owns the instance again
-        # The service's times of the first read that found it running, and stopped since (lifecycle.billing_marks).
-        self._running_at: float | None = None
-        self._stopped_at: float | None = None
-        self._read_at: float | None = None
+        self._current: waiting.Wait | None = None  # the wait under way: its billing marks go into on_kill's record
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -187,112 +184,54 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
 
     @cached_property
     def _flow_hook(self) -> Any:
-        """The hook this run's own flows (lease renewals, log reads) go through: the connection is read once per
-        run, and the HTTP client is closed after each use (``aclose`` keeps the settings)."""
+        """The hook this run's flows (each read's lease renewal, bid and log read) go through: the connection is
+        read once per run, and the HTTP client is closed after each use (``aclose`` keeps the settings)."""
         return self._hook()
 
-    async def _run_flow(self, make_flow: Callable[[Any], Any]) -> Any:
-        hook = self._flow_hook
-        try:
-            return await hook.run_flow(make_flow(hook))
-        finally:
-            await hook.aclose()
-
-    async def _renew_lease(self, watch: lifecycle.Watch) -> None:
-        now = time.time()
-        await self._run_flow(lambda hook: hook.renew_lease_flow(self.instance_id, watch, now, self.log))
-
-    async def _hold_bid(self, seen: Observation) -> None:
-        """Raise the bid when the machine's ``min_bid`` rose toward it (see ``hold_bid_up_to``)."""
-        if self.hold_bid_up_to is None or not api.is_positive_number(seen.bid):
-            return
-        bid = self._bid = max(seen.bid, self._bid or 0.0)  # a listing may predate this trigger's last raise
-        raised = bidding.held_bid(bid, seen.min_bid, self.hold_bid_up_to)
-        if raised is None:
-            return
-        try:
-            await self._run_flow(lambda hook: hook.change_bid_flow(self.instance_id, raised))
-        except GpuMarketError as exc:
-            self.log.warning("Could not raise the bid of instance %s to $%s/h: %s", self.instance_id, raised, exc)
-            return
-        self._bid = raised
-        self.log.warning(
-            "Raised the bid of instance %s from $%s/h to $%s/h: its machine's minimum bid is now $%s/h (cap $%s/h)",
-            self.instance_id,
-            bid,
-            raised,
-            seen.min_bid,
-            self.hold_bid_up_to,
-        )
-
-    async def _read_job_log(self, pump: job_logs.LogPump, *, final: bool = False) -> list[str]:
-        return await self._run_flow(
-            lambda hook: job_logs.forward_flow(hook, pump, self.log, final=final, hold_final=True)
-        )
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        started = time.time()
-        watch = self._watch()
+    def _wait(self) -> waiting.Wait:
         interval = self.log_interval if self.wait_for == lifecycle.WAIT_JOB else 0.0
         pump = job_logs.LogPump(self.instance_id, interval, key_digest=self.key_digest, shown=self.shown_lines or ())
+        return waiting.Wait(self._watch(), pump, self.log, hold_bid_up_to=self.hold_bid_up_to, hold_final=True)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        wait = self._current = self._wait()
+        hook = self._flow_hook
         observations = self._observations()
         try:
             async for seen in observations:
-                if seen.error is not None:
-                    if not api.is_retryable(seen.error):
-                        yield self._event(
-                            {"status": lifecycle.EventKind.ERROR.value, "message": str(seen.error)}, watch
-                        )
-                        return
-                    self.log.warning(
-                        "Reading instance %s failed after retries (%s); still polling", self.instance_id, seen.error
-                    )
-                elif not seen.gone:
-                    pump.began(seen.status == api.STATUS_RUNNING)
-                    await self._renew_lease(watch)
-                    await self._hold_bid(seen)
-                event = watch.observe(time.time(), status=seen.status, gone=seen.gone, unread=seen.error is not None)
-                self._running_at, self._stopped_at = lifecycle.billing_marks(
-                    self._running_at, self._stopped_at, watch.status, seen.at, self._read_at
-                )
-                self._read_at = seen.at
-                if watch.changed:
-                    self.log.info(
-                        "Instance %s: status %s after %s",
-                        self.instance_id,
-                        watch.shown,
-                        lifecycle.format_duration(time.time() - started),
-                    )
-                if event is None and watch.reads_log() and pump.due(time.time()):
-                    await self._read_job_log(pump)
-                    event = lifecycle.ended_while_waiting(watch, pump)
+                if seen.error is not None and not api.is_retryable(seen.error):
+                    event: dict[str, Any] | None = {
+                        "status": lifecycle.EventKind.ERROR.value,
+                        "message": str(seen.error),
+                    }
+                else:
+                    try:
+                        event = await hook.run_flow(wait.step(hook, seen, time.time()))
+                    finally:
+                        await hook.aclose()
                 if event is not None:
-                    if lifecycle.needs_final_read(event, pump):
-                        final_lines = await self._read_job_log(pump, final=True)
-                        if final_lines:
-                            self.log.info(
-                                "The last read of the log of instance %s found %d new lines: the resumed task "
-                                "shows them",
-                                self.instance_id,
-                                len(final_lines),
-                            )
-                            event["final_lines"] = job_logs.held_for_the_task(final_lines, self.instance_id)
-                    yield self._event(lifecycle.end_of_wait(event, pump), watch)
+                    if event.get("final_lines"):
+                        self.log.info(
+                            "The last read of the log of instance %s found %d new lines: the resumed task shows them",
+                            self.instance_id,
+                            len(event["final_lines"]),
+                        )
+                    yield self._event(event, wait)
                     return
         finally:
             await observations.aclose()  # type: ignore[attr-defined]
 
-    def _event(self, event: dict[str, Any], watch: lifecycle.Watch) -> TriggerEvent:
+    def _event(self, event: dict[str, Any], wait: waiting.Wait) -> TriggerEvent:
         self._fired = True
         event["instance_id"] = self.instance_id
-        if self._running_at is not None:
-            event["running_at"] = self._running_at
-        if self._stopped_at is not None:
-            event["stopped_at"] = self._stopped_at
-        if self._bid is not None:
-            event["bid"] = self._bid
-        if watch.label is not None:
-            event["label"] = watch.label  # as renewed: the resumed operator's copy is older
+        if wait.running_at is not None:
+            event["running_at"] = wait.running_at
+        if wait.stopped_at is not None:
+            event["stopped_at"] = wait.stopped_at
+        if self.hold_bid_up_to is not None and wait.bid is not None:
+            event["bid"] = wait.bid
+        if wait.watch.label is not None:
+            event["label"] = wait.watch.label  # as renewed: the resumed operator's copy is older
         if self.resume is not None:
             event["resume"] = self.resume
         self.log.info("%s", lifecycle.describe_event(event, self.instance_id))
@@ -324,8 +263,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             instance_id=self.instance_id,
             ended_at=hook.service_now(),
             ended_by="trigger (task left deferred)",
-            running_at=self._running_at,
-            stopped_at=self._stopped_at,
+            running_at=None if self._current is None else self._current.running_at,
+            stopped_at=None if self._current is None else self._current.stopped_at,
         )
         try:
             await asyncio.to_thread(records.write_end, ti, end)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketRateLimitError
+from airflow_gpumarket.waiting import Observation
 
 #: The most the interval between rounds grows after rounds that were rate limited.
 MAX_SLOWDOWN = 8.0
@@ -28,37 +29,6 @@ MAX_SLOWDOWN = 8.0
 _POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, SharedInstancePoller]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-class Observation:
-    """What one round learnt about one instance: its status (and, for a bid instance, its bid and its machine's
-    ``min_bid``), that it is gone, or a failure; and the service's time of the read (``at``, epoch seconds on the
-    service's clock)."""
-
-    __slots__ = ("status", "gone", "error", "at", "bid", "min_bid")
-
-    def __init__(
-        self,
-        status: str | None = None,
-        gone: bool = False,
-        error: GpuMarketError | None = None,
-        at: float | None = None,
-        bid: Any = None,
-        min_bid: Any = None,
-    ) -> None:
-        self.status = status
-        self.gone = gone
-        self.error = error
-        self.at = time.time() if at is None else at
-        self.bid = bid
-        self.min_bid = min_bid
-
-    @classmethod
-    def of(cls, instance: Mapping[str, Any], at: float) -> Observation:
-        """What a read of ``instance`` at the service's time ``at`` learnt."""
-        return cls(
-            status=instance.get("actual_status"), at=at, bid=instance.get("bid_price"), min_bid=instance.get("min_bid")
-        )
 
 
 def poller_for(conn_id: str, hook_factory: Any) -> SharedInstancePoller:

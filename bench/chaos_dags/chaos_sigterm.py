@@ -6,7 +6,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 with DAG(dag_id="chaos_sigterm", start_date=datetime(2026, 1, 1), schedule=None, catchup=False) as dag:
     GpuMarketRunJobOperator(

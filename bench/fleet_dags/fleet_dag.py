@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator, destroy_rentals_on_failure
+from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 COUNTS = {
     "deferred": int(os.environ.get("GPUMARKET_FLEET_DEFERRED", "200")),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, task
 
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 #: A line nobody can know before the job runs (bench/system.py looks for it in the task log), then exit 3.
 COMPUTED_THEN_EXIT_3 = 'echo "computed $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo boom >&2; exit 3'

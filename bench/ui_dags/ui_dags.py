@@ -24,7 +24,8 @@ from datetime import datetime, timedelta
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, task
 
-from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator
 
 #: DAG id -> the GPU model its offers have (bench/ui_browser.py reads this too).

@@ -9,7 +9,7 @@ from fake_flows import FlowsOverMethods
 
 from airflow_gpumarket.decorators.gpumarket import _GpuMarketDecoratedOperator, gpumarket_task
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.instances import destroy_rentals_on_failure
+from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
 
 COMMON = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img"}
 
@@ -111,6 +111,7 @@ def _ended(text: str, **event):
     context = {"run_id": "run-1", "ti": SimpleNamespace(try_number=1, map_index=-1)}
     rental = lifecycle.Rental(instance_id=1001, offer_id=1, dph_total=0.5, gpu_name="x", label=None, created_at=0.0)
     event = {"status": "job_succeeded", "actual_status": "stopped", "exit_status": 0, **event}
+    op._guard = RentalGuard(hook, op.log, op._rental_key(context))  # what execute sets up
     return op, hook, context, rental, event
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from airflow_gpumarket._compat import AirflowException
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 from .conftest import POLL, alive, task_states
 

@@ -17,7 +17,9 @@ import pytest
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
-from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.guard import RentalGuard
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 from .conftest import AIRFLOW_2, POLL, alive, task_states
 
@@ -303,8 +305,9 @@ def test_adopted_instance_counts_elapsed_time_and_cost_from_its_own_start():
         "dph_total": 0.5,
         "offer_id": 3,
     }
-    op.__dict__["hook"] = SimpleNamespace(list_instances=lambda **_: [earlier])
-    rental = op._adopt_earlier_rental(ctx)
+    hook = SimpleNamespace(list_instances=lambda **_: [earlier])
+    adopted = RentalGuard(hook, op.log, op._rental_key(ctx)).adopt(2, waits_for_job=True)
+    rental = op._rental_of(adopted)
     assert rental.created_at == started
     assert op._watch(rental).deadline == started + op.boot_timeout + 3600
     summary = op._summary(rental, "running")
@@ -409,14 +412,14 @@ def test_deferring_passes_what_is_left_of_execution_timeout_as_timeout_and_trigg
     assert deferred.value.timeout.total_seconds() == pytest.approx(50, abs=5)
     # The trigger's own deadline is the earlier of max_runtime's and execution_timeout's.
     assert deferred.value.trigger.deadline == pytest.approx(start.timestamp() + 60, abs=1)
-    op._destroy(deferred.value.trigger.instance_id)
+    op._guard.destroy(deferred.value.trigger.instance_id)
     assert alive(sim) == []
 
 
 def test_failure_callback_destroys_what_the_task_rented_when_airflow_fails_it_elsewhere(sim):
     """A lost worker: the scheduler fails the task after its heartbeat timeout and the DAG processor runs the
     task's failure callbacks on a freshly parsed operator; no provider code ran in the dead worker."""
-    from airflow_gpumarket.operators.instances import destroy_rentals_on_failure
+    from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
 
     seen = []
     ctx = context()

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 FILTERS = {"gpu_name": {"eq": "RTX 4090"}}
 LABEL = "afgm-0123456789ab-1"

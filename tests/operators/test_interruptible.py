@@ -8,10 +8,10 @@ import re
 import pytest
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.bidding import BID_MARGIN, bid_cap, bid_for, held_bid
+from airflow_gpumarket.bidding import BID_MARGIN, bid_cap, bid_for, held_bid, job_env
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
-from airflow_gpumarket.operators.interruptible import job_env
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 FILTERS = {"num_gpus": {"gte": 1}}
 
@@ -75,7 +75,7 @@ def test_the_job_learns_its_attempt_and_the_preemptions_before_it():
         ({"max_outbid_wait": -5}, "max_outbid_wait", "at least 0"),
         ({"fallback_on_demand": "yes"}, "fallback_on_demand", "true or false"),
         ({"price": 0.3}, "price", "give max_bid instead"),
-        ({"log_interval": 0}, "log_interval", "tell a preemption from its own stop"),
+        ({"log_interval": 0}, "log_interval", "tells a preemption from its own stop"),
         ({"offer_id": 7, "offer_filters": None}, "offer_id", "give offer_filters"),
         ({"bid_strategy": "max"}, "bid_strategy", "must be one of 'min', 'hold'"),
     ],

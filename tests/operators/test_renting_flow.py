@@ -19,11 +19,9 @@ from fake_flows import FlowsOverMethods
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketServerError
-from airflow_gpumarket.operators.instances import (
-    GpuMarketCreateInstanceOperator,
-    GpuMarketRunJobOperator,
-    destroy_rentals_on_failure,
-)
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 GONE = "gone"
 DONE = "done"
@@ -498,7 +496,7 @@ def test_create_instance_operator_hands_over_a_running_instance_without_destroyi
     hook.get_instance = lambda instance_id: {"ssh_host": "h", "ssh_port": 22}
     result = op.execute(ctx())
     assert result["instance_id"] == 1001 and hook.destroyed == []
-    assert op._instance_id is None  # a later on_kill has nothing of its own to destroy
+    assert op._guard.instance_id is None  # a later on_kill has nothing of its own to destroy
 
 
 @pytest.mark.parametrize("kind", ["classic", "taskflow"])
@@ -728,11 +726,10 @@ def resumed_unseen(hook: FakeHook, *, at_read: int, failing: int | None = None) 
 
 
 def wait_mode_job(hook: FakeHook, monkeypatch, **kwargs) -> tuple[GpuMarketRunJobOperator, Clock]:
-    from airflow_gpumarket.operators import interruptible, renting
+    from airflow_gpumarket.operators import renting
 
     clock = Clock()
     monkeypatch.setattr(renting, "time", clock)
-    monkeypatch.setattr(interruptible, "time", clock)
     kwargs = {"max_outbid_wait": 3600, "poll_interval": 10, "log_interval": 3600, **kwargs}
     return job(hook, interruptible=True, on_preemption="wait", **kwargs), clock
 

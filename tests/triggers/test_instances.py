@@ -350,7 +350,8 @@ def test_rule_a_deferred_task_marked_failed_writes_its_rentals_end_from_the_trig
     trigger = make_trigger(destroy_on_kill=True)
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
     trigger.task_instance = TI
-    trigger._running_at = 1234.0  # the service's time of its first read that found the instance running
+    trigger._current = trigger._wait()
+    trigger._current.running_at = 1234.0  # the service's time of its first read that found the instance running
     asyncio.run(trigger.on_kill())
     ((ti, record),) = written
     assert ti is TI and record["instance_id"] == 7 and record["end_only"] and record["running_at"] == 1234.0

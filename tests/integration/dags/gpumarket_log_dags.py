@@ -7,7 +7,7 @@ from datetime import datetime
 
 from airflow.providers.common.compat.sdk import DAG
 
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 POLL = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
 COMMON = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img", "poll_interval": POLL, "log_interval": 4 * POLL}

@@ -8,7 +8,8 @@ from datetime import datetime
 
 from airflow.providers.common.compat.sdk import DAG
 
-from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator
 
 POLL = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))

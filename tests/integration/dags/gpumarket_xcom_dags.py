@@ -8,7 +8,8 @@ from datetime import datetime
 
 from airflow.providers.common.compat.sdk import DAG, task
 
-from airflow_gpumarket.operators.instances import GpuMarketCreateInstanceOperator, GpuMarketRunJobOperator
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.search import GpuMarketSearchOffersOperator
 from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator
 

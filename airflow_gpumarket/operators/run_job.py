@@ -1,0 +1,103 @@
+"""``GpuMarketRunJobOperator``: rent an instance, run a job on it through onstart, wait for it, destroy it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpumarket._compat import AirflowException
+from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.operators.failures import GpuMarketJobFailed
+from airflow_gpumarket.operators.renting import JOB_LEASE_MARGIN_SECONDS, KEEPALIVE_POLLS, GpuMarketRentingBaseOperator
+from airflow_gpumarket.utils import RunTimeModule, duration_seconds
+
+if TYPE_CHECKING:
+    from airflow_gpumarket import lifecycle
+else:  # what only a running task needs: not imported when a DAG file is parsed
+    lifecycle = RunTimeModule("airflow_gpumarket.lifecycle")
+
+
+class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
+    """The whole lifecycle in one task: rent, run ``command`` through onstart, wait for it, destroy.
+
+    The command runs in the provider's job wrapper (``airflow_gpumarket.job_script``), which prints its exit status
+    and stops the instance when it exits. The task reads the end of the job's log, destroys the instance, and
+    succeeds when the status read is 0. With ``log_interval=0`` nothing is read: the wrapper destroys the instance
+    after exit 0 (gone = success) and stops it otherwise. The instance is destroyed in every case.
+
+    :param command: shell commands to run on the instance (templated; required).
+    :param max_runtime: the job's own time limit, counted from when the instance is first seen running
+        (default 6 hours); never later than boot_timeout + max_runtime after creation.
+    :param keepalive: while the task watches the job, the lease in the instance's label is kept this far ahead
+        and renewed every third of it (default 15 minutes). When nothing has watched for that long, the reaper may
+        destroy the instance. ``None``: one lease for the whole job, never renewed.
+
+    Other parameters: see ``GpuMarketRentingBaseOperator``; runtype defaults to ``ssh_proxy``.
+    """
+
+    _waits_for_job = True
+
+    def __init__(
+        self,
+        *,
+        command: str,
+        max_runtime: timedelta | float = timedelta(hours=6),
+        keepalive: timedelta | float | None = timedelta(minutes=15),
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("onstart") is not None:
+            raise GpuMarketValidationError("onstart", "is built from command by GpuMarketRunJobOperator; pass command")
+        if command is None:
+            raise GpuMarketValidationError("command", "is required: the shell commands the job runs")
+        super().__init__(command=command, **kwargs)
+        self.max_runtime = duration_seconds("max_runtime", max_runtime)
+        self.keepalive = None if keepalive is None else duration_seconds("keepalive", keepalive)
+        if self.keepalive is not None and self.keepalive < KEEPALIVE_POLLS * self.poll_interval:
+            raise GpuMarketValidationError(
+                "keepalive",
+                f"is {self.keepalive:g} s, shorter than {KEEPALIVE_POLLS} poll intervals; the lease could run out "
+                "between two reads. Make it longer, or None for one lease covering the whole job",
+            )
+
+    def _lease_seconds(self) -> float:
+        return self.boot_timeout + self.max_runtime + JOB_LEASE_MARGIN_SECONDS
+
+    def _keepalive_seconds(self) -> float | None:
+        return self.keepalive
+
+    def _limits(self, rental: lifecycle.Rental) -> tuple[float | None, float | None]:
+        return rental.created_at + self.boot_timeout + self.max_runtime, self.max_runtime
+
+    def _stops_on_success(self) -> bool:
+        """After exit 0 the wrapper stops the instance, so its log's end is read before the destroy; with
+        ``log_interval=0`` nothing reads the log and the wrapper destroys the instance itself."""
+        return self.log_interval > 0
+
+    def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
+        assert event is not None and self._guard is not None  # a job is always waited for
+        succeeded = lifecycle.event_kind(event) is lifecycle.EventKind.JOB_SUCCEEDED
+        if succeeded and lifecycle.destroyed_itself(event):
+            self._guard.forget(rental.instance_id)  # a 404 proved it: billing has ended
+            if self._stops_on_success():  # the wrapper stops after exit 0 here: somebody else destroyed it
+                raise AirflowException(
+                    f"instance {rental.instance_id} was destroyed before the end of its job could be read (by hand, "
+                    "or by the reaper after its lease ran out): the job's outcome and its last output are unknown"
+                )
+        else:
+            self._guard.destroy(rental.instance_id)
+        summary = self._summary(rental, event.get("actual_status"))
+        summary["job_status"] = "succeeded" if succeeded else "failed"
+        self.log.info(
+            "Job on instance %s %s after %s; compute cost about $%s (at $%s/h)",
+            rental.instance_id,
+            summary["job_status"],
+            lifecycle.format_duration(summary["elapsed_seconds"]),
+            summary["estimated_cost"],
+            rental.hourly_price,
+        )
+        if not succeeded:
+            sentence = lifecycle.describe_event(event, rental.instance_id)
+            if lifecycle.event_kind(event) is lifecycle.EventKind.JOB_FAILED:
+                raise GpuMarketJobFailed(sentence, exit_status=event.get("exit_status"))
+            raise AirflowException(sentence)
+        return summary
