@@ -29,7 +29,6 @@ from airflow_gpumarket.api.fields import (
     build_search_body,
     build_volume_listing_body,
     check_creation_field_names,
-    fields_doc,
     log_result_url,
 )
 from airflow_gpumarket.api.listing import (

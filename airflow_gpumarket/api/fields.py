@@ -151,11 +151,6 @@ CREATION_FIELDS: tuple[CreationField, ...] = (
 CREATION_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in CREATION_FIELDS)
 
 
-def fields_doc(table: Iterable[CreationField], indent: str) -> str:
-    """One ``:param:`` line per field of a table, for the docstrings of the operators that take them."""
-    return "".join(f"{indent}:param {f.name}: {f.doc}.\n" for f in table)
-
-
 def check_creation_field_names(names: Iterable[str]) -> None:
     unknown = sorted(set(names) - set(CREATION_FIELD_NAMES))
     if unknown:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 import tenacity
@@ -26,6 +26,8 @@ import tenacity
 from airflow_gpumarket import api, job_logs, pacing, types
 from airflow_gpumarket._compat import BaseHook, mask_secret
 from airflow_gpumarket.exceptions import (
+    GpuMarketAmbiguousCreateError,
+    GpuMarketCreateRefusedError,
     GpuMarketError,
     GpuMarketNotFoundError,
     GpuMarketRateLimitError,
@@ -196,14 +198,14 @@ class _GpuMarketHookBase(BaseHook):
         mask_secret(settings.api_key)
         return settings
 
-    def _retry_kwargs(self, retry: Any, *, tries_done: int = 0, patient: bool = False) -> dict[str, Any]:
-        """tenacity settings for the tries left after ``tries_done`` (attempt numbers count those too).
+    def _retry_kwargs(self, retry: Any, *, patient: bool = False) -> dict[str, Any]:
+        """The one retry policy, as tenacity settings.
 
         ``patient`` calls (``api.PATIENT_OPERATIONS``) keep trying through 429s for
         ``api.retry.RATE_LIMIT_PATIENCE_SECONDS`` whatever ``max_retries`` says: many tasks starting or failing at once
         share one rate budget. Other failures still stop them after ``max_retries``.
         """
-        max_attempts = self.settings.retry.max_retries + 1 - tries_done
+        max_attempts = self.settings.retry.max_retries + 1
         patience = api.retry.RATE_LIMIT_PATIENCE_SECONDS
 
         def stop(state: tenacity.RetryCallState) -> bool:
@@ -214,12 +216,12 @@ class _GpuMarketHookBase(BaseHook):
 
         def wait(state: tenacity.RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None
-            return api.retry_wait_seconds(exc, state.attempt_number + tries_done, self.settings.retry, random.random())
+            return api.retry_wait_seconds(exc, state.attempt_number, self.settings.retry, random.random())
 
         def log_retry(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             seconds = state.next_action.sleep if state.next_action else 0
-            self.log.warning("Try %d failed (%s); retrying in %.1f s", state.attempt_number + tries_done, exc, seconds)
+            self.log.warning("Try %d failed (%s); retrying in %.1f s", state.attempt_number, exc, seconds)
 
         return {
             "stop": stop,
@@ -228,27 +230,6 @@ class _GpuMarketHookBase(BaseHook):
             "before_sleep": log_retry,
             "reraise": True,
         }
-
-    def _first_retry_wait(
-        self,
-        exc: GpuMarketError,
-        *,
-        patient: bool = False,
-        retryable: Callable[[BaseException], bool] = api.is_retryable,
-    ) -> float | None:
-        """After a failed first try: seconds to wait before the second, or None when it must not be retried.
-
-        The first try of a retried call goes out without tenacity (most calls succeed at once, and building the
-        retry machinery per call cost about a tenth of a millisecond); tenacity takes over from the second try
-        with the same waits, stop rule and log lines as if it had made the first.
-        """
-        if not retryable(exc):
-            return None
-        if self.settings.retry.max_retries == 0 and not (patient and isinstance(exc, GpuMarketRateLimitError)):
-            return None
-        seconds = api.retry_wait_seconds(exc, 1, self.settings.retry, random.random())
-        self.log.warning("Try 1 failed (%s); retrying in %.1f s", exc, seconds)
-        return seconds
 
     @cached_property
     def settings(self) -> ConnectionSettings:
@@ -304,27 +285,22 @@ class _GpuMarketHookBase(BaseHook):
         *,
         params: Mapping[str, str] | None = None,
         retryable: Callable[[BaseException], bool] = api.is_retryable,
+        before_retry: Callable[[], Flow[Any]] | None = None,
     ) -> Flow[Any]:
-        """A paced call, retried after the failures ``retryable`` accepts: by default 429, 5xx and transport
-        failures, for idempotent calls; ``api.create_surely_not_processed`` for a call that must not be repeated
-        once the server may have acted on it. ``api.PATIENT_OPERATIONS`` keep trying through 429s."""
+        """A paced call, retried after the failures ``retryable`` accepts (by default 429, 5xx and transport
+        failures, for idempotent calls). ``before_retry`` runs before each re-send and may end the call with what
+        it returns (not None). ``api.PATIENT_OPERATIONS`` keep trying through 429s."""
         request = Request(operation, method, path, body, params)
         patient = operation in api.PATIENT_OPERATIONS
-        try:
-            return (yield from self._paced_flow(request))
-        except GpuMarketError as exc:
-            seconds = self._first_retry_wait(exc, patient=patient, retryable=retryable)
-            if seconds is None:
-                raise
-        yield Sleep(seconds)
         waits: list[float] = []  # tenacity decides each wait; the flow sleeps it (see Sleep)
         retrying = tenacity.Retrying(
-            sleep=waits.append,
-            **self._retry_kwargs(tenacity.retry_if_exception(retryable), tries_done=1, patient=patient),
+            sleep=waits.append, **self._retry_kwargs(tenacity.retry_if_exception(retryable), patient=patient)
         )
         for attempt in retrying:
             if waits:
                 yield Sleep(waits.pop())
+                if before_retry is not None and (found := (yield from before_retry())) is not None:
+                    return found
             try:  # the answer is awaited outside tenacity's block: only the try's own error goes into it
                 outcome: Any = yield from self._paced_flow(request)
             except GpuMarketError as exc:
@@ -368,6 +344,95 @@ class _GpuMarketHookBase(BaseHook):
         api.require_text("label", label)
         path = api.PATH_INSTANCE.format(instance_id=instance_id)
         return (yield from self._call_flow("label_instance", "PUT", path, {"label": label}))
+
+    def create_instance_flow(
+        self, offer_id: int, label: str | None, fields: Mapping[str, Any]
+    ) -> Flow[types.CreateInstanceResult]:
+        """Rent ``offer_id`` (see ``GpuMarketHook.create_instance``): re-sent only after failures that surely made
+        nothing, or after looking for ``label`` found no instance an ambiguous failure may have made."""
+        api.require_positive_int("offer_id", offer_id)
+        body = api.build_create_instance_body(label=label, **fields)
+        path = api.PATH_CREATE_INSTANCE.format(offer_id=offer_id)
+        failed_at: list[float] = []  # monotonic time of the last ambiguous failure
+
+        def retryable(exc: BaseException) -> bool:
+            if not api.is_retryable(exc) or api.create_surely_not_processed(exc):
+                return api.is_retryable(exc)
+            if label is None:
+                return False  # raised as GpuMarketAmbiguousCreateError below
+            self.log.warning(
+                "create_instance on offer %s failed ambiguously (%s); will look for label %r before sending it again",
+                offer_id,
+                exc,
+                label,
+            )
+            failed_at[:] = [time.monotonic()]
+            return True
+
+        def before_retry() -> Flow[Any]:
+            if not failed_at or label is None:
+                return None
+            found = yield from self._find_after_ambiguous_create_flow(label, failed_at[0])
+            return None if found is None else {"success": True, "new_contract": found, "instance_api_key": None}
+
+        try:
+            result = yield from self._call_flow(
+                "create_instance", "PUT", path, body, retryable=retryable, before_retry=before_retry
+            )
+        except GpuMarketCreateRefusedError as exc:
+            return (yield from self._destroy_refused_create_flow(exc))
+        except GpuMarketError as exc:
+            if label is None and api.is_retryable(exc) and not api.create_surely_not_processed(exc):
+                raise GpuMarketAmbiguousCreateError(
+                    f"create_instance on offer {offer_id} failed ambiguously ({exc}); an instance may have been "
+                    "created, so it was not re-sent. Check list_instances(), or pass a label so the hook can check.",
+                    status_code=exc.status_code,
+                    operation="create_instance",
+                ) from exc
+            raise
+        self._mask_instance_key(result)
+        if failed_at:  # sent again after an ambiguous failure: a late duplicate is possible
+            result = {**result, "ambiguous": True}
+        return result
+
+    def _destroy_refused_create_flow(self, refused: GpuMarketCreateRefusedError) -> Flow[NoReturn]:
+        """Destroy the stopped instance that a refused create made (it bills storage until then), then raise."""
+        fields: dict[str, Any] = {"status_code": refused.status_code, "error": refused.error, "msg": refused.msg}
+        try:
+            yield from self.destroy_instance_flow(refused.new_contract)
+        except GpuMarketError as exc:
+            raise GpuMarketCreateRefusedError(
+                f"{refused.message} Destroying it failed ({exc}): destroy instance {refused.new_contract} by hand "
+                "(or let the reaper find its label); it bills storage until then.",
+                new_contract=refused.new_contract,
+                operation="create_instance",
+                **fields,
+            ) from refused
+        raise GpuMarketCreateRefusedError(
+            f"{refused.message} It has been destroyed: nothing bills.",
+            new_contract=refused.new_contract,
+            destroyed=True,
+            operation="create_instance",
+            **fields,
+        ) from None
+
+    def _find_after_ambiguous_create_flow(self, label: str, failed_at: float) -> Flow[int | None]:
+        """The id of the instance an ambiguous create made, if any: looked for at once, then (when not there) once
+        more after the server had as long to finish the request as it had to answer it."""
+        found = api.find_by_label((yield from self.list_instances_flow(label, None)), label)
+        remaining = failed_at + self.settings.timeout - time.monotonic()
+        if found is None and remaining > 0:
+            self.log.warning("No instance labelled %r yet; giving the request %.1f s more to land", label, remaining)
+            yield Sleep(remaining)
+            found = api.find_by_label((yield from self.list_instances_flow(label, None)), label)
+        if found is None:
+            return None
+        self.log.warning(
+            "Found instance %s with label %r after the ambiguous failure: using it, not renting again",
+            found["id"],
+            label,
+        )
+        return int(found["id"])
 
     def renew_lease_flow(self, instance_id: int, watch: Any, now: float, log: Any) -> Flow[str | None]:
         """Keep the label's lease ``keepalive`` ahead while a task watches (a ``lifecycle.Watch``; see

@@ -10,16 +10,13 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, NoReturn, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import requests
-import tenacity
 
 from airflow_gpumarket import api, types
 from airflow_gpumarket._compat import BaseHook, mask_secret
 from airflow_gpumarket.exceptions import (
-    GpuMarketAmbiguousCreateError,
-    GpuMarketCreateRefusedError,
     GpuMarketError,
 )
 from airflow_gpumarket.hooks import transport
@@ -144,91 +141,7 @@ class GpuMarketHook(_GpuMarketHookBase):
         ``ambiguous: True``: a create delayed even longer could still land, so the caller should look for
         duplicates of its label later (the operators do).
         """
-        api.require_positive_int("offer_id", offer_id)
-        body = api.build_create_instance_body(label=label, **fields)
-        path = api.PATH_CREATE_INSTANCE.format(offer_id=offer_id)
-        failed_at: float | None = None  # monotonic time of the last ambiguous failure
-        retry = tenacity.retry_if_exception(api.is_retryable)
-        for attempt in tenacity.Retrying(**self._retry_kwargs(retry, patient=True)):
-            with attempt:
-                if failed_at is not None and label is not None:
-                    found = self._find_after_ambiguous_create(label, failed_at)
-                    if found is not None:
-                        return {"success": True, "new_contract": found, "instance_api_key": None, "ambiguous": True}
-                if (wait := self._pace("create_instance")) > 0:
-                    time.sleep(wait)
-                try:
-                    result = self._send("create_instance", "PUT", path, body)
-                except GpuMarketCreateRefusedError as exc:
-                    self._destroy_refused_create(exc)
-                except GpuMarketError as exc:
-                    if not api.is_retryable(exc) or api.create_surely_not_processed(exc):
-                        raise
-                    if label is None:
-                        raise GpuMarketAmbiguousCreateError(
-                            f"create_instance on offer {offer_id} failed ambiguously ({exc}); an instance may "
-                            "have been created. It was not re-sent, to avoid renting twice: check list_instances() "
-                            "and destroy any instance you do not want. Pass a label so the hook can check itself.",
-                            status_code=exc.status_code,
-                            operation="create_instance",
-                        ) from exc
-                    self.log.warning(
-                        "create_instance on offer %s failed ambiguously (%s); will look for label %r before "
-                        "deciding to send it again",
-                        offer_id,
-                        exc,
-                        label,
-                    )
-                    failed_at = time.monotonic()
-                    raise
-                self._mask_instance_key(result)
-                if failed_at is not None:  # sent again after an ambiguous failure: a late duplicate is possible
-                    result = {**result, "ambiguous": True}
-                return result
-        raise AssertionError("unreachable: tenacity re-raises the last error")
-
-    def _destroy_refused_create(self, refused: GpuMarketCreateRefusedError) -> NoReturn:
-        """Destroy the stopped instance that a refused create made (it bills storage until then), then raise."""
-        fields: dict[str, Any] = {"status_code": refused.status_code, "error": refused.error, "msg": refused.msg}
-        try:
-            self.destroy_instance(refused.new_contract)
-        except GpuMarketError as exc:
-            raise GpuMarketCreateRefusedError(
-                f"{refused.message} Destroying it failed ({exc}): destroy instance {refused.new_contract} by hand "
-                "(or let the reaper find its label); it bills storage until then.",
-                new_contract=refused.new_contract,
-                operation="create_instance",
-                **fields,
-            ) from refused
-        raise GpuMarketCreateRefusedError(
-            f"{refused.message} It has been destroyed: nothing bills.",
-            new_contract=refused.new_contract,
-            destroyed=True,
-            operation="create_instance",
-            **fields,
-        ) from None
-
-    def _find_after_ambiguous_create(self, label: str, failed_at: float) -> int | None:
-        """The id of the instance an ambiguous create made, if any.
-
-        Looked for at once (a quick job may finish and destroy its instance, which then no longer shows); if it
-        is not there, the server gets as long to finish the request as it had to answer it (the request
-        timeout), and a second look decides.
-        """
-        found = api.find_by_label(self.list_instances(label=label), label)
-        remaining = failed_at + self.settings.timeout - time.monotonic()
-        if found is None and remaining > 0:
-            self.log.warning("No instance labelled %r yet; giving the request %.1f s more to land", label, remaining)
-            tenacity.nap.sleep(remaining)
-            found = api.find_by_label(self.list_instances(label=label), label)
-        if found is None:
-            return None
-        self.log.warning(
-            "Found instance %s with label %r after the ambiguous failure: using it, not renting again",
-            found["id"],
-            label,
-        )
-        return int(found["id"])
+        return self.run_flow(self.create_instance_flow(offer_id, label, fields))
 
     def list_instances(self, *, label: str | None = None, ids: Iterable[int] | None = None) -> list[types.Instance]:
         """Every instance of the account, following the pages of ``GET /api/v1/instances/`` to the end (spaced

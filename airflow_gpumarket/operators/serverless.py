@@ -18,7 +18,19 @@ class GpuMarketCreateEndpointOperator(GpuMarketBaseOperator):
     endpoint_state enum and ``target_queue_time <= max_queue_time`` are checked when the DAG is parsed.
     Creating is not idempotent: the call is not re-sent after a failure that may have been processed.
 
-    The fields (from ``api.ENDPOINT_FIELD_TABLE``):
+    :param endpoint_name: name of the endpoint.
+    :param endpoint_state: active, suspended or stopped.
+    :param min_load: minimum load for the endpoint.
+    :param min_cold_load: cold workers are kept below this load.
+    :param target_util: target utilisation.
+    :param cold_mult: multiplier for cold start.
+    :param cold_workers: number of cold workers.
+    :param max_workers: maximum number of workers.
+    :param max_queue_time: seconds of queueing before scaling up.
+    :param target_queue_time: desired queue time, <= max_queue_time.
+    :param autoscaler_instance: autoscaler environment to attach to.
+    :param inactivity_timeout: idle seconds before it may be suspended.
+    :param overrecruit_ratio: over-recruiting of workers for spikes.
     """
 
     template_fields: Sequence[str] = api.ENDPOINT_FIELDS
@@ -59,11 +71,6 @@ class GpuMarketCreateEndpointOperator(GpuMarketBaseOperator):
         endpoint_id = result.get("result")
         self.log.info("Created endpoint %r: id %s", self.endpoint_name, endpoint_id)
         return endpoint_id  # type: ignore[return-value]
-
-
-GpuMarketCreateEndpointOperator.__doc__ = (
-    (GpuMarketCreateEndpointOperator.__doc__ or "").rstrip() + "\n" + (api.fields_doc(api.ENDPOINT_FIELD_TABLE, "    "))
-)
 
 
 class GpuMarketDeleteDeploymentOperator(GpuMarketBaseOperator):

@@ -83,6 +83,7 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
     monkeypatch.setattr(tenacity.nap.time, "sleep", fake_sleep)
     monkeypatch.setattr("airflow_gpumarket.hooks.gpumarket.time", HookClock())
+    monkeypatch.setattr("airflow_gpumarket.hooks.core.time", HookClock())
     monkeypatch.setattr("airflow_gpumarket.pacing.time", HookClock())
     return recorded
 
