@@ -32,9 +32,9 @@ from airflow_gpumarket.api import (
     PATH_SEARCH_OFFERS,
     PATH_VOLUMES,
 )
-from airflow_gpumarket.simulator.logs import UPLOAD_PREFIX
-from airflow_gpumarket.simulator.market import Market
-from airflow_gpumarket.simulator.ratelimits import TOO_FREQUENT
+from gpumarket_simulator.logs import UPLOAD_PREFIX
+from gpumarket_simulator.market import Market
+from gpumarket_simulator.ratelimits import TOO_FREQUENT
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

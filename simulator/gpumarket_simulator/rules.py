@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpumarket.api import ONSTART_MAX_CHARS
-from airflow_gpumarket.simulator.errors import ApiError, bad_request
+from gpumarket_simulator.errors import ApiError, bad_request
 
 RUNTYPES = frozenset({"ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args"})
 DIRECT_RUNTYPES = frozenset({"ssh_direct", "jupyter_direct"})

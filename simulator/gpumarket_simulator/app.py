@@ -31,18 +31,18 @@ from airflow_gpumarket.api import (
     PATH_SEARCH_OFFERS,
     PATH_VOLUMES,
 )
-from airflow_gpumarket.simulator import listing, logs, rules
-from airflow_gpumarket.simulator.admin import AdminRoutes
-from airflow_gpumarket.simulator.errors import ApiError
-from airflow_gpumarket.simulator.market import Market
-from airflow_gpumarket.simulator.wire import (
+from gpumarket_simulator import listing, logs, rules
+from gpumarket_simulator.admin import AdminRoutes
+from gpumarket_simulator.errors import ApiError
+from gpumarket_simulator.market import Market
+from gpumarket_simulator.wire import (
     AUTH_SCOPE_KEY,
     PATH_CURRENT_USER,
     PATH_GPU_NAMES,
     PATH_INSTANCE_FILTERS,
     WireLayer,
 )
-from airflow_gpumarket.simulator.world import bid_loses
+from gpumarket_simulator.world import bid_loses
 
 log = logging.getLogger(__name__)
 
