@@ -229,6 +229,19 @@ def test_importing_the_plugin_and_package_is_cheap():
     assert result.stdout.strip() == "[]", result.stderr
 
 
+def test_the_simulator_serves_without_the_provider():
+    """The simulator is a second reading of the spec: it imports nothing from the provider."""
+    code = (
+        "import sys, requests; sys.modules['airflow_gpumarket'] = None\n"
+        "from gpumarket_simulator import MarketSimulator\n"
+        "with MarketSimulator(api_key='k') as sim:\n"
+        "    response = requests.post(sim.url + '/api/v0/bundles/', json={}, headers={'Authorization': 'Bearer k'})\n"
+        "print(response.status_code)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert result.stdout.strip() == "200", result.stderr
+
+
 def test_the_plugin_is_opt_in(tmp_path):
     """A user's pytest gets the fixture when it names the plugin, and nothing otherwise."""
     (tmp_path / "test_user.py").write_text(
