@@ -60,8 +60,10 @@ test-airflow2: $(STAMP2)
 	$(VENV2)/bin/pytest --ignore=tests/simulator --ignore=tests/cli
 
 # The packages as users get them: both wheels (the provider's and the simulator's) are built, their metadata checked
-# (twine check --strict), installed into a clean virtual environment, and the demo's DAG run from that install. The
-# runs start outside the checkout with PYTHONSAFEPATH, so nothing is imported from the source tree.
+# (twine check --strict), each checked to hold only its own package (scripts/check_wheels.py: no simulator code in
+# the provider's, and the provider requires neither FastAPI nor uvicorn), installed into a clean virtual
+# environment, and the demo's DAG run from that install. The runs start outside the checkout with PYTHONSAFEPATH,
+# so nothing is imported from the source tree.
 WHEEL_DIR := .airflow/wheel
 test-wheel: install
 	@echo "== the wheels, installed into a clean virtual environment"
@@ -70,6 +72,7 @@ test-wheel: install
 	$(BIN)/twine check --strict $(WHEEL_DIR)/*.whl
 	$(PYTHON) -m venv $(WHEEL_DIR)/venv
 	$(WHEEL_DIR)/venv/bin/python -m pip install $(PIP_QUIET) $(WHEEL_DIR)/*.whl "apache-airflow==$(AIRFLOW3)"
+	cd $(WHEEL_DIR)/run && PYTHONSAFEPATH=1 ../venv/bin/python $(CURDIR)/scripts/check_wheels.py ../*.whl
 	cd $(WHEEL_DIR)/run && PYTHONSAFEPATH=1 ../venv/bin/python -c 'import airflow_gpumarket, gpumarket_simulator, sys; \
 		wrong = [p.__file__ for p in (airflow_gpumarket, gpumarket_simulator) if "/site-packages/" not in p.__file__]; \
 		sys.exit(f"imported from {wrong}, not the wheels" if wrong else 0)'
