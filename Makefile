@@ -20,29 +20,34 @@ STAMP     := $(VENV)/.installed-airflow-$(AIRFLOW3)
 STAMP2    := $(VENV2)/.installed-airflow-$(subst *,x,$(AIRFLOW2))
 PIP_QUIET := --quiet --disable-pip-version-check
 
+# The simulator, a distribution of its own (simulator/): every venv that runs the tests, the demo or the benchmarks
+# installs it beside the provider.
+SIM := -e ./simulator
+
 # The FAB auth manager (Airflow 3 only), which most production deployments use: the GPU rentals page's per-DAG
 # rules are tested with it (tests/integration/test_gpu_rentals_page_fab.py, make ui-test).
 FAB := apache-airflow-providers-fab==3.10.2
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml simulator/pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install $(PIP_QUIET) --upgrade pip
-	$(BIN)/python -m pip install $(PIP_QUIET) -e '.[dev]' "apache-airflow==$(AIRFLOW3)" $(FAB)
+	$(BIN)/python -m pip install $(PIP_QUIET) -e '.[dev]' $(SIM) "apache-airflow==$(AIRFLOW3)" $(FAB)
 	@touch $(STAMP)
 
 install: $(STAMP)
 
-$(STAMP2): pyproject.toml Makefile
+$(STAMP2): pyproject.toml simulator/pyproject.toml Makefile
 	@test -x $(VENV2)/bin/python || $(PYTHON) -m venv $(VENV2)
 	$(VENV2)/bin/python -m pip install $(PIP_QUIET) --upgrade pip
-	$(VENV2)/bin/python -m pip install $(PIP_QUIET) -e '.[dev]' "apache-airflow==$(AIRFLOW2)"
+	$(VENV2)/bin/python -m pip install $(PIP_QUIET) -e '.[dev]' $(SIM) "apache-airflow==$(AIRFLOW2)"
 	@touch $@
 
 lint: install
-	$(BIN)/ruff check airflow_gpumarket tests example_dags bench scripts
+	$(BIN)/ruff check airflow_gpumarket simulator tests example_dags bench scripts
 
 typecheck: install
 	$(BIN)/mypy airflow_gpumarket
+	$(BIN)/mypy simulator/gpumarket_simulator
 
 # Day-to-day: lint, types and the suite on Airflow 3.3.2 only.
 test-fast: lint typecheck bench-quick
@@ -54,19 +59,23 @@ test-airflow2: $(STAMP2)
 	@echo "== tests on Airflow $$($(VENV2)/bin/python -c 'import airflow; print(airflow.__version__)')"
 	$(VENV2)/bin/pytest --ignore=tests/simulator --ignore=tests/cli
 
-# The package as users get it: the wheel is built, its metadata checked (twine check --strict), installed with
-# its [simulator] extra into a clean virtual environment, and the demo's DAG run from that install. The run starts
-# outside the checkout with PYTHONSAFEPATH, so nothing is imported from the source tree.
+# The packages as users get them: both wheels (the provider's and the simulator's) are built, their metadata checked
+# (twine check --strict), each checked to hold only its own package (scripts/check_wheels.py: no simulator code in
+# the provider's, and the provider requires neither FastAPI nor uvicorn), installed into a clean virtual
+# environment, and the demo's DAG run from that install. The runs start outside the checkout with PYTHONSAFEPATH,
+# so nothing is imported from the source tree.
 WHEEL_DIR := .airflow/wheel
 test-wheel: install
-	@echo "== the wheel, installed into a clean virtual environment"
-	rm -rf $(WHEEL_DIR) build && mkdir -p $(WHEEL_DIR)/run
-	$(BIN)/python -m pip wheel $(PIP_QUIET) --no-deps --wheel-dir $(WHEEL_DIR) .
+	@echo "== the wheels, installed into a clean virtual environment"
+	rm -rf $(WHEEL_DIR) build simulator/build && mkdir -p $(WHEEL_DIR)/run
+	$(BIN)/python -m pip wheel $(PIP_QUIET) --no-deps --wheel-dir $(WHEEL_DIR) . ./simulator
 	$(BIN)/twine check --strict $(WHEEL_DIR)/*.whl
 	$(PYTHON) -m venv $(WHEEL_DIR)/venv
-	$(WHEEL_DIR)/venv/bin/python -m pip install $(PIP_QUIET) "$$(ls $(WHEEL_DIR)/*.whl)[simulator]" "apache-airflow==$(AIRFLOW3)"
-	cd $(WHEEL_DIR)/run && PYTHONSAFEPATH=1 ../venv/bin/python -c 'import airflow_gpumarket as p, sys; \
-		sys.exit(0 if "/site-packages/" in p.__file__ else f"imported from {p.__file__}, not the wheel")'
+	$(WHEEL_DIR)/venv/bin/python -m pip install $(PIP_QUIET) $(WHEEL_DIR)/*.whl "apache-airflow==$(AIRFLOW3)"
+	cd $(WHEEL_DIR)/run && PYTHONSAFEPATH=1 ../venv/bin/python $(CURDIR)/scripts/check_wheels.py ../*.whl
+	cd $(WHEEL_DIR)/run && PYTHONSAFEPATH=1 ../venv/bin/python -c 'import airflow_gpumarket, gpumarket_simulator, sys; \
+		wrong = [p.__file__ for p in (airflow_gpumarket, gpumarket_simulator) if "/site-packages/" not in p.__file__]; \
+		sys.exit(f"imported from {wrong}, not the wheels" if wrong else 0)'
 	cd $(WHEEL_DIR)/run && GPUMARKET_DEMO_HOME=$(CURDIR)/$(WHEEL_DIR)/home PYTHONSAFEPATH=1 \
 		../venv/bin/python $(CURDIR)/scripts/demo.py
 
@@ -85,9 +94,9 @@ demo-airflow2: $(STAMP2)
 # environment of the benchmark's own (with this checkout, editable), never in .venv nor as a dependency.
 PEERS       := .airflow/bench/peers
 PEERS_STAMP := $(PEERS)/.installed-airflow-$(AIRFLOW3)
-$(PEERS_STAMP): pyproject.toml Makefile
+$(PEERS_STAMP): pyproject.toml simulator/pyproject.toml Makefile
 	@test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
-	$(PEERS)/bin/python -m pip install $(PIP_QUIET) -e . "apache-airflow==$(AIRFLOW3)" apache-airflow-providers-cncf-kubernetes
+	$(PEERS)/bin/python -m pip install $(PIP_QUIET) -e . $(SIM) "apache-airflow==$(AIRFLOW3)" apache-airflow-providers-cncf-kubernetes
 	@touch $@
 
 bench: install $(PEERS_STAMP)
@@ -184,10 +193,10 @@ SYSTEM32_SCENARIOS := deferred_happy,short_job_deferred,mark_failed_deferred,tri
 # field" error at start-up): pinned to the versions the main venv resolves for 3.3.2.
 AIRFLOW32_PINS := cadwyn==7.0.0 fastapi==0.136.3
 
-$(STAMP32): pyproject.toml Makefile
+$(STAMP32): pyproject.toml simulator/pyproject.toml Makefile
 	@test -x $(VENV32)/bin/python || $(PYTHON) -m venv $(VENV32)
 	$(VENV32)/bin/python -m pip install $(PIP_QUIET) --upgrade pip
-	$(VENV32)/bin/python -m pip install $(PIP_QUIET) -e '.[dev]' "apache-airflow==$(AIRFLOW32)" $(AIRFLOW32_PINS) $(PG_DRIVERS)
+	$(VENV32)/bin/python -m pip install $(PIP_QUIET) -e '.[dev]' $(SIM) "apache-airflow==$(AIRFLOW32)" $(AIRFLOW32_PINS) $(PG_DRIVERS)
 	@touch $@
 
 system-airflow32: $(STAMP32) services

@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 import requests
 
-from airflow_gpumarket.simulator import MarketSimulator
+from gpumarket_simulator import MarketSimulator
 
 #: MarketSimulator arguments of P2 and P3: the live profile with its buckets off (see the module docstring).
 SIM_PROFILE = {"profile": "live", "rate_limits": False}
@@ -360,7 +360,7 @@ def p4_parse_time(runs: int, warm_runs: int, peers_python: str | None) -> None:
 def p5_hook_overhead(calls: int, runs: int, sim_log: TextIO) -> None:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
-    cmd = [sys.executable, "-m", "airflow_gpumarket.simulator.cli", "--port", "0", "--speed", "60"]
+    cmd = [sys.executable, "-m", "gpumarket_simulator.cli", "--port", "0", "--speed", "60"]
     process = subprocess.Popen([*cmd, *SIM_PROFILE_ARGS], stdout=subprocess.PIPE, stderr=sim_log, text=True)
     try:
         line = process.stdout.readline() if process.stdout else ""

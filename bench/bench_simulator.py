@@ -45,7 +45,7 @@ LIST_PATH = "/api/v1/instances/"
 
 def sim_command() -> list[str]:
     script = shutil.which("gpumarket-sim", path=os.path.dirname(sys.executable))
-    return [script] if script else [sys.executable, "-m", "airflow_gpumarket.simulator.cli"]
+    return [script] if script else [sys.executable, "-m", "gpumarket_simulator.cli"]
 
 
 def launch(speed: float = 60.0) -> tuple[subprocess.Popen[str], str]:

@@ -77,7 +77,7 @@ def start_simulator(n: int, live_limits: bool = False, speed: float | None = Non
     speed = speed or (LIVE_SPEED if live_limits else SPEED)
     # The live profile, on purpose (see the module docstring). Set-up creates the instances with its buckets off;
     # run_case then puts the bench's own bucket in place, or (a live case) turns the published ones on.
-    cmd = [sys.executable, "-m", "airflow_gpumarket.simulator.cli", "--port", "0", "--speed", str(speed)]
+    cmd = [sys.executable, "-m", "gpumarket_simulator.cli", "--port", "0", "--speed", str(speed)]
     cmd += ["--profile", "live", "--no-rate-limits", "--world", str(path)]
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = process.stdout.readline() if process.stdout else ""

@@ -1,19 +1,20 @@
-"""What installing the provider brings into a user's environment (from the installed distribution's metadata)."""
+"""What installing the provider, or the simulator, brings into a user's environment (from the installed metadata)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from importlib.metadata import distribution
 
 DIST = distribution("airflow-provider-gpumarket")
+SIMULATOR = distribution("gpumarket-simulator")
 
 
-def test_installing_the_provider_adds_nothing_to_anyones_pytest():
+def test_installing_the_provider_or_the_simulator_adds_nothing_to_anyones_pytest():
     # The simulator's fixture is opt-in (pytest_plugins or -p), as official providers ship no pytest11 plugin.
-    groups = {entry_point.group for entry_point in DIST.entry_points}
-    assert "pytest11" not in groups
-    assert groups == {"apache_airflow_provider", "airflow.plugins", "console_scripts"}
+    assert {entry_point.group for entry_point in DIST.entry_points} == {"apache_airflow_provider", "airflow.plugins"}
+    assert {entry_point.group for entry_point in SIMULATOR.entry_points} == {"console_scripts"}
 
 
 def assert_loads_none(code: str) -> None:
@@ -47,13 +48,18 @@ def test_a_dag_file_with_renting_operators_and_sensors_imports_only_what_parsing
         "    GpuMarketCreateInstanceOperator(task_id='c', offer_id=1, image='i')\n"
         "    GpuMarketInstanceStatusSensor(task_id='s', instance_id=3)\n"
         "runtime = ('lifecycle', 'waiting', 'job_logs', 'python_job', 'hooks.gpumarket', 'triggers.instances')\n"
-        "print('loaded:', [m for m in runtime if 'airflow_gpumarket.' + m in sys.modules])"
+        "loaded = [m for m in runtime if 'airflow_gpumarket.' + m in sys.modules]\n"
+        "print('loaded:', loaded + [m for m in ('gpumarket_simulator', 'fastapi') if m in sys.modules])"
     )
     assert_loads_none(code)
 
 
-def test_the_simulators_server_is_an_extra_not_a_runtime_dependency():
-    requirements = DIST.requires or []
-    server = [r for r in requirements if r.split(">")[0].split("=")[0].strip() in ("fastapi", "uvicorn")]
-    assert server and all('extra == "simulator"' in r or 'extra == "dev"' in r for r in server)
-    assert {"simulator", "dev"} <= set(DIST.metadata.get_all("Provides-Extra") or [])
+def requirement_names(dist) -> set[str]:
+    return {re.split(r"[ ;<>=!~\[]", r, maxsplit=1)[0].lower() for r in dist.requires or []}
+
+
+def test_the_simulator_is_a_distribution_of_its_own_not_a_dependency_of_the_provider():
+    assert requirement_names(DIST).isdisjoint({"gpumarket-simulator", "fastapi", "uvicorn"})
+    assert set(DIST.metadata.get_all("Provides-Extra") or []) == {"dev"}
+    assert {"fastapi", "uvicorn"} <= requirement_names(SIMULATOR)
+    assert "apache-airflow" not in requirement_names(SIMULATOR)

@@ -19,7 +19,7 @@ AIRFLOW_2 = version("apache-airflow").startswith("2.")  # the top-level conftest
 
 @pytest.fixture(scope="session")
 def job_sim_server():
-    from airflow_gpumarket.simulator import MarketSimulator
+    from gpumarket_simulator import MarketSimulator
 
     with MarketSimulator(speed=600, seed=11, execute_onstart=True) as sim:
         yield sim

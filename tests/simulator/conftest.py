@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_gpumarket.simulator import MarketSimulator
+from gpumarket_simulator import MarketSimulator
 
 from .helpers import Api
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import requests
 
-from airflow_gpumarket.simulator import MarketSimulator
+from gpumarket_simulator import MarketSimulator
 
 
 class Api:

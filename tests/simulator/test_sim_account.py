@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_gpumarket.simulator.totp import totp
+from gpumarket_simulator.totp import totp
 
 
 @pytest.fixture

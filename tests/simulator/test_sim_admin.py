@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from airflow_gpumarket.simulator.app import build_app
-from airflow_gpumarket.simulator.market import Market
+from gpumarket_simulator.app import build_app
+from gpumarket_simulator.market import Market
 
 from .conftest import SEED
 

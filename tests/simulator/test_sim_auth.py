@@ -122,7 +122,7 @@ def test_request_log_records_the_key_kind(sim, api, instance, instance_key):
 
 
 def test_admin_surface_refuses_non_loopback_clients(sim):
-    from airflow_gpumarket.simulator.app import build_app
+    from gpumarket_simulator.app import build_app
 
     app = build_app(sim._market)
 

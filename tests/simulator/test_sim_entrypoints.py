@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from airflow_gpumarket.simulator import MarketSimulator
+from gpumarket_simulator import MarketSimulator
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def sim_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "airflow_gpumarket.simulator.cli", *args]
+    return [sys.executable, "-m", "gpumarket_simulator.cli", *args]
 
 
 def start_cli(*args: str) -> tuple[subprocess.Popen[str], str]:
@@ -221,12 +221,25 @@ def test_plugin_marker_gives_a_dedicated_simulator(gpumarket_sim, gpumarket_sim_
 
 def test_importing_the_plugin_and_package_is_cheap():
     code = (
-        "import sys, airflow_gpumarket.simulator.pytest_plugin, airflow_gpumarket.simulator as s; "
+        "import sys, gpumarket_simulator.pytest_plugin, gpumarket_simulator as s; "
         "heavy = [m for m in ('fastapi', 'uvicorn', 'starlette', 'airflow') if m in sys.modules]; "
         "print(heavy)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_the_simulator_serves_without_the_provider():
+    """The simulator is a second reading of the spec: it imports nothing from the provider."""
+    code = (
+        "import sys, requests; sys.modules['airflow_gpumarket'] = None\n"
+        "from gpumarket_simulator import MarketSimulator\n"
+        "with MarketSimulator(api_key='k') as sim:\n"
+        "    response = requests.post(sim.url + '/api/v0/bundles/', json={}, headers={'Authorization': 'Bearer k'})\n"
+        "print(response.status_code)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert result.stdout.strip() == "200", result.stderr
 
 
 def test_the_plugin_is_opt_in(tmp_path):
@@ -240,13 +253,6 @@ def test_the_plugin_is_opt_in(tmp_path):
         return subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
     assert "fixture 'gpumarket_sim' not found" in pytest_run().stdout
-    opted_in = pytest_run("-p", "airflow_gpumarket.simulator.pytest_plugin")
+    opted_in = pytest_run("-p", "gpumarket_simulator.pytest_plugin")
     assert opted_in.returncode == 0, opted_in.stdout
 
-
-def test_without_the_simulator_extra_start_says_which_extra_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as on Airflow 2.11 without the [simulator] extra
-    sim = MarketSimulator()
-    with pytest.raises(RuntimeError, match=r"pip install 'airflow-provider-gpumarket\[simulator\]'"):
-        sim.start()
-    sim.close()

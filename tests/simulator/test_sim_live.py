@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_gpumarket.simulator import MarketSimulator
-from airflow_gpumarket.simulator.ratelimits import RATES_PER_SECOND
+from gpumarket_simulator import MarketSimulator
+from gpumarket_simulator.ratelimits import RATES_PER_SECOND
 
 from .helpers import Api
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from airflow_gpumarket.simulator import MarketSimulator
-from airflow_gpumarket.simulator.logs import UPLOAD_SECONDS
+from gpumarket_simulator import MarketSimulator
+from gpumarket_simulator.logs import UPLOAD_SECONDS
 
 from .helpers import Api, boot, finished_onstart
 

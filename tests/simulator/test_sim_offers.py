@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_gpumarket.simulator import MarketSimulator
+from gpumarket_simulator import MarketSimulator
 
 OFFER_FIELDS = {
     "id",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_gpumarket.simulator import MarketSimulator
+from gpumarket_simulator import MarketSimulator
 
 from .helpers import Api, boot, finished_onstart, wait_for
 
@@ -197,7 +197,7 @@ def test_onstart_starts_even_when_the_request_that_brought_the_instance_to_runni
 
     import requests as _requests
 
-    from airflow_gpumarket.simulator import MarketSimulator
+    from gpumarket_simulator import MarketSimulator
 
     with MarketSimulator(speed=0, execute_onstart=True, profile="spec") as sim:  # frozen clock: only this test moves it
         headers = {"Authorization": f"Bearer {sim.api_key}"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_gpumarket.simulator.worldgen import template_hash
+from gpumarket_simulator.worldgen import template_hash
 
 from .helpers import ledger
 

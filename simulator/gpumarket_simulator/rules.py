@@ -1,8 +1,7 @@
 """The simulated server's own rules for request bodies: what it accepts, and the 4xx it answers otherwise.
 
-These are written from the server's side of ``api-reference.md`` on purpose, independently of the client's
-validation in ``airflow_gpumarket.api``: if both sides shared one reading of the spec, a misreading would
-never show up in tests.
+These are written from the server's side of ``api-reference.md`` on purpose, independently of the provider's
+validation: if both sides shared one reading of the spec, a misreading would never show up in tests.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_gpumarket.api import ONSTART_MAX_CHARS
-from airflow_gpumarket.simulator.errors import ApiError, bad_request
+from gpumarket_simulator.errors import ApiError, bad_request
+from gpumarket_simulator.paths import ONSTART_MAX_CHARS
 
 RUNTYPES = frozenset({"ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args"})
 DIRECT_RUNTYPES = frozenset({"ssh_direct", "jupyter_direct"})

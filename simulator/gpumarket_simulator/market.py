@@ -19,14 +19,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_gpumarket.simulator.bidding import parse_drift
-from airflow_gpumarket.simulator.clock import SimClock
-from airflow_gpumarket.simulator.faults import Faults
-from airflow_gpumarket.simulator.logs import LogUploads
-from airflow_gpumarket.simulator.onstart import HALT_GRACE_SECONDS, OnstartRunner
-from airflow_gpumarket.simulator.ratelimits import RateLimits
-from airflow_gpumarket.simulator.world import World
-from airflow_gpumarket.simulator.worldgen import build_world
+from gpumarket_simulator.bidding import parse_drift
+from gpumarket_simulator.clock import SimClock
+from gpumarket_simulator.faults import Faults
+from gpumarket_simulator.logs import LogUploads
+from gpumarket_simulator.onstart import HALT_GRACE_SECONDS, OnstartRunner
+from gpumarket_simulator.ratelimits import RateLimits
+from gpumarket_simulator.world import World
+from gpumarket_simulator.worldgen import build_world
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from airflow_gpumarket.simulator import rules
-from airflow_gpumarket.simulator.errors import ApiError, bad_request
-from airflow_gpumarket.simulator.market import Market
+from gpumarket_simulator import rules
+from gpumarket_simulator.errors import ApiError, bad_request
+from gpumarket_simulator.market import Market
 
 Handler = Callable[[Request], Awaitable[Any]]
 Endpoint = Callable[[Request], Awaitable[Response]]

@@ -10,10 +10,10 @@ import random
 from pathlib import Path
 from typing import Any
 
-from airflow_gpumarket.simulator.bidding import parse_drift
-from airflow_gpumarket.simulator.errors import ApiError
-from airflow_gpumarket.simulator.rules import is_number, parse_template_env
-from airflow_gpumarket.simulator.world import ENDPOINT_DEFAULTS, FATES, Machine, Offer, World
+from gpumarket_simulator.bidding import parse_drift
+from gpumarket_simulator.errors import ApiError
+from gpumarket_simulator.rules import is_number, parse_template_env
+from gpumarket_simulator.world import ENDPOINT_DEFAULTS, FATES, Machine, Offer, World
 
 DEFAULT_LIST_LIMIT = 50
 #: Disk price of the simulated market, in dollars per GB per 30-day month.

@@ -9,7 +9,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from airflow_gpumarket.simulator.server import CONNECTION_ENV
+from gpumarket_simulator.server import CONNECTION_ENV
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -52,7 +52,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="gpumarket-sim %(levelname)s %(name)s: %(message)s")
-    from airflow_gpumarket.simulator.server import MarketSimulator
+    from gpumarket_simulator.server import MarketSimulator
 
     try:
         sim = MarketSimulator(

@@ -19,10 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket.simulator.rules import is_number
+from gpumarket_simulator.rules import is_number
 
 if TYPE_CHECKING:
-    from airflow_gpumarket.simulator.world import Offer
+    from gpumarket_simulator.world import Offer
 
 #: An offer's floor for an interruptible rental, as a share of its on-demand dph_total (the simulator's choice;
 #: public reports show bid floors well below the on-demand price).

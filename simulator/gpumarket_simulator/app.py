@@ -15,14 +15,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from airflow_gpumarket.api import (
+from gpumarket_simulator import listing, logs, rules
+from gpumarket_simulator.admin import AdminRoutes
+from gpumarket_simulator.errors import ApiError
+from gpumarket_simulator.market import Market
+from gpumarket_simulator.paths import (
     PATH_API_KEYS,
     PATH_CHANGE_BID,
     PATH_CLOUD_INTEGRATIONS,
     PATH_CREATE_INSTANCE,
+    PATH_CURRENT_USER,
     PATH_DEPLOYMENTS,
     PATH_ENDPOINTS,
+    PATH_GPU_NAMES,
     PATH_INSTANCE,
+    PATH_INSTANCE_FILTERS,
     PATH_INSTANCES,
     PATH_INSTANCES_V1,
     PATH_PENDING_PRICE_INCREASES,
@@ -31,18 +38,8 @@ from airflow_gpumarket.api import (
     PATH_SEARCH_OFFERS,
     PATH_VOLUMES,
 )
-from airflow_gpumarket.simulator import listing, logs, rules
-from airflow_gpumarket.simulator.admin import AdminRoutes
-from airflow_gpumarket.simulator.errors import ApiError
-from airflow_gpumarket.simulator.market import Market
-from airflow_gpumarket.simulator.wire import (
-    AUTH_SCOPE_KEY,
-    PATH_CURRENT_USER,
-    PATH_GPU_NAMES,
-    PATH_INSTANCE_FILTERS,
-    WireLayer,
-)
-from airflow_gpumarket.simulator.world import bid_loses
+from gpumarket_simulator.wire import AUTH_SCOPE_KEY, WireLayer
+from gpumarket_simulator.world import bid_loses
 
 log = logging.getLogger(__name__)
 

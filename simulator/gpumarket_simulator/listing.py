@@ -22,8 +22,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_gpumarket.simulator.errors import bad_request
-from airflow_gpumarket.simulator.rules import offer_matches
+from gpumarket_simulator.errors import bad_request
+from gpumarket_simulator.rules import offer_matches
 
 MAX_LIMIT = 25
 #: What the live service reads a limit of zero or less as.

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from airflow_gpumarket.simulator.market import Market
-from airflow_gpumarket.simulator.worldgen import load_world_file
+from gpumarket_simulator.market import Market
+from gpumarket_simulator.worldgen import load_world_file
 
 CONNECTION_ENV = "AIRFLOW_CONN_GPUMARKET_DEFAULT"
 STARTUP_TIMEOUT_SECONDS = 10.0
@@ -61,15 +61,9 @@ class MarketSimulator:
     def start(self) -> MarketSimulator:
         if self._thread is not None:
             return self
-        try:
-            import uvicorn
+        import uvicorn
 
-            from airflow_gpumarket.simulator.app import build_app
-        except ImportError as exc:  # Airflow 2.11 without the extra
-            raise RuntimeError(
-                f"the simulator's server needs FastAPI and uvicorn ({exc}); install them with "
-                "pip install 'airflow-provider-gpumarket[simulator]'"
-            ) from exc
+        from gpumarket_simulator.app import build_app
 
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)

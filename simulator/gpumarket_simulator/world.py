@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_gpumarket.simulator import totp
-from airflow_gpumarket.simulator.bidding import MIN_BID_SHARE, BidMarket
-from airflow_gpumarket.simulator.errors import ApiError, bad_request
-from airflow_gpumarket.simulator.rules import DIRECT_RUNTYPES, SearchQuery, is_number, offer_matches
+from gpumarket_simulator import totp
+from gpumarket_simulator.bidding import MIN_BID_SHARE, BidMarket
+from gpumarket_simulator.errors import ApiError, bad_request
+from gpumarket_simulator.rules import DIRECT_RUNTYPES, SearchQuery, is_number, offer_matches
 
 FAILED_STATUSES = ("exited", "unknown", "offline")
 #: What an offer's instances end up as after booting.

@@ -1,9 +1,9 @@
 """pytest plugin, opt-in: the ``gpumarket_sim`` fixture.
 
-Installing the provider loads nothing into anyone's pytest. A project that wants the fixture says so, in its
-top-level ``conftest.py`` (``pytest_plugins = ["airflow_gpumarket.simulator.pytest_plugin"]``) or on the command
-line (``-p airflow_gpumarket.simulator.pytest_plugin``). The module imports nothing heavy: the simulator starts
-(and FastAPI/uvicorn, the ``[simulator]`` extra, are imported) only when a test asks for the fixture.
+Installing the simulator loads nothing into anyone's pytest. A project that wants the fixture says so, in its
+top-level ``conftest.py`` (``pytest_plugins = ["gpumarket_simulator.pytest_plugin"]``) or on the command
+line (``-p gpumarket_simulator.pytest_plugin``). The module imports nothing heavy: the simulator starts
+(and FastAPI and uvicorn are imported) only when a test asks for the fixture.
 
 - ``gpumarket_sim_server`` (session): one simulator for the whole run.
 - ``gpumarket_sim`` (function): that simulator, freshly reset, with ``AIRFLOW_CONN_GPUMARKET_DEFAULT`` set for
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from airflow_gpumarket.simulator.server import MarketSimulator
+    from gpumarket_simulator.server import MarketSimulator
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,7 +66,7 @@ def _options(config: pytest.Config) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def gpumarket_sim_server(request: pytest.FixtureRequest) -> Iterator[MarketSimulator]:
-    from airflow_gpumarket.simulator.server import MarketSimulator
+    from gpumarket_simulator.server import MarketSimulator
 
     sim = MarketSimulator(**_options(request.config)).start()
     try:
@@ -79,7 +79,7 @@ def gpumarket_sim_server(request: pytest.FixtureRequest) -> Iterator[MarketSimul
 def gpumarket_sim(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[MarketSimulator]:
     marker = request.node.get_closest_marker("gpumarket_sim")
     if marker is not None and marker.kwargs:
-        from airflow_gpumarket.simulator.server import MarketSimulator
+        from gpumarket_simulator.server import MarketSimulator
 
         sim = MarketSimulator(**{**_options(request.config), **marker.kwargs}).start()
         owned = True

@@ -16,14 +16,19 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from email.utils import formatdate
 from typing import Any
 
-from airflow_gpumarket.api import (
+from gpumarket_simulator.logs import UPLOAD_PREFIX
+from gpumarket_simulator.market import Market
+from gpumarket_simulator.paths import (
     PATH_API_KEYS,
     PATH_CHANGE_BID,
     PATH_CLOUD_INTEGRATIONS,
     PATH_CREATE_INSTANCE,
+    PATH_CURRENT_USER,
     PATH_DEPLOYMENTS,
     PATH_ENDPOINTS,
+    PATH_GPU_NAMES,
     PATH_INSTANCE,
+    PATH_INSTANCE_FILTERS,
     PATH_INSTANCES,
     PATH_INSTANCES_V1,
     PATH_PENDING_PRICE_INCREASES,
@@ -32,9 +37,7 @@ from airflow_gpumarket.api import (
     PATH_SEARCH_OFFERS,
     PATH_VOLUMES,
 )
-from airflow_gpumarket.simulator.logs import UPLOAD_PREFIX
-from airflow_gpumarket.simulator.market import Market
-from airflow_gpumarket.simulator.ratelimits import TOO_FREQUENT
+from gpumarket_simulator.ratelimits import TOO_FREQUENT
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,10 +46,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ADMIN_PREFIX = "/_sim"
-#: Live profile only: paths the live service has beyond the spec (the official CLI calls them).
-PATH_GPU_NAMES = "/api/v0/gpu_names/unique/"
-PATH_INSTANCE_FILTERS = "/api/v0/instances/filters/"
-PATH_CURRENT_USER = "/api/v0/users/current"
 #: Scope key under which the routes find ``(key kind, instance id or None, raw key or None)``.
 AUTH_SCOPE_KEY = "gpumarket.auth"
 
