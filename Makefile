@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install lint typecheck test test-fast test-airflow2 test-wheel demo demo-airflow2 bench chaos system ui-test fleet system-airflow2 system-airflow32 services browser clean
+.PHONY: install lint typecheck test test-fast test-airflow2 test-wheel demo demo-airflow2 docs bench chaos system ui-test fleet system-airflow2 system-airflow32 services browser clean
 
 # The main environment: the Airflow that `make demo`, `make system` and `make chaos` run, and the first leg of the
 # tests. The second leg runs the same tests on the newest Airflow 2.11.x, in a virtual environment of its own.
@@ -87,6 +87,21 @@ demo: install
 # The same demo on the newest Airflow 2.11.x (its own Airflow home, .airflow/airflow2).
 demo-airflow2: $(STAMP2)
 	$(VENV2)/bin/python scripts/demo.py
+
+# The documentation site (mkdocs.yml, docs/), built with warnings as errors into site/. Its tools live in a virtual
+# environment of their own, pinned, never in .venv nor among the provider's dependencies. The how-to guides' code
+# blocks are included from example_dags/ (pymdownx.snippets), so the site is built from the checkout's DAG files.
+DOCS_VENV  := .venv-docs
+DOCS_PINS  := mkdocs==1.6.1 mkdocs-material==9.8.1 pymdown-extensions==13.1
+# A changed pin changes the Makefile, which reinstalls them.
+DOCS_STAMP := $(DOCS_VENV)/.installed
+$(DOCS_STAMP): Makefile
+	@test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install $(PIP_QUIET) $(DOCS_PINS)
+	@touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
 
 # Figures against the embedded simulator, one line each: NAME: value (goal: ...). Not part of `make test`.
 # bench_provider.py prints figure lines only; Airflow's log lines go to .airflow/bench/bench_provider.log.
@@ -208,4 +223,4 @@ system-airflow2: $(STAMP2)
 	$(VENV2)/bin/python bench/system_airflow2.py
 
 clean:
-	rm -rf $(VENV) $(VENV2) $(VENV32) .airflow .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV2) $(VENV32) $(DOCS_VENV) site .airflow .pytest_cache .mypy_cache .ruff_cache

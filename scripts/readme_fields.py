@@ -1,7 +1,7 @@
-"""Write the README's table of creation fields from ``api.CREATION_FIELDS``, the one place that names them.
+"""Write the docs' table of creation fields from ``api.CREATION_FIELDS``, the one place that names them.
 
-python scripts/readme_fields.py          # rewrite the table in README.md
-python scripts/readme_fields.py --check  # exit 1 if the README's table is out of date (a test runs this)
+python scripts/readme_fields.py          # rewrite the table in docs/reference/creation-fields.md
+python scripts/readme_fields.py --check  # exit 1 if the table is out of date (a test runs this)
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from airflow_gpumarket import api
 from airflow_gpumarket.operators.renting import CREATION_DEFAULTS
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "creation-fields.md"
 START, END = "<!-- creation fields: written by scripts/readme_fields.py -->", "<!-- end of creation fields -->"
 
 
@@ -28,19 +28,19 @@ def with_table(text: str) -> str:
     head, found, rest = text.partition(START)
     _, found_end, tail = rest.partition(END)
     if not (found and found_end):
-        raise SystemExit(f"README.md lacks the markers {START} ... {END}")
+        raise SystemExit(f"{PAGE.name} lacks the markers {START} ... {END}")
     return f"{head}{START}\n{table()}\n{END}{tail}"
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text()
+    text = PAGE.read_text()
     wanted = with_table(text)
     if "--check" in argv:
         if wanted != text:
-            print("README.md's table of creation fields is out of date: run python scripts/readme_fields.py")
+            print(f"{PAGE.name}'s table of creation fields is out of date: run python scripts/readme_fields.py")
             return 1
         return 0
-    README.write_text(wanted)
+    PAGE.write_text(wanted)
     return 0
 
 
