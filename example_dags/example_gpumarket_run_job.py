@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from airflow.providers.common.compat.sdk import DAG
 
-from airflow_gpumarket.operators.instances import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 # 10 s is the spec's recommended poll interval; the simulator's clock is sped up, so tests and the demo poll faster.
 POLL_SECONDS = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
