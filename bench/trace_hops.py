@@ -1,14 +1,17 @@
-"""Count the file switches a reader makes following a deferrable RunJob from construction to ``defer()``.
+"""Count the file switches a reader makes following a deferrable RunJob to ``defer()``.
 
 The service is mocked (requests-mock: one offer, one create); every call into the provider's own code is recorded,
-and a hop is a call or return that lands in another file than the one before it. Printed: the files visited, the
-hops among all of the provider's files, and the hops among ``airflow_gpumarket/operators/`` files.
+and a hop is a call or return that lands in another file than the one before it. Printed for the trace from
+construction and from ``execute``: the hops among all of the provider's files, and among
+``airflow_gpumarket/operators/`` files.
 
     python bench/trace_hops.py
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import os
 import sys
@@ -30,15 +33,17 @@ def _mock_service(mocker: requests_mock.Mocker) -> None:
     mocker.put(BASE + api.PATH_CREATE_INSTANCE.format(offer_id=7), json={"success": True, "new_contract": 1001})
 
 
-def trace() -> list[str]:
-    """The provider's files, in the order a deferrable RunJob's code runs through them."""
+def trace(module: str) -> tuple[list[str], int]:
+    """The provider's files, in the order a deferrable RunJob's code runs through them; where ``execute`` starts."""
     os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = json.dumps(
         {"conn_type": "gpumarket", "host": BASE, "password": "trace-key-0123456789"}
     )
     from airflow_gpumarket._compat import TaskDeferred
-    from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+
+    operator_class = importlib.import_module(module).GpuMarketRunJobOperator
 
     files: list[str] = []
+    executed = 0
 
     def profile(frame, event, arg):  # noqa: ARG001 - the profiler's signature
         now = frame if event == "call" else frame.f_back if event == "return" else None
@@ -50,29 +55,40 @@ def trace() -> list[str]:
         _mock_service(mocker)
         sys.setprofile(profile)
         try:
-            operator = GpuMarketRunJobOperator(
+            operator = operator_class(
                 task_id="job",
                 command="python train.py",
                 offer_filters={"num_gpus": {"gte": 1}},
                 image="img",
                 deferrable=True,
             )
+            executed = len(files)
             operator.execute(context)
         except TaskDeferred:
             pass
         finally:
             sys.setprofile(None)
+    return files, executed
+
+
+def _runs(files: list[str]) -> list[str]:
     return [name for i, name in enumerate(files) if i == 0 or files[i - 1] != name]
 
 
 def main() -> None:
-    path = trace()
-    operators = [name for name in path if name.startswith("airflow_gpumarket/operators/")]
-    operators = [name for i, name in enumerate(operators) if i == 0 or operators[i - 1] != name]
-    print("files visited:", ", ".join(sorted(set(path))))
-    print(f"trace hops (provider files): {len(path) - 1}")
-    print(f"trace hops (operator files): {len(operators) - 1} across {len(set(operators))} file(s)")
-    print("operator path:", " -> ".join(name.removeprefix("airflow_gpumarket/operators/") for name in operators))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--module", default="airflow_gpumarket.operators.run_job", help="where the operator lives")
+    files, executed = trace(parser.parse_args().module)
+    for start, part in (("construction", files), ("execute", files[executed:])):
+        path = _runs(part)
+        operators = _runs([name for name in path if name.startswith("airflow_gpumarket/operators/")])
+        print(
+            f"from {start} to defer(): {len(path) - 1} hops among {len(set(path))} provider files; "
+            f"{len(operators) - 1} hops among {len(set(operators))} operator files"
+        )
+        print(
+            "  operator files:", ", ".join(sorted({n.removeprefix("airflow_gpumarket/operators/") for n in operators}))
+        )
 
 
 if __name__ == "__main__":
