@@ -448,9 +448,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         while True:
             if rental is None:
                 rental = self._rent(context, attempts)
+            if event is None:
                 if not self._should_wait():
                     return self._complete(context, rental, None)
-            if event is None:
                 watch = watch or self._watch(rental)
                 if self.deferrable:
                     self._defer(context, rental, watch, shown)

@@ -781,3 +781,24 @@ def test_rule_a_failed_read_at_the_start_of_a_wait_for_the_bid_counts_no_second_
     result = op.execute(ctx())
     assert result["job_status"] == "succeeded" and result["preemptions"] == 1
     assert list(hook.instances) == [1001] and hook.alive() == []
+
+
+@pytest.mark.parametrize("try_number", [1, 2])
+def test_create_instance_operator_without_waiting_returns_right_after_creation_or_adoption(try_number):
+    """wait_for_running=False: no status is read, whether this try rents or adopts what an earlier try rented."""
+    hook = FakeHook({1: [None]})
+    op = GpuMarketCreateInstanceOperator(
+        task_id="create",
+        offer_filters={"num_gpus": {"gte": 1}},
+        image="img",
+        wait_for_running=False,
+        poll_interval=0.001,
+        boot_timeout=0.05,
+    )
+    op.__dict__["hook"] = hook
+    if try_number == 2:  # an earlier try of this task instance rented it, and its worker died
+        earlier = hook.create_instance(1, label=lifecycle.make_label(op._rental_key(ctx()), time.time() + 3600))
+        hook.instances[earlier["new_contract"]]["actual_status"] = "loading"
+    result = op.execute(ctx(try_number))
+    assert result["instance_id"] == 1001 and list(hook.instances) == [1001]
+    assert hook.reads[1001] == [None] and hook.destroyed == []  # never read: the script was not consumed
