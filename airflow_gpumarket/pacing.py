@@ -37,8 +37,11 @@ def pacing_dir() -> Path:
 
 
 class SharedPacer:
-    """Books request slots for one (server, key, operation) across the processes of this machine: ``book(interval)``
-    returns how long to wait before sending, and keeps the next slot ``interval`` seconds after this one."""
+    """Books request slots for one (server, key, operation) across the processes of this machine.
+
+    ``book(interval)`` returns how long to wait before sending, and keeps the next slot ``interval`` seconds after this
+    one.
+    """
 
     def __init__(self, base_url: str, api_key: str, operation: str) -> None:
         digest = hashlib.sha256(f"{base_url.rstrip('/')}\n{api_key}\n{operation}".encode()).hexdigest()[:32]
