@@ -46,8 +46,10 @@ class RateLimits:
             self._refused.clear()
 
     def refused(self) -> dict[str, int]:
-        """How many requests were answered 429 since the last ``clear``, per operation: what a fleet test counts
-        (the request log keeps only its last entries)."""
+        """How many requests were answered 429 since the last ``clear``, per operation.
+
+        A fleet test counts these; the request log keeps only its last entries.
+        """
         with self._lock:
             return dict(self._refused)
 
