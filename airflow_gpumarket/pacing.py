@@ -3,7 +3,7 @@
 The live service keeps a token bucket per operation, API key and client address, without burst: every process on
 one host that calls with one key draws from the same bucket. A process that paces itself as if it owned the key
 (as each triggerer, worker and scheduler would) makes two processes send twice the budget, and each refusal costs
-a penalty token on top (bench/RESULTS.md, P1-HA).
+a penalty token on top.
 
 So the slots are booked in a small file per (server, key, operation) under the temp folder, locked with
 ``flock``: it holds the wall-clock second of the next free slot, and each call books the one after it and waits

@@ -104,8 +104,8 @@ def resume(flow: Flow[Any], reply: Any) -> Request | Sleep | FetchLog | Done:
 _PATIENT_MAX_TRIES = 200
 #: Paced calls (``api.rate_budget``) are spaced this many times the budget's interval (10 % wider) ...
 PACING_MARGIN = 1.1
-#: ... plus this many seconds: a request that opens a connection (TCP, TLS: tens to a couple of hundred ms) reaches
-#: the server later than the next one on a warm connection, and two processes' slots would meet there.
+#: ... plus this many seconds: a request that opens a connection (TCP, TLS) reaches the server later than the next
+#: one on a warm connection, and two processes' slots would meet there.
 PACING_SLACK_SECONDS = 0.1
 #: Instance keys this process received from create calls, masked in every log text fetched here (bounded).
 _INSTANCE_KEYS: deque[str] = deque(maxlen=1000)
@@ -162,7 +162,7 @@ class _GpuMarketHookBase(BaseHook):
         #: Whether this server has the live service's paged v1 instance list; learnt from the first listing.
         self._list_v1 = True
         #: The service's clock minus this host's, in seconds, from the Date header of its latest answer (0 until an
-        #: answer has one). Durations of the service's timestamps (an instance's ``start_date``) are measured
+        #: answer has one). Durations of the service's timestamps (an instance's ``start_date``) are counted
         #: against the service's time: the simulator's clock runs ahead, and a host's clock can be off.
         self.service_clock_offset = 0.0
 
