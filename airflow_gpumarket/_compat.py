@@ -60,6 +60,9 @@ def has_retry_policies() -> bool:
 
 
 def triggerer_calls_on_kill() -> bool:
-    """True from Airflow 3.3, whose triggerer calls a trigger's ``on_kill`` when a user marks its deferred task
-    failed or clears it. Before, only ``cleanup`` runs, for that and for every other reason a trigger stops."""
+    """True from Airflow 3.3, whose triggerer calls a trigger's ``on_kill``.
+
+    It does so when a user marks the deferred task failed or clears it. Earlier Airflow versions run only ``cleanup``,
+    for that and for every other reason a trigger stops.
+    """
     return airflow_version() >= (3, 3)

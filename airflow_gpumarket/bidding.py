@@ -1,5 +1,6 @@
-"""Interruptible (bid) rentals as pure rules: the policy a renting operator is given, its bids, and what a
-preemption leads to. Used by the renting operators and the trigger alike; no Airflow and no transport imports.
+"""Interruptible (bid) rentals as pure rules: the policy, its bids, and what a preemption leads to.
+
+Used by the renting operators and the trigger alike; no Airflow and no transport imports.
 
 A bid wins its machine while it is at least the machine's ``min_bid``: the host's floor or the highest competing
 bid, whichever is higher. Both the offer (when searched) and the instance (on every read) show it. A machine taken
@@ -27,8 +28,10 @@ BID_STRATEGIES = ("min", "hold")
 
 
 def bid_cap(max_bid: float | None, on_demand: Any) -> float | None:
-    """The most a bid may be: ``max_bid`` and the on-demand price, whichever is lower (a bid above the on-demand
-    price buys nothing); None when neither is known."""
+    """The most a bid may be: the lower of ``max_bid`` and the on-demand price.
+
+    A bid above the on-demand price buys nothing. None when neither is known.
+    """
     caps = [float(cap) for cap in (max_bid, on_demand) if api.is_positive_number(cap)]
     return min(caps) if caps else None
 
@@ -50,9 +53,11 @@ def bid_for(offer: Mapping[str, Any], max_bid: float | None) -> tuple[float | No
 
 
 def held_bid(bid: float, min_bid: Any, cap: float) -> float | None:
-    """The bid that holds a machine whose winning price is now ``min_bid``: ``BID_MARGIN`` over it once less than
-    half that margin is left (or the bid lost), never above ``cap``. None when no raise is due, or when no bid up
-    to the cap wins the machine."""
+    """The bid that holds a machine whose winning price is now ``min_bid``, or None.
+
+    It is ``BID_MARGIN`` over ``min_bid`` once less than half that margin is left (or the bid lost), never above
+    ``cap``. None when no raise is due, or when no bid up to the cap wins the machine.
+    """
     if not api.is_positive_number(min_bid) or min_bid > cap or bid >= min_bid * (1 + BID_MARGIN / 2):
         return None
     raised = round(min(min_bid * (1 + BID_MARGIN), cap), 4)
@@ -127,8 +132,10 @@ class BidPolicy(NamedTuple):
         return self.bid_strategy == "hold"
 
     def may_wait(self, preemptions: int, *, waited: bool) -> bool:
-        """Whether the stopped instance may be left to win its machine back after preemption ``preemptions``
-        (``waited``: a wait for it ran out already)."""
+        """Whether the stopped instance may wait to win its machine back after preemption ``preemptions``.
+
+        ``waited``: a wait for it ran out already.
+        """
         return not waited and preemptions <= self.max_preemptions and self.max_outbid_wait > 0
 
     def after_preemption(self, preemptions: int, *, waited: bool, won_back: bool, on_demand: bool) -> Next:

@@ -45,8 +45,10 @@ def _rebuild(cls: type[GpuMarketError], message: str, state: dict) -> GpuMarketE
 
 
 class GpuMarketAuthError(GpuMarketError):
-    """401/403, or any status whose body says ``auth_error``: the API key is missing, wrong, revoked, or not
-    allowed to do this."""
+    """The API key is missing, wrong, revoked, or not allowed to do this.
+
+    Raised for 401/403, or any status whose body says ``auth_error``.
+    """
 
 
 class GpuMarketNotFoundError(GpuMarketError):
@@ -66,9 +68,11 @@ class GpuMarketQuotaExceededError(GpuMarketRateLimitError):
 
 
 class GpuMarketCreateRefusedError(GpuMarketError):
-    """create_instance answered ``success: false`` and still made an instance, stopped (``new_contract``): a bid
-    below the machine's minimum does this. The hook destroys that instance before it raises; ``destroyed`` (and the
-    message) say whether that worked."""
+    """create_instance answered ``success: false`` yet made a stopped instance.
+
+    A bid below the machine's minimum does this (``new_contract``). The hook destroys that instance before it raises;
+    ``destroyed`` (and the message) say whether that worked.
+    """
 
     def __init__(self, message: str, *, new_contract: int, destroyed: bool = False, **kwargs) -> None:
         super().__init__(message, **kwargs)

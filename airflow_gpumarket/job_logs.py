@@ -58,8 +58,11 @@ class Redactor:
 
 
 def split_lines(text: str, *, complete_only: bool) -> list[str]:
-    """The lines of ``text``; with ``complete_only``, a last line without its newline (still being written) is
-    left out, so it is read whole next time."""
+    """The lines of ``text``.
+
+    With ``complete_only``, a last line without its newline (still being written) is left out, so it is read whole next
+    time.
+    """
     lines = text.split("\n")
     last = lines.pop()  # "" when text ends with a newline
     if last and not complete_only:
@@ -103,8 +106,10 @@ class LogFollower:
         return new
 
     def _overlap(self, lines: Sequence[str]) -> int:
-        """How many leading lines of ``lines`` were already returned: the longest k for which the last k lines
-        seen are the first k of ``lines``."""
+        """How many leading lines of ``lines`` were already returned.
+
+        That is the longest k for which the last k lines seen are the first k of ``lines``.
+        """
         if not lines or not self._seen:
             return 0
         seen = list(self._seen)
@@ -164,8 +169,10 @@ RESUMED_WAIT_LINES = 20
 
 
 class LogPump:
-    """One wait's reading of a running job's log: when the next read is due, what each read adds to the task log
-    (prefixed with the instance id), and how failed reads slow it down or turn it off.
+    """One wait's reading of a running job's log.
+
+    It decides when the next read is due, what each read adds to the task log (prefixed with the instance id), and how
+    failed reads slow it down or turn it off.
 
     Used by the operator's loop, the trigger and the sensor around their own transport. ``interval`` 0 turns
     reading off (no request to the logs endpoint at all). ``shown``: see ``LogFollower``.
@@ -192,15 +199,20 @@ class LogPump:
         self._said_repeats = False
 
     def began(self, running: bool) -> None:
-        """Take a status this wait read; only the first counts. A job already running then (this wait resumed on
-        another triggerer, or a retry took the instance over) has printed lines that may have been shown before:
-        nothing records which, so the first read shows only the log's last ``RESUMED_WAIT_LINES`` lines, marked."""
+        """Take a status this wait read; only the first counts.
+
+        A job already running then (this wait resumed on another triggerer, or a retry took the instance over) has
+        printed lines that may have been shown before: nothing records which, so the first read shows only the log's
+        last ``RESUMED_WAIT_LINES`` lines, marked.
+        """
         if self._began_running is None:
             self._began_running = running
 
     def due(self, now: float) -> bool:
-        """True when a read should be made now; the first is due one interval after the first call (the job
-        has just started then: it cannot have printed much)."""
+        """True when a read should be made now.
+
+        The first is due one interval after the first call: the job has just started then and cannot have printed much.
+        """
         if self.off:
             return False
         if self._next_at is None:
@@ -232,8 +244,10 @@ class LogPump:
         return out
 
     def failed(self, now: float, exc: GpuMarketError, *, final: bool = False) -> str | None:
-        """Take a failed read; the warning to log, or None when the same kind was already reported. The final
-        read (after the job ended) is always reported, with what is lost."""
+        """Take a failed read; returns the warning to log, or None when the same kind was already reported.
+
+        The final read (after the job ended) is always reported, with what is lost.
+        """
         if final:
             self.off = True
             return (
@@ -258,23 +272,27 @@ class LogPump:
         )
 
     def summary(self) -> dict[str, object]:
-        """What the event that ends a job carries: the last lines read, the exit status the wrapper printed (None
-        when no status line was read), and whether the log was read to its end (``log_read``: no final read
-        failed, and the service has a logs endpoint)."""
+        """What the event that ends a job carries from the log.
+
+        That is the last lines read, the exit status the wrapper printed (None when no status line was read), and
+        whether the log was read to its end (``log_read``: no final read failed, and the service has a logs endpoint).
+        """
         tail = [line[:EVENT_LINE_CHARS] for line in self.follower.recent()]
         return {"log_tail": tail, "exit_status": self.follower.exit_status, "log_read": not self.off}
 
 
 def forward_flow(hook: Any, pump: LogPump, log: Any, *, final: bool = False, hold_final: bool = False) -> Any:
-    """One read of the job's output, as a flow either hook runs (``hook.run_flow``), into ``log``. A failed read is
-    reported (once) and only delays the next: the job goes on whatever happens here. Periodic reads make one try
-    (the next round is the retry); the ``final`` read, whose lines go into the failure message, gets the hook's
-    retries.
+    """One read of the job's output into ``log``, as a flow either hook runs (``hook.run_flow``).
 
-    With ``hold_final`` (the trigger), the lines of the final read are returned instead of logged, for the event
-    (see ``held_for_the_task``). Airflow (3.2 and 3.3 alike) closes a trigger's log file when the trigger reports
-    itself finished, which races with the lines it logged just before: the last read's lines were seen lost in a
-    real deployment. The resumed task logs them itself. Otherwise the flow returns ``[]``."""
+    A failed read is reported (once) and only delays the next: the job goes on whatever happens here. Periodic reads
+    make one try (the next round is the retry); the ``final`` read, whose lines go into the failure message, gets the
+    hook's retries.
+
+    With ``hold_final`` (the trigger), the lines of the final read are returned instead of logged, for the event (see
+    ``held_for_the_task``). Airflow (3.2 and 3.3 alike) closes a trigger's log file when the trigger reports itself
+    finished, which races with the lines it logged just before, so they can be lost. The resumed task logs them itself.
+    Otherwise the flow returns ``[]``.
+    """
     try:
         text = yield from hook.get_instance_logs_flow(
             pump.instance_id, tail=pump.follower.window, retry=final, key_digests=pump.key_digests

@@ -135,13 +135,17 @@ def build_job_onstart(
 
 @functools.cache
 def _room_for_command(stop_on_success: bool) -> int:
-    """Characters left for the command in an unpacked script that exports nothing, behind a base URL of up to
-    200 characters."""
+    """Characters left for the command in an unpacked script that exports nothing.
+
+    Counted behind a base URL of up to 200 characters.
+    """
     wrapper = build_job_onstart("x", base_url="https://" + "h" * 192, stop_on_success=stop_on_success)
     return api.ONSTART_MAX_CHARS - (len(wrapper) - 1)
 
 
 def certainly_fits(command: str, *, stop_on_success: bool = False) -> bool:
-    """True when ``command``'s script fits the onstart limit without even being packed, so a DAG's parse need not
-    write it (the task writes it, and checks it again, before renting)."""
+    """True when ``command``'s script fits the onstart limit without even being packed.
+
+    A DAG's parse then need not write it; the task writes it, and checks it again, before renting.
+    """
     return len(command.rstrip("\n")) <= _room_for_command(stop_on_success)

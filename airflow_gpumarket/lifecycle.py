@@ -52,8 +52,10 @@ MAX_RUNTIME = "max_runtime"
 
 
 def event_kind(event: Any) -> EventKind:
-    """The kind of an event that came back from a trigger; ValueError naming the event for anything else (a
-    payload of another provider version, or none at all)."""
+    """The kind of an event that came back from a trigger.
+
+    Raises ValueError naming the event for anything else (a payload of another provider version, or none at all).
+    """
     kind = event.get("status") if isinstance(event, Mapping) else None
     try:
         return EventKind(kind)
@@ -104,8 +106,10 @@ def lease_of(label: Any) -> int | None:
 
 
 def started_at(instance: Mapping[str, Any], *, fallback: float, now: float) -> float:
-    """When the instance started billing, from the service's ``start_date`` (epoch seconds) when it is a
-    plausible number, else ``fallback``."""
+    """When the instance started billing.
+
+    Read from the service's ``start_date`` (epoch seconds) when it is a plausible number, else ``fallback``.
+    """
     value = instance.get("start_date")
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= now:
         return float(value)
@@ -149,8 +153,10 @@ class Attempts:
 
 @dataclass
 class Rental:
-    """What a renting task holds while it waits: the instance, what it costs, when it started billing, its label,
-    and what this task instance tried so far (``Attempts``).
+    """What a renting task holds while it waits.
+
+    That is the instance, what it costs, when it started billing, its label, and what this task instance tried so far
+    (``Attempts``).
 
     Travels to the trigger and back in the event (``to_resume``/``from_resume``): a job that succeeded has
     destroyed its instance, so its price and start cannot be read again afterwards.
@@ -175,8 +181,10 @@ class Rental:
     read_at: float | None = None  # its watcher's last read, on that clock
 
     def note_billing(self, status: str | None, at: float) -> bool:
-        """Take one read's status at the service's time ``at`` (see ``billing_marks``); True when it is the first
-        read that found the rental running."""
+        """Take one read's status at the service's time ``at`` (see ``billing_marks``).
+
+        Returns True when it is the first read that found the rental running.
+        """
         first = self.running_at is None
         previous = self.read_at if self.read_at is not None else self.recorded_at
         self.running_at, self.stopped_at = billing_marks(self.running_at, self.stopped_at, status, at, previous)
@@ -240,9 +248,12 @@ def billing_marks(
     at: float,
     previous: float | None = None,
 ) -> tuple[float | None, float | None]:
-    """When compute billing started (the instance was first read running) and, while it is stopped after running,
-    when it stopped, after one more read at ``at``. A change is put halfway between the read that found it and the
-    ``previous`` read (when known), so each mark is off by at most half a poll, either way."""
+    """When compute billing started and, if stopped after running, when it stopped.
+
+    Billing started when the instance was first read running; the marks are taken after one more read at ``at``. A
+    change is put halfway between the read that found it and the ``previous`` read (when known), so each mark is off by
+    at most half a poll, either way.
+    """
     change = at if previous is None or previous > at else (previous + at) / 2
     if status == api.STATUS_RUNNING:
         return (change if running_at is None else running_at), None
@@ -340,8 +351,11 @@ class Watch:
     def observe(
         self, now: float, *, status: str | None = None, gone: bool = False, unread: bool = False
     ) -> dict | None:
-        """Take one read: ``status``, or ``gone`` (the instance answered 404), or ``unread`` (the read failed after
-        the hook's retries: nothing new was learnt, so the last status read is judged again)."""
+        """Take one read: ``status``, or ``gone`` (the instance answered 404), or ``unread``.
+
+        ``unread``: the read failed after the hook's retries; nothing new was learnt, so the last status read is judged
+        again.
+        """
         if unread:
             status = self.status
         shown = "gone" if gone else repr(status)
@@ -366,13 +380,18 @@ class Watch:
         )
 
     def reads_log(self) -> bool:
-        """Whether the job's log is read as this wait goes on: the job was seen running, or a preempted bid instance
-        may win its machine back and run the job to its end between two reads (``ended_while_waiting``)."""
+        """Whether the job's log is read as this wait goes on.
+
+        It is once the job was seen running, or when a preempted bid instance may win its machine back and run the job
+        to its end between two reads (``ended_while_waiting``).
+        """
         return self.running_since is not None or self.outbid_wait_until is not None
 
     def lease_renewal(self, now: float) -> str | None:
-        """The label to write now to keep the lease ahead, or None when no renewal is due (see ``renewed_label``).
-        Set ``label`` once the service took it."""
+        """The label to write now to keep the lease ahead, or None when no renewal is due.
+
+        See ``renewed_label``. Set ``label`` once the service took it.
+        """
         if self.keepalive is None or self.lease_cap is None:
             return None
         return renewed_label(self.label, now=now, keepalive=self.keepalive, lease_cap=self.lease_cap)
@@ -389,23 +408,31 @@ def ends_with_log(event: Mapping[str, Any]) -> bool:
 
 
 def needs_final_read(event: Mapping[str, Any], pump: job_logs.LogPump) -> bool:
-    """Whether the wait that ``event`` ends reads the job's log once more first: the job ended (its last lines and
-    its exit status are in the log) and reads are on. The operator, the sensor and the trigger ask this alike."""
+    """Whether the wait that ``event`` ends reads the job's log once more first.
+
+    It does when the job ended (its last lines and its exit status are in the log) and reads are on. The operator, the
+    sensor and the trigger ask this alike.
+    """
     return ends_with_log(event) and pump.interval > 0 and not pump.off
 
 
 def ended_while_waiting(watch: Watch, pump: job_logs.LogPump) -> dict[str, Any] | None:
-    """While a preempted bid instance is left to win its machine back: once a read of its log found the job
-    wrapper's exit status line, the resumed run ended (and stopped its instance) between two reads of its status,
-    and the wait ends there, judged by the log like any job's end. None while no such line was read."""
+    """The event ending a preempted bid instance's wait once its log shows the job ended, else None.
+
+    While such an instance is left to win its machine back, a read of its log that found the job wrapper's exit status
+    line means the resumed run ended (and stopped its instance) between two reads of its status. The wait ends there,
+    judged by the log like any job's end. None while no such line was read.
+    """
     if watch.outbid_wait_until is None or pump.follower.exit_status is None:
         return None
     return {"status": EventKind.JOB_FAILED.value, "actual_status": watch.status}
 
 
 def end_of_wait(event: dict[str, Any], pump: job_logs.LogPump) -> dict[str, Any]:
-    """``event`` as every wait ends it: a job's end judged by what the log reads found (``with_job_end``), and the
-    instance named."""
+    """``event`` as every wait ends it.
+
+    A job's end is judged by what the log reads found (``with_job_end``), and the instance is named.
+    """
     if ends_with_log(event) and pump.interval > 0:
         with_job_end(event, pump.summary())
     event["instance_id"] = pump.instance_id
@@ -455,14 +482,19 @@ def preempted(event: Mapping[str, Any]) -> bool:
 
 
 def destroyed_itself(event: Mapping[str, Any]) -> bool:
-    """A job that succeeded by destroying its own instance (the wrapper's destroy on success) rather than
-    stopping it: nothing is left to destroy."""
+    """True for a job that succeeded by destroying its own instance rather than stopping it.
+
+    The wrapper destroys it on success; nothing is left to destroy.
+    """
     return event.get("status") == EventKind.JOB_SUCCEEDED.value and event.get("actual_status") is None
 
 
 def describe_event(event: Mapping[str, Any], instance_id: int) -> str:
-    """A sentence for the task log and for exception messages; for a job that did not succeed, with its exit status
-    and last output lines when the event carries them (a success quotes none: the task log showed them)."""
+    """A sentence for the task log and for exception messages.
+
+    For a job that did not succeed, it has the exit status and last output lines when the event carries them; a success
+    quotes none, as the task log showed them.
+    """
     try:
         kind = event_kind(event)
     except ValueError:

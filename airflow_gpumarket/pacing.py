@@ -3,7 +3,7 @@
 The live service keeps a token bucket per operation, API key and client address, without burst: every process on
 one host that calls with one key draws from the same bucket. A process that paces itself as if it owned the key
 (as each triggerer, worker and scheduler would) makes two processes send twice the budget, and each refusal costs
-a penalty token on top (bench/RESULTS.md, P1-HA).
+a penalty token on top.
 
 So the slots are booked in a small file per (server, key, operation) under the temp folder, locked with
 ``flock``: it holds the wall-clock second of the next free slot, and each call books the one after it and waits
@@ -37,8 +37,11 @@ def pacing_dir() -> Path:
 
 
 class SharedPacer:
-    """Books request slots for one (server, key, operation) across the processes of this machine: ``book(interval)``
-    returns how long to wait before sending, and keeps the next slot ``interval`` seconds after this one."""
+    """Books request slots for one (server, key, operation) across the processes of this machine.
+
+    ``book(interval)`` returns how long to wait before sending, and keeps the next slot ``interval`` seconds after this
+    one.
+    """
 
     def __init__(self, base_url: str, api_key: str, operation: str) -> None:
         digest = hashlib.sha256(f"{base_url.rstrip('/')}\n{api_key}\n{operation}".encode()).hexdigest()[:32]

@@ -14,8 +14,10 @@ CHECK_INTERVAL_SECONDS = 300.0
 
 
 class PriceIncreaseEvent(str, Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2.11 runs on 3.10
-    """The ``status`` of the trigger's event: increases found (``pending``, ``truncated``), or an error
-    (``message``) that no retry can mend."""
+    """The ``status`` of the trigger's event.
+
+    Either increases found (``pending``, ``truncated``), or an error (``message``) that no retry can mend.
+    """
 
     FOUND = "found"
     ERROR = "error"

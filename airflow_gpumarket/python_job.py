@@ -73,8 +73,10 @@ os._exit(0)  # the marker is the last thing printed: threads the function left b
 
 
 def marker(key: str) -> str:
-    """The marker of one task instance's result (the rental key: the same on every try, so a retry that adopts
-    the earlier try's instance reads its result)."""
+    """The marker of one task instance's result.
+
+    It is the rental key: the same on every try, so a retry that adopts the earlier try's instance reads its result.
+    """
     return f"{RESULT_PREFIX}{key}"
 
 
@@ -111,8 +113,11 @@ def build_command(
     requirements: Iterable[str] = (),
     python: str = "python3",
 ) -> str:
-    """The shell command that installs ``requirements``, then runs ``name`` from ``source`` with the arguments
-    under ``python`` and prints its result's marker line (see the module docstring)."""
+    """The shell command that runs ``name`` from ``source`` and prints its result's marker line.
+
+    It installs ``requirements`` first and runs the function with the arguments under ``python`` (see the module
+    docstring).
+    """
     args, kw = json_arguments(args, kwargs or {})
     payload = json.dumps({"source": source, "name": name, "key": key, "args": args, "kwargs": kw})
     runner = _RUNNER.format(limit=RESULT_MAX_BYTES, prefix=RESULT_PREFIX, unsendable=RESULT_UNSENDABLE_STATUS)

@@ -1,5 +1,6 @@
-"""The provider's retry policy (Airflow 3.3+, AIP-105): retry, after a delay, what another try may get past; fail
-at once what it would only repeat.
+"""The provider's retry policy (Airflow 3.3+, AIP-105).
+
+It retries, after a delay, what another try may get past, and fails at once what it would only repeat.
 
     from airflow_gpumarket.retry_policy import gpumarket_retry_policy
 

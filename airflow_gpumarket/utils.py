@@ -15,8 +15,11 @@ from airflow_gpumarket.exceptions import GpuMarketValidationError
 
 
 class RunTimeModule:
-    """A module imported when first used: for what only a running task needs, which a DAG file importing an
-    operator does not pay for (``if TYPE_CHECKING:`` imports the module itself, for type checkers)."""
+    """A module imported when first used.
+
+    For what only a running task needs, which a DAG file importing an operator does not pay for (``if TYPE_CHECKING:``
+    imports the module itself, for type checkers).
+    """
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -30,8 +33,11 @@ _PLAIN = (str, int, float, type(None), timedelta)
 
 
 def resolved_at_run_time(value: Any) -> bool:
-    """An upstream task's output (``XComArg``, ``.output``), a DAG param or a mapped argument, at any depth of a
-    mapping or list: Airflow resolves it when the task runs, so it is checked then."""
+    """Whether ``value`` holds something Airflow resolves when the task runs, so it is checked then.
+
+    That is an upstream task's output (``XComArg``, ``.output``), a DAG param or a mapped argument, at any depth of a
+    mapping or list.
+    """
     if isinstance(value, _PLAIN):
         return False
     if callable(getattr(value, "resolve", None)) and hasattr(value, "iter_references"):
@@ -93,7 +99,9 @@ def instance_id_from(value: Any) -> int | None:
 
 
 def check_instance_id_argument(value: Any) -> None:
-    """Refuse a bad instance id when the DAG is parsed; a template or an upstream task's output (XComArg) is
-    checked when it is resolved."""
+    """Refuse a bad instance id when the DAG is parsed.
+
+    A template or an upstream task's output (XComArg) is checked when it is resolved.
+    """
     if not is_templated(value):
         instance_id_from(value)

@@ -17,8 +17,11 @@ from airflow_gpumarket.exceptions import GpuMarketError
 
 
 class Observation:
-    """What one read learnt about one instance: its status (and, for a bid instance, its bid and its machine's
-    ``min_bid``), that it is gone, or a failure; and the service's time of the read (``at``, epoch seconds)."""
+    """What one read learnt about one instance, and the service's time of the read (``at``).
+
+    That is its status (and, for a bid instance, its bid and its machine's ``min_bid``), that it is gone, or a failure;
+    ``at`` is in epoch seconds.
+    """
 
     __slots__ = ("status", "gone", "error", "at", "bid", "min_bid")
 
@@ -105,8 +108,11 @@ class Wait:
         return self.pump.instance_id
 
     def step(self, hook: Any, seen: Observation, now: float) -> Any:
-        """Take one read: the event that ends the wait, or None. A read that failed (after the hook's retries) is
-        judged as the last status read; the caller ends the wait on a failure that retries cannot mend."""
+        """Take one read: the event that ends the wait, or None.
+
+        A read that failed (after the hook's retries) is judged as the last status read; the caller ends the wait on a
+        failure that retries cannot mend.
+        """
         if seen.error is not None:
             self.log.warning(
                 "Reading instance %s failed after retries (%s); still polling", self.instance_id, seen.error

@@ -1,5 +1,7 @@
-"""Request bodies: the creation-field tables (one line per field of the spec) and the builders that validate a
-body against every rule before anything is sent."""
+"""Request bodies: the creation-field tables and the builders that validate them.
+
+The tables hold one line per field of the spec; a builder checks a body against every rule before anything is sent.
+"""
 
 from __future__ import annotations
 
@@ -296,8 +298,11 @@ def build_regen_backup_codes_body(
 def build_request_logs_body(
     *, tail: int | str | None = None, filter: str | None = None, daemon_logs: bool | None = None
 ) -> dict[str, Any]:
-    """The logs request's body: ``tail`` as a string number of lines, ``filter`` (a server-side grep),
-    ``daemon_logs`` "true" for the host daemon's log instead of the container's."""
+    """The logs request's body.
+
+    ``tail`` is a string number of lines, ``filter`` a server-side grep, and ``daemon_logs`` "true" asks for the host
+    daemon's log instead of the container's.
+    """
     body: dict[str, Any] = {}
     if tail is not None:
         text = str(tail).strip() if isinstance(tail, int | str) and not isinstance(tail, bool) else ""
@@ -315,8 +320,11 @@ def build_request_logs_body(
 
 
 def log_result_url(operation: str, body: Any) -> str:
-    """The ``result_url`` of a logs answer; a ``GpuMarketError`` for an answer without a usable one (an
-    http(s) URL: it is fetched without the API key, so nothing else is followed)."""
+    """The ``result_url`` of a logs answer.
+
+    Raises ``GpuMarketError`` for an answer without a usable one: only an http(s) URL is accepted, since it is fetched
+    without the API key.
+    """
     url = body.get("result_url") if isinstance(body, Mapping) else None
     if isinstance(url, str) and url.startswith(("https://", "http://")):
         return url

@@ -1,5 +1,7 @@
-"""The service's paths, enums, statuses and limits: the facts of the spec (and of the live service where it
-has moved on) that every other part of the client names."""
+"""The service's paths, enums, statuses and limits, named by every other part of the client.
+
+These are the facts of the spec, and of the live service where it differs.
+"""
 
 from __future__ import annotations
 

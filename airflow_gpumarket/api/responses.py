@@ -1,5 +1,7 @@
-"""Reading answers: bodies, Retry-After and rate-limit headers, and the mapping of each error shape (the spec's
-and the live service's) to the provider's exceptions."""
+"""Reading answers: bodies, headers, and the mapping of error shapes to the provider's exceptions.
+
+Headers read are Retry-After and the rate-limit ones; error shapes are the spec's and the live service's.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""What is retried and how long to wait: the published request budgets, the patient operations, the policy read
-from the connection. Tenacity does the looping in the hooks."""
+"""What is retried and how long to wait.
+
+This holds the published request budgets, the patient operations and the policy read from the connection. Tenacity does
+the looping in the hooks.
+"""
 
 from __future__ import annotations
 
@@ -35,9 +38,11 @@ PATIENT_OPERATIONS = frozenset({"search_offers", "create_instance", "request_ins
 
 
 def rate_budget(operation: str) -> tuple[str, float] | None:
-    """(budget, requests/s) that paces ``operation``, or None for an operation not paced. The hook books each such
-    call a slot of its budget machine-wide (``pacing``), so the pages of a walk, the shared pollers' rounds and a
-    fleet of tasks starting or failing at once stay within it."""
+    """The (budget, requests/s) that paces ``operation``, or None for an operation not paced.
+
+    The hook books each such call a slot of its budget machine-wide (``pacing``), so the pages of a walk, the shared
+    pollers' rounds and a fleet of tasks starting or failing at once stay within it.
+    """
     return {
         "list_instances": ("list_instances", LIST_RATE_PER_SECOND),
         "create_instance": ("create_instance", CREATE_RATE_PER_SECOND),
@@ -69,8 +74,10 @@ class RetryPolicy:
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """429, 5xx and transport failures are worth another try (for idempotent calls); a quota that resets hours
-    ahead is not."""
+    """Whether a failure is worth another try for an idempotent call.
+
+    429, 5xx and transport failures are; a quota that resets hours ahead is not.
+    """
     if isinstance(exc, GpuMarketQuotaExceededError):
         return False
     return isinstance(exc, GpuMarketRateLimitError | GpuMarketServerError | GpuMarketTransportError)
@@ -92,8 +99,11 @@ def create_surely_not_processed(exc: BaseException) -> bool:
 
 
 def retry_wait_seconds(exc: BaseException | None, attempt: int, policy: RetryPolicy, jitter: float) -> float:
-    """Seconds to wait before try ``attempt + 1``: Retry-After when the server sent one, else exponential
-    backoff from ``min_wait`` capped at ``max_wait``, scaled by ``jitter`` (0..1) into its upper half."""
+    """Seconds to wait before try ``attempt + 1``.
+
+    Retry-After when the server sent one, else exponential backoff from ``min_wait`` capped at ``max_wait``, scaled by
+    ``jitter`` (0..1) into its upper half.
+    """
     cap = policy.max_wait
     if isinstance(exc, GpuMarketRateLimitError):
         if exc.retry_after is not None:

@@ -37,8 +37,10 @@ _PLACEHOLDER_KEY = "0" * 12
 
 
 def function_source(python_callable: Callable[..., Any]) -> tuple[str, str]:
-    """(source without decorators, name) of a function defined with ``def`` in a file; a validation error for
-    anything else (a lambda, a method, a function typed into a console)."""
+    """The (source without decorators, name) of a function defined with ``def`` in a file.
+
+    Raises a validation error for anything else: a lambda, a method, a function typed into a console.
+    """
     name = getattr(python_callable, "__name__", "")
     try:
         source = textwrap.dedent(inspect.getsource(python_callable))
@@ -90,9 +92,11 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
         )
 
     def _command(self, key: str, args: list[Any], kwargs: dict[str, Any], *, parse_time: bool = False) -> str:
-        """The job's command. At parse time, arguments known only at run time (an upstream task's output, Jinja)
-        stand in as None, so the size check is of the function alone; it is repeated with the real values before
-        anything is rented."""
+        """The job's command.
+
+        At parse time, arguments known only at run time (an upstream task's output, Jinja) stand in as None, so the size
+        check is of the function alone; it is repeated with the real values before anything is rented.
+        """
         if parse_time:
             args = [None if is_templated(v) or resolved_at_run_time(v) else v for v in args]
             kwargs = {k: None if is_templated(v) or resolved_at_run_time(v) else v for k, v in kwargs.items()}
@@ -190,8 +194,11 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
 
 
 def _refuse_context_parameters(python_callable: Callable[..., Any], op_kwargs: Mapping[str, Any]) -> None:
-    """A parameter named like an Airflow context key (``ti``, ``ds``, ...) would be filled locally, but the
-    function runs on the instance, where there is no context: refused at parse time unless given explicitly."""
+    """Refuse, at parse time, parameters named like Airflow context keys unless given explicitly.
+
+    A parameter named like a context key (``ti``, ``ds``, ...) would be filled locally, but the function runs on the
+    instance, where there is no context.
+    """
     for name in inspect.signature(python_callable).parameters:
         if name in _CONTEXT_KEYS and name not in op_kwargs:
             raise GpuMarketValidationError(

@@ -1,5 +1,7 @@
-"""An Airflow connection of type ``gpumarket`` read into settings, refusing what would leak the key or guess a
-host. Shared by the sync and async hooks."""
+"""An Airflow connection of type ``gpumarket`` read into settings.
+
+Settings that would leak the key or guess a host are refused. Shared by the sync and async hooks.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""What the sync and async hooks share, written once: the connection's settings, pacing, retry decisions, and
-every call of the API both hooks make, as a *flow*.
+"""What the sync and async hooks share, written once: settings, pacing, retry decisions and API calls.
+
+Every call of the API that both hooks make is written as a *flow*.
 
 A flow is a generator that yields what it needs from the outside and gets the answer back: a ``Request`` (the
 driver sends it and returns a ``Response``, or throws a ``GpuMarketTransportError`` in), a ``Sleep`` (the
@@ -88,8 +89,11 @@ class Done:
 
 
 def resume(flow: Flow[Any], reply: Any) -> Request | Sleep | FetchLog | Done:
-    """The flow's next need, after giving it ``reply`` (a ``GpuMarketTransportError`` is thrown in, at the request
-    that failed); ``Done`` once it returned. Its own exceptions go to the driver's caller."""
+    """The flow's next need after giving it ``reply``; ``Done`` once it returned.
+
+    A ``GpuMarketTransportError`` reply is thrown in, at the request that failed. The flow's own exceptions go to the
+    driver's caller.
+    """
     try:
         return flow.throw(reply) if isinstance(reply, GpuMarketTransportError) else flow.send(reply)
     except StopIteration as done:
@@ -100,16 +104,18 @@ def resume(flow: Flow[Any], reply: Any) -> Request | Sleep | FetchLog | Done:
 _PATIENT_MAX_TRIES = 200
 #: Paced calls (``api.rate_budget``) are spaced this many times the budget's interval (10 % wider) ...
 PACING_MARGIN = 1.1
-#: ... plus this many seconds: a request that opens a connection (TCP, TLS: tens to a couple of hundred ms) reaches
-#: the server later than the next one on a warm connection, and two processes' slots would meet there.
+#: ... plus this many seconds: a request that opens a connection (TCP, TLS) reaches the server later than the next
+#: one on a warm connection, and two processes' slots would meet there.
 PACING_SLACK_SECONDS = 0.1
 #: Instance keys this process received from create calls, masked in every log text fetched here (bounded).
 _INSTANCE_KEYS: deque[str] = deque(maxlen=1000)
 
 
 def slot_seconds(operation: str, rate_limit_scale: float = 1.0) -> float:
-    """Seconds between two calls of ``operation``'s budget on one key from this machine (see ``PACING_MARGIN``),
-    for a server whose budgets are ``rate_limit_scale`` times the published ones."""
+    """Seconds between two calls of ``operation``'s budget on one key from this machine.
+
+    See ``PACING_MARGIN``; the budgets are ``rate_limit_scale`` times the published ones.
+    """
     budget = api.rate_budget(operation)
     if budget is None:
         raise ValueError(f"{operation} is paced by no budget")
@@ -139,8 +145,11 @@ class LogBuffer:
 
 
 class _GpuMarketHookBase(BaseHook):
-    """Everything the sync and async hooks share: the connection, pacing, retry decisions, and each call of the API
-    as a flow (see the module's docstring). A hook adds only a driver that moves the bytes."""
+    """Everything the sync and async hooks share.
+
+    That is the connection, pacing, retry decisions, and each call of the API as a flow (see the module's docstring). A
+    hook adds only a driver that moves the bytes.
+    """
 
     conn_name_attr = "gpumarket_conn_id"
     default_conn_name = "gpumarket_default"
@@ -153,18 +162,20 @@ class _GpuMarketHookBase(BaseHook):
         #: Whether this server has the live service's paged v1 instance list; learnt from the first listing.
         self._list_v1 = True
         #: The service's clock minus this host's, in seconds, from the Date header of its latest answer (0 until an
-        #: answer has one). Durations of the service's timestamps (an instance's ``start_date``) are measured
+        #: answer has one). Durations of the service's timestamps (an instance's ``start_date``) are counted
         #: against the service's time: the simulator's clock runs ahead, and a host's clock can be off.
         self.service_clock_offset = 0.0
 
     def _pace(self, operation: str) -> float:
-        """Seconds to wait before the next ``operation`` request, and book its slot (0 for an operation that no
-        budget paces: ``api.rate_budget``). The live service keeps a bucket per operation, key and client address,
-        without burst, and charges a penalty for each refusal. So every such call of every process of this machine
-        on this key (pages of a walk, the shared pollers' rounds, reapers, a fleet of mapped tasks renting, reading
-        or failing at once) takes its turn through one ``pacing.SharedPacer`` per budget, spaced a little wider
-        than the budget: sent exactly at the rate, clock jitter alone would draw 429s. The connection's
-        ``rate_limit_scale`` scales the budgets (0: none)."""
+        """Seconds to wait before the next ``operation`` request, and book its slot.
+
+        0 for an operation that no budget paces (``api.rate_budget``). The live service keeps a bucket per operation,
+        key and client address, without burst, and charges a penalty for each refusal. So every such call of every
+        process of this machine on this key (pages of a walk, the shared pollers' rounds, reapers, a fleet of mapped
+        tasks renting, reading or failing at once) takes its turn through one ``pacing.SharedPacer`` per budget, spaced
+        a little wider than the budget: sent exactly at the rate, clock jitter alone would draw 429s. The connection's
+        ``rate_limit_scale`` scales the budgets (0: none).
+        """
         settings = self.settings
         budget = api.rate_budget(operation)
         if budget is None or not settings.rate_limit_scale:
@@ -176,8 +187,10 @@ class _GpuMarketHookBase(BaseHook):
         return pacer.book(slot_seconds(operation, settings.rate_limit_scale))
 
     def min_list_interval(self) -> float:
-        """Seconds between two list calls that the connection's budget allows (0: it paces nothing); the published
-        budget's until the connection has been read."""
+        """Seconds between two list calls that the connection's budget allows (0: it paces nothing).
+
+        The published budget's until the connection has been read.
+        """
         settings = self.__dict__.get("settings")
         scale = settings.rate_limit_scale if settings is not None else 1.0
         return 1.0 / (api.retry.LIST_RATE_PER_SECOND * scale) if scale else 0.0
@@ -242,8 +255,11 @@ class _GpuMarketHookBase(BaseHook):
             _INSTANCE_KEYS.append(key)
 
     def _redact_log(self, text: str, key_digests: Iterable[str | None]) -> str:
-        """The account key, every instance key this process created, the keys known by digest and every
-        ``CONTAINER_API_KEY=`` value, masked."""
+        """Mask the account key, instance keys and ``CONTAINER_API_KEY=`` values in a log.
+
+        Masked are the account key, every instance key this process created, the keys known by digest and every
+        ``CONTAINER_API_KEY=`` value.
+        """
         return job_logs.Redactor((self.settings.api_key, *_INSTANCE_KEYS), key_digests)(text)
 
     # --- flows: what each call sends, waits for and makes of the answers, written once ---------------------
@@ -287,9 +303,12 @@ class _GpuMarketHookBase(BaseHook):
         retryable: Callable[[BaseException], bool] = api.is_retryable,
         before_retry: Callable[[], Flow[Any]] | None = None,
     ) -> Flow[Any]:
-        """A paced call, retried after the failures ``retryable`` accepts (by default 429, 5xx and transport
-        failures, for idempotent calls). ``before_retry`` runs before each re-send and may end the call with what
-        it returns (not None). ``api.PATIENT_OPERATIONS`` keep trying through 429s."""
+        """A paced call, retried after the failures ``retryable`` accepts.
+
+        By default those are 429, 5xx and transport failures, for idempotent calls. ``before_retry`` runs before each
+        re-send and may end the call with what it returns (not None). ``api.PATIENT_OPERATIONS`` keep trying through
+        429s.
+        """
         request = Request(operation, method, path, body, params)
         patient = operation in api.PATIENT_OPERATIONS
         waits: list[float] = []  # tenacity decides each wait; the flow sleeps it (see Sleep)
@@ -348,8 +367,11 @@ class _GpuMarketHookBase(BaseHook):
     def create_instance_flow(
         self, offer_id: int, label: str | None, fields: Mapping[str, Any]
     ) -> Flow[types.CreateInstanceResult]:
-        """Rent ``offer_id`` (see ``GpuMarketHook.create_instance``): re-sent only after failures that surely made
-        nothing, or after looking for ``label`` found no instance an ambiguous failure may have made."""
+        """Rent ``offer_id`` (see ``GpuMarketHook.create_instance``).
+
+        Re-sent only after failures that surely made nothing, or when a look for ``label`` found no instance that an
+        ambiguous failure may have made.
+        """
         api.require_positive_int("offer_id", offer_id)
         body = api.build_create_instance_body(label=label, **fields)
         path = api.PATH_CREATE_INSTANCE.format(offer_id=offer_id)
@@ -417,8 +439,11 @@ class _GpuMarketHookBase(BaseHook):
         ) from None
 
     def _find_after_ambiguous_create_flow(self, label: str, failed_at: float) -> Flow[int | None]:
-        """The id of the instance an ambiguous create made, if any: looked for at once, then (when not there) once
-        more after the server had as long to finish the request as it had to answer it."""
+        """The id of the instance an ambiguous create made, if any.
+
+        Looked for at once, then (when not there) once more after the server had as long to finish the request as it had
+        to answer it.
+        """
         found = api.find_by_label((yield from self.list_instances_flow(label, None)), label)
         remaining = failed_at + self.settings.timeout - time.monotonic()
         if found is None and remaining > 0:
@@ -435,9 +460,11 @@ class _GpuMarketHookBase(BaseHook):
         return int(found["id"])
 
     def renew_lease_flow(self, instance_id: int, watch: Any, now: float, log: Any) -> Flow[str | None]:
-        """Keep the label's lease ``keepalive`` ahead while a task watches (a ``lifecycle.Watch``; see
-        ``lifecycle``): the label written, or None when no renewal was due or the write failed. A failure is
-        logged to ``log`` and costs nothing: the next observation tries again, well before the lease runs out."""
+        """Keep the label's lease ``keepalive`` ahead while a task watches (a ``lifecycle.Watch``).
+
+        Returns the label written, or None when no renewal was due or the write failed. A failure is logged to ``log``
+        and costs nothing: the next observation tries again, well before the lease runs out. See ``lifecycle``.
+        """
         renewed = watch.lease_renewal(now)
         if renewed is None:
             return None

@@ -39,17 +39,21 @@ class GpuMarketHook(_GpuMarketHookBase):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        """The connection form's hidden, relabelled and hinted fields, for Airflow 2.11's webserver (Airflow 3.2+
-        reads the same declaration from the provider info, ``get_provider_info.CONNECTION_FORM``)."""
+        """The connection form's hidden, relabelled and hinted fields, for Airflow 2.11's webserver.
+
+        Airflow 3.2+ reads the same declaration from the provider info, ``get_provider_info.CONNECTION_FORM``.
+        """
         from airflow_gpumarket.get_provider_info import CONNECTION_FORM
 
         return {key.replace("-", "_"): value for key, value in CONNECTION_FORM["ui-field-behaviour"].items()}
 
     @classmethod
     def get_connection_form_widgets(cls) -> dict[str, Any]:
-        """The connection form's extra fields for Airflow 2.11's webserver, built from the provider info's
-        ``conn-fields``. Flask AppBuilder, which Airflow 3 does not install, is imported here only. Both methods
-        are defined on this class itself: Airflow 2.11 does not look for them on a base class."""
+        """The connection form's extra fields for Airflow 2.11's webserver.
+
+        Built from the provider info's ``conn-fields``. Flask AppBuilder, which Airflow 3 does not install, is imported
+        here only. Both methods are defined on this class itself: Airflow 2.11 does not look for them on a base class.
+        """
         from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
         from wtforms import IntegerField, StringField
         from wtforms.validators import NumberRange, Optional
@@ -106,8 +110,10 @@ class GpuMarketHook(_GpuMarketHookBase):
         return self.run_flow(self._call_flow(operation, method, path, body, params=params))
 
     def _call_unless_processed(self, operation: str, method: str, path: str, body: Any) -> Any:
-        """For a call that must not be repeated once the server may have acted on it (creating an endpoint,
-        regenerating backup codes): retried only after failures that surely did nothing."""
+        """A call that must not be repeated once the server may have acted on it.
+
+        For creating an endpoint or regenerating backup codes: retried only after failures that surely did nothing.
+        """
         return self.run_flow(self._call_flow(operation, method, path, body, retryable=api.create_surely_not_processed))
 
     # --- offers and instances ---------------------------------------------------------------------------
@@ -119,9 +125,12 @@ class GpuMarketHook(_GpuMarketHookBase):
         limit: int | None = None,
         order: list | None = None,
     ) -> list[types.Offer]:
-        """Search offers. ``filters``: ``{"gpu_name": {"eq": "RTX 4090"}, "num_gpus": {"gte": 1}}``
-        (``in`` takes a list; :class:`airflow_gpumarket.api.OfferQuery` builds them); ``order``:
-        ``[["dph_total", "asc"]]``; ``offer_type``: ondemand, on-demand or bid."""
+        """Search offers.
+
+        ``filters``: ``{"gpu_name": {"eq": "RTX 4090"}, "num_gpus": {"gte": 1}}`` (``in`` takes a list;
+        :class:`airflow_gpumarket.api.OfferQuery` builds them); ``order``: ``[["dph_total", "asc"]]``; ``offer_type``:
+        ondemand, on-demand or bid.
+        """
         body = api.build_search_body(filters, offer_type=offer_type, limit=limit, order=order)
         result = self._call("search_offers", "POST", api.PATH_SEARCH_OFFERS, body)
         return api.expect_list("search_offers", result, "offers")
@@ -144,8 +153,9 @@ class GpuMarketHook(_GpuMarketHookBase):
         return self.run_flow(self.create_instance_flow(offer_id, label, fields))
 
     def list_instances(self, *, label: str | None = None, ids: Iterable[int] | None = None) -> list[types.Instance]:
-        """Every instance of the account, following the pages of ``GET /api/v1/instances/`` to the end (spaced
-        at the live service's list rate); ``label`` and ``ids`` narrow it down on the server.
+        """Every instance of the account, following the pages of ``GET /api/v1/instances/`` to the end.
+
+        Pages are spaced at the live service's list rate; ``label`` and ``ids`` narrow the list down on the server.
 
         On a server without the v1 list (404/405: one that follows the spec only) it falls back to
         ``GET /api/v0/instances/`` and remembers that for the hook's life.
@@ -153,8 +163,11 @@ class GpuMarketHook(_GpuMarketHookBase):
         return self.run_flow(self.list_instances_flow(label, ids))
 
     def get_instance(self, instance_id: int) -> types.Instance:
-        """The instance object (unwrapped from ``instances``). Raises GpuMarketNotFoundError when the service
-        says it does not exist (404, or the live service's ``{"instances": null}``); see :meth:`find_instance`."""
+        """The instance object, unwrapped from ``instances``.
+
+        Raises GpuMarketNotFoundError when the service says it does not exist (404, or the live service's
+        ``{"instances": null}``); see :meth:`find_instance`.
+        """
         return self.run_flow(self.get_instance_flow(instance_id))
 
     def find_instance(self, instance_id: int) -> types.Instance | None:
@@ -165,8 +178,10 @@ class GpuMarketHook(_GpuMarketHookBase):
         return self.run_flow(self.find_instance_flow(instance_id))
 
     def label_instance(self, instance_id: int, label: str) -> dict[str, Any]:
-        """Change an instance's label (``PUT /api/v0/instances/{id}/ {"label": ...}``, as the live service and
-        its CLI do; not in the spec)."""
+        """Change an instance's label.
+
+        Sends ``PUT /api/v0/instances/{id}/ {"label": ...}``, as the live service and its CLI do; not in the spec.
+        """
         return self.run_flow(self.label_instance_flow(instance_id, label))
 
     def stop_instance(self, instance_id: int) -> dict[str, Any]:
@@ -176,29 +191,39 @@ class GpuMarketHook(_GpuMarketHookBase):
         return self._call("stop_instance", "PUT", path, {"state": "stopped"})
 
     def change_bid(self, instance_id: int, price: float) -> dict[str, Any]:
-        """Change the bid ($/h) of an interruptible instance. The service answers 400 for an on-demand one ("Can't
-        change price of on-demand contract."), 404 for an instance that does not exist."""
+        """Change the bid ($/h) of an interruptible instance.
+
+        The service answers 400 for an on-demand one ("Can't change price of on-demand contract."), 404 for an instance
+        that does not exist.
+        """
         return self.run_flow(self.change_bid_flow(instance_id, price))
 
     def destroy_instance(self, instance_id: int) -> dict[str, Any]:
-        """Destroy: all billing stops. Idempotent: an instance that is already gone counts as success
-        (the result then carries ``already_gone: True``)."""
+        """Destroy an instance: all billing stops.
+
+        Idempotent: an instance that is already gone counts as success (the result then carries ``already_gone: True``).
+        """
         return self.run_flow(self.destroy_instance_flow(instance_id))
 
     def request_instance_logs(
         self, instance_id: int, **options: Unpack[types.LogRequestOptions]
     ) -> types.LogsRequestResult:
-        """Ask the service to upload the instance's container log (or, with ``daemon_logs``, the host daemon's):
-        ``PUT /api/v0/instances/request_logs/{id}/`` (live service; not in the spec). Returns ``result_url``, where
-        the log appears shortly after. The options are ``types.LogRequestOptions``'."""
+        """Ask the service to upload the instance's container log; returns ``result_url``.
+
+        With ``daemon_logs``, the host daemon's log instead. Sends ``PUT /api/v0/instances/request_logs/{id}/`` (live
+        service; not in the spec); the log appears at ``result_url`` shortly after. The options are
+        ``types.LogRequestOptions``'.
+        """
         return self.run_flow(self.request_instance_logs_flow(instance_id, **options))
 
     def get_instance_logs(self, instance_id: int, **options: Unpack[types.LogReadOptions]) -> str:
-        """The log's text: requested (see :meth:`request_instance_logs`), then fetched from ``result_url``
-        without the API key, waiting for the upload as the official client does (``LOG_FETCH_TRIES`` tries
-        ``LOG_FETCH_INTERVAL_SECONDS`` apart). The account key, instance keys this process created, keys whose
-        sha256 is in ``key_digests`` and ``CONTAINER_API_KEY=`` values are masked. At most ``LOG_MAX_BYTES``
-        (the end) is read. The options are ``types.LogReadOptions``'."""
+        """The instance's log text: requested, then fetched from ``result_url`` without the API key.
+
+        See :meth:`request_instance_logs`. It waits for the upload as the official client does (``LOG_FETCH_TRIES``
+        tries ``LOG_FETCH_INTERVAL_SECONDS`` apart). The account key, instance keys this process created, keys whose
+        sha256 is in ``key_digests`` and ``CONTAINER_API_KEY=`` values are masked. At most ``LOG_MAX_BYTES`` (the end)
+        is read. The options are ``types.LogReadOptions``'.
+        """
         return self.run_flow(self.get_instance_logs_flow(instance_id, **options))
 
     @cached_property
@@ -214,9 +239,11 @@ class GpuMarketHook(_GpuMarketHookBase):
         return self._call("create_volume_listings", "POST", api.PATH_VOLUMES, body)
 
     def create_endpoint(self, **fields: Any) -> types.EndpointResult:
-        """Create a serverless endpoint from the spec's endpoint fields (``api.ENDPOINT_FIELDS``); ``result`` is the
-        new endpoint's id. Not retried after it may have been processed (5xx, timeouts): creating is not
-        idempotent."""
+        """Create a serverless endpoint from the spec's endpoint fields (``api.ENDPOINT_FIELDS``).
+
+        ``result`` is the new endpoint's id. Not retried after it may have been processed (5xx, timeouts): creating is
+        not idempotent.
+        """
         body = api.build_endpoint_body(**fields)
         return self._call_unless_processed("create_endpoint", "POST", api.PATH_ENDPOINTS, body)
 
@@ -234,8 +261,11 @@ class GpuMarketHook(_GpuMarketHookBase):
         tfa_method_id: int | None = None,
         backup_code: str | None = None,
     ) -> types.BackupCodesResult:
-        """Regenerate the ten two-factor backup codes. The codes are masked in logs; never push them to XCom.
-        Not retried once it may have been processed: the old codes stop working."""
+        """Regenerate the ten two-factor backup codes.
+
+        The codes are masked in logs; never push them to XCom. Not retried once it may have been processed: the old
+        codes stop working.
+        """
         body = api.build_regen_backup_codes_body(
             tfa_method=tfa_method, code=code, secret=secret, tfa_method_id=tfa_method_id, backup_code=backup_code
         )
@@ -258,8 +288,11 @@ class GpuMarketHook(_GpuMarketHookBase):
 
     # --- Airflow connection test ---------------------------------------------------------------------
     def test_connection(self) -> tuple[bool, str]:
-        """One cheap authenticated call (the first page of one instance), not retried, reported in a sentence.
-        Works against the live service (v1 list) and a spec-only server (v0 list)."""
+        """Make one cheap authenticated call, not retried, and report it in a sentence.
+
+        The call reads the first page of one instance. Works against the live service (v1 list) and a spec-only server
+        (v0 list).
+        """
         listing = api.InstanceListing(v1=self._list_v1, page_limit=1)
         try:
             while True:

@@ -20,8 +20,11 @@ class GpuMarketJobFailed(AirflowException):
 
 
 class GpuMarketNoWorkingOffer(AirflowException):
-    """No offer gave a working instance: none matched the filters and price (or all were taken), or each one tried
-    never ran (a host that failed, a boot past ``boot_timeout``)."""
+    """No offer gave a working instance.
+
+    Either none matched the filters and price (or all were taken), or each one tried never ran (a host that failed, a
+    boot past ``boot_timeout``).
+    """
 
 
 class GpuMarketPreemptedTooOften(AirflowException):

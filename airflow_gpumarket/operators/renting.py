@@ -87,8 +87,10 @@ def creation_body(
     bid: float | None = None,
     preemptions: int | None = None,
 ) -> dict[str, Any]:
-    """The create request's body: the fields, the job's script, the bid, and (``preemptions`` given) which run of
-    an interruptible job this is."""
+    """The create request's body: the fields, the job's script and the bid.
+
+    With ``preemptions`` given, it also tells which run of an interruptible job this is.
+    """
     fields = dict(fields)
     if onstart is not None:
         fields["onstart"] = onstart
@@ -312,8 +314,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     def _creation_body(
         self, *, label: str | None, base_url: str | None, bid: float | None = None, preemptions: int = 0
     ) -> dict[str, Any]:
-        """What a create sends; without ``base_url`` (a check before the connection is read) a command's script is
-        written only when it might not fit."""
+        """What a create sends.
+
+        Without ``base_url`` (a check before the connection is read), a command's script is written only when it might
+        not fit.
+        """
         onstart = None
         if self.command is not None and not (base_url is None and self._script_certainly_fits()):
             onstart = self._job_script(base_url or "https://api.example.invalid")
@@ -481,8 +486,10 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             return self._complete(context, rental, event)
 
     def _rent(self, context: Any, attempts: lifecycle.Attempts) -> lifecycle.Rental:
-        """Create on the next untried offer, until one is made or ``max_offer_attempts`` offers were tried (since
-        the last preemption)."""
+        """Create on the next untried offer until one is made or ``max_offer_attempts`` offers were tried.
+
+        Offers are counted since the last preemption.
+        """
         while attempts.offers_this_round() < self.max_offer_attempts:
             offer, bid, why_not = self._next_offer(attempts)
             if offer is None:
@@ -704,8 +711,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     # --- preemptions -----------------------------------------------------------------------------------
     def _after_preemption(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> lifecycle.Watch | None:
-        """A bid instance of this job was preempted: the watch of the wait for it to win its machine back, or None
-        once it is destroyed and another is to be rented. Fails after ``max_preemptions``."""
+        """Handle a preempted bid instance of this job.
+
+        Returns the watch of the wait for it to win its machine back, or None once it is destroyed and another is to be
+        rented. Fails after ``max_preemptions``.
+        """
         guard, attempts, policy = self._guard, rental.attempts, self.bidding
         assert guard is not None
         sentence = lifecycle.describe_event(
@@ -775,8 +785,10 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     # --- timeouts --------------------------------------------------------------------------------------
     def _execution_deadline(self, context: Any) -> float | None:
-        """The epoch second at which ``execution_timeout`` ends, counted from the start of this try (a deferred
-        wait carries the time left as the trigger's deadline and as ``defer(timeout=...)``)."""
+        """The epoch second at which ``execution_timeout`` ends, counted from the start of this try.
+
+        A deferred wait carries the time left as the trigger's deadline and as ``defer(timeout=...)``.
+        """
         if not self.execution_timeout:
             return None
         ti = context.get("ti") if isinstance(context, Mapping) else None

@@ -69,8 +69,10 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         return rental.created_at + self.boot_timeout + self.max_runtime, self.max_runtime
 
     def _stops_on_success(self) -> bool:
-        """After exit 0 the wrapper stops the instance, so its log's end is read before the destroy; with
-        ``log_interval=0`` nothing reads the log and the wrapper destroys the instance itself."""
+        """Whether the wrapper stops the instance after exit 0, so its log's end is read before the destroy.
+
+        With ``log_interval=0`` nothing reads the log and the wrapper destroys the instance itself.
+        """
         return self.log_interval > 0
 
     def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:

@@ -1,5 +1,7 @@
-"""Ending an instance's billing: stop (compute only) and destroy (everything). The destroy is idempotent, so
-it is the teardown of a rental made by ``GpuMarketCreateInstanceOperator``."""
+"""Ending an instance's billing: stop (compute only) and destroy (everything).
+
+The destroy is idempotent, so it is the teardown of a rental made by ``GpuMarketCreateInstanceOperator``.
+"""
 
 from __future__ import annotations
 

@@ -168,8 +168,10 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         return self._own_reads()
 
     def _watch(self) -> lifecycle.Watch:
-        """A restarted trigger starts again from the label it was given (renewals since then are read back as
-        soon as it renews again)."""
+        """The watch of this run, started from the label the trigger was given.
+
+        A restarted trigger starts again from that label; renewals since then are read back as soon as it renews again.
+        """
         return lifecycle.Watch(
             wait_for=self.wait_for,
             target_status=self.target_status,
@@ -184,8 +186,11 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
 
     @cached_property
     def _flow_hook(self) -> Any:
-        """The hook this run's flows (each read's lease renewal, bid and log read) go through: the connection is
-        read once per run, and the HTTP client is closed after each use (``aclose`` keeps the settings)."""
+        """The hook this run's flows (each read's lease renewal, bid and log read) go through.
+
+        The connection is read once per run, and the HTTP client is closed after each use (``aclose`` keeps the
+        settings).
+        """
         return self._hook()
 
     def _wait(self) -> waiting.Wait:
@@ -274,14 +279,17 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             )
 
     async def cleanup(self) -> None:
-        """Before 3.3 Airflow never calls ``on_kill``; its triggerer calls ``cleanup`` whenever this trigger stops:
-        after its event, when the triggerer stops or hands the trigger to another triggerer, and when the task left
-        the deferred state under it. Only a user's doing destroys: the task instance, read now, marked failed or
-        cleared (see ``_left_by_a_user``). 2.11's triggerer reads the metadata database; 3.0-3.2's asks the Task
-        SDK, as the standard provider's ``WorkflowTrigger`` does. 3.3+ calls ``on_kill`` instead.
+        """Destroy the instance when a user took the task out of the deferred state (Airflow before 3.3).
 
-        The read and the destroy run as a task of their own: 3.2's triggerer cancels a trigger it dropped again on
-        each pass of its loop (about every second), which would cut them off half-way."""
+        Before 3.3 Airflow never calls ``on_kill``; its triggerer calls ``cleanup`` whenever this trigger stops: after
+        its event, when the triggerer stops or hands the trigger to another triggerer, and when the task left the
+        deferred state under it. Only a user's doing destroys: the task instance, read now, marked failed or cleared
+        (see ``_left_by_a_user``). 2.11's triggerer reads the metadata database; 3.0-3.2's asks the Task SDK, as the
+        standard provider's ``WorkflowTrigger`` does. 3.3+ calls ``on_kill`` instead.
+
+        The read and the destroy run as a task of their own: 3.2's triggerer cancels a trigger it dropped again on each
+        pass of its loop (about every second), which would cut them off half-way.
+        """
         if self._fired or not self.destroy_on_kill or _compat.triggerer_calls_on_kill():
             return
         ti = getattr(self, "task_instance", None)  # set by the triggerer
@@ -317,13 +325,15 @@ _LEFT_BY_A_USER = (None, "failed", "skipped", "removed")
 
 
 def _left_by_a_user(now: tuple[str | None, int | None, str | None] | None, try_number: int) -> bool:
-    """Whether the task instance, as read now (state, try_number, next_method; None: the row is gone), was taken
-    out of the deferred state by a user rather than by Airflow. Airflow moves it on to scheduled, queued or
-    running when an event fires (perhaps another triggerer's copy of this trigger, in an HA hand-over) or the
-    deferral times out (next_method ``__fail__``: the task's own failure path destroys, or a retry adopts); a new
-    try means a clear was followed by a rerun, which adopts the instance by its label. A try number of None
-    (3.0-3.2 do not tell it) counts as the same try: the read follows the user's action by about a second, before
-    a rerun could reach its instance."""
+    """Whether the task instance, as read now, was taken out of the deferred state by a user.
+
+    ``now`` is (state, try_number, next_method), or None when the row is gone. Airflow itself moves the task instance on
+    to scheduled, queued or running when an event fires (perhaps another triggerer's copy of this trigger, in an HA
+    hand-over) or the deferral times out (next_method ``__fail__``: the task's own failure path destroys, or a retry
+    adopts). A new try means a clear was followed by a rerun, which adopts the instance by its label. A try number of
+    None (3.0-3.2 do not tell it) counts as the same try: the read follows the user's action by about a second, before a
+    rerun could reach its instance.
+    """
     if now is None:
         return True  # its DAG run was deleted: nobody will come back for the instance
     state, now_try, _next_method = now
@@ -331,9 +341,12 @@ def _left_by_a_user(now: tuple[str | None, int | None, str | None] | None, try_n
 
 
 def _task_instance_now(ti: Any) -> tuple[str | None, int | None, str | None] | None:
-    """State, try number and next method of the task instance ``ti`` names (None when the row is gone, as when its
-    DAG run was deleted). Airflow 2.11: read from the metadata database. Airflow 3.0-3.2: the state alone, through
-    the Task SDK's supervisor (their triggerer has no database); try number and next method are None."""
+    """State, try number and next method of the task instance ``ti`` names, or None when the row is gone.
+
+    The row is gone when, for example, its DAG run was deleted. Airflow 2.11: read from the metadata database. Airflow
+    3.0-3.2: the state alone, through the Task SDK's supervisor (their triggerer has no database); try number and next
+    method are None.
+    """
     if not _compat.is_airflow_2():
         return _task_instance_now_from_the_task_sdk(ti)
     from airflow.models.taskinstance import TaskInstance

@@ -94,8 +94,10 @@ class SharedInstancePoller:
             await hook.aclose()
 
     async def _until_consumed(self) -> None:
-        """Never poll faster than the triggers react: wait until each watcher took its last observation
-        (a watcher that left is no longer waited for)."""
+        """Wait until each watcher took its last observation, so polls never outrun the triggers.
+
+        A watcher that left is no longer waited for.
+        """
         while any(not q.empty() for queues in self._watchers.values() for q in queues):
             self._consumed.clear()
             await self._consumed.wait()

@@ -101,8 +101,11 @@ def _listed(live: list[spend.LiveRental], conn_id: str | None, instance_id: int 
 
 
 def _belongs(row: spend.LiveRental, access: _Access) -> bool:
-    """An instance is on the page when its owner's DAG is readable; one with no owner only when it has this
-    provider's label (an orphan) and the user reads every DAG. Instances made by hand are not the page's business."""
+    """Whether an instance is on the page for this user.
+
+    It is when its owner's DAG is readable; one with no owner only when it has this provider's label (an orphan) and the
+    user reads every DAG. Instances made by hand are not the page's business.
+    """
     if row.owner is not None:
         return access.sees(row.dag_id)
     return row.orphan_reason is not None and access.sees(None)
@@ -215,8 +218,10 @@ def _record_end(row: spend.LiveRental, hook: Any, user_name: str) -> None:
 
 
 def _same_origin(request: Request) -> None:
-    """A destroy comes from the page itself: a browser's Origin (or Referer) names this host. Another site's form
-    cannot use the user's Airflow cookie to destroy instances (cross-site request forgery)."""
+    """Whether a destroy comes from the page itself: a browser's Origin (or Referer) names this host.
+
+    Another site's form cannot use the user's Airflow cookie to destroy instances (cross-site request forgery).
+    """
     origin = request.headers.get("origin") or request.headers.get("referer")
     if origin is None:
         return  # not a browser's cross-site form (those send Origin): an API client with its own token

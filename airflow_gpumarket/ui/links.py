@@ -16,8 +16,10 @@ from airflow_gpumarket._compat import is_airflow_2
 
 
 class GpuRentalLink(BaseOperatorLink):
-    """Opens the task instance's latest rental on the GPU rentals page (Airflow 3; empty before it rented, and on
-    Airflow 2.11, which has no page)."""
+    """Opens the task instance's latest rental on the GPU rentals page (Airflow 3).
+
+    Empty before it rented, and on Airflow 2.11, which has no page.
+    """
 
     name = "GPU rental"
 

@@ -1,7 +1,9 @@
-"""The GPU rentals page as server-rendered HTML: live rentals, orphans (with a destroy button for those who may),
-spend per DAG and per run, and spend per day and DAG as an inline SVG chart. No JavaScript and no assets: the
-page works inside the Airflow UI's sandboxed iframe (which allows no dialogs, so the page asks for a destroy's
-confirmation itself) and behind a reverse proxy (relative URLs only).
+"""The GPU rentals page as server-rendered HTML.
+
+It shows live rentals, orphans (with a destroy button for those who may), spend per DAG and per run, and spend per day
+and DAG as an inline SVG chart. No JavaScript and no assets: the page works inside the Airflow UI's sandboxed iframe
+(which allows no dialogs, so the page asks for a destroy's confirmation itself) and behind a reverse proxy (relative
+URLs only).
 """
 
 from __future__ import annotations
@@ -114,8 +116,11 @@ def render(
     message: str | None = None,
     confirm: LiveRental | None = None,
 ) -> str:
-    """The whole page. ``can_destroy`` says whether the user may destroy an orphan (may edit its DAG); ``confirm``:
-    the orphan whose Destroy was pressed, asked about at the top of the page."""
+    """The whole page.
+
+    ``can_destroy`` says whether the user may destroy an orphan (may edit its DAG); ``confirm``: the orphan whose
+    Destroy was pressed, asked about at the top of the page.
+    """
 
     def destroy_button(row: LiveRental) -> str:
         if not can_destroy(row):

@@ -93,8 +93,11 @@ def rental_cost(
     stopped_at: float | None,
     ended_at: float,
 ) -> float | None:
-    """A rental's estimated cost: its hourly price from when it was first seen running (else from its creation)
-    until it was seen stopped after its job or destroyed, whichever came first; None without a start."""
+    """A rental's estimated cost, or None without a start.
+
+    Its hourly price counts from when it was first seen running (else from its creation) until it was seen stopped after
+    its job or destroyed, whichever came first.
+    """
     start = running_at if running_at is not None else created_at
     if start is None:
         return None
@@ -123,9 +126,12 @@ def end_only(
     running_at: float | None = None,
     stopped_at: float | None = None,
 ) -> dict[str, Any]:
-    """The end of a rental, as written by what destroyed it when that is not its renter. ``instance``: the
-    service's instance read before the destroy, whose label, start and price let the page cost and attribute a
-    rental whose own record is missing; ``running_at``, ``stopped_at``: what a watcher saw of it (a trigger)."""
+    """The end of a rental, as written by what destroyed it when that is not its renter.
+
+    ``instance``: the service's instance read before the destroy, whose label, start and price let the page cost and
+    attribute a rental whose own record is missing; ``running_at``, ``stopped_at``: what a watcher saw of it (a
+    trigger).
+    """
     seen = instance or {}
     start = seen.get("start_date")
     price = seen.get("bid_price") if seen.get("is_bid") else seen.get("dph_total")
@@ -153,8 +159,10 @@ def push_end(
 
 
 def write_end(ti: Any, record: Mapping[str, Any]) -> None:
-    """Store an end record on the task instance ``ti`` names, from a triggerer (no ``xcom_push`` there): through
-    the Task SDK on Airflow 3, the metadata database on 2.11."""
+    """Store an end record on the task instance ``ti`` names, from a triggerer (no ``xcom_push`` there).
+
+    Written through the Task SDK on Airflow 3, the metadata database on 2.11.
+    """
     names = {
         "dag_id": ti.dag_id,
         "task_id": ti.task_id,
@@ -172,9 +180,11 @@ def write_end(ti: Any, record: Mapping[str, Any]) -> None:
 
 
 class RentalRecorder:
-    """Writes a task instance's rental records to its XComs. Best effort: a task whose XCom cannot be written (a
-    test's bare context, a backend error) still runs its job, and its rental is still destroyed; only the page
-    loses sight of it."""
+    """Writes a task instance's rental records to its XComs.
+
+    Best effort: a task whose XCom cannot be written (a test's bare context, a backend error) still runs its job, and
+    its rental is still destroyed; only the page loses sight of it.
+    """
 
     def __init__(self, context: Any, log: Any, conn_id: str, clock: Callable[[], float]) -> None:
         self._ti = context.get("ti") if isinstance(context, Mapping) else None
@@ -184,9 +194,12 @@ class RentalRecorder:
         self._open: dict[int, tuple[dict[str, Any], Any]] = {}  # instance id -> (its record, its lifecycle.Rental)
 
     def start(self, rental: Any, *, write: bool = True, handed_over: bool = False) -> None:
-        """A rental this try holds, created now or adopted (``write=False``: one whose start an earlier run of this
-        try wrote, resumed after a deferral; ``handed_over``: the task hands the instance to later tasks of its DAG
-        run). Its start is ``rental.recorded_at`` when known, else the service's time now."""
+        """Record a rental this try holds, created now or adopted.
+
+        ``write=False``: one whose start an earlier run of this try wrote, resumed after a deferral; ``handed_over``:
+        the task hands the instance to later tasks of its DAG run. Its start is ``rental.recorded_at`` when known, else
+        the service's time now.
+        """
         number = getattr(self._ti, "try_number", None)
         if rental.recorded_at is None:
             rental.recorded_at = self._clock()

@@ -1,7 +1,9 @@
-"""Where the GPU rentals page reads from, inside the api-server (Airflow 3.1+): the metadata database (the renting
-tasks' records, task and run states, connections of type ``gpumarket``) and the service (one paged listing per
-connection, through the hook and so through the same per-key budget as every other call, cached for a few seconds
-so that opening and refreshing the page never starves the triggerers)."""
+"""Where the GPU rentals page reads from, inside the api-server (Airflow 3.1+).
+
+It reads the metadata database (the renting tasks' records, task and run states, connections of type ``gpumarket``) and
+the service: one paged listing per connection, through the hook and so through the same per-key budget as every other
+call, cached for a few seconds so that opening and refreshing the page never starves the triggerers.
+"""
 
 from __future__ import annotations
 
@@ -52,8 +54,10 @@ def connection_ids(session: Any) -> list[str]:
 
 
 def listing(conn_id: str) -> tuple[list[Any], float]:
-    """The connection's instances, at most ``LISTING_CACHE_SECONDS`` old, and the service's clock minus this
-    host's when it listed them (``GpuMarketHook.service_clock_offset``)."""
+    """The connection's instances, at most ``LISTING_CACHE_SECONDS`` old, and the service's clock offset.
+
+    The offset is the service's clock minus this host's when it listed them (``GpuMarketHook.service_clock_offset``).
+    """
     now = time.monotonic()
     with _listing_lock:
         cached = _listings.get(conn_id)
@@ -74,8 +78,10 @@ def forget_listing(conn_id: str) -> None:
 
 
 def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[RecordRow]:
-    """Rental records written since ``since`` (epoch seconds), plus those of the given (live) instances, whenever
-    they were written."""
+    """Rental records written since ``since`` (epoch seconds), plus those of the given (live) instances.
+
+    The live instances' records count whenever they were written.
+    """
     import datetime as dt
 
     from airflow.models.xcom import XComModel
@@ -104,8 +110,11 @@ def all_dag_ids(session: Any) -> set[str]:
 
 
 def label_owners(session: Any, keys: Iterable[str], *, since: float) -> dict[str, TiKey]:
-    """The task instance each label key derives from (``lifecycle.rental_key``), looked for among the task instances
-    of DAG runs since ``since`` (epoch seconds). A key is a one-way digest, so the candidates are hashed."""
+    """The task instance each label key derives from (``lifecycle.rental_key``).
+
+    Looked for among the task instances of DAG runs since ``since`` (epoch seconds). A key is a one-way digest, so the
+    candidates are hashed.
+    """
     import datetime as dt
 
     from airflow.models.dagrun import DagRun

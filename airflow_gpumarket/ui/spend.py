@@ -1,6 +1,7 @@
-"""The GPU rentals page's data, from plain inputs: the service's instances, the rental records, and the states of
-the task instances and runs they name. No I/O here (``sources.py`` reads; ``page.py`` renders), so every rule of
-the page is unit-tested.
+"""The GPU rentals page's data, from plain inputs.
+
+The inputs are the service's instances, the rental records, and the states of the task instances and runs they name. No
+I/O here (``sources.py`` reads; ``page.py`` renders), so every rule of the page is unit-tested.
 
 - **Whose**: an instance belongs to the task instance whose record names it, else to the one its label's key
   derives from (``attributed``: label key -> task instance), else to nobody.
@@ -53,8 +54,10 @@ class RecordRow:
 
     @property
     def rental_key(self) -> str:
-        """The label key of the rental this record is about: its renter's (an end written by another task names
-        the rental by its label)."""
+        """The label key of the rental this record is about: its renter's.
+
+        An end written by another task names the rental by its label.
+        """
         named = label_key(self.record.get("label")) if self.end_only else None
         return named or lifecycle.rental_key(*self.ti_key)
 
@@ -132,8 +135,11 @@ def label_key(label: Any) -> str | None:
 
 
 def records_of(instances: Iterable[tuple[str, Mapping[str, Any]]], starts: Iterable[RecordRow]) -> dict[int, RecordRow]:
-    """Each listed instance's latest start record whose task its label names (any, for a label not the
-    provider's): a simulator that was reset gives an id again, and an older rental's record is not this one's."""
+    """Each listed instance's latest start record whose task its label names.
+
+    Any record, for a label not the provider's. A simulator that was reset gives an id again, and an older rental's
+    record is not this one's.
+    """
     keys = {i["id"]: label_key(i.get("label")) for _, i in instances if isinstance(i.get("id"), int)}
     found: dict[int, RecordRow] = {}
     for row in sorted(starts, key=lambda r: number(r.record.get("created_at")) or 0):
@@ -151,10 +157,12 @@ def live_rentals(
     clock_offsets: Mapping[str, float] | None = None,
     attributed: Mapping[str, TiKey] | None = None,
 ) -> list[LiveRental]:
-    """Every listed instance (``(conn_id, instance)`` pairs), newest first, with its owner, its task's state and,
-    if it is one, why it is an orphan. Uptime counts from the instance's ``start_date`` to the service's time
-    (``now`` plus the connection's ``clock_offsets``, the service's clock minus this host's), or from its record's
-    start when the service gives none."""
+    """Every listed instance, newest first, with its owner, its task's state and any orphan reason.
+
+    Instances come as ``(conn_id, instance)`` pairs. Uptime counts from the instance's ``start_date`` to the service's
+    time (``now`` plus the connection's ``clock_offsets``, the service's clock minus this host's), or from its record's
+    start when the service gives none.
+    """
     rows = []
     for conn_id, instance in instances:
         if not isinstance(instance.get("id"), int):
@@ -197,8 +205,11 @@ def live_rentals(
 def orphan_reason(
     label: Any, recorded: RecordRow | None, task: TaskState | None, now: float, owner: TiKey | None = None
 ) -> str | None:
-    """Why a live instance is an orphan, or None. Only instances with this provider's label can be: one made by
-    hand is nobody's business here. ``owner``: the task instance its label names, when no record does."""
+    """Why a live instance is an orphan, or None.
+
+    Only instances with this provider's label can be: one made by hand is nobody's business here. ``owner``: the task
+    instance its label names, when no record does.
+    """
     parsed = lifecycle.parse_label(label)
     if parsed is None:
         return None
@@ -245,8 +256,11 @@ class Span:
 
 
 def spans(rows: Iterable[RecordRow], attributed: Mapping[str, TiKey] | None = None) -> list[Span]:
-    """One span per rental (instance id and label key): owned by its renter's record, else by the task instance its
-    label names; started as its earliest record says; ended at the first end any record gives."""
+    """One span per rental (instance id and label key).
+
+    A span is owned by its renter's record, else by the task instance its label names; started as its earliest record
+    says; ended at the first end any record gives.
+    """
     groups: dict[tuple[int, str], list[RecordRow]] = defaultdict(list)
     for row in rows:
         groups[(row.record["instance_id"], row.rental_key)].append(row)
@@ -275,7 +289,9 @@ def spans(rows: Iterable[RecordRow], attributed: Mapping[str, TiKey] | None = No
 
 def spend(rentals: Iterable[Span], alive_costs: Mapping[int, float | None], window_start: float, now: float) -> Spend:
     """What the owned rentals created since ``window_start`` cost, per DAG, per run and per day and DAG.
-    ``alive_costs``: the cost so far of each instance the service lists (its live row's figure)."""
+
+    ``alive_costs``: the cost so far of each instance the service lists (its live row's figure).
+    """
     result = Spend(window_start=window_start, window_end=now)
     per_day: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for span in rentals:
@@ -295,8 +311,11 @@ def spend(rentals: Iterable[Span], alive_costs: Mapping[int, float | None], wind
 
 
 def span_cost(span: Span, alive_costs: Mapping[int, float | None]) -> float | None:
-    """Ended: ``records.rental_cost``. Still listed: its live row's cost so far. Gone with no end recorded:
-    unknown (None), never guessed from its task's end."""
+    """A span's cost, or None when unknown.
+
+    Ended: ``records.rental_cost``. Still listed: its live row's cost so far. Gone with no end recorded: unknown (None),
+    never guessed from its task's end.
+    """
     if span.ended_at is not None:
         return rental_cost(
             span.hourly_price,

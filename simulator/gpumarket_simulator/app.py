@@ -321,8 +321,10 @@ class ApiRoutes:
 
 
 def _live_offer_gone(offer_id: int, exc: ApiError, cancel_unavail: bool) -> ApiError:
-    """The live service's answers when an offer cannot be rented: 410 no_such_ask with cancel_unavail, else a
-    404 invalid_args whose msg carries the no_such_ask code."""
+    """The live service's answer when an offer cannot be rented.
+
+    That is a 410 no_such_ask with cancel_unavail, else a 404 invalid_args whose msg carries the no_such_ask code.
+    """
     if cancel_unavail:
         return ApiError(410, "no_such_ask", f"no_such_ask: offer {offer_id} is not available ({exc.msg})")
     return ApiError(404, "invalid_args", f"error 404/3603: no_such_ask  Offer {offer_id} is not available: {exc.msg}")

@@ -43,8 +43,10 @@ class Drift:
 
 
 def parse_drift(value: Any) -> tuple[float, float] | None:
-    """``null`` (no drift) or ``{"interval": seconds > 0, "volatility": 0 < v <= 2}``; ValueError naming the
-    field otherwise."""
+    """Parse a bid drift: ``null`` (no drift) or ``{"interval": seconds > 0, "volatility": 0 < v <= 2}``.
+
+    Raises ValueError naming the field otherwise.
+    """
     if value is None:
         return None
     if not isinstance(value, dict) or set(value) - {"interval", "volatility"}:

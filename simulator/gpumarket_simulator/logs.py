@@ -1,5 +1,7 @@
-"""Instance logs as the live service serves them: a request snapshots the log and "uploads" it to an
-unguessable URL that answers 404 until the upload lands, then the text, without any key.
+"""Instance logs as the live service serves them, through an unguessable upload URL.
+
+A request snapshots the log and "uploads" it to that URL, which answers 404 until the upload lands, then the text,
+without any key.
 
 The container log is what the instance's processes printed: the onstart script's combined output when the
 simulator executes onstart, else a short boot log. The daemon log is the host's account of the instance's life,
@@ -64,8 +66,10 @@ class LogUploads:
 
 
 def select(text: str, tail: int | None, log_filter: str | None) -> str:
-    """The lines matching ``log_filter`` (a regular expression, as grep; taken literally when it is not one),
-    then the last ``tail`` of them."""
+    """The lines matching ``log_filter``, then the last ``tail`` of them.
+
+    ``log_filter`` is a regular expression, as grep; it is taken literally when it is not one.
+    """
     lines = text.splitlines()
     if log_filter:
         try:

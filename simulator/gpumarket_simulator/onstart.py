@@ -43,8 +43,11 @@ class _Run:
 
 
 class OnstartRunner:
-    """One process group per instance, started once (again only after an outbid instance came back); combined
-    stdout/stderr and exit code are kept."""
+    """Runs each instance's onstart script as one process group, keeping its output and exit code.
+
+    A script is started once per instance, and again only after an outbid instance came back; combined stdout/stderr and
+    the exit code are kept.
+    """
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -53,8 +56,11 @@ class OnstartRunner:
         self._base: str | None = None
 
     def start(self, instance_id: int, script: str, env: dict[str, str], again: bool = False) -> None:
-        """Start the script once per instance; ``again`` (a container that came back after it stopped) starts it
-        anew once the previous run was halted, its output following the earlier one's as a container log does."""
+        """Start the script once per instance.
+
+        With ``again`` (a container that came back after it stopped) it starts anew once the previous run was halted,
+        its output following the earlier one's as a container log does.
+        """
         if not self.enabled:
             return
         earlier = b""

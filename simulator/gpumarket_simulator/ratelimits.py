@@ -1,7 +1,7 @@
 """The live service's rate limits (live profile): a token bucket per operation and per identity, no burst.
 
 Published by the service: the instance list 0.5 requests/s, a change of an instance (PUT) 1/s, destroy 0.33/s;
-older reports give create one per 4.5 s. The others are the simulator's own generous, finite choices. A bucket
+public reports give create one per 4.5 s. The others are the simulator's own generous, finite choices. A bucket
 holds one token (no burst) and refills on the simulated clock: at ``--speed 1`` these are the live rates, at
 higher speeds they scale with time like everything else, and with a frozen clock only ``advance`` refills them.
 A rejected request costs a penalty token, as the live service's buckets do: a client that keeps hammering
@@ -46,8 +46,10 @@ class RateLimits:
             self._refused.clear()
 
     def refused(self) -> dict[str, int]:
-        """How many requests were answered 429 since the last ``clear``, per operation: what a fleet test counts
-        (the request log keeps only its last entries)."""
+        """How many requests were answered 429 since the last ``clear``, per operation.
+
+        A fleet test counts these; the request log keeps only its last entries.
+        """
         with self._lock:
             return dict(self._refused)
 

@@ -284,8 +284,10 @@ def validate_instance_change(body: Any) -> tuple[str | None, str | None]:
 
 
 def validate_change_bid(body: Any) -> float:
-    """``PUT /instances/bid_price/{id}/``: ``price`` (a number > 0, $/h) and ``client_id`` ("me" or the account's
-    id, as the official client sends it); returns the price."""
+    """Validate ``PUT /instances/bid_price/{id}/`` and return the price.
+
+    ``price`` is a number > 0 ($/h); ``client_id`` is "me" or the account's id, as the official client sends it.
+    """
     body = require_object(body)
     price = body.get("price")
     if not is_number(price) or price <= 0:
@@ -297,9 +299,11 @@ def validate_change_bid(body: Any) -> float:
 
 
 def validate_logs_request(body: Any) -> tuple[int | None, str | None, bool]:
-    """``PUT /instances/request_logs/{id}/``: optional ``tail`` (a number of lines, as a string the way the
-    official client sends it, or a number), ``filter`` (text) and ``daemon_logs`` ("true"/"false" or a boolean);
-    returns (tail, filter, daemon_logs)."""
+    """Validate ``PUT /instances/request_logs/{id}/`` and return (tail, filter, daemon_logs).
+
+    All are optional: ``tail`` (a number of lines, as a string the way the official client sends it, or a number),
+    ``filter`` (text) and ``daemon_logs`` ("true"/"false" or a boolean).
+    """
     body = require_object(body)
     tail = body.get("tail")
     if tail is not None:
@@ -332,9 +336,12 @@ class SearchQuery:
 
 
 def validate_search(body: Any, *, lenient: bool = False) -> SearchQuery:
-    """The search body as a query. ``lenient`` is the live profile: unknown filter fields, top-level keys and
-    order fields are ignored (the official CLI sends ``external``, ``allocated_storage`` and orders on
-    ``score``), and numeric strings compare as numbers (``{"num_gpus": {"gte": "1"}}``)."""
+    """The search body as a query.
+
+    ``lenient`` is the live profile: unknown filter fields, top-level keys and order fields are ignored (the official
+    CLI sends ``external``, ``allocated_storage`` and orders on ``score``), and numeric strings compare as numbers
+    (``{"num_gpus": {"gte": "1"}}``).
+    """
     body = require_object(body)
     query = SearchQuery()
     for name, condition in body.items():

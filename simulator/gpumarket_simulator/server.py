@@ -139,9 +139,12 @@ class MarketSimulator:
 
     @property
     def rate_limit_scale(self) -> float:
-        """The connection extra ``rate_limit_scale`` that fits this simulator now. Its buckets refill on its clock,
-        so at speed S they allow S times the published budgets; 0 (the client paces nothing) when it has no
-        buckets (the spec profile, rate limits off) or a frozen clock, which only ``advance`` refills."""
+        """The connection extra ``rate_limit_scale`` that fits this simulator now.
+
+        Its buckets refill on its clock, so at speed S they allow S times the published budgets. It is 0 (the client
+        paces nothing) when the simulator has no buckets (the spec profile, rate limits off) or a frozen clock, which
+        only ``advance`` refills.
+        """
         market = self._market
         if market.profile != "live" or not market.rate_limits.enabled or market.clock.speed <= 0:
             return 0.0
@@ -149,8 +152,11 @@ class MarketSimulator:
 
     @property
     def conn_uri(self) -> str:
-        """Airflow connection URI; the key is the password, the host has no scheme (plain http implied), the
-        query carries ``rate_limit_scale`` (as of now: a later speed change is not in it)."""
+        """The Airflow connection URI for this simulator.
+
+        The key is the password, the host has no scheme (plain http implied), and the query carries the current
+        ``rate_limit_scale``: a later speed change is not in it.
+        """
         return f"gpumarket://:{quote(self.api_key, safe='')}@{self._netloc}?rate_limit_scale={self.rate_limit_scale:g}"
 
     def connection_env(self) -> dict[str, str]:
@@ -193,13 +199,17 @@ class MarketSimulator:
         self._market.outbid(instance_id, resume_after)
 
     def set_competing_bid(self, offer_id: int, price: float | None) -> None:
-        """Someone else bids ``price`` $/h for the offer's machine (``POST /_sim/offers/{id}/competing-bid``): a bid
-        of ours below it is outbid at once and resumes by itself once it wins again. See docs/simulator.md."""
+        """Someone else bids ``price`` $/h for the offer's machine (``POST /_sim/offers/{id}/competing-bid``).
+
+        A bid of ours below it is outbid at once and resumes by itself once it wins again. See docs/simulator.md.
+        """
         self._market.set_competing_bid(offer_id, price)
 
     def set_bid_drift(self, interval: float | None, volatility: float = 0.3) -> None:
-        """Competing bids move on their own every ``interval`` simulated seconds (None: they stop moving), as
-        ``PUT /_sim/bid-drift``. See docs/simulator.md."""
+        """Competing bids move on their own every ``interval`` simulated seconds (None: they stop moving).
+
+        Same as ``PUT /_sim/bid-drift``. See docs/simulator.md.
+        """
         self._market.set_bid_drift(None if interval is None else {"interval": interval, "volatility": volatility})
 
     def set_offer_fate(self, offer_id: int, fate: str) -> None:

@@ -98,8 +98,10 @@ def classify(method: str, path: str) -> str | None:
 
 
 def tolerant_path(path: str) -> str:
-    """Live profile: the route a path means when its trailing slash is missing or extra (the official CLI adds
-    one to several paths the spec writes without, and the live service answers both)."""
+    """Live profile: the route a path means when its trailing slash is missing or extra.
+
+    The official CLI adds one to several paths the spec writes without, and the live service answers both.
+    """
     if path in _EXACT_PATHS or not path.startswith("/api/"):
         return path
     for candidate in (path + "/", path.rstrip("/")):
@@ -241,9 +243,11 @@ class WireLayer:
             market.log_request(method, path, None, kind, op)
 
     def _dated(self, send: Send) -> Send:
-        """Every answer says the service's time in its Date header, as HTTP servers do: the simulated clock, which
-        runs ahead of the client's at any speed but 1x. A client that measures the service's timestamps (an
-        instance's ``start_date``) against the service's own time gets the simulated durations."""
+        """Put the service's time, the simulated clock, in every answer's Date header, as HTTP servers do.
+
+        The simulated clock runs ahead of the client's at any speed but 1x. A client that measures the service's
+        timestamps (an instance's ``start_date``) against the service's own time gets the simulated durations.
+        """
         clock = self.market.clock
 
         async def dated(message: Message) -> None:
@@ -255,8 +259,10 @@ class WireLayer:
         return dated
 
     async def _serve_log_upload(self, scope: Scope, send: Send) -> None:
-        """An uploaded log, as object storage serves it: no key needed, 404 until the upload has landed. The
-        request log records which key (if any) came along, so tests can prove none did."""
+        """Serve an uploaded log as object storage does: no key needed, 404 until the upload has landed.
+
+        The request log records which key (if any) came along, so tests can prove none did.
+        """
         market = self.market
         kind, _ = market.principal(bearer_key(scope))
         method, path = scope["method"], scope["path"]

@@ -136,8 +136,11 @@ class Offer:
 
 
 def bid_loses(inst: Instance) -> bool:
-    """A bid instance whose bid is below its machine's minimum now. At creation the live service still makes it,
-    stopped, and answers ``success: false`` with its ``new_contract`` (public reports); later it is outbid."""
+    """Whether a bid instance's bid is below its machine's minimum now.
+
+    At creation the live service still makes it, stopped, and answers ``success: false`` with its ``new_contract``
+    (public reports); later it is outbid.
+    """
     price = inst.config.get("price")
     return price is not None and price < inst.offer.min_bid
 
@@ -179,8 +182,10 @@ class Instance:
         return self.destroyed_at is not None
 
     def hourly_price(self) -> float:
-        """What an hour of compute costs: the bid for an interruptible instance, else the offer's on-demand price
-        (a bid instance pays its bid, public reports say)."""
+        """What an hour of compute costs: the bid for an interruptible instance, else the on-demand price.
+
+        A bid instance pays its bid, public reports say.
+        """
         price = self.config.get("price")
         return float(price) if price is not None else self.offer.dph_total
 
@@ -503,9 +508,11 @@ class World:
             self._set_status(inst, status, now)
 
     def outbid(self, instance_id: int, now: float, resume_after: float | None = None) -> None:
-        """A higher bid takes the machine of a bid instance (the admin's doing): see ``_take_machine``. The
-        machine stays taken until ``resume_after`` (simulated seconds; None: until destroyed), whatever the
-        competing bids do meanwhile."""
+        """A higher bid takes the machine of a bid instance (the admin's doing): see ``_take_machine``.
+
+        The machine stays taken until ``resume_after`` (simulated seconds; None: until destroyed), whatever the
+        competing bids do meanwhile.
+        """
         inst = self.live.get(instance_id)
         if inst is None:
             raise KeyError(instance_id)
@@ -527,9 +534,12 @@ class World:
         self.settle_bid(inst, now)
 
     def settle_bid(self, inst: Instance, now: float) -> None:
-        """After a bid or a competing bid changed: a booting or running bid that no longer wins its machine is
-        outbid (the market's doing: it comes back by itself once its bid wins again); a bid the market stopped
-        that wins again resumes. An instance the user stopped, or the admin outbid, is left as it is."""
+        """Outbid or resume a bid instance after its bid or a competing bid changed.
+
+        A booting or running bid that no longer wins its machine is outbid (the market's doing: it comes back by itself
+        once its bid wins again); a bid the market stopped that wins again resumes. An instance the user stopped, or the
+        admin outbid, is left as it is.
+        """
         if inst.config.get("price") is None:
             return
         wins = not bid_loses(inst)
@@ -540,8 +550,11 @@ class World:
             self._resume(inst, now)
 
     def _take_machine(self, inst: Instance, now: float) -> None:
-        """The bid instance stops at once: its processes killed, its disk kept (storage bills on, compute does
-        not), with ``intended_status``/``cur_state``/``next_state`` "stopped" and a ``status_msg``."""
+        """Stop the bid instance at once: its processes killed, its disk kept.
+
+        Storage bills on, compute does not; ``intended_status``/``cur_state``/``next_state`` become "stopped" and a
+        ``status_msg`` is set.
+        """
         if inst.status in (None, "loading", "running"):
             inst.outbids += 1
         inst.config["target_state"] = "stopped"
@@ -553,8 +566,10 @@ class World:
         self._set_status(inst, "stopped", now)
 
     def _resume(self, inst: Instance, at: float) -> None:
-        """The bid wins again: it loads, runs, and its onstart script runs again, as a container that comes back
-        does."""
+        """The bid wins again: the instance loads and runs, and its onstart script runs again.
+
+        This is what a container that comes back does.
+        """
         inst.config["target_state"] = "running"
         inst.awaiting_bid = False
         inst.status_msg = None
@@ -562,8 +577,10 @@ class World:
         self._schedule_boot(inst, at, full=not inst.provisioned)
 
     def set_competing_bid(self, offer_id: int, price: float | None, now: float) -> None:
-        """Someone else now bids ``price`` ($/h) for this offer's machine (None: nobody); our bid on it is settled
-        at once."""
+        """Someone else now bids ``price`` ($/h) for this offer's machine (None: nobody).
+
+        Our bid on it is settled at once.
+        """
         if price is not None and (not is_number(price) or price <= 0):
             raise ValueError(f"price must be a number of $/h > 0 or null, got {price!r}")
         offer = self.offers[offer_id]
