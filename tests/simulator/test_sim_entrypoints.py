@@ -255,4 +255,3 @@ def test_the_plugin_is_opt_in(tmp_path):
     assert "fixture 'gpumarket_sim' not found" in pytest_run().stdout
     opted_in = pytest_run("-p", "gpumarket_simulator.pytest_plugin")
     assert opted_in.returncode == 0, opted_in.stdout
-
