@@ -114,10 +114,10 @@ chaos: install
 	@grep -aE '^R1' $(CHAOS_LOG)
 
 # make system runs what production runs: PostgreSQL and the CeleryExecutor with Redis as its broker. The services
-# are Debian's packages, installed when missing (apt needs root), each run by bench/system.py from a temporary
-# folder on a loopback port and stopped afterwards (PostgreSQL as its unprivileged user when run as root). The
-# Python side, pinned, goes into the venv that runs the target: the PostgreSQL drivers (psycopg2 for Airflow's sync
-# engine, asyncpg for its async one) and the Celery provider. make test needs none of it.
+# are Debian's packages, installed when missing (apt needs root), each run by tests/system/deployment.py from a
+# temporary folder on a loopback port and stopped afterwards (PostgreSQL as its unprivileged user when run as
+# root). The Python side, pinned, goes into the venv that runs the target: the PostgreSQL drivers (psycopg2 for
+# Airflow's sync engine, asyncpg for its async one) and the Celery provider. make test needs none of it.
 PG_DRIVERS := psycopg2-binary==2.9.13 asyncpg==0.32.0
 # celery 5.6+ dropped celery.backends.database.retry, which this provider version imports: 5.5.3.
 CELERY     := apache-airflow-providers-celery==3.26.0 celery==5.5.3 kombu==5.5.4 redis==5.2.1
@@ -141,8 +141,8 @@ $(VENV)/.installed-system: $(STAMP)
 # (bench/system.py); then the browser test of the GPU rentals page (make ui-test). Not part of `make test`; about
 # 8 minutes.
 system: install services browser $(VENV)/.installed-system $(VENV)/.installed-ui
-	$(BIN)/python bench/system.py
-	$(BIN)/python bench/ui_browser.py
+	$(BIN)/python -m bench.system
+	$(BIN)/python -m bench.ui_browser
 
 # Debian's Chromium and its WebDriver for the browser test, installed when missing (apt needs root).
 browser:
@@ -164,13 +164,13 @@ $(VENV)/.installed-ui: $(VENV)/.installed-system
 # shape: PostgreSQL, LocalExecutor) with the simulator and the FAB auth manager's login (Admin, Viewer, and two
 # teams' per-DAG roles): one UI line per check (bench/ui_browser.py). Not part of `make test`; about 4 minutes.
 ui-test: install services browser $(VENV)/.installed-system $(VENV)/.installed-ui
-	$(BIN)/python bench/ui_browser.py
+	$(BIN)/python -m bench.ui_browser
 
 # Many jobs at once on one API key, on the same production-shaped deployment: 200 deferred and 20 sync RunJobs with
 # the live rate limits on (bench/fleet.py). FLEET lines: leaked, double rentals, 429s, job end -> task success.
 # Not part of `make test` or `make system`; about 5 minutes.
 fleet: install services $(VENV)/.installed-system
-	$(BIN)/python bench/fleet.py
+	$(BIN)/python -m bench.fleet
 
 # The deferred scenarios on Airflow 3.2, whose triggerer never calls a trigger's on_kill: a deferred task marked
 # failed is destroyed by the trigger's cleanup, which reads the task's state through the Task SDK. The small shape
@@ -191,12 +191,12 @@ $(STAMP32): pyproject.toml Makefile
 	@touch $@
 
 system-airflow32: $(STAMP32) services
-	$(VENV32)/bin/python bench/system.py --shape small --scenarios $(SYSTEM32_SCENARIOS)
+	$(VENV32)/bin/python -m bench.system --shape small --scenarios $(SYSTEM32_SCENARIOS)
 
 # The 2.11 guarantee that works differently there (a deferred task marked failed, seen by the trigger's cleanup),
 # on a real 2.11 scheduler and triggerer: SYS2 lines (bench/system_airflow2.py). Not part of `make test`; ~2 min.
 system-airflow2: $(STAMP2)
-	$(VENV2)/bin/python bench/system_airflow2.py
+	$(VENV2)/bin/python -m bench.system_airflow2
 
 clean:
 	rm -rf $(VENV) $(VENV2) $(VENV32) .airflow .pytest_cache .mypy_cache .ruff_cache

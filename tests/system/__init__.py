@@ -1,0 +1,1 @@
+"""A production-shaped Airflow deployment against the simulator, for `make system` and the benchmarks."""
