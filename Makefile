@@ -137,11 +137,15 @@ $(VENV)/.installed-system: $(STAMP)
 	@touch $@
 
 # A real Airflow deployment against the simulator, shaped as production runs it (api-server, two schedulers, a
-# dag-processor, two triggerers, two Celery workers; PostgreSQL, Redis): one SYS line per failure scenario
-# (bench/system.py); then the browser test of the GPU rentals page (make ui-test). Not part of `make test`; about
-# 8 minutes.
+# dag-processor, two triggerers, two Celery workers; PostgreSQL, Redis): the system tests, one per failure scenario
+# (tests/system, marked `system`, which `make test` deselects). After pytest's report come the SYS lines: the
+# deployment, one line per scenario (seconds billed after the failure, instances alive), and last
+# `SYS: <passed>/<total> scenarios pass, <n> instances alive`. Then the browser test of the GPU rentals page (make
+# ui-test). Not part of `make test`; about 8 minutes. Some scenarios: `.venv/bin/pytest tests/system -m system -s -k
+# "exit3 or mark_failed"`; `--shape small` deploys the LocalExecutor with one scheduler and one triggerer.
+SYSTEM_PYTEST := -m system -s -v
 system: install services browser $(VENV)/.installed-system $(VENV)/.installed-ui
-	$(BIN)/python -m bench.system
+	$(BIN)/pytest tests/system $(SYSTEM_PYTEST)
 	$(BIN)/python -m bench.ui_browser
 
 # Debian's Chromium and its WebDriver for the browser test, installed when missing (apt needs root).
@@ -174,11 +178,12 @@ fleet: install services $(VENV)/.installed-system
 
 # The deferred scenarios on Airflow 3.2, whose triggerer never calls a trigger's on_kill: a deferred task marked
 # failed is destroyed by the trigger's cleanup, which reads the task's state through the Task SDK. The small shape
-# (LocalExecutor, one scheduler, one triggerer; PostgreSQL): ~2 minutes.
+# (LocalExecutor, one scheduler, one triggerer; PostgreSQL), the tests of those scenarios alone: ~2 minutes.
 AIRFLOW32 ?= 3.2.2
 VENV32    := .venv-airflow32
 STAMP32   := $(VENV32)/.installed-airflow-$(AIRFLOW32)
-SYSTEM32_SCENARIOS := deferred_happy,short_job_deferred,mark_failed_deferred,triggerer_restart,exit3_deferred,execution_timeout_deferred
+SYSTEM32_SCENARIOS := deferred_happy or short_job_deferred or mark_failed_deferred or triggerer_restart \
+	or exit3_deferred or execution_timeout_deferred
 
 # 3.2.2's api-server does not start with cadwyn 9 and the fastapi it needs (a pydantic "needs a discriminator
 # field" error at start-up): pinned to the versions the main venv resolves for 3.3.2.
@@ -191,7 +196,7 @@ $(STAMP32): pyproject.toml Makefile
 	@touch $@
 
 system-airflow32: $(STAMP32) services
-	$(VENV32)/bin/python -m bench.system --shape small --scenarios $(SYSTEM32_SCENARIOS)
+	$(VENV32)/bin/pytest tests/system $(SYSTEM_PYTEST) --shape small -k "$(SYSTEM32_SCENARIOS)"
 
 # The 2.11 guarantee that works differently there (a deferred task marked failed, seen by the trigger's cleanup),
 # on a real 2.11 scheduler and triggerer: SYS2 lines (bench/system_airflow2.py). Not part of `make test`; ~2 min.
