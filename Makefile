@@ -138,10 +138,10 @@ chaos: install
 	@grep -aE '^R1' $(CHAOS_LOG)
 
 # make system runs what production runs: PostgreSQL and the CeleryExecutor with Redis as its broker. The services
-# are Debian's packages, installed when missing (apt needs root), each run by bench/system.py from a temporary
-# folder on a loopback port and stopped afterwards (PostgreSQL as its unprivileged user when run as root). The
-# Python side, pinned, goes into the venv that runs the target: the PostgreSQL drivers (psycopg2 for Airflow's sync
-# engine, asyncpg for its async one) and the Celery provider. make test needs none of it.
+# are Debian's packages, installed when missing (apt needs root), each run by tests/system/deployment.py from a
+# temporary folder on a loopback port and stopped afterwards (PostgreSQL as its unprivileged user when run as
+# root). The Python side, pinned, goes into the venv that runs the target: the PostgreSQL drivers (psycopg2 for
+# Airflow's sync engine, asyncpg for its async one) and the Celery provider. make test needs none of it.
 PG_DRIVERS := psycopg2-binary==2.9.13 asyncpg==0.32.0
 # celery 5.6+ dropped celery.backends.database.retry, which this provider version imports: 5.5.3.
 CELERY     := apache-airflow-providers-celery==3.26.0 celery==5.5.3 kombu==5.5.4 redis==5.2.1
@@ -161,12 +161,16 @@ $(VENV)/.installed-system: $(STAMP)
 	@touch $@
 
 # A real Airflow deployment against the simulator, shaped as production runs it (api-server, two schedulers, a
-# dag-processor, two triggerers, two Celery workers; PostgreSQL, Redis): one SYS line per failure scenario
-# (bench/system.py); then the browser test of the GPU rentals page (make ui-test). Not part of `make test`; about
-# 8 minutes.
+# dag-processor, two triggerers, two Celery workers; PostgreSQL, Redis): the system tests, one per failure scenario
+# (tests/system, marked `system`, which `make test` deselects). After pytest's report come the SYS lines: the
+# deployment, one line per scenario (seconds billed after the failure, instances alive), and last
+# `SYS: <passed>/<total> scenarios pass, <n> instances alive`. Then the browser test of the GPU rentals page (make
+# ui-test). Not part of `make test`; about 8 minutes. Some scenarios: `.venv/bin/pytest tests/system -m system -s -k
+# "exit3 or mark_failed"`; `--shape small` deploys the LocalExecutor with one scheduler and one triggerer.
+SYSTEM_PYTEST := -m system -s -v
 system: install services browser $(VENV)/.installed-system $(VENV)/.installed-ui
-	$(BIN)/python bench/system.py
-	$(BIN)/python bench/ui_browser.py
+	$(BIN)/pytest tests/system $(SYSTEM_PYTEST)
+	$(BIN)/python -m bench.ui_browser
 
 # Debian's Chromium and its WebDriver for the browser test, installed when missing (apt needs root).
 browser:
@@ -188,21 +192,22 @@ $(VENV)/.installed-ui: $(VENV)/.installed-system
 # shape: PostgreSQL, LocalExecutor) with the simulator and the FAB auth manager's login (Admin, Viewer, and two
 # teams' per-DAG roles): one UI line per check (bench/ui_browser.py). Not part of `make test`; about 4 minutes.
 ui-test: install services browser $(VENV)/.installed-system $(VENV)/.installed-ui
-	$(BIN)/python bench/ui_browser.py
+	$(BIN)/python -m bench.ui_browser
 
 # Many jobs at once on one API key, on the same production-shaped deployment: 200 deferred and 20 sync RunJobs with
 # the live rate limits on (bench/fleet.py). FLEET lines: leaked, double rentals, 429s, job end -> task success.
 # Not part of `make test` or `make system`; about 5 minutes.
 fleet: install services $(VENV)/.installed-system
-	$(BIN)/python bench/fleet.py
+	$(BIN)/python -m bench.fleet
 
 # The deferred scenarios on Airflow 3.2, whose triggerer never calls a trigger's on_kill: a deferred task marked
 # failed is destroyed by the trigger's cleanup, which reads the task's state through the Task SDK. The small shape
-# (LocalExecutor, one scheduler, one triggerer; PostgreSQL): ~2 minutes.
+# (LocalExecutor, one scheduler, one triggerer; PostgreSQL), the tests of those scenarios alone: ~2 minutes.
 AIRFLOW32 ?= 3.2.2
 VENV32    := .venv-airflow32
 STAMP32   := $(VENV32)/.installed-airflow-$(AIRFLOW32)
-SYSTEM32_SCENARIOS := deferred_happy,short_job_deferred,mark_failed_deferred,triggerer_restart,exit3_deferred,execution_timeout_deferred
+SYSTEM32_SCENARIOS := deferred_happy or short_job_deferred or mark_failed_deferred or triggerer_restart \
+	or exit3_deferred or execution_timeout_deferred
 
 # 3.2.2's api-server does not start with cadwyn 9 and the fastapi it needs (a pydantic "needs a discriminator
 # field" error at start-up): pinned to the versions the main venv resolves for 3.3.2.
@@ -215,12 +220,12 @@ $(STAMP32): pyproject.toml simulator/pyproject.toml Makefile
 	@touch $@
 
 system-airflow32: $(STAMP32) services
-	$(VENV32)/bin/python bench/system.py --shape small --scenarios $(SYSTEM32_SCENARIOS)
+	$(VENV32)/bin/pytest tests/system $(SYSTEM_PYTEST) --shape small -k "$(SYSTEM32_SCENARIOS)"
 
 # The 2.11 guarantee that works differently there (a deferred task marked failed, seen by the trigger's cleanup),
 # on a real 2.11 scheduler and triggerer: SYS2 lines (bench/system_airflow2.py). Not part of `make test`; ~2 min.
 system-airflow2: $(STAMP2)
-	$(VENV2)/bin/python bench/system_airflow2.py
+	$(VENV2)/bin/python -m bench.system_airflow2
 
 clean:
 	rm -rf $(VENV) $(VENV2) $(VENV32) $(DOCS_VENV) site .airflow .pytest_cache .mypy_cache .ruff_cache

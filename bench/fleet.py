@@ -1,8 +1,8 @@
 """`make fleet`: many jobs at once on one API key, on a production-shaped Airflow deployment.
 
-The deployment is `make system`'s production shape (bench/system.py: PostgreSQL, CeleryExecutor with Redis, two
-schedulers, two triggerers, two Celery workers, a dag-processor, the api-server) against the simulator's live
-profile with its published rate limits on. One run of the `fleet` DAG (bench/fleet_dags/fleet.py) starts
+The deployment is `make system`'s production shape (tests/system/deployment.py: PostgreSQL, CeleryExecutor with
+Redis, two schedulers, two triggerers, two Celery workers, a dag-processor, the api-server) against the simulator's
+live profile with its published rate limits on. One run of the `fleet` DAG (bench/fleet_dags/fleet.py) starts
 ``--deferred`` deferrable RunJobs and ``--sync`` sync ones at once, every one on the same key. No retries: a task
 that fails shows.
 
@@ -17,8 +17,8 @@ Printed, a person or a script can read it:
     FLEET job end -> success:   from the job's last command (its `fleet-end` line) to the TI's end_date
     FLEET: PASS|FAIL ...        the last line
 
-    python bench/fleet.py                          # 200 deferred + 20 sync (make fleet)
-    python bench/fleet.py --deferred 20 --sync 4   # a quick look
+    python -m bench.fleet                          # 200 deferred + 20 sync (make fleet)
+    python -m bench.fleet --deferred 20 --sync 4   # a quick look
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import threading
 import time
 from datetime import datetime
 
-from system import PRODUCTION, ROOT, Deployment, Workload, clip, interrupt_on_signals
+from tests.system.deployment import PRODUCTION, ROOT, Deployment, Workload, clip, interrupt_on_signals
 
 DAGS_FOLDER = ROOT / "bench" / "fleet_dags"
 sys.path.insert(0, str(DAGS_FOLDER))

@@ -14,7 +14,7 @@ Run with the 2.11 environment: ``make system-airflow2`` (about 3 minutes). Three
 
 SQLite with 2.11's SequentialExecutor (2.11 refuses SQLite with any other executor): enough here, as the first
 two tasks spend their time deferred and the third runs alone. Processes, simulator and its admin surface are
-``bench/system.py``'s. Prints one ``SYS2`` line per scenario and ``SYS2 alive_total``.
+``tests/system/deployment.py``'s. Prints one ``SYS2`` line per scenario and ``SYS2 alive_total``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 import psutil
-from system import BIN, HEARTBEAT_TIMEOUT, Processes, Simulator, start_simulator
+
+from tests.system.deployment import BIN, HEARTBEAT_TIMEOUT, Processes, Simulator, start_simulator
 
 COMPONENTS = ("scheduler", "triggerer")
 JOB_RUNNING = 3  # seconds the lost worker's job runs before its task processes are killed

@@ -1,9 +1,9 @@
 """`make ui-test`: the GPU rentals page and the "GPU rental" link in a real browser, on a real Airflow deployment.
 
-1. The deployment of `make system`'s small shape (bench/system.py: PostgreSQL, LocalExecutor, the api-server, a
-   scheduler, a dag-processor, a triggerer) against the simulator, with the FAB auth manager, as most production
-   deployments run it: `admin` (FAB's Admin), `viewer` (Viewer), `reader_a` (may read team_a_train only) and
-   `editor_b` (may read and edit team_b_train only), whose passwords this script makes up (bench/fab_users.py).
+1. The deployment of `make system`'s small shape (tests/system/deployment.py: PostgreSQL, LocalExecutor, the
+   api-server, a scheduler, a dag-processor, a triggerer) against the simulator, with the FAB auth manager, as most
+   production deployments run it: `admin` (FAB's Admin), `viewer` (Viewer), `reader_a` (may read team_a_train only)
+   and `editor_b` (may read and edit team_b_train only), whose passwords this script makes up (bench/fab_users.py).
 2. The DAGs of bench/ui_dags: a job that keeps running, jobs that end (spend), an instance handed to its run that
    outlives it (an orphan), and two teams' DAGs: a job, @task.gpumarket, create -> work -> teardown, and a deferred
    job the test marks failed. The test also makes, through the service's API, an instance with a team_b_train
@@ -13,8 +13,8 @@
 4. The tasks still running are marked failed through the REST API, and the script counts what is alive
    (`UI alive_total`, goal 0). The last line: `UI: <passed>/<total> checks pass, <n> instances alive`.
 
-    python bench/ui_browser.py                                      # make ui-test
-    python bench/ui_browser.py --screenshot docs/gpu-rentals-page.png   # also refresh the README's screenshot
+    python -m bench.ui_browser                                      # make ui-test
+    python -m bench.ui_browser --screenshot docs/gpu-rentals-page.png   # also refresh the README's screenshot
 
 Screenshots of the page (alone, and inside the Airflow UI) are saved in the Airflow home (.airflow/ui-<time>),
 and, on a failed check, the browser's page as it was.
@@ -38,7 +38,18 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from system import BIN, ROOT, SMALL, AirflowApi, Deployment, Shape, Workload, clip, interrupt_on_signals
+
+from tests.system.deployment import (
+    BIN,
+    ROOT,
+    SMALL,
+    AirflowApi,
+    Deployment,
+    Shape,
+    Workload,
+    clip,
+    interrupt_on_signals,
+)
 
 DAGS_FOLDER = ROOT / "bench" / "ui_dags"
 sys.path.insert(0, str(DAGS_FOLDER))

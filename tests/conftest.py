@@ -39,6 +39,16 @@ import pytest  # noqa: E402
 AIRFLOW_2 = version("apache-airflow").startswith("2.")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shape",
+        choices=("production", "small"),
+        default="production",
+        help="the system tests' deployment (-m system): production is the CeleryExecutor with Redis and two "
+        "schedulers, triggerers and workers; small is the LocalExecutor with one scheduler and one triggerer",
+    )
+
+
 @pytest.fixture(autouse=True)
 def _loggers_enabled():
     """Airflow 2.11 re-applies its logging configuration when it runs a task, which disables every logger that

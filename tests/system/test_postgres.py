@@ -1,4 +1,4 @@
-"""The throwaway PostgreSQL server of `make system` (bench/postgres.py) runs from any checkout.
+"""The throwaway PostgreSQL server of the system tests runs from any checkout.
 
 As root, the server runs as the unprivileged `postgres` user, who may not enter the checkout (a clone inside a
 `mktemp -d` folder is mode 0700): its programs must run from, and write their log into, a folder of their own.
@@ -6,24 +6,20 @@ As root, the server runs as the unprivileged `postgres` user, who may not enter 
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from . import postgres
 
 
 @pytest.fixture
 def postgres_module(monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpumarket_bench_postgres", BENCH / "postgres.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "find_bin", lambda: Path("/usr/lib/postgresql/15/bin"))
-    monkeypatch.setattr(module.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(module.shutil, "chown", lambda *_: None)
-    return module
+    monkeypatch.setattr(postgres, "find_bin", lambda: Path("/usr/lib/postgresql/15/bin"))
+    monkeypatch.setattr(postgres.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(postgres.shutil, "chown", lambda *_: None)
+    return postgres
 
 
 def test_rule_the_server_runs_and_logs_in_its_own_folder_never_in_the_checkout(postgres_module, tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""A throwaway PostgreSQL server for the deployments that `make system` runs: Airflow's metadata database as
-production runs it (SQLite lets one writer at a time, and its lock has stalled whole runs of `make system`).
+"""A throwaway PostgreSQL server for the deployments of deployment.py: Airflow's metadata database as production
+runs it (SQLite lets one writer at a time, and its lock has stalled whole runs of `make system`).
 
 The server is Debian's `postgresql` package (the Makefile installs it when missing). It runs from a temporary
 directory on a loopback port, with trust authentication for one local role, and is removed when it stops. As

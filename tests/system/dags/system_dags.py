@@ -1,8 +1,8 @@
-"""The DAGs that `make system` (bench/system.py) runs on a real Airflow deployment against the simulator.
+"""The DAGs that the system tests (tests/system, make system) run on a real Airflow deployment.
 
 One DAG per scenario, `system_<scenario>`, each with one GpuMarketRunJobOperator task `job` that rents only the
-offers whose `gpu_name` is `sys-<scenario>` (bench/system.py writes two such offers per scenario into the
-simulator's world), so the scenarios never compete for an offer and each one's instances are easy to find.
+offers whose `gpu_name` is `sys-<scenario>` (scenario.py writes two such offers per scenario into the simulator's
+world), so the scenarios never compete for an offer and each one's instances are easy to find.
 
 The lost-worker scenarios also carry a probe callback that only records where Airflow ran it and whether the
 connection resolved there (a JSON file under $AIRFLOW_HOME/system-probes); it never touches an instance. It is
@@ -21,7 +21,7 @@ from airflow.sdk import DAG, task
 
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
-#: A line nobody can know before the job runs (bench/system.py looks for it in the task log), then exit 3.
+#: A line nobody can know before the job runs (test_exit3 looks for it in the task log), then exit 3.
 COMPUTED_THEN_EXIT_3 = 'echo "computed $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo boom >&2; exit 3'
 #: Numbered lines over about 20 s, read every 3 s while the job runs (the task log must show each once).
 TICKS = "for i in 1 2 3 4 5 6 7 8; do echo tick $i; sleep 2.5; done"
@@ -36,7 +36,7 @@ THIRD_RUN_FINISHES = (
 #: Numbered lines over about 30 s: long enough for a triggerer to die mid-job and the other to take over.
 TICKS_30S = "for i in $(seq 1 12); do echo tick $i; sleep 2.5; done"
 
-# name: (deferrable, command, extra operator arguments); bench/system.py has the same names.
+# name: (deferrable, command, extra operator arguments); scenario.GOALS has the same names.
 SCENARIOS: dict[str, tuple[bool, str, dict]] = {
     "deferred_happy": (True, TICKS, {"log_interval": 3}),
     "short_job_deferred": (True, SHORT, {}),

@@ -1,0 +1,346 @@
+"""The system tests' deployment and one scenario's DAG run: its task instance, its instances and bounded waits."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+import requests
+
+from .deployment import SPEED, WORKER_CONCURRENCY, AirflowApi, Deployment, Shape, Simulator, Workload
+
+SUPERVISE_INTERVAL = 2.0  # seconds between two looks for components that died on their own
+EXECUTION_TIMEOUT = 25  # the execution_timeout of the execution_timeout_* DAGs, seconds
+POSTGRES_DOWN = 10  # seconds PostgreSQL stays down in postgres_restart
+FINISHED = {"success", "failed", "skipped", "upstream_failed", "removed"}
+T = TypeVar("T")
+
+#: The scenarios, in the order they are reported: one DAG each (dags/system_dags.py, system_<name>) renting only
+#: the offers named sys-<name>, and one test each (test_scenarios.py, test_<name>).
+GOALS = {
+    "deferred_happy": "deferred with no task process, the job's lines in the task log each once, success, 0 alive",
+    "short_job_deferred": "a 3-second deferred job's three lines each once in the task log, success, 0 alive",
+    "mark_failed_deferred": "destroyed <= 30 s after the PATCH, 0 alive",
+    "mark_failed_running": "destroyed <= 30 s after the PATCH, 0 alive",
+    "kill9_retry": "the rental in the task state store while the job runs; the retry reconnects through it, "
+    "success on the only instance, 0 alive",
+    "lost_worker": "destroyed <= 120 s after Airflow failed the TI, 0 alive",
+    "lost_worker_mapped": "the same for a mapped @task.gpumarket (map index 0), 0 alive",
+    "triggerer_restart": "success across a triggerer kill -9 and restart, 0 alive",
+    "exit3": "TI failed, destroyed by the time it ended (<= 1 s), its output and 'exit status 3' in the task log",
+    "exit3_deferred": "the same, deferred: the trigger reads the output, the exception names the exit status",
+    "execution_timeout_deferred": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
+    "execution_timeout_sync": f"TI failed, destroyed <= 30 s after start_date + {EXECUTION_TIMEOUT} s, 0 alive",
+    "interruptible": "a deferred interruptible job outbid twice finishes on its third rental, on three machines, one "
+    "rental alive at a time, billed at its bids; 0 alive",
+    # High availability (production shape only): the fault touches every scenario.
+    "triggerer_ha": "kill -9 the triggerer running a deferred job, no restart: the other resumes it; no destroy, "
+    "one rental, every line in the task log, success, 0 alive",
+    "scheduler_kill": "kill -9 one of two schedulers while a sync job runs: success on its one rental, 0 alive",
+    "worker_kill": "kill -9 the Celery worker running a sync job, retries=0: destroyed <= 120 s after Airflow "
+    "failed the TI, 0 alive",
+    "postgres_restart": f"PostgreSQL down {POSTGRES_DOWN} s under a deferred and a sync job: both succeed on one "
+    "rental each, every component healthy again, 0 alive",
+}
+
+
+def _offers() -> tuple[dict, ...]:
+    """Two offers per scenario, `sys-<scenario>`, so scenarios never compete and a second rental shows."""
+    return tuple(
+        {"id": 700_000 + 10 * n + k, "gpu_name": f"sys-{name}", "dph_total": 1.0 + k / 10, "reliability": 0.99}
+        for n, name in enumerate(GOALS)
+        for k in range(3 if name == "interruptible" else 2)  # a preemption never rents the same machine again
+    )
+
+
+WORKLOAD = Workload(
+    "system",
+    Path(__file__).resolve().parent / "dags",
+    frozenset(f"system_{name}" for name in GOALS),
+    _offers(),
+    SPEED,
+    WORKER_CONCURRENCY,
+)
+
+
+class Stopped(Exception):
+    """The deployment is stopping (the session ends or was interrupted): a scenario's wait gives up."""
+
+
+def epoch(iso: str | None) -> float | None:
+    """An Airflow API datetime ("2026-01-01T10:00:00.123456Z") as epoch seconds."""
+    return datetime.fromisoformat(iso).timestamp() if iso else None
+
+
+class SystemDeployment(Deployment):
+    """The deployment the scenarios share: a fresh copy of the simulator's instances, dead components restarted."""
+
+    def __init__(self, shape: Shape, write: Callable[[str], None] = print) -> None:
+        super().__init__(shape, WORKLOAD)
+        self._write = write  # one progress line
+        self.started = time.time()
+        self.stopping = threading.Event()
+        self.scenarios: dict[str, Scenario] = {}
+        self.final_instances: list[dict] | None = None  # the simulator's instances as the deployment stopped
+        self.ended: float | None = None
+        self._print_lock = threading.Lock()
+
+    def say(self, text: str) -> None:
+        with self._print_lock:
+            self._write(f"  {time.time() - self.started:6.1f}s  {text}")
+
+    @property
+    def simulator(self) -> Simulator:
+        assert self.sim is not None, "the simulator has not started"
+        return self.sim
+
+    def start_all(self) -> None:
+        """Start everything, keep the simulator's state fresh, restart what dies on its own; return once ready."""
+        self.start(self.say)
+        self.simulator.refresh()
+        threading.Thread(target=self.simulator.watch, args=(self.stopping,), daemon=True).start()
+        self.wait_ready(self.say)
+        threading.Thread(target=self._supervise, daemon=True).start()
+
+    def _supervise(self) -> None:
+        while not self.stopping.wait(SUPERVISE_INTERVAL):
+            try:
+                self.supervise(self.say)
+            except Exception as exc:  # noqa: BLE001 - a supervisor that died would hide every later death
+                self.say(f"supervisor: {type(exc).__name__}: {exc}")
+
+    def scenario(self, name: str) -> Scenario:
+        return self.scenarios.setdefault(name, Scenario(name, self))
+
+    def stop_all(self) -> None:
+        """Count what is alive (``final_instances``), then stop every process and PostgreSQL."""
+        self.stopping.set()
+        try:
+            if self.sim is not None:
+                try:
+                    self.final_instances = self.sim.refresh()
+                except requests.RequestException as exc:
+                    self.say(f"could not read the simulator's state: {exc}; counting its last copy")
+                    self.final_instances = self.sim.instances
+            self.ended = time.time()
+        finally:
+            self.stop()
+
+
+class Scenario:
+    """One scenario's DAG run: its task instance (REST API), its instances (simulator) and bounded waits."""
+
+    def __init__(self, name: str, deployment: SystemDeployment) -> None:
+        self.name = name
+        self.deployment = deployment
+        self.dag_id = f"system_{name}"
+        self.gpu = f"sys-{name}"
+        self.run_id: str | None = None
+        self.last_ti: dict = {}
+        self.billed = "n/a"  # seconds billed after the failure's reference point, ">N" while still alive
+
+    @property
+    def api(self) -> AirflowApi:
+        return self.deployment.api
+
+    @property
+    def sim(self) -> Simulator:
+        return self.deployment.simulator
+
+    def say(self, text: str) -> None:
+        self.deployment.say(f"{self.name}: {text}")
+
+    # REST API
+    def trigger(self) -> None:
+        """Create the DAG run under a run id of our own, so a retried POST can never make a second run."""
+        run_id = f"system-{time.strftime('%H%M%S')}-{secrets.token_hex(3)}"
+        try:
+            self.api.call("POST", f"/dags/{self.dag_id}/dagRuns", {"logical_date": None, "dag_run_id": run_id})
+        except RuntimeError as exc:
+            if "HTTP 409" not in str(exc):  # 409: an earlier try of this POST did create it
+                raise
+        self.run_id = run_id
+        self.say(f"triggered run {self.run_id}")
+
+    def run_state(self) -> str | None:
+        return self.api.call("GET", f"/dags/{self.dag_id}/dagRuns/{self.run_id}").get("state")
+
+    @property
+    def ti_path(self) -> str:
+        """The TI in the REST API (a mapped scenario's task has one mapped TI, map index 0)."""
+        mapped = "/0" if self.name.endswith("_mapped") else ""
+        return f"/dags/{self.dag_id}/dagRuns/{self.run_id}/taskInstances/job{mapped}"
+
+    def ti(self) -> dict:
+        self.last_ti = self.api.call("GET", self.ti_path, ok404=True) or {}
+        return self.last_ti
+
+    def state(self) -> str | None:
+        return self.ti().get("state")
+
+    def state_store(self) -> dict:
+        """The TI's task state store entries (Airflow 3.3+), key -> value, through the REST API."""
+        found = self.api.call("GET", f"{self.ti_path}/state-store", ok404=True) or {}
+        entries = {entry["key"]: entry["value"] for entry in found.get("task_state_store", [])}
+        return {k: json.loads(v) if isinstance(v, str) and v.startswith("{") else v for k, v in entries.items()}
+
+    def mark_failed(self) -> None:
+        self.api.call("PATCH", self.ti_path, {"new_state": "failed"})
+
+    def triggerer_running_the_trigger(self) -> str:
+        """The triggerer component that runs this TI's trigger.
+
+        Airflow names the trigger's log file after that triggerer job's id (``attempt=N.log.trigger.<job id>.log``),
+        and the job's hostname is the component's name.
+        """
+        files = sorted(self.log_folder.glob("attempt=*.log.trigger.*.log"), key=lambda path: path.stat().st_mtime)
+        assert files, f"no trigger log file under {self.log_folder}"
+        job_id = int(files[-1].name.split(".trigger.")[1].split(".")[0])
+        jobs = self.api.call("GET", "/jobs", job_type="TriggererJob", limit=100)["jobs"]
+        host = next((job["hostname"] for job in jobs if job["id"] == job_id), None)
+        triggerers = self.deployment.shape.of("triggerer")
+        assert host in triggerers, f"triggerer job {job_id} runs the trigger on host {host!r}, none of {triggerers}"
+        return host
+
+    # simulator
+    def instances(self) -> list[dict]:
+        return self.sim.of_gpu(self.gpu)
+
+    def running_instance(self) -> dict | None:
+        return next((i for i in self.instances() if i.get("actual_status") == "running" and not i["destroyed"]), None)
+
+    def destroyed_at(self, instance_id: int) -> float | None:
+        """Real epoch second when the simulator destroyed the instance, None while it is alive."""
+        found = next((i for i in self.instances() if i["id"] == instance_id), None)
+        if found is None or not found["destroyed"]:
+            return None
+        return self.sim.real_time(found["destroyed_at"])
+
+    def job_output(self, instance_id: int) -> str:
+        return self.sim.get(f"/_sim/instances/{instance_id}/onstart").get("output") or ""
+
+    # task log
+    @property
+    def log_folder(self) -> Path:
+        """Where Airflow writes the log files of this run's task ``job``."""
+        return self.deployment.home / "logs" / f"dag_id={self.dag_id}" / f"run_id={self.run_id}" / "task_id=job"
+
+    def task_log(self) -> str:
+        """Every log file of this run's task (the worker's, and the triggerer's for deferred waits)."""
+        files = sorted(self.log_folder.rglob("*"))
+        return "".join(path.read_text(errors="replace") for path in files if path.is_file())
+
+    def task_messages(self) -> str:
+        """The messages of the task's log lines (Airflow 3 writes JSON lines), in time order, one per line.
+
+        A job line the task log shows is a whole message, not a piece of a longer one such as the trigger's event,
+        which Airflow logs whole with the lines it carries.
+        """
+        timed = []  # (timestamp, message): the worker's and the triggerer's files merged in time, as the UI shows them
+        for line in self.task_log().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                timed.append((str(record.get("timestamp", "")), str(record.get("event", ""))))
+        return "\n".join(message for _, message in sorted(timed, key=lambda pair: pair[0]))
+
+    def describe(self) -> str:
+        shown = ", ".join(
+            f"{i['id']} {'destroyed' if i['destroyed'] else repr(i.get('actual_status'))}" for i in self.instances()
+        )
+        return f"TI {self.last_ti.get('state')!r} try {self.last_ti.get('try_number')}; instances: {shown or 'none'}"
+
+    # bounded waits
+    def poll(self, timeout: float, check: Callable[[], T | None], interval: float = 1.0) -> T | None:
+        """What ``check`` returns once it is truthy, or None after ``timeout`` seconds."""
+        deadline = time.time() + timeout
+        while True:
+            if self.deployment.stopping.is_set():
+                raise Stopped(self.name)
+            result = check()
+            if result or time.time() > deadline:
+                return result or None
+            time.sleep(interval)
+
+    def wait(self, what: str, timeout: float, check: Callable[[], T | None], interval: float = 1.0) -> T:
+        """What ``check`` returns once it is truthy; fails after ``timeout`` seconds."""
+        result = self.poll(timeout, check, interval)
+        assert result is not None, f"no {what} within {timeout:.0f} s ({self.describe()})"
+        return result
+
+    def wait_running(self, ti_state: str) -> dict:
+        """Until the TI is in `ti_state` and its instance is running; returns the instance."""
+        instance = self.wait(
+            f"TI {ti_state} with its instance running",
+            180,
+            lambda: self.running_instance() if self.state() == ti_state else None,
+        )
+        self.say(f"TI {ti_state}, instance {instance['id']} running")
+        return instance
+
+    def wait_finished(self, timeout: float) -> str:
+        return self.wait("end of the TI", timeout, lambda: s if (s := self.state()) in FINISHED else None)
+
+    def expect_state(self, wanted: str, timeout: float = 60) -> None:
+        final = self.wait_finished(timeout)
+        assert final == wanted, f"TI ended {final!r}, expected {wanted!r} ({self.describe()})"
+
+    def wait_destroyed(self, instance_id: int, since: float, after: str, limit: float) -> float:
+        """Seconds from ``since`` (the moment ``after`` names) to the instance's destroy: at most ``limit``.
+
+        The figure is the scenario's billed_after_failure, shown as '>N' while the instance is alive.
+        """
+        destroyed = self.poll(since + limit + 5 - time.time(), lambda: self.destroyed_at(instance_id))
+        if destroyed is None:
+            self.billed = f">{time.time() - since:.0f}"
+        assert destroyed is not None, (
+            f"instance {instance_id} still alive {time.time() - since:.0f} s after {after} ({self.describe()})"
+        )
+        billed = round(destroyed - since, 1) + 0.0  # + 0.0: never print "-0.0"
+        self.billed = f"{billed:.1f}"
+        self.say(f"instance {instance_id} destroyed {billed:.1f} s after {after}")
+        assert billed <= limit, f"instance {instance_id} destroyed {billed:.1f} s after {after} (limit {limit} s)"
+        return billed
+
+    def wait_all_destroyed(self, timeout: float = 30) -> None:
+        self.wait(
+            "destroy of every instance of this scenario",
+            timeout,
+            lambda: all(i["destroyed"] for i in self.instances()) and self.instances(),
+        )
+
+    # processes
+    def kill_task(self) -> None:
+        """kill -9 the TI's supervisor and task runner (their titles name the TI) and their children."""
+        ti_id = str(self.ti()["id"])
+        parents = self.deployment.task_parents()
+
+        def ours() -> list[psutil.Process]:
+            found = []
+            for process in self.deployment.task_processes(ti_id):
+                try:
+                    if parents & {parent.pid for parent in process.parents()}:
+                        found.append(process)
+                except psutil.NoSuchProcess:
+                    pass
+            return found
+
+        found = self.wait("supervisor process", 30, ours)
+        victims = {p.pid: p for p in found}
+        for process in found:
+            victims.update({c.pid: c for c in process.children(recursive=True)})
+        for process in victims.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        titles = sorted(" ".join(p.info["cmdline"] or []).strip()[:70] for p in found)
+        self.say(f"kill -9 {sorted(victims)} ({'; '.join(titles)})")

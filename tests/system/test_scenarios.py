@@ -1,0 +1,408 @@
+"""One test per failure scenario on a real Airflow deployment against the simulator.
+
+Each scenario runs its own DAG (dags/system_dags.py) and rents only its own offers. The scenarios of SIDE_BY_SIDE
+touch nothing but their own run: the ``side_by_side`` fixture starts them together, each in a thread, and each
+test waits for its own. The later tests kill or stop a component every run depends on, so each runs alone, after
+the others, in this file's order. The API is Airflow's REST API v2, processes are found and killed with psutil,
+and the market is driven through the simulator's admin surface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from functools import partial
+
+import psutil
+import pytest
+
+from .deployment import HEARTBEAT_TIMEOUT, SPEED
+from .scenario import EXECUTION_TIMEOUT, FINISHED, POSTGRES_DOWN, Scenario, SystemDeployment, epoch
+
+pytestmark = pytest.mark.system
+
+TRIGGER_SPACING = 0.5  # seconds between the starts of two scenarios, so their POSTs do not reach the api-server at once
+TRIGGERER_DOWN = 10  # seconds between killing the triggerer and starting a new one
+
+
+# --- side by side ------------------------------------------------------------------------------------------
+
+
+def deferred_happy(s: Scenario) -> None:
+    """No task process holds the TI while it is deferred, and the trigger logs each of the job's lines once."""
+    s.trigger()
+    s.wait_running("deferred")
+    ti_id = str(s.last_ti["id"])
+    deferred_seen = time.time()
+    holders: set[str] = set()
+    samples = 0
+
+    def finished() -> str | None:
+        nonlocal samples
+        state = s.state()
+        # A few seconds of grace: the supervisor exits right after it reports the deferral.
+        if state == "deferred" and time.time() - deferred_seen > 5:
+            samples += 1
+            holders.update(
+                f"{p.pid} {' '.join(p.info['cmdline'] or [])[:60]}" for p in s.deployment.task_processes(ti_id)
+            )
+        return state if state in FINISHED else None
+
+    final = s.wait("end of the TI", 180, finished)
+    s.say(f"{samples} looks at the process table while deferred: {len(holders)} task process(es) for the TI")
+    assert not holders, f"task processes existed while the TI was deferred: {sorted(holders)}"
+    assert final == "success", f"TI ended {final!r} ({s.describe()})"
+    s.wait_all_destroyed()
+    # The trigger read the job's output while it ran and once more after it stopped its instance: every line
+    # once, in order.
+    ticks = re.findall(r"^\[instance \d+\] (tick \d)$", s.task_messages(), re.M)
+    s.say(f"job lines in the task log: {ticks}")
+    assert ticks == [f"tick {i}" for i in range(1, 9)], f"expected the job's 8 tick lines once each, in order: {ticks}"
+
+
+def short_job(s: Scenario) -> None:
+    """A job too short for any read while it runs: its lines come from the final read of the stopped instance."""
+    s.trigger()
+    s.expect_state("success", 180)
+    s.wait_all_destroyed()
+    (instance,) = s.instances()
+    first = re.search(r"^first [0-9a-f]{12}$", s.job_output(instance["id"]), re.M)
+    wanted = [first.group(0) if first else "first ?", "second", "third"]
+    shown = re.findall(r"^\[instance \d+\] (first [0-9a-f]{12}|second|third)$", s.task_messages(), re.M)
+    s.say(
+        f"task log shows {shown}; billed {instance['compute_seconds']:.0f} simulated s of compute, "
+        f"{instance['storage_seconds'] - instance['compute_seconds']:.0f} s of storage only (simulator at {SPEED:g}x)"
+    )
+    assert shown == wanted, f"expected {wanted} once each in the task log; found {shown}"
+
+
+def mark_failed(s: Scenario, deferred: bool) -> None:
+    """A user marks the running task failed: its instance is destroyed within seconds."""
+    s.trigger()
+    instance = s.wait_running("deferred" if deferred else "running")
+    patched = time.time()
+    s.mark_failed()
+    s.say("TI marked failed through PATCH .../taskInstances/job {new_state: failed}")
+    s.wait_destroyed(instance["id"], patched, "the PATCH", 30)
+    s.expect_state("failed", 30)
+
+
+def kill9(s: Scenario, retry: bool) -> None:
+    """kill -9 of the task's processes: the retry reconnects to its rental, or the failure callback destroys it."""
+    s.trigger()
+    instance = s.wait_running("running")
+    if retry:  # durable (Airflow 3.3+): the rental is in the task state store, visible through the REST API
+        store = s.wait("the rental in the task state store", 30, lambda: s.state_store().get("gpumarket_rental"))
+        assert store.get("instance_id") == instance["id"], (
+            f"the task state store names {store!r}, not instance {instance['id']}"
+        )
+        s.say(f"the task state store holds {store} (REST API) while the job runs")
+    s.kill_task()
+    killed = time.time()
+    if retry:
+        final = s.wait(
+            "end of the retry",
+            240,
+            lambda: st if (st := s.state()) in FINISHED and s.last_ti["try_number"] > 1 else None,
+        )
+        created = s.instances()
+        assert len(created) == 1, f"{len(created)} instances rented for one task instance: {[i['id'] for i in created]}"
+        assert final == "success", f"retry ended {final!r} ({s.describe()})"
+        assert f"the task state store names instance {instance['id']}" in s.task_log(), (
+            "the retry did not reconnect through the task state store (its log does not say so)"
+        )
+        s.say("the retry reconnected to its rental through the task state store")
+        s.wait_all_destroyed()
+        return
+    s.expect_state("failed", HEARTBEAT_TIMEOUT + 90)
+    failed_at = epoch(s.last_ti["end_date"])
+    assert failed_at is not None, f"the failed TI has no end_date ({s.describe()})"
+    s.say(f"Airflow failed the TI {failed_at - killed:.0f} s after the kill (its end_date)")
+    s.wait_destroyed(instance["id"], failed_at, "Airflow failed the TI", 120)
+
+
+def exit3(s: Scenario) -> None:
+    """The job prints a line and exits 3: the TI fails with its instance already destroyed and its output shown."""
+    s.trigger()
+    s.expect_state("failed", 180)
+    ended = epoch(s.last_ti["end_date"])
+    assert ended is not None, f"the failed TI has no end_date ({s.describe()})"
+    instances = s.instances()
+    assert instances, "no instance was rented"
+    for instance in instances:
+        s.wait_destroyed(instance["id"], ended, "the TI ended", 1)
+    computed = re.search(r"^computed [0-9a-f]{12}$", s.job_output(instances[-1]["id"]), re.M)
+    log = s.task_log()
+    wanted = (("the computed line", computed.group(0) if computed else "?"), ("the status", "exit status 3"))
+    missing = [what for what, text in wanted if text not in log]
+    assert not missing, f"not in the task log: {', '.join(missing)} ({len(log)} characters of log)"
+    s.say(f"task log shows {computed.group(0) if computed else '?'!r} and 'exit status 3'")
+
+
+def execution_timeout(s: Scenario, deferred: bool) -> None:
+    """The TI fails at its execution_timeout and its instance is destroyed within 30 s.
+
+    The instance may still be booting when the timeout ends (creates queue behind the live rate limit when all
+    scenarios start together): the goal is the same either way.
+    """
+    s.trigger()
+    wanted = "deferred" if deferred else "running"
+    instance = s.wait(
+        f"TI {wanted} with an instance",
+        120,
+        lambda: next(iter(s.instances()), None) if s.state() == wanted else None,
+    )
+    s.say(f"TI {wanted}, instance {instance['id']} {instance.get('actual_status')!r}")
+    started = epoch(s.last_ti["start_date"])
+    assert started is not None, f"the {wanted} TI has no start_date ({s.describe()})"
+    s.wait_destroyed(instance["id"], started + EXECUTION_TIMEOUT, f"start_date + {EXECUTION_TIMEOUT} s", 30)
+    s.expect_state("failed", 30)
+
+
+def interruptible(s: Scenario) -> None:
+    """Outbid twice while its command runs, the job fails over in the triggerer and finishes on its third rental."""
+    s.trigger()
+    outbid: list[int] = []
+
+    def next_running_job() -> dict | None:
+        for i in s.instances():
+            fresh = i["id"] not in outbid and i.get("actual_status") == "running" and not i["destroyed"]
+            if fresh and "run attempt=" in s.job_output(i["id"]):
+                return i
+        return None
+
+    for n in (1, 2):
+        instance = s.wait(f"rental {n}'s job running", 180, next_running_job)
+        s.sim.post(f"/_sim/instances/{instance['id']}/outbid", {})
+        outbid.append(instance["id"])
+        s.say(
+            f"outbid instance {instance['id']} (bid ${instance['bid_price']}/h on a ${instance['dph_total']}/h offer)"
+        )
+    s.expect_state("success", 240)
+    s.wait_all_destroyed()
+    s.sim.refresh()
+    rented = sorted(s.instances(), key=lambda i: i["created_at"])
+    machines = [(i["id"], i["machine_id"]) for i in rented]
+    assert len(rented) == 3 and len({i["machine_id"] for i in rented}) == 3, (
+        f"expected three rentals on three machines; found {machines}"
+    )
+    overlaps = [
+        (a["id"], b["id"]) for a, b in zip(rented, rented[1:], strict=False) if b["created_at"] < a["destroyed_at"]
+    ]
+    assert not overlaps, f"two rentals alive at once: {overlaps}"
+    assert "finished on attempt 3" in s.job_output(rented[-1]["id"]), (
+        "the third rental's job did not say 'finished on attempt 3'"
+    )
+    billed = sum(i["cost"] for i in rented)
+    on_demand = sum(i["compute_seconds"] * i["dph_total"] / 3600 for i in rented)
+    s.say(
+        f"3 rentals, one at a time; the ledger billed ${billed:.4f} (compute at the bids, plus storage); the same "
+        f"compute on demand: ${on_demand:.4f}"
+    )
+
+
+#: The scenarios that run side by side, each driven by its function in a thread of its own.
+SIDE_BY_SIDE: dict[str, Callable[[Scenario], None]] = {
+    "deferred_happy": deferred_happy,
+    "short_job_deferred": short_job,
+    "mark_failed_deferred": partial(mark_failed, deferred=True),
+    "mark_failed_running": partial(mark_failed, deferred=False),
+    "kill9_retry": partial(kill9, retry=True),
+    "lost_worker": partial(kill9, retry=False),
+    "lost_worker_mapped": partial(kill9, retry=False),
+    "exit3": exit3,
+    "exit3_deferred": exit3,
+    "execution_timeout_deferred": partial(execution_timeout, deferred=True),
+    "execution_timeout_sync": partial(execution_timeout, deferred=False),
+    "interruptible": interruptible,
+}
+
+
+@pytest.fixture(scope="module")
+def side_by_side(deployment: SystemDeployment, request: pytest.FixtureRequest) -> Iterator[dict[str, futures.Future]]:
+    """The selected scenarios of SIDE_BY_SIDE, started together: scenario name -> its driver's future."""
+    selected = {item.name.removeprefix("test_") for item in request.session.items}
+    names = [name for name in SIDE_BY_SIDE if name in selected]
+    with futures.ThreadPoolExecutor(max(1, len(names)), thread_name_prefix="scenario") as pool:
+        started = {}
+        for name in names:
+            started[name] = pool.submit(SIDE_BY_SIDE[name], deployment.scenario(name))
+            time.sleep(TRIGGER_SPACING)
+        try:
+            yield started
+        finally:
+            if not all(future.done() for future in started.values()):
+                deployment.stopping.set()  # the session is cut short: every wait gives up within a second
+
+
+@pytest.fixture
+def alone(side_by_side: dict[str, futures.Future]) -> None:
+    """Until every scenario run side by side has ended."""
+    futures.wait(side_by_side.values())
+
+
+def test_deferred_happy(side_by_side):
+    side_by_side["deferred_happy"].result()
+
+
+def test_short_job_deferred(side_by_side):
+    side_by_side["short_job_deferred"].result()
+
+
+def test_mark_failed_deferred(side_by_side):
+    side_by_side["mark_failed_deferred"].result()
+
+
+def test_mark_failed_running(side_by_side):
+    side_by_side["mark_failed_running"].result()
+
+
+def test_kill9_retry(side_by_side):
+    side_by_side["kill9_retry"].result()
+
+
+def test_lost_worker(side_by_side):
+    side_by_side["lost_worker"].result()
+
+
+def test_lost_worker_mapped(side_by_side):
+    side_by_side["lost_worker_mapped"].result()
+
+
+def test_exit3(side_by_side):
+    side_by_side["exit3"].result()
+
+
+def test_exit3_deferred(side_by_side):
+    side_by_side["exit3_deferred"].result()
+
+
+def test_execution_timeout_deferred(side_by_side):
+    side_by_side["execution_timeout_deferred"].result()
+
+
+def test_execution_timeout_sync(side_by_side):
+    side_by_side["execution_timeout_sync"].result()
+
+
+def test_interruptible(side_by_side):
+    side_by_side["interruptible"].result()
+
+
+# --- alone, in this order ----------------------------------------------------------------------------------
+
+
+def survive_the_kill(s: Scenario, victim: str, what: str) -> None:
+    """kill -9 ``victim`` until the job succeeds (then start it again): the other one of its kind carries it on."""
+    s.deployment.processes.kill_group(victim)
+    killed = time.time()
+    s.say(f"{victim} {what}killed with kill -9; not restarted until the job ends")
+    try:
+        s.expect_state("success", 180)
+    finally:
+        s.deployment.start_component(victim)
+    s.say(f"success {time.time() - killed:.0f} s after the kill")
+    s.wait_all_destroyed()
+    rented = s.instances()
+    assert len(rented) == 1, f"{len(rented)} instances rented for one task instance"
+
+
+def test_triggerer_restart(alone, scenario: Scenario):
+    """The triggerer dies under a deferred job and is started again: the wait resumes, success."""
+    s = scenario
+    s.trigger()
+    s.wait_running("deferred")
+    time.sleep(2)
+    victim = s.deployment.shape.of("triggerer")[0]  # with two, the other takes its triggers over
+    s.deployment.processes.kill_group(victim)
+    s.say(f"{victim} killed (kill -9 of its process group); restarting it in {TRIGGERER_DOWN} s")
+    time.sleep(TRIGGERER_DOWN)
+    s.deployment.start_component(victim)
+    s.say(f"{victim} restarted")
+    s.expect_state("success", 180)
+    s.wait_all_destroyed()
+
+
+@pytest.mark.production_shape
+def test_triggerer_ha(alone, scenario: Scenario):
+    """The triggerer running the trigger dies for good: the other one resumes the wait.
+
+    It takes the trigger over once the dead one's heartbeat is older than [triggerer]
+    triggerer_health_check_threshold.
+    """
+    s = scenario
+    s.trigger()
+    s.wait_running("deferred")
+    time.sleep(4)  # a few lines read by the first triggerer
+    survive_the_kill(s, s.triggerer_running_the_trigger(), "(running the trigger) ")
+    ticks = re.findall(r"^\[instance \d+\] (tick \d+)$", s.task_messages(), re.M)
+    s.say(f"job lines in the task log: {ticks}")
+    # Every line, in order; a resumed wait may show some again (it says so), never out of order.
+    assert list(dict.fromkeys(ticks)) == [f"tick {i}" for i in range(1, 13)], (
+        f"expected ticks 1-12 in order (repeats only where marked); found {ticks}"
+    )
+
+
+@pytest.mark.production_shape
+def test_scheduler_kill(alone, scenario: Scenario):
+    """One of two schedulers dies mid-run: the job, running in a Celery worker, does not depend on it."""
+    s = scenario
+    s.trigger()
+    s.wait_running("running")
+    survive_the_kill(s, s.deployment.shape.of("scheduler")[0], "")
+
+
+@pytest.mark.production_shape
+def test_worker_kill(alone, scenario: Scenario):
+    """The machine of a Celery worker is lost with a job on it: kill -9 the worker and everything under it."""
+    s = scenario
+    s.trigger()
+    instance = s.wait_running("running")
+    ti_id = str(s.ti()["id"])
+    deployment = s.deployment
+    runner = deployment.task_processes(ti_id)
+    workers = {deployment.processes.started[n].pid: n for n in deployment.shape.of("worker")}
+    victim = next((workers[a.pid] for p in runner for a in p.parents() if a.pid in workers), None)
+    assert victim is not None, f"no Celery worker found above the task's processes {[p.pid for p in runner]}"
+    process = psutil.Process(deployment.processes.started[victim].pid)
+    everything = [process, *process.children(recursive=True)]
+    deployment.processes.kill_group(victim)
+    for child in everything:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    killed = time.time()
+    s.say(f"{victim} and its {len(everything) - 1} descendants killed with kill -9")
+    try:
+        s.expect_state("failed", HEARTBEAT_TIMEOUT + 90)
+    finally:
+        deployment.start_component(victim)
+    failed_at = epoch(s.last_ti["end_date"])
+    assert failed_at is not None, f"the failed TI has no end_date ({s.describe()})"
+    s.say(f"Airflow failed the TI {failed_at - killed:.0f} s after the kill (its end_date)")
+    s.wait_destroyed(instance["id"], failed_at, "Airflow failed the TI", 120)
+
+
+@pytest.mark.production_shape
+def test_postgres_restart(alone, scenario: Scenario):
+    """PostgreSQL goes away under a deferred and a sync job (the DAG's two tasks): both succeed on one rental each.
+
+    Airflow's components reconnect, or are restarted by the supervisor as a service manager would.
+    """
+    s = scenario
+    s.trigger()
+    s.wait(
+        "both jobs running", 180, lambda: sum(i.get("actual_status") == "running" for i in s.instances()) == 2 or None
+    )
+    s.deployment.postgres.restart(POSTGRES_DOWN)
+    back = time.time()
+    s.say(f"PostgreSQL was down {POSTGRES_DOWN} s")
+    final = s.wait("end of both tasks", 240, lambda: st if (st := s.run_state()) in FINISHED else None)
+    assert final == "success", f"DAG run ended {final!r} ({s.describe()})"
+    s.wait_all_destroyed()
+    rented = s.instances()
+    assert len(rented) == 2, f"{len(rented)} instances for two tasks"
+    s.deployment.wait_healthy(120)
+    s.say(f"both tasks succeeded, every component healthy {time.time() - back:.0f} s after PostgreSQL came back")
