@@ -12,11 +12,10 @@ import threading
 
 import httpx
 import pytest
+from hook_fakes import API_KEY, AUTH_HEADER, BASE_URL, url
 
 from airflow_gpumarket.exceptions import GpuMarketAuthError, GpuMarketNotFoundError, GpuMarketServerError
 from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
-
-from .helpers import API_KEY, AUTH_HEADER, BASE_URL, url
 
 
 @pytest.fixture

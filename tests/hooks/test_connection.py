@@ -4,13 +4,12 @@ and ``test_connection``."""
 from __future__ import annotations
 
 import pytest
+from hook_fakes import API_KEY, AUTH_HEADER, BASE_URL, url
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.hooks.connection import ConnectionSettings, settings_from_connection
 from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
-
-from .helpers import API_KEY, AUTH_HEADER, BASE_URL, url
 
 
 def settings(host="https://api.example.com", port=None, password=API_KEY, extra=None) -> ConnectionSettings:
@@ -165,7 +164,7 @@ def test_ca_bundle_extra_is_used_for_tls_verification(set_conn, hook):
 
 
 def test_hook_reads_the_named_connection(requests_mock, monkeypatch):
-    from .helpers import conn_json
+    from hook_fakes import conn_json
 
     monkeypatch.setenv("AIRFLOW_CONN_GPU_STAGING", conn_json(host="https://staging.example.com", password="k-stage-1"))
     requests_mock.get("https://staging.example.com/api/v1/instances/", json={"instances": []})

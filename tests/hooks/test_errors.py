@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hook_fakes import url
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import (
@@ -14,8 +15,6 @@ from airflow_gpumarket.exceptions import (
     GpuMarketRateLimitError,
     GpuMarketServerError,
 )
-
-from .helpers import url
 
 NO_RETRIES = {"retry_min_wait": 0, "retry_max_wait": 0, "max_retries": 0}
 

@@ -4,8 +4,7 @@ the hook sends, and the result it returns."""
 from __future__ import annotations
 
 import pytest
-
-from .helpers import AUTH_HEADER, methods_and_urls, url
+from hook_fakes import AUTH_HEADER, methods_and_urls, url
 
 NO_BODY = object()
 

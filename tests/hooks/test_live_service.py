@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from hook_fakes import API_KEY, conn_json, methods_and_paths, url
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import (
@@ -23,8 +24,6 @@ from airflow_gpumarket.exceptions import (
     GpuMarketQuotaExceededError,
     GpuMarketRateLimitError,
 )
-
-from .helpers import API_KEY, conn_json, methods_and_paths, url
 
 V1 = url(api.PATH_INSTANCES_V1)
 V0 = url(api.PATH_INSTANCES)

@@ -8,11 +8,10 @@ again while the upload has not landed.
 from __future__ import annotations
 
 import pytest
+from hook_fakes import API_KEY, AUTH_HEADER, url
 
 from airflow_gpumarket import api, job_logs
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketValidationError
-
-from .helpers import API_KEY, AUTH_HEADER, url
 
 LOGS = "/api/v0/instances/request_logs/7001/"
 STORAGE = "https://storage.example.net/logs/tok-3f9a1c"

@@ -8,6 +8,7 @@ from http.client import RemoteDisconnected
 
 import pytest
 import requests
+from hook_fakes import HOOK_LOGGER, methods_and_paths, methods_and_urls, url
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError
 
 from airflow_gpumarket import api
@@ -17,8 +18,6 @@ from airflow_gpumarket.exceptions import (
     GpuMarketServerError,
     GpuMarketTransportError,
 )
-
-from .helpers import HOOK_LOGGER, methods_and_paths, methods_and_urls, url
 
 INSTANCES = url("/api/v1/instances/")
 ASK = url("/api/v0/asks/101/")

@@ -11,6 +11,7 @@ import pickle
 import traceback
 
 import pytest
+from hook_fakes import API_KEY, HOOK_LOGGER, url
 
 from airflow_gpumarket.exceptions import (
     GpuMarketAmbiguousCreateError,
@@ -19,8 +20,6 @@ from airflow_gpumarket.exceptions import (
     GpuMarketValidationError,
 )
 from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
-
-from .helpers import API_KEY, HOOK_LOGGER, url
 
 
 def assert_key_absent_from_logs(caplog) -> None:

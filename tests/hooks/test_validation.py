@@ -13,11 +13,10 @@ import re
 import string
 
 import pytest
+from hook_fakes import url
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-
-from .helpers import url
 
 
 def assert_rejected(wire, call, field: str, *words: str) -> GpuMarketValidationError:
