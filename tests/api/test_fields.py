@@ -27,3 +27,20 @@ def test_offer_query_builds_one_operator_per_field():
         "direct_port_count": {"in": [1, 2]},
     }
     assert api.build_search_body(query.filters) == {**query.filters, "type": "ondemand"}
+
+
+def test_a_field_the_spec_does_not_name_is_refused_naming_it():
+    from airflow_gpumarket import api
+
+    with pytest.raises(GpuMarketValidationError, match="gpu_count: is not a creation field of the spec"):
+        api.build_create_instance_body(image="img", gpu_count=2)
+
+
+def test_the_readmes_table_of_creation_fields_is_written_from_the_api_table():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "readme_fields.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
+
+from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
 
 from .renting_fakes import FakeHook, ctx
+
+OK = {"offer_filters": {"gpu_name": {"eq": "RTX 4090"}}, "image": "pytorch/pytorch"}
+CREATE = GpuMarketCreateInstanceOperator
+
+CASES = [
+    # (operator, arguments, the argument the message must name)
+    (CREATE, {**OK, "lease": 0}, "lease"),
+]
 
 
 def test_create_instance_operator_hands_over_a_running_instance_without_destroying_it():
@@ -17,3 +28,19 @@ def test_create_instance_operator_hands_over_a_running_instance_without_destroyi
     result = op.execute(ctx())
     assert result["instance_id"] == 1001 and hook.destroyed == []
     assert op._guard.instance_id is None  # a later on_kill has nothing of its own to destroy
+
+
+# --- Bad input, refused when the DAG is parsed -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("operator", "arguments", "field"),
+    CASES,
+    ids=[f"{op.__name__.removeprefix('GpuMarket')}-{field}-{i}" for i, (op, _, field) in enumerate(CASES)],
+)
+def test_bad_input_is_refused_at_parse_time_naming_the_argument(operator, arguments, field, requests_mock):
+    with pytest.raises(GpuMarketValidationError) as caught:
+        operator(task_id="t", **arguments)
+    # The message starts with the argument, or a part of it such as env['EPOCHS'] or volume_info.volume_id.
+    assert caught.value.field.startswith(field), str(caught.value)
+    assert str(caught.value).startswith(caught.value.field + ": ")
+    assert isinstance(caught.value, ValueError)
+    assert requests_mock.call_count == 0

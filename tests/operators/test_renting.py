@@ -15,13 +15,72 @@ import pytest
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, TaskDeferred
-from airflow_gpumarket.exceptions import GpuMarketServerError
+from airflow_gpumarket.exceptions import GpuMarketServerError, GpuMarketValidationError
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 from .renting_fakes import DONE, EXIT_0, BidMarketHook, Clock, FakeHook, ctx, fired, job
 
+OK = {"offer_filters": {"gpu_name": {"eq": "RTX 4090"}}, "image": "pytorch/pytorch"}
+CREATE = GpuMarketCreateInstanceOperator
+CASES = [
+    # (operator, arguments, the argument the message must name)
+    (CREATE, {"offer_filters": {}}, "image"),
+    (CREATE, {"image": "x"}, "offer_id"),
+    (CREATE, {**OK, "runtype": "ssh-direct"}, "runtype"),
+    (CREATE, {**OK, "runtype": "SSH"}, "runtype"),
+    (CREATE, {**OK, "target_state": "paused"}, "target_state"),
+    (CREATE, {**OK, "env": "-e A=1 -p 22:22"}, "env"),
+    (CREATE, {**OK, "env": ["A=1"]}, "env"),
+    (CREATE, {**OK, "env": {"EPOCHS": 3}}, "env"),
+    (CREATE, {**OK, "env": {"-p 8080": "1"}}, "env"),
+    (CREATE, {**OK, "env": {"-p 8080:8080": 1}}, "env"),
+    (CREATE, {**OK, "env": {"-p 70000:70000": "1"}}, "env"),
+    (CREATE, {**OK, "onstart": "x" * 4049}, "onstart"),
+    (CREATE, {**OK, "onstart": "echo hi", "runtype": "args"}, "onstart"),
+    (CREATE, {**OK, "args_str": "--epochs 3"}, "args_str"),
+    (CREATE, {**OK, "args_str": "--epochs 3", "runtype": "ssh"}, "args_str"),
+    (CREATE, {**OK, "price": 0}, "price"),
+    (CREATE, {**OK, "price": -0.2}, "price"),
+    (CREATE, {**OK, "price": "cheap"}, "price"),
+    (CREATE, {**OK, "disk": 0}, "disk"),
+    (CREATE, {**OK, "disk": "8GB"}, "disk"),
+    (CREATE, {**OK, "volume_info": 5}, "volume_info"),
+    (CREATE, {**OK, "volume_info": {"volume_id": 5}}, "volume_info.mount_path"),
+    (CREATE, {**OK, "volume_info": {"mount_path": "/data"}}, "volume_info.volume_id"),
+    (CREATE, {**OK, "volume_info": {"volume_id": 5, "mount_path": "data"}}, "volume_info.mount_path"),
+    (CREATE, {**OK, "volume_info": {"volume_id": 5, "mount_path": "/d", "size": 1}}, "volume_info"),
+    (CREATE, {**OK, "use_jupyter_lab": "yes"}, "use_jupyter_lab"),
+    (CREATE, {**OK, "python_utf8": 1}, "python_utf8"),
+    (CREATE, {**OK, "lang_utf8": "true"}, "lang_utf8"),
+    (CREATE, {**OK, "cancel_unavail": "no"}, "cancel_unavail"),
+    (CREATE, {**OK, "vm": "false"}, "vm"),
+    (CREATE, {**OK, "image": ""}, "image"),
+    (CREATE, {**OK, "template_hash_id": ""}, "template_hash_id"),
+    (CREATE, {**OK, "jupyter_dir": ""}, "jupyter_dir"),
+    (CREATE, {**OK, "image_login": "user:token@registry"}, "image_login"),
+    (CREATE, {**OK, "max_dph": 0}, "max_dph"),
+    (CREATE, {**OK, "max_dph": -1}, "max_dph"),
+    (CREATE, {**OK, "boot_timeout": 0}, "boot_timeout"),
+    (CREATE, {**OK, "boot_timeout": timedelta(seconds=-5)}, "boot_timeout"),
+    (CREATE, {**OK, "poll_interval": 0}, "poll_interval"),
+    (CREATE, {**OK, "max_offer_attempts": 0}, "max_offer_attempts"),
+    (CREATE, {**OK, "offer_id": 0, "offer_filters": None}, "offer_id"),
+    (CREATE, {**OK, "offer_id": "abc", "offer_filters": None}, "offer_id"),
+    (CREATE, {**OK, "offer_filters": {"gpu_name": "RTX 4090"}}, "filters['gpu_name']"),
+    (CREATE, {**OK, "offer_filters": {"gpu_name": {"in": "RTX 4090"}}}, "filters['gpu_name']"),
+    (CREATE, {**OK, "offer_filters": {"num_gpus": {"gte": 1, "eq": 2}}}, "filters['num_gpus']"),
+    (CREATE, {**OK, "offer_filters": {"limit": {"eq": 3}}}, "filters"),
+    (CREATE, {**OK, "offer_order": [["dph_total", "down"]]}, "order['dph_total']"),
+    (CREATE, {**OK, "offer_order": ["dph_total"]}, "order"),
+    (CREATE, {**OK, "offer_type": "spot"}, "offer_type"),
+    (CREATE, {**OK, "command": "python train.py", "onstart": "echo"}, "onstart"),
+    (CREATE, {**OK, "command": "python train.py", "runtype": "args"}, "runtype"),
+]
 FIRST_RUN = "gpumarket: job started\nepoch 1\n"  # a preempted run: no exit status line
 RESUMED_RUN = "gpumarket: job started\nepoch 1\nepoch 2\n" + EXIT_0
+FILTERS = {"gpu_name": {"eq": "RTX 4090"}}
+LABEL = "afgm-0123456789ab-1"
 
 
 def test_the_host_daemons_log_is_read_before_an_instance_that_never_ran_is_given_up():
@@ -302,3 +361,159 @@ def test_rule_a_failed_read_at_the_start_of_a_wait_for_the_bid_counts_no_second_
     result = op.execute(ctx())
     assert result["job_status"] == "succeeded" and result["preemptions"] == 1
     assert list(hook.instances) == [1001] and hook.alive() == []
+
+
+# --- Bad input, refused when the DAG is parsed -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("operator", "arguments", "field"),
+    CASES,
+    ids=[f"{op.__name__.removeprefix('GpuMarket')}-{field}-{i}" for i, (op, _, field) in enumerate(CASES)],
+)
+def test_bad_input_is_refused_at_parse_time_naming_the_argument(operator, arguments, field, requests_mock):
+    with pytest.raises(GpuMarketValidationError) as caught:
+        operator(task_id="t", **arguments)
+    # The message starts with the argument, or a part of it such as env['EPOCHS'] or volume_info.volume_id.
+    assert caught.value.field.startswith(field), str(caught.value)
+    assert str(caught.value).startswith(caught.value.field + ": ")
+    assert isinstance(caught.value, ValueError)
+    assert requests_mock.call_count == 0
+
+
+def test_templated_fields_are_checked_after_rendering_not_at_parse_time():
+    op = CREATE(task_id="t", **OK, runtype="{{ params.runtype }}", disk="{{ params.disk }}")
+    op.instance.update(runtype="bogus", disk=8)  # as rendering would make them
+    with pytest.raises(GpuMarketValidationError, match="^runtype"):
+        op._validate()
+
+
+def test_good_arguments_build_a_body_with_only_given_fields():
+    op = CREATE(task_id="t", **OK, disk=16, env={"A": "1", "-p 8080:8080": "1"})
+    body = op._creation_body(label="afgm-0123456789ab-1", base_url=None)
+    assert body == {
+        "image": "pytorch/pytorch",
+        "label": "afgm-0123456789ab-1",
+        "disk": 16,
+        "env": {"A": "1", "-p 8080:8080": "1"},
+        "cancel_unavail": True,
+    }
+
+
+def test_a_creation_field_is_one_line_of_the_api_table():
+    """The renting operators take every creation field of api.CREATION_FIELDS by name (keyword-only, so
+    default_args and expand() know them), documented, besides the one templated ``instance`` dict."""
+    import inspect
+
+    from airflow_gpumarket import api
+    from airflow_gpumarket.operators.renting import GpuMarketRentingBaseOperator
+
+    keywords = inspect.signature(GpuMarketRentingBaseOperator.__init__).parameters
+    fields = {
+        name
+        for name, p in keywords.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name in api.CREATION_FIELD_NAMES
+    }
+    assert fields == set(api.CREATION_FIELD_NAMES)
+    assert all(keywords[name].default is None for name in fields)  # not given: the instance dict's value stands
+    assert all(f":param {name}:" in (GpuMarketRentingBaseOperator.__doc__ or "") for name in fields)
+    assert not set(api.CREATION_FIELD_NAMES) & set(GpuMarketRentingBaseOperator.template_fields)
+    assert "instance" in GpuMarketRentingBaseOperator.template_fields
+
+
+# --- The creation fields: one templated instance dict, each field also taken by name (the Databricks way) ------
+def test_the_fields_may_come_as_one_instance_dict_and_are_sent_as_given():
+    op = GpuMarketCreateInstanceOperator(
+        task_id="t", offer_filters=FILTERS, instance={"image": "pytorch/pytorch", "disk": 40, "env": {"A": "1"}}
+    )
+    body = op._creation_body(label=LABEL, base_url=None)
+    assert body == {
+        "image": "pytorch/pytorch",
+        "disk": 40,
+        "env": {"A": "1"},
+        "cancel_unavail": True,
+        "label": LABEL,
+    }
+
+
+def test_a_field_given_by_name_wins_over_the_same_field_in_the_dict():
+    op = GpuMarketCreateInstanceOperator(
+        task_id="t", offer_filters=FILTERS, instance={"image": "a/old", "disk": 40}, image="b/new"
+    )
+    assert op.instance == {"cancel_unavail": True, "image": "b/new", "disk": 40}
+
+
+def test_cancel_unavail_defaults_to_true_and_may_be_turned_off_either_way():
+    by_name = GpuMarketCreateInstanceOperator(task_id="a", offer_filters=FILTERS, image="i", cancel_unavail=False)
+    in_dict = GpuMarketCreateInstanceOperator(
+        task_id="b", offer_filters=FILTERS, instance={"image": "i", "cancel_unavail": False}
+    )
+    assert by_name.instance["cancel_unavail"] is False and in_dict.instance["cancel_unavail"] is False
+
+
+@pytest.mark.parametrize("instance", ['{"image": "i"}', [("image", "i")], 3])
+def test_an_instance_that_is_not_a_dict_is_refused_naming_instance(instance):
+    with pytest.raises(GpuMarketValidationError, match="^instance: must be a dict of the spec's creation fields"):
+        GpuMarketCreateInstanceOperator(task_id="t", offer_filters=FILTERS, instance=instance)
+
+
+def test_a_label_in_the_dict_is_refused_the_operator_writes_it():
+    with pytest.raises(GpuMarketValidationError, match="^instance: has a 'label': the operator writes the label"):
+        GpuMarketCreateInstanceOperator(task_id="t", offer_filters=FILTERS, instance={"image": "i", "label": "x"})
+
+
+def test_a_key_the_spec_does_not_name_is_refused_at_parse_time_even_beside_jinja():
+    """A templated typed field puts the body's check off until rendering; the names are still checked at once."""
+    with pytest.raises(GpuMarketValidationError, match="^gpu_count: is not a creation field of the spec"):
+        GpuMarketCreateInstanceOperator(
+            task_id="t", offer_filters=FILTERS, instance={"image": "i", "disk": "{{ params.d }}", "gpu_count": 2}
+        )
+
+
+def test_a_bad_value_in_the_dict_is_refused_at_parse_time_naming_the_field():
+    with pytest.raises(GpuMarketValidationError, match="^runtype: "):
+        GpuMarketCreateInstanceOperator(
+            task_id="t", offer_filters=FILTERS, instance={"image": "i", "runtype": "ssh-direct"}
+        )
+
+
+def test_the_dict_is_the_one_rendered_template_field_and_its_values_render():
+    op = GpuMarketCreateInstanceOperator(
+        task_id="t",
+        offer_filters=FILTERS,
+        image="{{ params.image }}",
+        instance={"jupyter_dir": "/data/{{ params.run }}", "env": {"RUN": "{{ params.run }}"}},
+    )
+    op.render_template_fields({"params": {"image": "pytorch/pytorch", "run": "r1"}})
+    assert op.instance == {
+        "cancel_unavail": True,
+        "image": "pytorch/pytorch",
+        "jupyter_dir": "/data/r1",
+        "env": {"RUN": "r1"},
+    }
+    op._validate()
+
+
+def test_a_field_rendered_to_a_bad_value_is_refused_before_anything_is_sent():
+    op = GpuMarketCreateInstanceOperator(
+        task_id="t", offer_filters=FILTERS, image="i", instance={"runtype": "{{ params.runtype }}"}
+    )
+    op.render_template_fields({"params": {"runtype": "bogus"}})
+    with pytest.raises(GpuMarketValidationError, match="^runtype: "):
+        op._validate()
+
+
+def test_default_args_give_creation_fields_by_name():
+    from airflow.providers.common.compat.sdk import DAG
+
+    with DAG("d", schedule=None, default_args={"image": "from/default-args", "disk": 20}):
+        op = GpuMarketCreateInstanceOperator(task_id="t", offer_filters=FILTERS, disk=30)
+    assert op.instance["image"] == "from/default-args" and op.instance["disk"] == 30
+
+
+def test_a_mapped_task_may_expand_over_a_creation_field_by_name():
+    from airflow.providers.common.compat.sdk import DAG
+
+    with DAG("d", schedule=None):
+        mapped = GpuMarketRunJobOperator.partial(task_id="t", offer_filters=FILTERS, command="echo").expand(
+            image=["a/one", "b/two"]
+        )
+    assert mapped.expand_input.value == {"image": ["a/one", "b/two"]}

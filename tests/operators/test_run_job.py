@@ -11,9 +11,27 @@ import pytest
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
-from airflow_gpumarket.exceptions import GpuMarketServerError
+from airflow_gpumarket.exceptions import GpuMarketServerError, GpuMarketValidationError
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 from .renting_fakes import DONE, EXIT_0, GONE, Clock, FakeHook, ctx, fired, job
+
+OK = {"offer_filters": {"gpu_name": {"eq": "RTX 4090"}}, "image": "pytorch/pytorch"}
+JOB = GpuMarketRunJobOperator
+CASES = [
+    # (operator, arguments, the argument the message must name)
+    (JOB, {**OK, "command": "python train.py", "durable": "yes"}, "durable"),
+    (JOB, {**OK, "command": "python train.py", "runtype": "args"}, "runtype"),
+    (JOB, {**OK, "command": ""}, "command"),
+    (JOB, {**OK, "command": "x", "onstart": "y"}, "onstart"),
+    (JOB, {**OK, "command": "x", "max_runtime": 0}, "max_runtime"),
+    (JOB, {**OK, "command": "x", "keepalive": 0}, "keepalive"),
+    (JOB, {**OK, "command": "x", "keepalive": 20, "poll_interval": 10}, "keepalive"),
+    (JOB, {**OK, "command": "x", "env": {"A": None}}, "env"),
+    (JOB, {**OK, "command": "echo " + "y" * 9000 + "".join(str(i) for i in range(3000))}, "command"),
+]
+FILTERS = {"gpu_name": {"eq": "RTX 4090"}}
+LABEL = "afgm-0123456789ab-1"
 
 
 def test_job_that_exits_zero_succeeds_and_its_stopped_instance_is_destroyed_after_the_final_read(task_log):
@@ -121,3 +139,40 @@ def test_a_resumed_job_that_succeeded_reports_its_cost_from_the_rental_in_the_ev
     assert result["job_status"] == "succeeded" and result["dph_total"] == 0.5 and result["offer_id"] == 1
     assert hook.alive() == []  # the job stopped its instance; the resumed task destroyed it
     assert result["label"] == renewed  # the trigger's latest renewal, not the label written at creation
+
+
+# --- Bad input, refused when the DAG is parsed -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("operator", "arguments", "field"),
+    CASES,
+    ids=[f"{op.__name__.removeprefix('GpuMarket')}-{field}-{i}" for i, (op, _, field) in enumerate(CASES)],
+)
+def test_bad_input_is_refused_at_parse_time_naming_the_argument(operator, arguments, field, requests_mock):
+    with pytest.raises(GpuMarketValidationError) as caught:
+        operator(task_id="t", **arguments)
+    # The message starts with the argument, or a part of it such as env['EPOCHS'] or volume_info.volume_id.
+    assert caught.value.field.startswith(field), str(caught.value)
+    assert str(caught.value).startswith(caught.value.field + ": ")
+    assert isinstance(caught.value, ValueError)
+    assert requests_mock.call_count == 0
+
+
+def test_run_job_defaults_to_an_onstart_runtype_and_wraps_the_command():
+    op = JOB(task_id="t", **OK, command="python train.py")
+    body = op._creation_body(label="afgm-0123456789ab-1", base_url="http://127.0.0.1:1")
+    assert body["runtype"] == "ssh_proxy"
+    assert "python train.py" in body["onstart"] and "CONTAINER_API_KEY" in body["onstart"]
+    assert "http://127.0.0.1:1/api/v0/instances/" in body["onstart"]
+
+
+def test_a_command_stands_for_onstart_and_makes_runtype_default_to_ssh_proxy():
+    op = GpuMarketRunJobOperator(task_id="t", offer_filters=FILTERS, instance={"image": "i"}, command="python t.py")
+    assert op.instance["runtype"] == "ssh_proxy"
+    assert "python t.py" in op._creation_body(label=LABEL, base_url="http://h")["onstart"]
+
+
+def test_a_command_with_an_onstart_in_the_dict_is_refused_naming_onstart():
+    with pytest.raises(GpuMarketValidationError, match="^onstart: give command .* or onstart, not both"):
+        GpuMarketRunJobOperator(
+            task_id="t", offer_filters=FILTERS, instance={"image": "i", "onstart": "echo"}, command="echo"
+        )
