@@ -44,3 +44,16 @@ def test_bad_input_is_refused_at_parse_time_naming_the_argument(operator, argume
     assert str(caught.value).startswith(caught.value.field + ": ")
     assert isinstance(caught.value, ValueError)
     assert requests_mock.call_count == 0
+
+
+def test_without_waiting_for_running_the_instance_is_handed_over_right_after_its_creation():
+    hook = FakeHook({1: [None, "running"]})
+    op = GpuMarketCreateInstanceOperator(
+        task_id="create", offer_filters={"num_gpus": {"gte": 1}}, image="img", wait_for_running=False
+    )
+    op.__dict__["hook"] = hook
+    result = op.execute(ctx())
+    assert (
+        result["instance_id"] == 1001 and hook.destroyed == [] and hook.reads[1001] == [None, "running"]
+    )  # never read
+    assert op._guard.instance_id is None
