@@ -6,7 +6,6 @@ import pickle
 
 import pytest
 
-from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import (
     GpuMarketAmbiguousCreateError,
     GpuMarketAuthError,
@@ -81,50 +80,3 @@ def test_pickled_fields_are_the_real_values():
     copy = pickle.loads(pickle.dumps(GpuMarketRateLimitError("m", retry_after=7.0, status_code=429, msg="slow")))
 
     assert (copy.status_code, copy.msg, copy.retry_after) == (429, "slow", 7.0)
-
-
-def test_raise_for_response_returns_the_body_of_a_success():
-    assert api.raise_for_response("op", 200, {"success": True, "x": 1}) == {"success": True, "x": 1}
-    assert api.raise_for_response("op", 200, [1, 2]) == [1, 2]
-
-
-def test_raise_for_response_message_is_cut_for_long_text_bodies():
-    with pytest.raises(GpuMarketError) as caught:
-        api.raise_for_response("op", 400, "x" * 1000)
-
-    assert "x" * 200 in str(caught.value)
-    assert "x" * 201 not in str(caught.value)
-
-
-def test_redact_replaces_every_secret_of_four_or_more_characters():
-    assert api.redact("a sk-123 b sk-123", ["sk-123"]) == "a *** b ***"
-    assert api.redact("abc", ["abc"]) == "abc"  # too short to redact without mangling text
-    assert api.redact("x", [None, ""]) == "x"
-
-
-def test_decode_body_json_text_or_none():
-    assert api.decode_body(b'{"a": 1}') == {"a": 1}
-    assert api.decode_body(b"<html>oops</html>") == "<html>oops</html>"
-    assert api.decode_body(b"") is None
-
-
-@pytest.mark.parametrize(
-    ("status", "booting", "never_runs"),
-    [
-        (None, True, False),
-        ("loading", True, False),
-        ("running", False, False),
-        ("exited", False, True),
-        ("unknown", False, True),
-        ("offline", False, True),
-    ],
-)
-def test_instance_status_helpers_follow_the_state_table(status, booting, never_runs):
-    assert api.is_booting(status) is booting
-    assert api.will_never_run(status) is never_runs
-
-
-def test_find_by_label_returns_the_newest_match_or_none():
-    instances = [{"id": 1, "label": "a"}, {"id": 3, "label": "a"}, {"id": 2, "label": "b"}]
-    assert api.find_by_label(instances, "a") == {"id": 3, "label": "a"}
-    assert api.find_by_label(instances, "c") is None

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_gpumarket import lifecycle
 from airflow_gpumarket import lifecycle as lc
+
+KEY = "0123456789ab"
+STOPPED_NO_EXIT_LINE = {"status": "job_failed", "actual_status": "stopped", "exit_status": None, "log_read": True}
 
 
 def test_rental_key_is_the_same_for_every_try_and_differs_per_task_instance():
@@ -113,9 +117,6 @@ def test_job_gone_after_its_lease_expired_is_not_a_success():
     assert _job(None, gone=True, lease_until=-1) == {"status": lc.EventKind.LEASE_EXPIRED}
     assert _job(None, gone=True, lease_until=0) == {"status": lc.EventKind.JOB_SUCCEEDED}  # gone within the lease
     assert _job("running", seen_running=True, lease_until=-1) is None  # still there: keep watching
-
-
-KEY = "0123456789ab"
 
 
 def test_lease_is_renewed_once_a_third_of_keepalive_has_passed_and_never_past_the_cap():
@@ -234,3 +235,42 @@ def test_every_wait_ends_alike_a_final_read_only_for_a_job_that_ended_with_reads
     ended = lc.end_of_wait(dict(failed), reading)
     assert ended["instance_id"] == 7 and "exit_status" in ended
     assert lc.end_of_wait(dict(reached), reading) == {**reached, "instance_id": 7}
+
+
+# --- Preemptions and the wait for the bid ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("event", "is_preemption"),
+    [
+        (STOPPED_NO_EXIT_LINE, True),
+        ({**STOPPED_NO_EXIT_LINE, "exit_status": 3}, False),  # the job's own stop: it printed its status first
+        ({**STOPPED_NO_EXIT_LINE, "log_read": False}, False),  # a log not read proves nothing: a failure
+        ({**STOPPED_NO_EXIT_LINE, "actual_status": "exited"}, False),  # the host failed
+        ({"status": "job_failed", "actual_status": "stopped"}, False),  # no final read at all
+        ({"status": "preempted", "actual_status": "stopped", "waited": True}, True),
+        ({"status": "job_succeeded", "exit_status": 0, "log_read": True}, False),
+    ],
+)
+def test_rule_a_preemption_is_a_stop_the_job_did_not_announce_in_a_log_read_to_its_end(event, is_preemption):
+    assert lifecycle.preempted(event) is is_preemption
+
+
+def test_rule_an_outbid_instance_left_to_wait_is_waited_through_until_max_outbid_wait():
+    watch = lifecycle.Watch(wait_for=lifecycle.WAIT_JOB, boot_deadline=10.0)
+    assert watch.observe(1.0, status="running") is None
+    watch.outbid_wait_until = 100.0
+    assert watch.observe(50.0, status="stopped") is None  # still outbid
+    assert watch.observe(60.0, status="scheduling") is None
+    assert watch.observe(100.0, status="stopped") == {"status": "preempted", "actual_status": "stopped", "waited": True}
+    assert watch.observe(101.0, status="loading") is None  # the bid won: booting again is not a boot timeout
+    assert watch.outbid_wait_until is None  # back: its next stop is judged anew, even if no read sees it running
+    assert watch.observe(102.0, status="running") is None
+    assert watch.observe(103.0, status="stopped") == {"status": "job_failed", "actual_status": "stopped"}
+    assert watch.observe(104.0, status="offline")["status"] == "job_failed"  # a failed host is never waited for
+
+
+def test_rule_a_wait_for_the_bid_that_ran_out_ends_as_the_log_says_when_the_resumed_run_ended_unseen():
+    ran_out = {"status": "preempted", "actual_status": "stopped", "waited": True}
+    assert lifecycle.with_job_end(dict(ran_out), {"exit_status": 0, "log_read": True})["status"] == "job_succeeded"
+    assert lifecycle.with_job_end(dict(ran_out), {"exit_status": 2, "log_read": True})["status"] == "job_failed"
+    still = lifecycle.with_job_end(dict(ran_out), {"exit_status": None, "log_read": True})
+    assert still["status"] == "preempted" and lifecycle.preempted(still)

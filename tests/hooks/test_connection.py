@@ -1,16 +1,17 @@
-"""Connection rules: base URL from the host, API key from the password, extras, plaintext http only to loopback,
-and ``test_connection``."""
+"""Connection rules (``hooks/connection.py``): base URL from the host, API key from the password (never in a repr),
+extras, plaintext http only to loopback."""
 
 from __future__ import annotations
 
 import pytest
+from hook_fakes import API_KEY, AUTH_HEADER, url
 
 from airflow_gpumarket import api
-from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.exceptions import (
+    GpuMarketValidationError,
+)
 from airflow_gpumarket.hooks.connection import ConnectionSettings, settings_from_connection
 from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
-
-from .helpers import API_KEY, AUTH_HEADER, BASE_URL, url
 
 
 def settings(host="https://api.example.com", port=None, password=API_KEY, extra=None) -> ConnectionSettings:
@@ -165,7 +166,7 @@ def test_ca_bundle_extra_is_used_for_tls_verification(set_conn, hook):
 
 
 def test_hook_reads_the_named_connection(requests_mock, monkeypatch):
-    from .helpers import conn_json
+    from hook_fakes import conn_json
 
     monkeypatch.setenv("AIRFLOW_CONN_GPU_STAGING", conn_json(host="https://staging.example.com", password="k-stage-1"))
     requests_mock.get("https://staging.example.com/api/v1/instances/", json={"instances": []})
@@ -182,36 +183,12 @@ def test_hook_class_attributes_name_the_connection_type():
     assert GpuMarketHook().gpumarket_conn_id == "gpumarket_default"
 
 
-# --- test_connection ---------------------------------------------------------------------------------------
-def test_test_connection_ok_on_200_names_the_base_url(requests_mock, hook):
-    requests_mock.get(url("/api/v1/instances/"), json={"instances_found": 2, "instances": [{"id": 1}, {"id": 2}]})
+def test_settings_hook_and_session_auth_reprs_hide_the_key(requests_mock, hook):
+    requests_mock.get(url("/api/v1/instances/"), json={"instances": []})
+    hook.list_instances()
 
-    ok, message = hook.test_connection()
-
-    assert ok is True
-    assert BASE_URL in message
-    assert "2 instance(s)" in message
-    assert requests_mock.call_count == 1
-    assert requests_mock.last_request.headers["Authorization"] == AUTH_HEADER
-
-
-def test_test_connection_401_reports_failure_without_the_key(requests_mock, hook):
-    requests_mock.get(url("/api/v1/instances/"), status_code=401, json={"msg": f"bad key {API_KEY}"})
-
-    ok, message = hook.test_connection()
-
-    assert ok is False
-    assert "HTTP 401" in message
-    assert "bad key ***" in message
-    assert API_KEY not in message
-    assert requests_mock.call_count == 1  # one cheap call, not retried
-
-
-def test_test_connection_reports_a_bad_connection_instead_of_raising(wire, set_conn, hook):
-    set_conn(host="http://api.example.com")
-
-    ok, message = hook.test_connection()
-
-    assert ok is False
-    assert "plaintext http" in message
-    assert wire.call_count == 0
+    assert hook.settings.api_key == API_KEY  # the key is there...
+    assert API_KEY not in repr(hook.settings)  # ...but not in any repr
+    assert API_KEY not in str(hook.settings)
+    assert API_KEY not in repr(hook.session.auth)
+    assert API_KEY not in repr(hook)

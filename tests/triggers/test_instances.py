@@ -10,119 +10,16 @@ import inspect
 import re
 import threading
 import time
-from contextlib import aclosing
 from types import SimpleNamespace
 
 import pytest
 
-from airflow_gpumarket import _compat, api, job_logs, lifecycle
+from airflow_gpumarket import _compat, job_logs, lifecycle
 from airflow_gpumarket.exceptions import GpuMarketAuthError, GpuMarketNotFoundError, GpuMarketServerError
-from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
 from airflow_gpumarket.triggers import instances as trigger_module
 from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
-
-class FakeAsyncHook:
-    """Answers from a script of statuses, one per round (an exception instance is raised).
-
-    The naive trigger reads with find_instance; the shared poller lists, and confirms a missing instance with
-    get_instance.
-    """
-
-    service_clock_offset = 0.0  # the fake service's clock is this host's
-    service_now = GpuMarketAsyncHook.service_now
-
-    def __init__(self, script):
-        self.script = list(script)
-        self.reads = 0
-        self.lists = 0
-        self.destroyed: list[int] = []
-        self.labels: list[tuple[int, str]] = []
-        self.closed = False
-        self._confirming: Exception | None = None
-        self.log_texts = [""]
-        self.log_reads: list[dict] = []
-        self.bids: dict = {}  # bid_price and min_bid of instance 7, as the service shows them
-        self.bid_changes: list[tuple[int, float]] = []
-
-    def _next(self):
-        self.reads += 1
-        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
-
-    async def get_instance(self, instance_id):
-        if self._confirming is not None:
-            item, self._confirming = self._confirming, None
-        else:
-            item = self._next()
-        if isinstance(item, Exception):
-            raise item
-        return {"id": instance_id, "actual_status": item, **self.bids}
-
-    async def find_instance(self, instance_id):
-        try:
-            return await self.get_instance(instance_id)
-        except GpuMarketNotFoundError:
-            return None
-
-    async def list_instances(self, *, ids=None, label=None):
-        self.lists += 1
-        item = self._next()
-        if isinstance(item, GpuMarketNotFoundError):
-            self._confirming = item
-            return []
-        if isinstance(item, Exception):
-            raise item
-        return [{"id": 7, "actual_status": item, **self.bids}, {"id": 8, "actual_status": "running"}]
-
-    # Flows, as the real hook's: answered at once, with nothing for the driver to send.
-    def label_instance_flow(self, instance_id, label):
-        self.labels.append((instance_id, label))
-        return {"success": True}
-        yield
-
-    renew_lease_flow = GpuMarketAsyncHook.renew_lease_flow  # the real one, over the fake's label flow
-
-    def get_instance_logs_flow(self, instance_id, **options):
-        self.log_reads.append(options)
-        text = self.log_texts.pop(0) if len(self.log_texts) > 1 else self.log_texts[0]
-        if isinstance(text, Exception):
-            raise text
-        return text
-        yield
-
-    async def run_flow(self, flow):
-        try:
-            next(flow)
-        except StopIteration as done:
-            return done.value
-        raise AssertionError("a fake flow asked the driver for something")
-
-    def min_list_interval(self):
-        return 1.0 / api.retry.LIST_RATE_PER_SECOND  # the published budget (tests/triggers/conftest.py speeds it up)
-
-    def change_bid_flow(self, instance_id, price):
-        self.bid_changes.append((instance_id, price))
-        self.bids = {**self.bids, "bid_price": price}
-        return {"success": True}
-        yield
-
-    async def destroy_instance(self, instance_id):
-        self.destroyed.append(instance_id)
-        return {"success": True}
-
-    async def aclose(self):
-        self.closed = True
-
-
-def _run(trigger, hook, monkeypatch):
-    monkeypatch.setattr(trigger, "_hook", lambda: hook)
-
-    async def first_event():
-        async with aclosing(trigger.run()) as events:  # the triggerer closes a trigger once it fired
-            async for event in events:
-                return event.payload
-
-    return asyncio.run(first_event())
+from .fakes import FakeAsyncHook, _run
 
 
 @pytest.fixture(params=[True, False], ids=["shared-poller", "naive"])
@@ -583,72 +480,6 @@ def test_cleanup_reads_the_task_instance_from_airflow_2_metadata_database(airflo
 def test_resume_state_is_returned_in_every_event(make_trigger, monkeypatch):
     event = _run(make_trigger(resume={"rental": {"instance_id": 7}}), FakeAsyncHook(["running"]), monkeypatch)
     assert event["resume"] == {"rental": {"instance_id": 7}}
-
-
-def test_shared_poller_makes_one_list_call_per_round_for_many_triggers(monkeypatch):
-    """Three triggers of one process, one list call per round between them (the naive pattern makes three)."""
-    hook = FakeAsyncHook(["loading", "loading", "running"])
-    hook.list_instances = _list_of_three(hook)  # type: ignore[method-assign]
-
-    async def all_three():
-        triggers = [
-            GpuMarketInstanceStatusTrigger(instance_id=i, poll_interval=0, gpumarket_conn_id="p") for i in (1, 2, 3)
-        ]
-        for trigger in triggers:
-            monkeypatch.setattr(trigger, "_hook", lambda: hook)
-
-        async def first(trigger):
-            async with aclosing(trigger.run()) as events:
-                async for event in events:
-                    return event.payload
-
-        return await asyncio.gather(*(first(t) for t in triggers))
-
-    events = asyncio.run(all_three())
-    assert [e["status"] for e in events] == [lifecycle.EventKind.REACHED] * 3
-    assert hook.lists == 3  # rounds, not triggers x rounds
-    assert hook.asked_ids == [1, 2, 3]  # only the watched instances are asked for
-
-
-def _list_of_three(hook):
-    async def list_instances(*, ids=None, label=None):
-        hook.lists += 1
-        hook.asked_ids = sorted(ids)
-        status = hook._next()
-        return [{"id": i, "actual_status": status} for i in (1, 2, 3)]
-
-    return list_instances
-
-
-def test_shared_poller_confirms_a_missing_instance_before_reporting_it_gone(monkeypatch):
-    hook = FakeAsyncHook(["running"])
-
-    async def list_without_it(*, ids=None, label=None):
-        hook.lists += 1
-        return []  # cut short by the server: the instance still exists
-
-    hook.list_instances = list_without_it  # type: ignore[method-assign]
-    trigger = GpuMarketInstanceStatusTrigger(instance_id=7, poll_interval=0, gpumarket_conn_id="q")
-    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
-
-
-def test_shared_poller_rounds_never_go_faster_than_the_live_list_budget(monkeypatch):
-    from airflow_gpumarket import api
-    from airflow_gpumarket.triggers import poller
-
-    monkeypatch.setattr(api.retry, "LIST_RATE_PER_SECOND", 0.5)
-    waits: list[float] = []
-    real_sleep = asyncio.sleep
-
-    async def recorded_sleep(seconds: float) -> None:
-        waits.append(seconds)
-        await real_sleep(0)
-
-    monkeypatch.setattr(poller.asyncio, "sleep", recorded_sleep)
-    hook = FakeAsyncHook([None, "loading", "running"])
-    trigger = GpuMarketInstanceStatusTrigger(instance_id=7, poll_interval=0, gpumarket_conn_id="budget")
-    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
-    assert waits and min(waits) > 1.9  # 2 s between list calls, although the trigger asked for 0 s
 
 
 def test_rule_a_holding_trigger_raises_the_bid_when_the_machines_min_bid_rises_and_hands_it_back(

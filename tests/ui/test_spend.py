@@ -1,12 +1,12 @@
-"""The GPU rentals page's rules, from plain inputs (no server, no database): which instance is whose, which are
-orphans, what was spent, and what the page shows to whom."""
+"""The GPU rentals page's rules (ui/spend.py), from plain inputs (no server, no database): which instance is whose,
+which are orphans, and what was spent."""
 
 from __future__ import annotations
 
 import pytest
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.ui import page, records
+from airflow_gpumarket.ui import records
 from airflow_gpumarket.ui.spend import RecordRow, TaskState, live_rentals, orphan_reason, records_of, spans, spend
 
 NOW = 1_800_000_000.0
@@ -151,23 +151,6 @@ def test_rule_a_rental_with_no_record_is_attributed_to_the_task_instance_its_lab
 
 def KEY_OF(label):  # noqa: N802 - reads as the label's key
     return lifecycle.parse_label(label)[0]
-
-
-def test_the_page_escapes_what_it_shows_and_offers_a_destroy_only_to_who_may():
-    instance = {"id": 1, "actual_status": "running", "label": LABEL, "dph_total": 0.5, "start_date": NOW - 60}
-    odd = row(run_id="<img src=x onerror=alert(1)>")
-    (orphan,) = live_rentals([("c", instance)], {1: odd}, {odd.ti_key: TaskState("success")}, NOW)
-    totals = spend(spans([odd]), {1: orphan.cost_so_far}, NOW - 86400, NOW)
-    for allowed in (True, False):
-        may = lambda _, a=allowed: a  # noqa: E731
-        html = page.render(live=[orphan], spend=totals, days=1, target=1, can_destroy=may)
-        assert "<img src=x" not in html and "&lt;img src=x" in html
-        assert ('name="destroy" value="1"><button type="submit">Destroy…</button>' in html) is allowed
-        assert "orphans/c/1/destroy" not in html  # the POST only from the confirmation
-        asked = page.render(live=[orphan], spend=totals, days=1, target=1, can_destroy=may, confirm=orphan)
-        assert ('<form class="inline" method="post" action="orphans/c/1/destroy?days=1">' in asked) is allowed
-        assert "<script" not in asked and "onsubmit" not in asked  # the UI's sandboxed frame allows no dialogs
-    assert page.chart_svg({}) == "" and "<svg" in page.chart_svg(totals.per_day)
 
 
 def test_rule_an_instance_takes_the_latest_record_whose_task_its_label_names():

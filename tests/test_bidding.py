@@ -1,5 +1,6 @@
-"""Interruptible rentals, without a server: the bid for an offer, the policy's checks at parse time, and how a
-preemption is told from the job's own stop (the end-to-end rules are in tests/integration/test_interruptible.py)."""
+"""Interruptible rentals as pure rules (bidding.py), without a server: the bid for an offer, when to raise it, the
+policy's checks when the DAG is parsed, and what a preemption leads to (the end-to-end rules are in
+tests/integration/test_interruptible.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import re
 
 import pytest
 
-from airflow_gpumarket import lifecycle
-from airflow_gpumarket.bidding import BID_MARGIN, bid_cap, bid_for, held_bid, job_env
+from airflow_gpumarket.bidding import BID_MARGIN, BidPolicy, Next, bid_cap, bid_for, held_bid, job_env
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
@@ -94,42 +94,24 @@ def test_max_bid_without_interruptible_is_refused_and_a_pinned_offer_may_wait():
     GpuMarketCreateInstanceOperator(task_id="c", image="i", offer_filters=FILTERS, interruptible=True, log_interval=0)
 
 
-STOPPED_NO_EXIT_LINE = {"status": "job_failed", "actual_status": "stopped", "exit_status": None, "log_read": True}
+def test_rule_after_a_preemption_the_policy_waits_for_the_bid_fails_over_or_fails():
+    policy = BidPolicy(max_preemptions=2, on_preemption="wait", max_outbid_wait=600)
+    assert policy.after_preemption(1, waited=False, won_back=False, on_demand=False) is Next.WAIT
+    assert policy.after_preemption(1, waited=True, won_back=False, on_demand=False) is Next.FAILOVER  # its wait ran out
+    assert policy.after_preemption(3, waited=False, won_back=False, on_demand=False) is Next.FAIL  # past the limit
+    failover = policy._replace(on_preemption="failover")
+    assert failover.after_preemption(1, waited=False, won_back=False, on_demand=False) is Next.FAILOVER
+    assert failover.after_preemption(1, waited=False, won_back=True, on_demand=False) is Next.WAIT  # a raised bid wins
+    no_wait = policy._replace(max_outbid_wait=0)
+    assert no_wait.after_preemption(1, waited=False, won_back=True, on_demand=False) is Next.FAILOVER
 
 
-@pytest.mark.parametrize(
-    ("event", "is_preemption"),
-    [
-        (STOPPED_NO_EXIT_LINE, True),
-        ({**STOPPED_NO_EXIT_LINE, "exit_status": 3}, False),  # the job's own stop: it printed its status first
-        ({**STOPPED_NO_EXIT_LINE, "log_read": False}, False),  # a log not read proves nothing: a failure
-        ({**STOPPED_NO_EXIT_LINE, "actual_status": "exited"}, False),  # the host failed
-        ({"status": "job_failed", "actual_status": "stopped"}, False),  # no final read at all
-        ({"status": "preempted", "actual_status": "stopped", "waited": True}, True),
-        ({"status": "job_succeeded", "exit_status": 0, "log_read": True}, False),
-    ],
-)
-def test_rule_a_preemption_is_a_stop_the_job_did_not_announce_in_a_log_read_to_its_end(event, is_preemption):
-    assert lifecycle.preempted(event) is is_preemption
-
-
-def test_rule_an_outbid_instance_left_to_wait_is_waited_through_until_max_outbid_wait():
-    watch = lifecycle.Watch(wait_for=lifecycle.WAIT_JOB, boot_deadline=10.0)
-    assert watch.observe(1.0, status="running") is None
-    watch.outbid_wait_until = 100.0
-    assert watch.observe(50.0, status="stopped") is None  # still outbid
-    assert watch.observe(60.0, status="scheduling") is None
-    assert watch.observe(100.0, status="stopped") == {"status": "preempted", "actual_status": "stopped", "waited": True}
-    assert watch.observe(101.0, status="loading") is None  # the bid won: booting again is not a boot timeout
-    assert watch.outbid_wait_until is None  # back: its next stop is judged anew, even if no read sees it running
-    assert watch.observe(102.0, status="running") is None
-    assert watch.observe(103.0, status="stopped") == {"status": "job_failed", "actual_status": "stopped"}
-    assert watch.observe(104.0, status="offline")["status"] == "job_failed"  # a failed host is never waited for
-
-
-def test_rule_a_wait_for_the_bid_that_ran_out_ends_as_the_log_says_when_the_resumed_run_ended_unseen():
-    ran_out = {"status": "preempted", "actual_status": "stopped", "waited": True}
-    assert lifecycle.with_job_end(dict(ran_out), {"exit_status": 0, "log_read": True})["status"] == "job_succeeded"
-    assert lifecycle.with_job_end(dict(ran_out), {"exit_status": 2, "log_read": True})["status"] == "job_failed"
-    still = lifecycle.with_job_end(dict(ran_out), {"exit_status": None, "log_read": True})
-    assert still["status"] == "preempted" and lifecycle.preempted(still)
+def test_rule_past_max_preemptions_a_rental_falls_back_to_on_demand_only_when_asked_and_only_once():
+    policy = BidPolicy(max_preemptions=0, fallback_on_demand=True)
+    assert policy.after_preemption(1, waited=False, won_back=False, on_demand=False) is Next.ON_DEMAND
+    assert policy.after_preemption(1, waited=False, won_back=False, on_demand=True) is Next.FAIL
+    assert (
+        policy._replace(fallback_on_demand=False).after_preemption(1, waited=False, won_back=False, on_demand=False)
+        is Next.FAIL
+    )
+    assert not policy.holds() and policy._replace(bid_strategy="hold").holds()

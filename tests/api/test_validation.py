@@ -13,11 +13,12 @@ import re
 import string
 
 import pytest
+from hook_fakes import url
 
 from airflow_gpumarket import api
-from airflow_gpumarket.exceptions import GpuMarketValidationError
-
-from .helpers import url
+from airflow_gpumarket.exceptions import (
+    GpuMarketValidationError,
+)
 
 
 def assert_rejected(wire, call, field: str, *words: str) -> GpuMarketValidationError:
@@ -345,13 +346,6 @@ def test_create_endpoint_text_fields_must_be_non_empty(wire, hook, name):
     assert_rejected(wire, lambda: hook.create_endpoint(**{name: " "}), name)
 
 
-def test_endpoint_body_rejects_an_unknown_field():
-    with pytest.raises(GpuMarketValidationError) as caught:
-        api.build_endpoint_body(endpoint_name="x", max_worker=3)
-    assert caught.value.field == "max_worker"
-    assert "not an endpoint field" in str(caught.value)
-
-
 def test_create_endpoint_rejects_an_unknown_keyword_before_sending(wire, hook):
     assert_rejected(wire, lambda: hook.create_endpoint(max_worker=3), "max_worker", "max_workers")
 
@@ -450,18 +444,14 @@ def test_port_mappings_pass_env_validation_and_are_sent_as_given(wire, hook):
     assert wire.last_request.url == url("/api/v0/asks/101/")
 
 
-def test_offer_query_builds_one_operator_per_field():
-    query = api.OfferQuery()
-    result = query.eq("gpu_name", "RTX 4090").gte("num_gpus", 2).is_in("direct_port_count", iter([1, 2]))
-
-    assert result is query
-    assert query.filters == {
-        "gpu_name": {"eq": "RTX 4090"},
-        "num_gpus": {"gte": 2},
-        "direct_port_count": {"in": [1, 2]},
-    }
-    assert api.build_search_body(query.filters) == {**query.filters, "type": "ondemand"}
-
-
 def test_env_variables_drops_port_mappings():
     assert api.env_variables({"A": "1", "-p 22:22": "1"}) == {"A": "1"}
+
+
+@pytest.mark.parametrize(("instance_id", "price"), [(0, 0.3), (7, 0), (7, "cheap"), (True, 0.3)])
+def test_change_bid_refuses_bad_arguments_before_sending(wire, hook, instance_id, price):
+    from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+    with pytest.raises(GpuMarketValidationError):
+        hook.change_bid(instance_id, price)
+    assert wire.call_count == 0

@@ -1,13 +1,80 @@
-"""One test per endpoint of the spec: the exact method, URL (trailing slashes as in the spec), headers and JSON body
-the hook sends, and the result it returns."""
+"""GpuMarketHook and GpuMarketAsyncHook (``hooks/gpumarket.py``): one test per endpoint of the spec (the exact method,
+URL with the spec's trailing slashes, headers and JSON body the hook sends, and the result it returns), the async
+hook's twin of each, and ``test_connection``."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import json
+import threading
+from urllib.parse import parse_qs, urlsplit
 
-from .helpers import AUTH_HEADER, methods_and_urls, url
+import httpx
+import pytest
+from hook_fakes import API_KEY, AUTH_HEADER, BASE_URL, methods_and_urls, url
+
+from airflow_gpumarket import api
+from airflow_gpumarket.exceptions import (
+    GpuMarketAuthError,
+    GpuMarketNotFoundError,
+    GpuMarketServerError,
+)
+from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
 
 NO_BODY = object()
+OFFERS = [
+    {"id": 101, "num_gpus": 1, "gpu_name": "RTX 4090", "gpu_ram": 24564, "dph_total": 0.41, "rentable": True},
+    {"id": 102, "num_gpus": 2, "gpu_name": "RTX 4090", "gpu_ram": 24564, "dph_total": 0.80, "rentable": True},
+]
+CREATED = {"success": True, "new_contract": 7001, "instance_api_key": "inst-key-0123456789abcdef"}
+INSTANCE = {
+    "id": 7001,
+    "actual_status": "running",
+    "label": "nightly-train",
+    "ssh_host": "ssh4.example",
+    "ssh_port": 2222,
+}
+VOLUME_RESULT = {
+    "success": True,
+    "you_sent": {"machine": 17},
+    "results": [
+        {"machine_id": 17, "user_id": 3, "extended": 0, "new_contracts": [{"id": 9, "size": 100}], "upd_contracts": []}
+    ],
+}
+ENDPOINT_FIELDS = {
+    "min_load": 10,
+    "min_cold_load": 5,
+    "target_util": 0.9,
+    "cold_mult": 2.5,
+    "cold_workers": 2,
+    "max_workers": 16,
+    "max_queue_time": 30.0,
+    "target_queue_time": 10.0,
+    "autoscaler_instance": "prod",
+    "endpoint_state": "active",
+    "endpoint_name": "llama-serve",
+    "inactivity_timeout": 600,
+    "overrecruit_ratio": 1.5,
+}
+BACKUP_CODES = [f"bkp-{i:02d}-x7y8z9" for i in range(10)]
+V1 = url(api.PATH_INSTANCES_V1)
+V0 = url(api.PATH_INSTANCES)
+AUTH_404 = {"status_code": 404, "json": {"error": "auth_error", "msg": "Invalid user key"}}
+
+
+def page(instances, next_token=None, total=None):
+    return {
+        "json": {
+            "instances": instances,
+            "instances_found": len(instances),
+            "total_instances": len(instances) if total is None else total,
+            "next_token": next_token,
+        }
+    }
+
+
+def query(request) -> dict[str, str]:
+    return {k: v[0] for k, v in parse_qs(urlsplit(request.url).query).items()}
 
 
 def assert_sent(mocker, method: str, path: str, body=NO_BODY) -> None:
@@ -25,10 +92,6 @@ def assert_sent(mocker, method: str, path: str, body=NO_BODY) -> None:
 
 
 # --- Search offers: POST /api/v0/bundles/ ------------------------------------------------------------------
-OFFERS = [
-    {"id": 101, "num_gpus": 1, "gpu_name": "RTX 4090", "gpu_ram": 24564, "dph_total": 0.41, "rentable": True},
-    {"id": 102, "num_gpus": 2, "gpu_name": "RTX 4090", "gpu_ram": 24564, "dph_total": 0.80, "rentable": True},
-]
 
 
 def test_search_offers_posts_filter_object_to_bundles_with_trailing_slash_and_returns_offers(requests_mock, hook):
@@ -95,7 +158,6 @@ def test_search_offers_accepts_offer_query_builder_filters(requests_mock, hook):
 
 
 # --- Create instance: PUT /api/v0/asks/{offer_id}/ ---------------------------------------------------------
-CREATED = {"success": True, "new_contract": 7001, "instance_api_key": "inst-key-0123456789abcdef"}
 
 
 def test_create_instance_puts_only_given_fields_to_asks_offer_id_and_returns_the_response(requests_mock, hook):
@@ -164,13 +226,6 @@ def test_create_instance_masks_the_instance_api_key_as_soon_as_it_is_received(re
 
 
 # --- Instances ---------------------------------------------------------------------------------------------
-INSTANCE = {
-    "id": 7001,
-    "actual_status": "running",
-    "label": "nightly-train",
-    "ssh_host": "ssh4.example",
-    "ssh_port": 2222,
-}
 
 
 def test_get_instance_gets_instance_path_with_trailing_slash_and_unwraps_instances(requests_mock, hook):
@@ -222,13 +277,6 @@ def test_destroy_instance_already_gone_404_is_success_and_not_retried(requests_m
 
 
 # --- Host volume listings: POST /api/v0/volumes ------------------------------------------------------------
-VOLUME_RESULT = {
-    "success": True,
-    "you_sent": {"machine": 17},
-    "results": [
-        {"machine_id": 17, "user_id": 3, "extended": 0, "new_contracts": [{"id": 9, "size": 100}], "upd_contracts": []}
-    ],
-}
 
 
 def test_create_volume_listings_posts_machine_to_volumes_without_trailing_slash(requests_mock, hook):
@@ -247,21 +295,6 @@ def test_create_volume_listings_sends_machines_and_hidden_listing(requests_mock,
 
 
 # --- Serverless: POST /api/v0/endptjobs, DELETE /api/v0/deployments ------------------------------------------
-ENDPOINT_FIELDS = {
-    "min_load": 10,
-    "min_cold_load": 5,
-    "target_util": 0.9,
-    "cold_mult": 2.5,
-    "cold_workers": 2,
-    "max_workers": 16,
-    "max_queue_time": 30.0,
-    "target_queue_time": 10.0,
-    "autoscaler_instance": "prod",
-    "endpoint_state": "active",
-    "endpoint_name": "llama-serve",
-    "inactivity_timeout": 600,
-    "overrecruit_ratio": 1.5,
-}
 
 
 def test_create_endpoint_posts_all_thirteen_fields_to_endptjobs_and_returns_result(requests_mock, hook):
@@ -294,7 +327,6 @@ def test_delete_deployments_sends_tag_when_given(requests_mock, hook):
 
 
 # --- Account: PUT /api/v0/tfa/regen-backup-codes and the three listings --------------------------------------
-BACKUP_CODES = [f"bkp-{i:02d}-x7y8z9" for i in range(10)]
 
 
 def test_regenerate_backup_codes_puts_tfa_fields_and_returns_codes(requests_mock, hook):
@@ -402,30 +434,315 @@ def test_list_cloud_integrations_gets_path_and_returns_the_array(requests_mock, 
     assert_sent(requests_mock, "GET", "/api/v0/users/cloud_integrations")
 
 
-@pytest.mark.parametrize(
-    ("call", "timeout"),
-    [
-        (lambda h: h.list_instances(), (10.0, 30.0)),
-        (lambda h: h.destroy_instance(1), (10.0, 30.0)),
-    ],
-    ids=["read", "destroy"],
-)
-def test_every_request_carries_a_timeout(requests_mock, hook, call, timeout):
-    requests_mock.register_uri("GET", url("/api/v1/instances/"), json={"instances": []})
-    requests_mock.register_uri("DELETE", url("/api/v0/instances/1/"), json={"success": True})
+def test_backup_codes_are_masked_when_received(requests_mock, hook, masked):
+    codes = [f"code-{i}-zz81" for i in range(10)]
+    requests_mock.put(url("/api/v0/tfa/regen-backup-codes"), json={"msg": "new codes", "backup_codes": codes})
 
-    call(hook)
+    hook.regenerate_backup_codes(backup_code="old-code-1")
 
-    assert requests_mock.last_request.timeout == timeout
+    assert [c for c in masked if c in codes] == codes
 
 
-def test_one_session_per_hook_with_tls_verification_on(requests_mock, hook):
-    requests_mock.get(url("/api/v1/instances/"), json={"instances": []})
+# --- GpuMarketAsyncHook: same wire format, results and retry rules as the sync hook ----------------------------
+@pytest.fixture
+def server(monkeypatch):
+    """Answers the async hook's requests from a queue of (method, path) -> list of httpx.Response, recording
+    every request."""
 
-    hook.list_instances()
-    hook.list_instances()
+    class Server:
+        def __init__(self) -> None:
+            self.routes: dict[tuple[str, str], list] = {}
+            self.requests: list[httpx.Request] = []
 
-    assert hook.session is hook.session  # a cached session, not a new one per call
-    assert hook.session.verify is True
-    # requests may swap True for the CA bundle named by REQUESTS_CA_BUNDLE; verification stays on either way.
-    assert all(r.verify not in (False, None) for r in requests_mock.request_history)
+        def add(self, method: str, path: str, *responses: httpx.Response | Exception) -> None:
+            self.routes.setdefault((method, path), []).extend(responses)
+
+        def handler(self, request: httpx.Request) -> httpx.Response:
+            self.requests.append(request)
+            queue = self.routes.get((request.method, request.url.path))
+            assert queue, f"unexpected request {request.method} {request.url}"
+            answer = queue.pop(0) if len(queue) > 1 else queue[0]
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    srv = Server()
+    real_client = httpx.AsyncClient
+
+    def client_with_mock_transport(*args, **kwargs):
+        return real_client(*args, transport=httpx.MockTransport(srv.handler), **kwargs)
+
+    monkeypatch.setattr(httpx, "AsyncClient", client_with_mock_transport)
+    return srv
+
+
+@pytest.fixture
+def async_sleeps(monkeypatch) -> list[float]:
+    """The waits the async hook asks for (recorded, never slept); a recorded wait moves the budget pacer's clock."""
+    import time
+
+    recorded: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(seconds: float, *args, **kwargs) -> None:
+        # Only the test's own loop (main thread) is recorded; another thread's loop, such as a simulator server
+        # left running by an earlier test, keeps real time instead of spinning.
+        if threading.current_thread() is not threading.main_thread():
+            return await real_sleep(seconds, *args, **kwargs)
+        recorded.append(seconds)
+
+    class PacerClock:
+        def __getattr__(self, name: str):
+            return getattr(time, name)
+
+        @staticmethod
+        def time() -> float:
+            return time.time() + sum(recorded)
+
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    monkeypatch.setattr("airflow_gpumarket.pacing.time", PacerClock())
+    return recorded
+
+
+def run(coro_fn):
+    """Run ``coro_fn(hook)`` on a fresh async hook, closing its client afterwards."""
+
+    async def main():
+        hook = GpuMarketAsyncHook()
+        await hook.asettings()
+        try:
+            return await coro_fn(hook)
+        finally:
+            await hook.aclose()
+
+    return asyncio.run(main())
+
+
+def test_async_get_instance_path_headers_and_unwrap(server):
+    server.add("GET", "/api/v0/instances/7001/", httpx.Response(200, json={"instances": INSTANCE}))
+
+    assert run(lambda h: h.get_instance(7001)) == INSTANCE
+
+    (request,) = server.requests
+    assert (request.method, str(request.url)) == ("GET", url("/api/v0/instances/7001/"))
+    assert request.headers["Authorization"] == AUTH_HEADER
+    assert request.headers["Accept"] == "application/json"
+    assert request.content == b""
+
+
+def test_async_429_with_retry_after_then_200_is_retried_after_that_wait(server, async_sleeps):
+    server.add(
+        "GET",
+        "/api/v0/instances/7001/",
+        httpx.Response(429, headers={"Retry-After": "4"}, json={"msg": "slow down"}),
+        httpx.Response(200, json={"instances": INSTANCE}),
+    )
+
+    assert run(lambda h: h.get_instance(7001)) == INSTANCE
+
+    assert len(server.requests) == 2
+    assert async_sleeps == [4.0]
+
+
+def test_async_503_then_200_is_retried(server, async_sleeps):
+    server.add(
+        "GET",
+        "/api/v1/instances/",
+        httpx.Response(503),
+        httpx.Response(200, json={"instances_found": 1, "instances": [INSTANCE]}),
+    )
+
+    assert run(lambda h: h.list_instances()) == [INSTANCE]
+    assert len(server.requests) == 2
+
+
+def test_async_connect_error_then_200_is_retried(server, async_sleeps):
+    server.add(
+        "GET",
+        "/api/v1/instances/",
+        httpx.ConnectError("refused"),
+        httpx.Response(200, json={"instances": []}),
+    )
+
+    assert run(lambda h: h.list_instances()) == []
+    assert len(server.requests) == 2
+
+
+def test_async_retries_exhausted_raise_the_last_error(server, async_sleeps):
+    server.add("GET", "/api/v1/instances/", httpx.Response(502, json={"msg": "gateway"}))
+
+    with pytest.raises(GpuMarketServerError, match="gateway"):
+        run(lambda h: h.list_instances())
+
+    assert len(server.requests) == 4
+
+
+def test_async_destroy_deletes_without_body(server):
+    server.add("DELETE", "/api/v0/instances/7001/", httpx.Response(200, json={"success": True}))
+
+    assert run(lambda h: h.destroy_instance(7001)) == {"success": True}
+    (request,) = server.requests
+    assert (request.method, str(request.url), request.content) == ("DELETE", url("/api/v0/instances/7001/"), b"")
+
+
+def test_async_destroy_404_is_success(server):
+    server.add("DELETE", "/api/v0/instances/7001/", httpx.Response(404, json={"error": "not_found"}))
+
+    assert run(lambda h: h.destroy_instance(7001)) == {"success": True, "already_gone": True}
+    assert len(server.requests) == 1
+
+
+def test_async_get_instance_404_raises_not_found(server):
+    server.add("GET", "/api/v0/instances/9/", httpx.Response(404, json={"msg": "No instance 9"}))
+
+    with pytest.raises(GpuMarketNotFoundError, match="No instance 9"):
+        run(lambda h: h.get_instance(9))
+
+
+def test_async_401_raises_auth_error_without_the_key(server):
+    server.add("GET", "/api/v1/instances/", httpx.Response(401, json={"msg": f"bad {API_KEY}"}))
+
+    with pytest.raises(GpuMarketAuthError) as caught:
+        run(lambda h: h.list_instances())
+
+    assert API_KEY not in str(caught.value)
+    assert "bad ***" in str(caught.value)
+    assert len(server.requests) == 1
+
+
+def test_async_list_pending_price_increases_returns_whole_response(server):
+    body = {"success": True, "count": 0, "pending_price_increases": [], "truncated": False}
+    server.add("GET", "/api/v0/instances/pending-price-increases", httpx.Response(200, json=body))
+
+    assert run(lambda h: h.list_pending_price_increases()) == body
+    assert str(server.requests[0].url) == url("/api/v0/instances/pending-price-increases")
+
+
+def test_async_hook_masks_the_key_when_reading_the_connection(masked):
+    async def main():
+        hook = GpuMarketAsyncHook()
+        assert masked == []
+        settings = await hook.asettings()
+        assert settings.base_url == BASE_URL
+        assert masked == [API_KEY]
+
+    asyncio.run(main())
+
+
+def test_async_json_body_is_not_sent_for_reads(server):
+    server.add("GET", "/api/v1/instances/", httpx.Response(200, content=json.dumps({"instances": []}).encode()))
+
+    run(lambda h: h.list_instances())
+
+    assert "content-type" not in server.requests[0].headers
+
+
+def test_async_logs_are_requested_with_the_key_and_fetched_without_it(server, async_sleeps):
+    storage = "https://storage.example.net/logs/tok-77"
+    server.add(
+        "PUT",
+        "/api/v0/instances/request_logs/7001/",
+        httpx.Response(200, json={"success": True, "result_url": storage}),
+    )
+    server.add(
+        "GET",
+        "/logs/tok-77",
+        httpx.Response(404, text="NoSuchKey"),
+        httpx.Response(200, text=f"epoch 1\nCONTAINER_API_KEY=k123\n{API_KEY}\n"),
+    )
+
+    text = run(lambda h: h.get_instance_logs(7001, tail=50, retry=False))
+
+    assert text == "epoch 1\nCONTAINER_API_KEY=***\n***\n"
+    put, *gets = server.requests
+    assert put.headers["Authorization"] == AUTH_HEADER
+    assert json.loads(put.content) == {"tail": "50"}
+    assert [str(g.url) for g in gets] == [storage, storage]
+    assert all("authorization" not in g.headers for g in gets)
+
+
+def test_async_log_never_uploaded_fails_after_the_bounded_tries(server, async_sleeps):
+    from airflow_gpumarket import api
+    from airflow_gpumarket.exceptions import GpuMarketError
+
+    server.add(
+        "PUT",
+        "/api/v0/instances/request_logs/7001/",
+        httpx.Response(200, json={"success": True, "result_url": "https://storage.example.net/logs/t"}),
+    )
+    server.add("GET", "/logs/t", httpx.Response(404))
+    with pytest.raises(GpuMarketError, match="not at its result URL"):
+        run(lambda h: h.get_instance_logs(7001))
+    assert len(server.requests) == 1 + api.LOG_FETCH_TRIES
+
+
+def test_async_change_bid_puts_the_live_body_to_the_bid_price_path(server):
+    server.add("PUT", "/api/v0/instances/bid_price/7001/", httpx.Response(200, json={"success": True}))
+
+    assert run(lambda h: h.change_bid(7001, 0.35)) == {"success": True}
+    (request,) = server.requests
+    assert request.method == "PUT" and json.loads(request.content) == {"client_id": "me", "price": 0.35}
+
+
+# --- test_connection: the spec, the live service, a spec-only server ---------------------------------------------
+def test_test_connection_succeeds_on_the_live_v1_list_with_one_row(requests_mock, hook):
+    requests_mock.get(V1, **page([{"id": 1}], next_token="t", total=40))
+
+    ok, message = hook.test_connection()
+
+    assert ok, message
+    assert "40 instance(s)" in message
+    assert query(requests_mock.last_request)["limit"] == "1"
+
+
+def test_test_connection_succeeds_on_a_spec_only_server(requests_mock, hook):
+    requests_mock.get(V1, status_code=404, json={"error": "not_found"})
+    requests_mock.get(V0, json={"instances_found": 2, "instances": [{"id": 1}, {"id": 2}]})
+
+    ok, message = hook.test_connection()
+
+    assert ok, message
+    assert "2 instance(s)" in message
+
+
+def test_test_connection_reports_a_live_bad_key(requests_mock, hook):
+    requests_mock.get(V1, **AUTH_404)
+
+    ok, message = hook.test_connection()
+
+    assert not ok
+    assert "API key" in message and API_KEY not in message
+
+
+def test_test_connection_ok_on_200_names_the_base_url(requests_mock, hook):
+    requests_mock.get(url("/api/v1/instances/"), json={"instances_found": 2, "instances": [{"id": 1}, {"id": 2}]})
+
+    ok, message = hook.test_connection()
+
+    assert ok is True
+    assert BASE_URL in message
+    assert "2 instance(s)" in message
+    assert requests_mock.call_count == 1
+    assert requests_mock.last_request.headers["Authorization"] == AUTH_HEADER
+
+
+def test_test_connection_401_reports_failure_without_the_key(requests_mock, hook):
+    requests_mock.get(url("/api/v1/instances/"), status_code=401, json={"msg": f"bad key {API_KEY}"})
+
+    ok, message = hook.test_connection()
+
+    assert ok is False
+    assert "HTTP 401" in message
+    assert "bad key ***" in message
+    assert API_KEY not in message
+    assert requests_mock.call_count == 1  # one cheap call, not retried
+
+
+def test_test_connection_reports_a_bad_connection_instead_of_raising(wire, set_conn, hook):
+    set_conn(host="http://api.example.com")
+
+    ok, message = hook.test_connection()
+
+    assert ok is False
+    assert "plaintext http" in message
+    assert wire.call_count == 0

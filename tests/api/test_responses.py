@@ -1,23 +1,30 @@
-"""Every documented error status mapped to the right exception, carrying the server's own words."""
+"""Reading answers (``api/responses.py``): every documented error status, and the live service's own error shapes
+(a bad key's 404, a missing instance's null, plain-text 429s, quota errors), mapped to the right exception carrying
+the server's own words."""
 
 from __future__ import annotations
 
+import asyncio
+
+import httpx
 import pytest
+from hook_fakes import conn_json, url
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import (
     GpuMarketAuthError,
-    GpuMarketCreateRefusedError,
     GpuMarketError,
     GpuMarketNotFoundError,
     GpuMarketOfferUnavailableError,
+    GpuMarketQuotaExceededError,
     GpuMarketRateLimitError,
     GpuMarketServerError,
 )
 
-from .helpers import url
-
 NO_RETRIES = {"retry_min_wait": 0, "retry_max_wait": 0, "max_retries": 0}
+INSTANCE_7 = url(api.PATH_INSTANCE.format(instance_id=7))
+ASK = url(api.PATH_CREATE_INSTANCE.format(offer_id=101))
+AUTH_404 = {"status_code": 404, "json": {"error": "auth_error", "msg": "Invalid user key"}}
 
 
 @pytest.fixture
@@ -198,48 +205,6 @@ def test_200_with_success_false_raises_with_the_server_message(requests_mock, ho
     assert "bad_state: cannot stop" in str(caught.value)
 
 
-REFUSED_BID = {
-    "success": False,
-    "new_contract": 4242,
-    "instance_api_key": "inst-key-0123456789abcdef",
-    "msg": "Your bid is below the machine's minimum bid: the instance was created stopped.",
-}
-
-
-def test_a_create_answered_success_false_with_a_new_contract_destroys_that_instance(requests_mock, hook):
-    """A bid below the machine's minimum makes a stopped instance and answers success=false: left alone, its storage
-    bills until the lease and the reaper find it."""
-    requests_mock.put(url("/api/v0/asks/101/"), json=REFUSED_BID)
-    destroy = requests_mock.delete(url("/api/v0/instances/4242/"), json={"success": True})
-
-    with pytest.raises(GpuMarketCreateRefusedError) as caught:
-        hook.create_instance(101, image="img", price=0.01)
-
-    assert destroy.call_count == 1
-    assert caught.value.new_contract == 4242
-    message = str(caught.value)
-    assert "made instance 4242" in message and "minimum bid" in message and "nothing bills" in message
-    assert REFUSED_BID["instance_api_key"] not in message
-
-
-def test_a_refused_create_whose_destroy_fails_says_what_to_destroy_by_hand(requests_mock, hook):
-    requests_mock.put(url("/api/v0/asks/101/"), json=REFUSED_BID)
-    requests_mock.delete(url("/api/v0/instances/4242/"), status_code=403, json={"error": "forbidden", "msg": "no"})
-
-    with pytest.raises(GpuMarketCreateRefusedError, match="destroy instance 4242 by hand"):
-        hook.create_instance(101, image="img", price=0.01)
-
-
-def test_a_create_answered_success_false_without_a_contract_is_a_plain_error(requests_mock, hook):
-    requests_mock.put(url("/api/v0/asks/101/"), json={"success": False, "msg": "nope"})
-    destroy = requests_mock.delete(url("/api/v0/instances/4242/"), json={"success": True})
-
-    with pytest.raises(GpuMarketError, match="success=false") as caught:
-        hook.create_instance(101, image="img")
-    assert not isinstance(caught.value, GpuMarketCreateRefusedError)
-    assert destroy.call_count == 0
-
-
 def test_non_json_error_body_text_is_in_the_message(requests_mock, hook):
     requests_mock.get(
         url("/api/v0/users/cloud_integrations"),
@@ -294,13 +259,6 @@ def test_a_200_without_the_expected_list_is_an_error_not_an_empty_list(requests_
         call(hook)
 
 
-def test_redirects_are_not_followed(requests_mock, hook):
-    requests_mock.put(url("/api/v0/instances/5/"), status_code=302, headers={"Location": url("/elsewhere")})
-    with pytest.raises(GpuMarketError, match="HTTP 302"):
-        hook.stop_instance(5)
-    assert requests_mock.call_count == 1
-
-
 def test_change_bid_puts_the_live_body_and_maps_the_on_demand_refusal(requests_mock, hook):
     path = url("/api/v0/instances/bid_price/7/")
     requests_mock.put(path, json={"success": True})
@@ -315,10 +273,185 @@ def test_change_bid_puts_the_live_body_and_maps_the_on_demand_refusal(requests_m
         hook.change_bid(7, 0.35)
 
 
-@pytest.mark.parametrize(("instance_id", "price"), [(0, 0.3), (7, 0), (7, "cheap"), (True, 0.3)])
-def test_change_bid_refuses_bad_arguments_before_sending(wire, hook, instance_id, price):
-    from airflow_gpumarket.exceptions import GpuMarketValidationError
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("7", 7.0),
+        ("0", 0.0),
+        ("2.5", 2.5),
+        ("-3", 0.0),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+        (None, None),
+        ("inf", None),
+    ],
+)
+def test_parse_retry_after(value, seconds):
+    assert api.parse_retry_after(value) == seconds
 
-    with pytest.raises(GpuMarketValidationError):
-        hook.change_bid(instance_id, price)
-    assert wire.call_count == 0
+
+# --- error shapes ------------------------------------------------------------------------------------------
+def test_live_bad_key_404_auth_error_on_destroy_is_an_auth_error_never_already_gone(requests_mock, hook):
+    requests_mock.delete(INSTANCE_7, **AUTH_404)
+
+    with pytest.raises(GpuMarketAuthError):
+        hook.destroy_instance(7)
+    assert requests_mock.call_count == 1  # not retried: a wrong key stays wrong
+
+
+def test_live_bad_key_404_auth_error_on_read_is_an_auth_error_not_gone(requests_mock, hook):
+    requests_mock.get(INSTANCE_7, **AUTH_404)
+
+    with pytest.raises(GpuMarketAuthError):
+        hook.get_instance(7)
+
+
+def test_auth_error_in_a_200_success_false_body_is_an_auth_error(requests_mock, hook):
+    requests_mock.get(INSTANCE_7, json={"success": False, "error": "auth_error", "msg": "Invalid user key"})
+
+    with pytest.raises(GpuMarketAuthError):
+        hook.get_instance(7)
+
+
+def test_live_read_of_a_missing_instance_answers_null_which_is_not_found(requests_mock, hook):
+    requests_mock.get(INSTANCE_7, json={"instances": None})
+
+    with pytest.raises(GpuMarketNotFoundError, match="instance 7 does not exist"):
+        hook.get_instance(7)
+
+
+def test_a_read_without_an_instances_key_is_an_error_not_gone(requests_mock, hook):
+    requests_mock.get(INSTANCE_7, json={"result": "maintenance"})
+
+    with pytest.raises(GpuMarketError) as caught:
+        hook.get_instance(7)
+    assert not isinstance(caught.value, GpuMarketNotFoundError)
+
+
+def test_live_destroy_of_a_destroyed_instance_404_no_such_instance_is_already_gone(requests_mock, hook):
+    requests_mock.delete(INSTANCE_7, status_code=404, json={"error": "no_such_instance", "msg": "no such instance"})
+
+    assert hook.destroy_instance(7) == {"success": True, "already_gone": True}
+
+
+def test_a_404_without_the_service_error_object_is_not_already_gone(requests_mock, hook):
+    requests_mock.delete(INSTANCE_7, status_code=404, text="<html>Not Found</html>")
+
+    with pytest.raises(GpuMarketError, match="base URL") as caught:
+        hook.destroy_instance(7)
+    assert not isinstance(caught.value, GpuMarketNotFoundError)
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (404, {"error": "invalid_args", "msg": "error 404/3603: no_such_ask  Instance type 101 is not available."}),
+        (410, {"error": "no_such_ask", "msg": "Offer 101 is no longer available"}),
+    ],
+)
+def test_live_offer_gone_at_create_is_offer_unavailable(requests_mock, hook, status, body):
+    requests_mock.put(ASK, status_code=status, json=body)
+
+    with pytest.raises(GpuMarketOfferUnavailableError):
+        hook.create_instance(101, image="img", cancel_unavail=status == 410)
+    assert requests_mock.call_count == 1
+
+
+def test_live_bad_key_404_on_create_is_an_auth_error_not_offer_unavailable(requests_mock, hook):
+    requests_mock.put(ASK, **AUTH_404)
+
+    with pytest.raises(GpuMarketAuthError):
+        hook.create_instance(101, image="img")
+
+
+def test_live_plain_text_429_body_is_quoted_in_the_error(requests_mock, hook, set_conn):
+    set_conn(extra={"max_retries": 0})
+    requests_mock.get(INSTANCE_7, status_code=429, text="GET /api/v0/instances/7/ endpoint threshold=2.0")
+
+    with pytest.raises(GpuMarketRateLimitError, match="threshold=2.0"):
+        hook.get_instance(7)
+
+
+@pytest.mark.parametrize("reset", ["7", "reset-epoch"])
+def test_x_ratelimit_reset_is_honoured_as_seconds_or_epoch(requests_mock, hook, sleeps, reset):
+    import time
+
+    value = str(int(time.time()) + 7) if reset == "reset-epoch" else reset
+    requests_mock.get(
+        INSTANCE_7, [{"status_code": 429, "headers": {"X-RateLimit-Reset": value}}, {"json": {"instances": {"id": 7}}}]
+    )
+
+    hook.get_instance(7)
+
+    assert 5 <= sleeps[0] <= 7
+
+
+def test_live_search_quota_exceeded_fails_at_once_with_the_reset_time(requests_mock, hook, sleeps):
+    requests_mock.post(
+        url(api.PATH_SEARCH_OFFERS),
+        status_code=429,
+        headers={"Retry-After": str(5 * 3600)},
+        json={"error": "search_quota_exceeded", "msg": "Daily search quota exceeded"},
+    )
+
+    with pytest.raises(GpuMarketQuotaExceededError, match="resets in about 5 h 0 min") as caught:
+        hook.search_offers()
+    assert requests_mock.call_count == 1 and sleeps == []
+    assert caught.value.retry_after == 5 * 3600
+
+
+def test_async_live_bad_key_on_destroy_is_an_auth_error(monkeypatch):
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"error": "auth_error", "msg": "Invalid user key"})
+
+    hook = _async_hook(monkeypatch, handler)
+
+    async def run():
+        await hook.asettings()
+        try:
+            await hook.destroy_instance(7)
+        finally:
+            await hook.aclose()
+
+    with pytest.raises(GpuMarketAuthError):
+        asyncio.run(run())
+
+
+# --- the async twin ----------------------------------------------------------------------------------------
+def _async_hook(monkeypatch, handler):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_GPUMARKET_DEFAULT", conn_json())
+    hook = GpuMarketAsyncHook()
+    real = httpx.AsyncClient
+
+    def client(**kwargs):
+        return real(transport=httpx.MockTransport(handler), **kwargs)
+
+    monkeypatch.setattr(httpx, "AsyncClient", client)
+    return hook
+
+
+# --- The pure helpers ------------------------------------------------------------------------------------------
+def test_raise_for_response_returns_the_body_of_a_success():
+    assert api.raise_for_response("op", 200, {"success": True, "x": 1}) == {"success": True, "x": 1}
+    assert api.raise_for_response("op", 200, [1, 2]) == [1, 2]
+
+
+def test_raise_for_response_message_is_cut_for_long_text_bodies():
+    with pytest.raises(GpuMarketError) as caught:
+        api.raise_for_response("op", 400, "x" * 1000)
+
+    assert "x" * 200 in str(caught.value)
+    assert "x" * 201 not in str(caught.value)
+
+
+def test_redact_replaces_every_secret_of_four_or_more_characters():
+    assert api.redact("a sk-123 b sk-123", ["sk-123"]) == "a *** b ***"
+    assert api.redact("abc", ["abc"]) == "abc"  # too short to redact without mangling text
+    assert api.redact("x", [None, ""]) == "x"
+
+
+def test_decode_body_json_text_or_none():
+    assert api.decode_body(b'{"a": 1}') == {"a": 1}
+    assert api.decode_body(b"<html>oops</html>") == "<html>oops</html>"
+    assert api.decode_body(b"") is None

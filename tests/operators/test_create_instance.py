@@ -1,0 +1,81 @@
+"""GpuMarketCreateInstanceOperator (operators/create_instance.py): an instance rented and handed to the DAG."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+
+from .renting_fakes import FakeHook, ctx
+
+OK = {"offer_filters": {"gpu_name": {"eq": "RTX 4090"}}, "image": "pytorch/pytorch"}
+CREATE = GpuMarketCreateInstanceOperator
+
+CASES = [
+    # (operator, arguments, the argument the message must name)
+    (CREATE, {**OK, "lease": 0}, "lease"),
+]
+
+
+def test_create_instance_operator_hands_over_a_running_instance_without_destroying_it():
+    hook = FakeHook({1: [None, "running"]})
+    op = GpuMarketCreateInstanceOperator(
+        task_id="create", offer_filters={"num_gpus": {"gte": 1}}, image="img", poll_interval=0.001
+    )
+    op.__dict__["hook"] = hook
+    hook.get_instance = lambda instance_id: {"ssh_host": "h", "ssh_port": 22}
+    result = op.execute(ctx())
+    assert result["instance_id"] == 1001 and hook.destroyed == []
+    assert op._guard.instance_id is None  # a later on_kill has nothing of its own to destroy
+
+
+# --- Bad input, refused when the DAG is parsed -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("operator", "arguments", "field"),
+    CASES,
+    ids=[f"{op.__name__.removeprefix('GpuMarket')}-{field}-{i}" for i, (op, _, field) in enumerate(CASES)],
+)
+def test_bad_input_is_refused_at_parse_time_naming_the_argument(operator, arguments, field, requests_mock):
+    with pytest.raises(GpuMarketValidationError) as caught:
+        operator(task_id="t", **arguments)
+    # The message starts with the argument, or a part of it such as env['EPOCHS'] or volume_info.volume_id.
+    assert caught.value.field.startswith(field), str(caught.value)
+    assert str(caught.value).startswith(caught.value.field + ": ")
+    assert isinstance(caught.value, ValueError)
+    assert requests_mock.call_count == 0
+
+
+def test_without_waiting_for_running_the_instance_is_handed_over_right_after_its_creation():
+    hook = FakeHook({1: [None, "running"]})
+    op = GpuMarketCreateInstanceOperator(
+        task_id="create", offer_filters={"num_gpus": {"gte": 1}}, image="img", wait_for_running=False
+    )
+    op.__dict__["hook"] = hook
+    result = op.execute(ctx())
+    assert (
+        result["instance_id"] == 1001 and hook.destroyed == [] and hook.reads[1001] == [None, "running"]
+    )  # never read
+    assert op._guard.instance_id is None
+
+
+def test_without_waiting_for_running_a_retry_returns_right_after_adopting_an_earlier_tries_instance():
+    """wait_for_running=False: a retry that adopts a booting instance of an earlier try reads no status either."""
+    hook = FakeHook({1: [None]})
+    op = GpuMarketCreateInstanceOperator(
+        task_id="create",
+        offer_filters={"num_gpus": {"gte": 1}},
+        image="img",
+        wait_for_running=False,
+        poll_interval=0.001,
+        boot_timeout=0.05,
+    )
+    op.__dict__["hook"] = hook
+    earlier = hook.create_instance(1, label=lifecycle.make_label(op._rental_key(ctx()), time.time() + 3600))
+    hook.instances[earlier["new_contract"]]["actual_status"] = "loading"
+    result = op.execute(ctx(2))
+    assert result["instance_id"] == 1001 and list(hook.instances) == [1001]
+    assert hook.reads[1001] == [None] and hook.destroyed == []  # never read: the script was not consumed

@@ -1,0 +1,244 @@
+"""RentalGuard and destroy_rentals_on_failure (operators/guard.py): what a task rented is destroyed on every failure
+path (an error, on_kill, a lost create answer, a lost worker), a duplicate of an ambiguous create is swept, and a
+retry adopts what an earlier try left, or destroys it."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from types import SimpleNamespace
+
+import pytest
+
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket._compat import AirflowException, TaskDeferred
+from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketServerError
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+
+from .renting_fakes import DONE, EXIT_0, BidMarketHook, FakeHook, ctx, earlier_try_left, job
+
+
+def test_an_error_while_waiting_destroys_the_instance():
+    hook = FakeHook({1: ["running"]})
+    op = job(hook)
+    hook.find_instance = lambda instance_id: (_ for _ in ()).throw(RuntimeError("worker bug"))
+    with pytest.raises(RuntimeError, match="worker bug"):
+        op.execute(ctx())
+    assert hook.alive() == []
+
+
+def test_on_kill_while_waiting_destroys_at_once():
+    hook = FakeHook({1: ["running"]})
+    op = job(hook)
+    reads = hook.find_instance
+
+    def read_then_kill(instance_id):
+        op.on_kill()  # SIGTERM arrives while the job runs
+        return reads(instance_id)
+
+    hook.find_instance = read_then_kill
+    with pytest.raises(AirflowException, match="killed"):
+        op.execute(ctx())
+    assert hook.destroyed[0] == 1001 and hook.alive() == []
+
+
+def test_on_kill_during_a_create_whose_answer_never_came_finds_the_instance_by_its_label():
+    hook = FakeHook({1: ["running"]})
+    op = job(hook)
+    create = hook.create_instance
+
+    def create_then_die(offer_id, **body):
+        create(offer_id, **body)  # the server made it...
+        op.on_kill()  # ...and the task was killed before the answer arrived
+        raise KeyboardInterrupt
+
+    hook.create_instance = create_then_die
+    with pytest.raises(KeyboardInterrupt):
+        op.execute(ctx())
+    assert hook.destroyed == [1001]
+
+
+def test_a_destroy_that_keeps_failing_fails_loudly_with_the_instance_id():
+    hook = FakeHook({1: ["running", "stopped"]}, destroy_fails=True)
+    with pytest.raises(AirflowException, match="DESTROY FAILED for instance 1001: it may still be billing"):
+        job(hook).execute(ctx())
+
+
+def test_retry_adopts_a_running_earlier_instance_and_destroys_the_other_leftovers():
+    hook = FakeHook({1: ["running"], 2: ["running", DONE]})
+    op = job(hook)
+    key = op._rental_key(ctx())
+    for offer_id in (1, 2):  # two instances of earlier tries (one a duplicate of an ambiguous create)
+        hook.create_instance(offer_id, label=lifecycle.make_label(key, time.time() + 600))
+    for instance in hook.instances.values():
+        instance["actual_status"] = "running"
+    result = op.execute(ctx(try_number=2))
+    assert result["instance_id"] == 1002  # the newest is kept, the older destroyed
+    assert hook.destroyed == [1001, 1002] and len(hook.instances) == 2  # nothing rented anew
+
+
+def test_retry_keeps_the_success_of_a_job_that_ended_after_the_worker_died_instead_of_running_it_again(task_log):
+    hook = FakeHook({1: ["stopped"]})  # the wrapper stopped the instance after the job exited 0
+    op = job(hook)
+    earlier_try_left(hook, op, "stopped", "gpumarket: job started\nsaved model.pt\n" + EXIT_0)
+    result = op.execute(ctx(try_number=2))
+    assert result["instance_id"] == 1001 and result["job_status"] == "succeeded"
+    assert len(hook.instances) == 1 and hook.alive() == []  # nothing rented anew; the stopped one destroyed
+    assert "adopting instance 1001" in task_log()
+
+
+def test_retry_runs_again_a_job_that_failed_before_the_worker_died():
+    hook = FakeHook({1: ["running", DONE], 2: ["stopped"]})
+    op = job(hook)
+    earlier_try_left(hook, op, "stopped", "gpumarket: job started\ngpumarket: job exited with status 1\n")
+    result = op.execute(ctx(try_number=2))
+    assert result["instance_id"] == 1002 and result["job_status"] == "succeeded"
+    assert hook.destroyed[0] == 1001 and hook.alive() == []
+
+
+def test_retry_runs_again_a_job_whose_stopped_instance_has_no_exit_status_in_its_log():
+    hook = FakeHook({1: ["running", DONE], 2: ["stopped"]})
+    op = job(hook)
+    earlier_try_left(hook, op, "stopped", "gpumarket: job started\nepoch 1\n")  # stopped by hand, mid-job
+    assert op.execute(ctx(try_number=2))["instance_id"] == 1002
+    assert hook.destroyed[0] == 1001 and hook.alive() == []
+
+
+def test_retry_runs_again_when_the_log_of_a_stopped_earlier_instance_cannot_be_read(task_log):
+    hook = FakeHook({1: ["running", DONE], 2: ["stopped"]})
+    op = job(hook)
+    earlier_try_left(hook, op, "stopped", EXIT_0)
+    reads = hook.get_instance_logs
+
+    def unreadable_once(instance_id, **kw):
+        if instance_id == 1001:
+            raise GpuMarketServerError("logs: HTTP 503 after retries", status_code=503)
+        return reads(instance_id, **kw)
+
+    hook.get_instance_logs = unreadable_once
+    assert op.execute(ctx(try_number=2))["instance_id"] == 1002
+    assert hook.destroyed[0] == 1001 and hook.alive() == []
+    assert "Cannot read the log of instance 1001 to see how its job ended" in task_log()
+
+
+def test_retry_of_an_instance_waiter_does_not_adopt_a_stopped_instance_nor_read_its_log():
+    hook = FakeHook({1: ["running"], 2: ["stopped"]})
+    op = GpuMarketCreateInstanceOperator(task_id="make", offer_filters={"num_gpus": {"gte": 1}}, image="img")
+    op.__dict__["hook"] = hook
+    hook.get_instance = lambda instance_id: hook.find_instance(instance_id)  # the details it returns
+    earlier_try_left(hook, op, "stopped", EXIT_0)
+    assert op.execute(ctx(try_number=2))["instance_id"] == 1002
+    assert hook.destroyed == [1001] and hook.log_reads == []
+
+
+def test_failure_callback_destroys_what_a_lost_worker_rented():
+    hook = FakeHook({1: ["running"]})
+    with pytest.raises(TaskDeferred):
+        job(hook, deferrable=True).execute(ctx())
+    parsed = job(hook)  # what the DAG processor parsed
+    context = ctx()
+    pushed = []
+    context["ti"].xcom_push = lambda **kwargs: pushed.append(kwargs)
+    destroy_rentals_on_failure({**context, "task": parsed})
+    assert hook.alive() == []
+    # No XCom from there: the DAG processor's supervisor cannot take one, and its parsing would stall.
+    assert pushed == []
+
+
+@pytest.mark.parametrize("kind", ["classic", "taskflow"])
+def test_failure_callback_destroys_what_a_lost_worker_of_a_mapped_task_rented(monkeypatch, kind):
+    """The DAG processor hands the callback the mapped task itself (never unmapped)."""
+    from airflow.providers.common.compat.sdk import DAG
+
+    from airflow_gpumarket.decorators.gpumarket import gpumarket_task
+    from airflow_gpumarket.hooks import gpumarket
+
+    hook = FakeHook({1: ["running"], 2: ["running"]})
+    used: list[str] = []
+
+    class Hook:
+        default_conn_name = "gpumarket_default"
+
+        def __new__(cls, conn_id):
+            used.append(conn_id)
+            return hook
+
+    monkeypatch.setattr(gpumarket, "GpuMarketHook", Hook)
+    common = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img", "gpumarket_conn_id": "gpu"}
+    with DAG(dag_id="mapped", start_date=datetime(2026, 1, 1), schedule=None):
+        if kind == "classic":
+            mapped = GpuMarketRunJobOperator.partial(
+                task_id="job", on_failure_callback=destroy_rentals_on_failure, **common
+            ).expand(command=["a", "b"])
+        else:
+
+            def square(x: int) -> int:
+                return x * x
+
+            mapped = gpumarket_task(**common)(square).expand(x=[1, 2]).operator
+    key = lifecycle.rental_key("mapped", "run-1", mapped.task_id, 1)
+    for offer, label_key in ((1, lifecycle.rental_key("mapped", "run-1", mapped.task_id, 0)), (2, key)):
+        hook.create_instance(offer, label=lifecycle.make_label(label_key, 4_000_000_000))
+    ti = SimpleNamespace(try_number=1, map_index=1, start_date=None)
+    destroy_rentals_on_failure({"run_id": "run-1", "ti": ti, "task": mapped})
+    assert hook.destroyed == [1002]  # map index 1's instance only
+    assert used == ["gpu"]  # the connection of the partial() arguments
+
+
+def test_a_create_that_made_an_instance_and_then_failed_destroys_it_through_the_in_flight_guard():
+    """The answer to a create was lost after the server made the instance (the hook's retries gave up): the task
+    fails, and the guard finds the instance by the label it was being created with."""
+    hook = FakeHook({1: ["running"]})
+    create = hook.create_instance
+
+    def made_then_lost(offer_id, **body):
+        create(offer_id, **body)
+        raise GpuMarketServerError("create_instance: HTTP 502 after retries", status_code=502)
+
+    hook.create_instance = made_then_lost
+    with pytest.raises(GpuMarketServerError):
+        job(hook).execute(ctx())
+    assert hook.destroyed == [1001] and hook.alive() == []
+
+
+def test_a_refused_bid_whose_instance_the_hook_could_not_destroy_fails_and_the_guard_destroys_it():
+    hook = BidMarketHook({1: ["stopped"], 2: ["running"]}, destroy_worked=False)
+    with pytest.raises(GpuMarketCreateRefusedError):
+        job(hook, interruptible=True).execute(ctx())
+    assert hook.destroyed == [1001] and hook.alive() == []  # found by the label it was created with
+
+
+def test_an_ambiguous_create_destroys_the_duplicate_the_retried_request_left():
+    hook = FakeHook({1: ["running", DONE]})
+    create = hook.create_instance
+
+    def twice(offer_id, **body):
+        create(offer_id, **body)  # the first request landed after all...
+        made = create(offer_id, **body)  # ...and the hook's re-send made a second one
+        return {**made, "ambiguous": True}
+
+    hook.create_instance = twice
+    result = job(hook).execute(ctx())
+    assert result["instance_id"] == 1002 and hook.destroyed[0] == 1001 and hook.alive() == []
+
+
+def test_an_ambiguous_create_sweeps_again_when_the_wait_ends_for_a_duplicate_that_landed_late():
+    hook = FakeHook({1: ["running", DONE], 2: ["running"]})
+    create = hook.create_instance
+    op = job(hook)
+
+    def ambiguous(offer_id, **body):
+        return {**create(offer_id, **body), "ambiguous": True}
+
+    reads = hook.find_instance
+
+    def late_duplicate(instance_id):
+        if len(hook.instances) == 1:  # the delayed first request lands while the job runs
+            create(2, label=hook.instances[1001]["label"])
+        return reads(instance_id)
+
+    hook.create_instance, hook.find_instance = ambiguous, late_duplicate
+    op.execute(ctx())
+    assert 1002 in hook.destroyed and hook.alive() == []

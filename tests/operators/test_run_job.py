@@ -1,0 +1,178 @@
+"""GpuMarketRunJobOperator (operators/run_job.py): a job's outcome read from its log and its instance's status, the
+instance destroyed after the final read, the lease kept alive while the job runs, and the arguments it refuses."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import timedelta
+
+import pytest
+
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket._compat import AirflowException, TaskDeferred
+from airflow_gpumarket.exceptions import GpuMarketServerError, GpuMarketValidationError
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+
+from .renting_fakes import DONE, EXIT_0, GONE, Clock, FakeHook, ctx, fired, job
+
+OK = {"offer_filters": {"gpu_name": {"eq": "RTX 4090"}}, "image": "pytorch/pytorch"}
+JOB = GpuMarketRunJobOperator
+CASES = [
+    # (operator, arguments, the argument the message must name)
+    (JOB, {**OK, "command": "python train.py", "durable": "yes"}, "durable"),
+    (JOB, {**OK, "command": "python train.py", "runtype": "args"}, "runtype"),
+    (JOB, {**OK, "command": ""}, "command"),
+    (JOB, {**OK, "command": "x", "onstart": "y"}, "onstart"),
+    (JOB, {**OK, "command": "x", "max_runtime": 0}, "max_runtime"),
+    (JOB, {**OK, "command": "x", "keepalive": 0}, "keepalive"),
+    (JOB, {**OK, "command": "x", "keepalive": 20, "poll_interval": 10}, "keepalive"),
+    (JOB, {**OK, "command": "x", "env": {"A": None}}, "env"),
+    (JOB, {**OK, "command": "echo " + "y" * 9000 + "".join(str(i) for i in range(3000))}, "command"),
+]
+FILTERS = {"gpu_name": {"eq": "RTX 4090"}}
+LABEL = "afgm-0123456789ab-1"
+
+
+def test_job_that_exits_zero_succeeds_and_its_stopped_instance_is_destroyed_after_the_final_read(task_log):
+    hook = FakeHook({1: [None, "loading", "running", DONE]})
+    hook.log_text = "gpumarket: job started\nepoch 1\nsaved model.pt\n"
+    destroy = hook.destroy_instance
+    hook.destroy_instance = lambda i: (hook.log_reads.append(("destroy", i)), destroy(i))[1]
+    result = job(hook).execute(ctx())
+    assert result["job_status"] == "succeeded"
+    assert hook.log_reads == [(1001, False), ("destroy", 1001)] and hook.alive() == []
+    log = task_log()
+    assert "[instance 1001] epoch 1" in log and "[instance 1001] saved model.pt" in log
+
+
+def test_with_log_interval_zero_a_job_that_exits_zero_destroys_itself_and_needs_no_destroy():
+    hook = FakeHook({1: [None, "loading", "running", GONE]})
+    op = job(hook, log_interval=0)
+    assert "m=DELETE" in op._job_script("https://api.example.com")  # the wrapper's destroy on success
+    result = op.execute(ctx())
+    assert result["job_status"] == "succeeded" and hook.destroyed == [] and hook.log_reads == []
+
+
+def test_a_job_stopped_without_a_readable_exit_status_is_not_a_success_and_is_destroyed(task_log):
+    hook = FakeHook({1: ["running", "stopped"]})
+
+    def unreadable(instance_id, **kw):
+        raise GpuMarketServerError("logs: HTTP 503 after retries", status_code=503)
+
+    hook.get_instance_logs = unreadable
+    with pytest.raises(AirflowException, match="no exit status could be read from its log"):
+        job(hook).execute(ctx())
+    assert hook.alive() == []
+    assert "The final read of the log of instance 1001 failed after retries" in task_log()
+
+
+def test_a_job_whose_instance_was_destroyed_by_someone_else_is_not_a_success():
+    hook = FakeHook({1: ["running", GONE]})  # the wrapper stops after exit 0 here: gone is not its doing
+    with pytest.raises(AirflowException, match="destroyed before the end of its job could be read"):
+        job(hook).execute(ctx())
+
+
+def test_job_that_fails_is_destroyed_and_fails_the_task():
+    hook = FakeHook({1: ["running", "stopped"]})
+    hook.log_text = "gpumarket: job exited with status 1\n"
+    with pytest.raises(AirflowException, match="failed: the instance is in status 'stopped'.*exit status 1"):
+        job(hook).execute(ctx())
+    assert hook.destroyed == [1001] and hook.alive() == []
+
+
+def test_a_failed_job_names_its_exit_status_and_last_lines_read_before_the_destroy():
+    hook = FakeHook({1: ["running", "stopped"]})
+    hook.log_text = "epoch 1 loss 0.9\nTraceback: boom\ngpumarket: job exited with status 3\n"
+    destroy = hook.destroy_instance
+    hook.destroy_instance = lambda i: (hook.log_reads.append(("destroy", i)), destroy(i))[1]
+    with pytest.raises(AirflowException, match="(?s)exit status 3.*Traceback: boom"):
+        job(hook, log_interval=3600).execute(ctx())
+    assert hook.log_reads == [(1001, False), ("destroy", 1001)]
+
+
+def test_the_jobs_output_reaches_the_task_log_while_it_runs_each_line_once(task_log):
+    hook = FakeHook({1: ["running", "running", "running", "running", "stopped"]})
+    texts = iter(["a\n", "a\nb\n", "a\nb\nc\n", "a\nb\nc\nd\n" + EXIT_0])
+    hook.get_instance_logs = lambda instance_id, **kw: next(texts)
+    job(hook, log_interval=0.001).execute(ctx())
+    assert re.findall(r"\[instance 1001\] (\w+)", task_log()) == ["a", "b", "c", "d", "gpumarket"]
+
+
+def test_log_interval_zero_reads_nothing_whether_the_job_succeeds_or_fails():
+    hook = FakeHook({1: ["running", GONE]})
+    job(hook, log_interval=0).execute(ctx())
+    hook = FakeHook({1: ["running", "stopped"]})
+    with pytest.raises(AirflowException):
+        job(hook, log_interval=0).execute(ctx())
+    assert hook.log_reads == []
+
+
+def test_a_job_found_gone_after_its_lease_expired_is_not_a_success():
+    hook = FakeHook({1: ["running", GONE]})
+    op = job(hook, keepalive=None, max_runtime=1)
+    op._lease_seconds = lambda: -60  # the lease (boot + max_runtime + margin) ran out before the job ended
+    with pytest.raises(AirflowException, match="outcome is unknown"):
+        op.execute(ctx())
+
+
+def test_the_worker_renews_the_lease_through_the_label(monkeypatch):
+    from airflow_gpumarket.operators import renting
+
+    clock = Clock()
+    monkeypatch.setattr(renting, "time", clock)
+    hook = FakeHook({1: ["running"] * 12 + [DONE]})
+    op = job(hook, keepalive=timedelta(minutes=3), poll_interval=60)
+    assert op.execute(ctx())["job_status"] == "succeeded"
+    leases = [lifecycle.lease_of(label) for _, label in hook.labels]
+    assert len(leases) >= 3 and leases == sorted(leases)  # renewed again and again, never backwards
+    assert leases[-1] >= clock.now - 60  # still ahead at the last read that saw the job running
+
+
+def test_a_resumed_job_that_succeeded_reports_its_cost_from_the_rental_in_the_event():
+    hook = FakeHook({1: ["running"]})
+    with pytest.raises(TaskDeferred) as deferred:
+        job(hook, deferrable=True).execute(ctx())
+    renewed = lifecycle.make_label("0" * 12, time.time() + 900)
+    event = fired(deferred, lifecycle.EventKind.JOB_SUCCEEDED, label=renewed, actual_status="stopped", exit_status=0)
+    result = job(hook, deferrable=True).execute_complete(ctx(), event)
+    assert result["job_status"] == "succeeded" and result["dph_total"] == 0.5 and result["offer_id"] == 1
+    assert hook.alive() == []  # the job stopped its instance; the resumed task destroyed it
+    assert result["label"] == renewed  # the trigger's latest renewal, not the label written at creation
+
+
+# --- Bad input, refused when the DAG is parsed -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("operator", "arguments", "field"),
+    CASES,
+    ids=[f"{op.__name__.removeprefix('GpuMarket')}-{field}-{i}" for i, (op, _, field) in enumerate(CASES)],
+)
+def test_bad_input_is_refused_at_parse_time_naming_the_argument(operator, arguments, field, requests_mock):
+    with pytest.raises(GpuMarketValidationError) as caught:
+        operator(task_id="t", **arguments)
+    # The message starts with the argument, or a part of it such as env['EPOCHS'] or volume_info.volume_id.
+    assert caught.value.field.startswith(field), str(caught.value)
+    assert str(caught.value).startswith(caught.value.field + ": ")
+    assert isinstance(caught.value, ValueError)
+    assert requests_mock.call_count == 0
+
+
+def test_run_job_defaults_to_an_onstart_runtype_and_wraps_the_command():
+    op = JOB(task_id="t", **OK, command="python train.py")
+    body = op._creation_body(label="afgm-0123456789ab-1", base_url="http://127.0.0.1:1")
+    assert body["runtype"] == "ssh_proxy"
+    assert "python train.py" in body["onstart"] and "CONTAINER_API_KEY" in body["onstart"]
+    assert "http://127.0.0.1:1/api/v0/instances/" in body["onstart"]
+
+
+def test_a_command_stands_for_onstart_and_makes_runtype_default_to_ssh_proxy():
+    op = GpuMarketRunJobOperator(task_id="t", offer_filters=FILTERS, instance={"image": "i"}, command="python t.py")
+    assert op.instance["runtype"] == "ssh_proxy"
+    assert "python t.py" in op._creation_body(label=LABEL, base_url="http://h")["onstart"]
+
+
+def test_a_command_with_an_onstart_in_the_dict_is_refused_naming_onstart():
+    with pytest.raises(GpuMarketValidationError, match="^onstart: give command .* or onstart, not both"):
+        GpuMarketRunJobOperator(
+            task_id="t", offer_filters=FILTERS, instance={"image": "i", "onstart": "echo"}, command="echo"
+        )

@@ -1,0 +1,45 @@
+"""The GPU rentals page as HTML (ui/page.py): what it shows is escaped, and a destroy is offered only to who may."""
+
+from __future__ import annotations
+
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket.ui import page, records
+from airflow_gpumarket.ui.spend import RecordRow, TaskState, live_rentals, spans, spend
+
+NOW = 1_800_000_000.0
+KEY = lifecycle.rental_key("train_dag", "run-1", "train", -1)  # row()'s task instance's
+LABEL = lifecycle.make_label(KEY, NOW + 600)
+
+
+def row(instance_id=1, *, created_at=NOW - 3600, cost=None, handed_over=False, run_id="run-1", dag_id="train_dag"):
+    record = records.started(
+        instance_id=instance_id,
+        conn_id="gpumarket_default",
+        offer_id=7,
+        gpu_name="RTX 4090",
+        hourly_price=0.5,
+        bid=None,
+        created_at=created_at,
+        try_number=1,
+        handed_over=handed_over,
+    )
+    if cost is not None:
+        record = {**record, "ended_at": created_at + 60, "cost": cost}
+    return RecordRow(dag_id, run_id, "train", -1, record)
+
+
+def test_the_page_escapes_what_it_shows_and_offers_a_destroy_only_to_who_may():
+    instance = {"id": 1, "actual_status": "running", "label": LABEL, "dph_total": 0.5, "start_date": NOW - 60}
+    odd = row(run_id="<img src=x onerror=alert(1)>")
+    (orphan,) = live_rentals([("c", instance)], {1: odd}, {odd.ti_key: TaskState("success")}, NOW)
+    totals = spend(spans([odd]), {1: orphan.cost_so_far}, NOW - 86400, NOW)
+    for allowed in (True, False):
+        may = lambda _, a=allowed: a  # noqa: E731
+        html = page.render(live=[orphan], spend=totals, days=1, target=1, can_destroy=may)
+        assert "<img src=x" not in html and "&lt;img src=x" in html
+        assert ('name="destroy" value="1"><button type="submit">Destroy…</button>' in html) is allowed
+        assert "orphans/c/1/destroy" not in html  # the POST only from the confirmation
+        asked = page.render(live=[orphan], spend=totals, days=1, target=1, can_destroy=may, confirm=orphan)
+        assert ('<form class="inline" method="post" action="orphans/c/1/destroy?days=1">' in asked) is allowed
+        assert "<script" not in asked and "onsubmit" not in asked  # the UI's sandboxed frame allows no dialogs
+    assert page.chart_svg({}) == "" and "<svg" in page.chart_svg(totals.per_day)

@@ -1,0 +1,67 @@
+"""Where the GPU rentals page reads from (ui/sources.py): the configured connections, and one listing per connection
+reused for a few seconds. Its queries of the metadata database are tested with the page, in
+tests/integration/test_gpu_rentals_page*.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_gpumarket.ui import sources
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def service(monkeypatch):
+    """A hook per connection whose list answers that connection's instances; every list call is recorded."""
+    from airflow_gpumarket.hooks import gpumarket
+
+    calls: list[str] = []
+
+    class Hook:
+        default_conn_name = "gpumarket_default"
+        service_clock_offset = 2.5
+
+        def __init__(self, conn_id) -> None:
+            self.conn_id = conn_id
+
+        def list_instances(self):
+            calls.append(self.conn_id)
+            return [{"id": len(calls), "conn": self.conn_id}]
+
+    clock = Clock()
+    monkeypatch.setattr(gpumarket, "GpuMarketHook", Hook)
+    monkeypatch.setattr(sources, "time", clock)
+    monkeypatch.setattr(sources, "_listings", {})
+    return calls, clock
+
+
+def test_a_connections_listing_is_reused_for_a_few_seconds_then_listed_again(service):
+    calls, clock = service
+    first = sources.listing("a")
+    assert first == ([{"id": 1, "conn": "a"}], 2.5)
+    clock.now += sources.LISTING_CACHE_SECONDS - 0.1
+    assert sources.listing("a") == first and calls == ["a"]  # opening and refreshing the page: one list call
+    clock.now += 0.2
+    assert sources.listing("a")[0] == [{"id": 2, "conn": "a"}] and calls == ["a", "a"]
+
+
+def test_each_connection_has_its_own_listing_and_a_forgotten_one_is_listed_again(service):
+    calls, _ = service
+    sources.listing("a")
+    sources.listing("b")
+    sources.forget_listing("a")  # before a destroy: decide on a fresh listing
+    sources.listing("a")
+    sources.listing("b")
+    assert calls == ["a", "b", "a"]
+
+
+def test_the_configured_connections_are_the_pages_without_asking_the_database(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPUMARKET__UI_CONNECTIONS", " prod, , staging ")
+    assert sources.connection_ids(session=None) == ["prod", "staging"]
