@@ -125,7 +125,9 @@ def test_retry_runs_again_when_the_log_of_a_stopped_earlier_instance_cannot_be_r
 
 def test_retry_of_an_instance_waiter_does_not_adopt_a_stopped_instance_nor_read_its_log():
     hook = FakeHook({1: ["running"], 2: ["stopped"]})
-    op = GpuMarketCreateInstanceOperator(task_id="make", offer_filters={"num_gpus": {"gte": 1}}, image="img")
+    op = GpuMarketCreateInstanceOperator(
+        task_id="make", offer_filters={"num_gpus": {"gte": 1}}, image="img", poll_interval=0.001
+    )
     op.__dict__["hook"] = hook
     hook.get_instance = lambda instance_id: hook.find_instance(instance_id)  # the details it returns
     earlier_try_left(hook, op, "stopped", EXIT_0)

@@ -343,8 +343,8 @@ def test_cleanup_leaves_the_instance_to_its_lease_when_the_state_read_hangs(make
     monkeypatch.setattr(trigger_module, "STATE_READ_TIMEOUT", 0.05)
     released = threading.Event()
 
-    def hangs(ti):
-        released.wait(5)
+    def hangs(ti):  # longer than STATE_READ_TIMEOUT; asyncio.run then waits for this thread to end
+        released.wait(0.5)
         return ("failed", 1, None)
 
     try:
