@@ -7,12 +7,17 @@ Airflow at import time: the root conftest sets Airflow up first. Each folder's c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
+from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 import requests_mock as requests_mock_lib
+
+from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
 
 BASE_URL = "https://api.example.com"
 #: The API key of the test connection. Long and distinctive, so a leak anywhere is found by a plain substring test.
@@ -148,3 +153,66 @@ def wire(requests_mock: requests_mock_lib.Mocker) -> requests_mock_lib.Mocker:
     succeeds), so a validation test that expects nothing to be sent fails if something is."""
     requests_mock.register_uri(requests_mock_lib.ANY, requests_mock_lib.ANY, json={"success": True})
     return requests_mock
+
+
+@pytest.fixture
+def server(monkeypatch):
+    """Answers the async hook's requests from a queue of (method, path) -> list of httpx.Response, recording
+    every request."""
+
+    class Server:
+        def __init__(self) -> None:
+            self.routes: dict[tuple[str, str], list] = {}
+            self.requests: list[httpx.Request] = []
+
+        def add(self, method: str, path: str, *responses: httpx.Response | Exception) -> None:
+            self.routes.setdefault((method, path), []).extend(responses)
+
+        def handler(self, request: httpx.Request) -> httpx.Response:
+            self.requests.append(request)
+            queue = self.routes.get((request.method, request.url.path))
+            assert queue, f"unexpected request {request.method} {request.url}"
+            answer = queue.pop(0) if len(queue) > 1 else queue[0]
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    srv = Server()
+    real_client = httpx.AsyncClient
+
+    def client_with_mock_transport(*args, **kwargs):
+        return real_client(*args, transport=httpx.MockTransport(srv.handler), **kwargs)
+
+    monkeypatch.setattr(httpx, "AsyncClient", client_with_mock_transport)
+    return srv
+
+
+def run(coro_fn):
+    """Run ``coro_fn(hook)`` on a fresh async hook, closing its client afterwards."""
+
+    async def main():
+        hook = GpuMarketAsyncHook()
+        await hook.asettings()
+        try:
+            return await coro_fn(hook)
+        finally:
+            await hook.aclose()
+
+    return asyncio.run(main())
+
+
+def page(instances, next_token=None, total=None):
+    """One page of the live instance list, as requests-mock answers it."""
+    return {
+        "json": {
+            "instances": instances,
+            "instances_found": len(instances),
+            "total_instances": len(instances) if total is None else total,
+            "next_token": next_token,
+        }
+    }
+
+
+def query(request) -> dict[str, str]:
+    """A request's query parameters, one value each."""
+    return {k: v[0] for k, v in parse_qs(urlsplit(request.url).query).items()}

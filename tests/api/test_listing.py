@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from hook_fakes import conn_json, methods_and_paths, url
+from hook_fakes import conn_json, methods_and_paths, page, query, url
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import (
@@ -31,21 +30,6 @@ DEPRECATED_410 = {
         "msg": "/api/v0/instances/ is deprecated. Use /api/v1/instances/ instead.",
     },
 }
-
-
-def page(instances, next_token=None, total=None):
-    return {
-        "json": {
-            "instances": instances,
-            "instances_found": len(instances),
-            "total_instances": len(instances) if total is None else total,
-            "next_token": next_token,
-        }
-    }
-
-
-def query(request) -> dict[str, str]:
-    return {k: v[0] for k, v in parse_qs(urlsplit(request.url).query).items()}
 
 
 # --- listing -----------------------------------------------------------------------------------------------

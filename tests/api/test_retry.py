@@ -4,7 +4,7 @@ sent again, which calls wait out 429s, and the slot each call waits for in its b
 from __future__ import annotations
 
 import pytest
-from hook_fakes import url
+from hook_fakes import page, url
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import (
@@ -27,17 +27,6 @@ CALLS = {
 }
 V1 = url(api.PATH_INSTANCES_V1)
 ASK = url(api.PATH_CREATE_INSTANCE.format(offer_id=101))
-
-
-def page(instances, next_token=None, total=None):
-    return {
-        "json": {
-            "instances": instances,
-            "instances_found": len(instances),
-            "total_instances": len(instances) if total is None else total,
-            "next_token": next_token,
-        }
-    }
 
 
 # --- The pure retry decisions ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from http.client import RemoteDisconnected
 
 import pytest
 import requests
-from hook_fakes import API_KEY, AUTH_HEADER, HOOK_LOGGER, methods_and_paths, methods_and_urls, url
+from hook_fakes import API_KEY, AUTH_HEADER, HOOK_LOGGER, methods_and_paths, methods_and_urls, page, url
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError
 
 from airflow_gpumarket import api, job_logs
@@ -58,17 +58,6 @@ def ok(json) -> dict:
 
 def fail(status: int, msg: str = "try later", **headers) -> dict:
     return {"status_code": status, "json": {"error": "x", "msg": msg}, "headers": headers}
-
-
-def page(instances, next_token=None, total=None):
-    return {
-        "json": {
-            "instances": instances,
-            "instances_found": len(instances),
-            "total_instances": len(instances) if total is None else total,
-            "next_token": next_token,
-        }
-    }
 
 
 # --- Reads ---------------------------------------------------------------------------------------------------

@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from hook_fakes import API_KEY, AUTH_HEADER, BASE_URL, methods_and_urls, url
+from hook_fakes import API_KEY, AUTH_HEADER, BASE_URL, methods_and_urls, page, query, run, url
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import (
@@ -60,21 +59,6 @@ BACKUP_CODES = [f"bkp-{i:02d}-x7y8z9" for i in range(10)]
 V1 = url(api.PATH_INSTANCES_V1)
 V0 = url(api.PATH_INSTANCES)
 AUTH_404 = {"status_code": 404, "json": {"error": "auth_error", "msg": "Invalid user key"}}
-
-
-def page(instances, next_token=None, total=None):
-    return {
-        "json": {
-            "instances": instances,
-            "instances_found": len(instances),
-            "total_instances": len(instances) if total is None else total,
-            "next_token": next_token,
-        }
-    }
-
-
-def query(request) -> dict[str, str]:
-    return {k: v[0] for k, v in parse_qs(urlsplit(request.url).query).items()}
 
 
 def assert_sent(mocker, method: str, path: str, body=NO_BODY) -> None:
@@ -445,38 +429,6 @@ def test_backup_codes_are_masked_when_received(requests_mock, hook, masked):
 
 # --- GpuMarketAsyncHook: same wire format, results and retry rules as the sync hook ----------------------------
 @pytest.fixture
-def server(monkeypatch):
-    """Answers the async hook's requests from a queue of (method, path) -> list of httpx.Response, recording
-    every request."""
-
-    class Server:
-        def __init__(self) -> None:
-            self.routes: dict[tuple[str, str], list] = {}
-            self.requests: list[httpx.Request] = []
-
-        def add(self, method: str, path: str, *responses: httpx.Response | Exception) -> None:
-            self.routes.setdefault((method, path), []).extend(responses)
-
-        def handler(self, request: httpx.Request) -> httpx.Response:
-            self.requests.append(request)
-            queue = self.routes.get((request.method, request.url.path))
-            assert queue, f"unexpected request {request.method} {request.url}"
-            answer = queue.pop(0) if len(queue) > 1 else queue[0]
-            if isinstance(answer, Exception):
-                raise answer
-            return answer
-
-    srv = Server()
-    real_client = httpx.AsyncClient
-
-    def client_with_mock_transport(*args, **kwargs):
-        return real_client(*args, transport=httpx.MockTransport(srv.handler), **kwargs)
-
-    monkeypatch.setattr(httpx, "AsyncClient", client_with_mock_transport)
-    return srv
-
-
-@pytest.fixture
 def async_sleeps(monkeypatch) -> list[float]:
     """The waits the async hook asks for (recorded, never slept); a recorded wait moves the budget pacer's clock."""
     import time
@@ -502,20 +454,6 @@ def async_sleeps(monkeypatch) -> list[float]:
     monkeypatch.setattr(asyncio, "sleep", fake_sleep)
     monkeypatch.setattr("airflow_gpumarket.pacing.time", PacerClock())
     return recorded
-
-
-def run(coro_fn):
-    """Run ``coro_fn(hook)`` on a fresh async hook, closing its client afterwards."""
-
-    async def main():
-        hook = GpuMarketAsyncHook()
-        await hook.asettings()
-        try:
-            return await coro_fn(hook)
-        finally:
-            await hook.aclose()
-
-    return asyncio.run(main())
 
 
 def test_async_get_instance_path_headers_and_unwrap(server):

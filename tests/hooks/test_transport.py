@@ -3,18 +3,15 @@ one (timeouts, TLS, redirects, idle connections), and transport failures."""
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 import requests
-from hook_fakes import API_KEY, AUTH_HEADER, BASE_URL, url
+from hook_fakes import API_KEY, AUTH_HEADER, BASE_URL, run, url
 
 from airflow_gpumarket.exceptions import (
     GpuMarketError,
     GpuMarketTransportError,
 )
-from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
 
 INSTANCES = url("/api/v1/instances/")
 
@@ -63,52 +60,6 @@ def test_one_session_per_hook_with_tls_verification_on(requests_mock, hook):
     assert hook.session.verify is True
     # requests may swap True for the CA bundle named by REQUESTS_CA_BUNDLE; verification stays on either way.
     assert all(r.verify not in (False, None) for r in requests_mock.request_history)
-
-
-@pytest.fixture
-def server(monkeypatch):
-    """Answers the async hook's requests from a queue of (method, path) -> list of httpx.Response, recording
-    every request."""
-
-    class Server:
-        def __init__(self) -> None:
-            self.routes: dict[tuple[str, str], list] = {}
-            self.requests: list[httpx.Request] = []
-
-        def add(self, method: str, path: str, *responses: httpx.Response | Exception) -> None:
-            self.routes.setdefault((method, path), []).extend(responses)
-
-        def handler(self, request: httpx.Request) -> httpx.Response:
-            self.requests.append(request)
-            queue = self.routes.get((request.method, request.url.path))
-            assert queue, f"unexpected request {request.method} {request.url}"
-            answer = queue.pop(0) if len(queue) > 1 else queue[0]
-            if isinstance(answer, Exception):
-                raise answer
-            return answer
-
-    srv = Server()
-    real_client = httpx.AsyncClient
-
-    def client_with_mock_transport(*args, **kwargs):
-        return real_client(*args, transport=httpx.MockTransport(srv.handler), **kwargs)
-
-    monkeypatch.setattr(httpx, "AsyncClient", client_with_mock_transport)
-    return srv
-
-
-def run(coro_fn):
-    """Run ``coro_fn(hook)`` on a fresh async hook, closing its client afterwards."""
-
-    async def main():
-        hook = GpuMarketAsyncHook()
-        await hook.asettings()
-        try:
-            return await coro_fn(hook)
-        finally:
-            await hook.aclose()
-
-    return asyncio.run(main())
 
 
 # --- httpx, for the async hook ---------------------------------------------------------------------------------
