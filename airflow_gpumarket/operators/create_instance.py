@@ -42,9 +42,6 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
     def _should_wait(self) -> bool:
         return self.wait_for_running
 
-    def _lease_seconds(self) -> float:
-        return self.lease  # type: ignore[return-value]
-
     def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
         if event is not None and lifecycle.event_kind(event) is not lifecycle.EventKind.REACHED:
             raise AirflowException(lifecycle.describe_event(event, rental.instance_id))

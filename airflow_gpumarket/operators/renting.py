@@ -162,6 +162,10 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     _hands_over_its_instance = False
     #: Waits for a job to end (``lifecycle.WAIT_JOB``) rather than for a status (``lifecycle.WAIT_STATUS``).
     _waits_for_job = False
+    #: What each operator sets: a created instance's lease, or a job's time limit and the lease kept ahead of it.
+    lease: float | None = None
+    max_runtime: float | None = None
+    keepalive: float | None = None
     #: The current try's guard, set by ``execute`` and ``execute_complete``.
     _guard: RentalGuard | None = None
     _started_at: float | None = None
@@ -512,8 +516,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         guard = self._guard
         assert guard is not None
         created_at = time.time()
-        keepalive = self._keepalive_seconds()
-        lease = self._lease_seconds() if keepalive is None else min(keepalive, self._lease_seconds())
+        lease = self._lease_seconds() if self.keepalive is None else min(self.keepalive, self._lease_seconds())
         label = lifecycle.make_label(guard.key, created_at + lease)
         body = self._creation_body(
             label=label, base_url=self.hook.settings.base_url, bid=bid, preemptions=attempts.preemptions
@@ -595,7 +598,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             deadline=deadline,
             max_runtime=max_runtime,
             label=rental.label,
-            keepalive=self._keepalive_seconds(),
+            keepalive=self.keepalive,
             lease_cap=rental.lease_cap,
         )
 
@@ -824,19 +827,23 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     def _lease_seconds(self) -> float:
         """The whole lease: how long after creation the reaper may destroy the instance at the latest."""
-        raise NotImplementedError
-
-    def _keepalive_seconds(self) -> float | None:
-        """How far ahead the lease is kept while this task watches, or None for the whole lease at once."""
-        return None
+        if self.max_runtime is not None:
+            return self.boot_timeout + self.max_runtime + JOB_LEASE_MARGIN_SECONDS
+        assert self.lease is not None  # set by every operator that rents without a job's time limit
+        return self.lease
 
     def _limits(self, rental: lifecycle.Rental) -> tuple[float | None, float | None]:
         """The wait's absolute deadline (epoch seconds) and max_runtime (seconds from the job's start), if any."""
-        return None, None
+        if self.max_runtime is None:
+            return None, None
+        return rental.created_at + self.boot_timeout + self.max_runtime, self.max_runtime
 
     def _stops_on_success(self) -> bool:
-        """Whether the job wrapper stops the instance after exit 0 (else it destroys it)."""
-        return False
+        """Whether the job wrapper stops the instance after exit 0, so its log's end is read before the destroy.
+
+        With ``log_interval=0`` nothing reads the log, and the wrapper destroys the instance itself.
+        """
+        return self._waits_for_job and self.log_interval > 0
 
     def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
         """What the task returns, or the failure it raises, once the wait ended with ``event`` (None: no wait)."""

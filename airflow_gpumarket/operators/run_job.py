@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.operators.failures import GpuMarketJobFailed
-from airflow_gpumarket.operators.renting import JOB_LEASE_MARGIN_SECONDS, KEEPALIVE_POLLS, GpuMarketRentingBaseOperator
+from airflow_gpumarket.operators.renting import KEEPALIVE_POLLS, GpuMarketRentingBaseOperator
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
@@ -58,22 +58,6 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                 f"is {self.keepalive:g} s, shorter than {KEEPALIVE_POLLS} poll intervals; the lease could run out "
                 "between two reads. Make it longer, or None for one lease covering the whole job",
             )
-
-    def _lease_seconds(self) -> float:
-        return self.boot_timeout + self.max_runtime + JOB_LEASE_MARGIN_SECONDS
-
-    def _keepalive_seconds(self) -> float | None:
-        return self.keepalive
-
-    def _limits(self, rental: lifecycle.Rental) -> tuple[float | None, float | None]:
-        return rental.created_at + self.boot_timeout + self.max_runtime, self.max_runtime
-
-    def _stops_on_success(self) -> bool:
-        """Whether the wrapper stops the instance after exit 0, so its log's end is read before the destroy.
-
-        With ``log_interval=0`` nothing reads the log and the wrapper destroys the instance itself.
-        """
-        return self.log_interval > 0
 
     def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
         assert event is not None and self._guard is not None  # a job is always waited for
