@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install lint typecheck test test-fast test-airflow2 test-wheel demo demo-airflow2 docs bench chaos system ui-test fleet system-airflow2 system-airflow32 services browser clean
+.PHONY: install lint typecheck test test-fast test-airflow3 test-airflow2 test-wheel demo demo-airflow2 docs bench chaos system ui-test fleet system-airflow2 system-airflow32 services browser clean
 
 # The main environment: the Airflow that `make demo`, `make system` and `make chaos` run, and the first leg of the
 # tests. The second leg runs the same tests on the newest Airflow 2.11.x, in a virtual environment of its own.
@@ -49,8 +49,12 @@ typecheck: install
 	$(BIN)/mypy airflow_gpumarket
 	$(BIN)/mypy simulator/gpumarket_simulator
 
-# Day-to-day: lint, types and the suite on Airflow 3.3.2 only.
-test-fast: lint typecheck bench-quick
+# Day-to-day: lint, types and the suite on Airflow 3.3.2 only. The benchmarks' smoke run goes on beside the suite
+# (it mostly waits on its simulators); each prints its output whole when it ends.
+test-fast: lint typecheck
+	$(MAKE) --no-print-directory -j2 --output-sync=target bench-quick test-airflow3
+
+test-airflow3: install
 	@echo "== tests on Airflow $(AIRFLOW3)"
 	$(BIN)/pytest
 
@@ -79,7 +83,9 @@ test-wheel: install
 	cd $(WHEEL_DIR)/run && GPUMARKET_DEMO_HOME=$(CURDIR)/$(WHEEL_DIR)/home PYTHONSAFEPATH=1 \
 		../venv/bin/python $(CURDIR)/scripts/demo.py
 
-test: test-fast test-airflow2 test-wheel
+# The 2.11 leg and the wheels' check run side by side, after the first leg.
+test: test-fast
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-airflow2 test-wheel
 
 demo: install
 	$(BIN)/python scripts/demo.py
