@@ -216,3 +216,16 @@ def page(instances, next_token=None, total=None):
 def query(request) -> dict[str, str]:
     """A request's query parameters, one value each."""
     return {k: v[0] for k, v in parse_qs(urlsplit(request.url).query).items()}
+
+
+def async_hook(monkeypatch, handler):
+    """An async hook whose requests ``handler`` answers (httpx's MockTransport)."""
+    monkeypatch.setenv("AIRFLOW_CONN_GPUMARKET_DEFAULT", conn_json())
+    hook = GpuMarketAsyncHook()
+    real = httpx.AsyncClient
+
+    def client(**kwargs):
+        return real(transport=httpx.MockTransport(handler), **kwargs)
+
+    monkeypatch.setattr(httpx, "AsyncClient", client)
+    return hook

@@ -11,7 +11,7 @@ import json
 
 import httpx
 import pytest
-from hook_fakes import conn_json, methods_and_paths, page, query, url
+from hook_fakes import async_hook, methods_and_paths, page, query, url
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import (
@@ -122,20 +122,6 @@ def test_live_list_bad_key_404_auth_error_is_an_auth_error_not_a_fallback(reques
 
 
 # --- the async twin ----------------------------------------------------------------------------------------
-def _async_hook(monkeypatch, handler):
-    from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
-
-    monkeypatch.setenv("AIRFLOW_CONN_GPUMARKET_DEFAULT", conn_json())
-    hook = GpuMarketAsyncHook()
-    real = httpx.AsyncClient
-
-    def client(**kwargs):
-        return real(transport=httpx.MockTransport(handler), **kwargs)
-
-    monkeypatch.setattr(httpx, "AsyncClient", client)
-    return hook
-
-
 def test_async_live_list_follows_pages_and_falls_back_to_v0(monkeypatch):
     seen: list[str] = []
 
@@ -147,7 +133,7 @@ def test_async_live_list_follows_pages_and_falls_back_to_v0(monkeypatch):
             return httpx.Response(200, json={"instances": [{"id": 1}], "next_token": "t1"})
         return httpx.Response(404, json={"error": "not_found"})
 
-    hook = _async_hook(monkeypatch, handler)
+    hook = async_hook(monkeypatch, handler)
 
     async def run():
         await hook.asettings()
@@ -169,7 +155,7 @@ def test_async_spec_only_server_falls_back_to_v0(monkeypatch):
             return httpx.Response(200, json={"instances": None})
         return httpx.Response(405, json={"error": "method_not_allowed"})
 
-    hook = _async_hook(monkeypatch, handler)
+    hook = async_hook(monkeypatch, handler)
 
     async def run():
         await hook.asettings()

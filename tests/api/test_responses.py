@@ -8,7 +8,7 @@ import asyncio
 
 import httpx
 import pytest
-from hook_fakes import conn_json, url
+from hook_fakes import async_hook, url
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import (
@@ -403,7 +403,7 @@ def test_async_live_bad_key_on_destroy_is_an_auth_error(monkeypatch):
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(404, json={"error": "auth_error", "msg": "Invalid user key"})
 
-    hook = _async_hook(monkeypatch, handler)
+    hook = async_hook(monkeypatch, handler)
 
     async def run():
         await hook.asettings()
@@ -417,20 +417,6 @@ def test_async_live_bad_key_on_destroy_is_an_auth_error(monkeypatch):
 
 
 # --- the async twin ----------------------------------------------------------------------------------------
-def _async_hook(monkeypatch, handler):
-    from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
-
-    monkeypatch.setenv("AIRFLOW_CONN_GPUMARKET_DEFAULT", conn_json())
-    hook = GpuMarketAsyncHook()
-    real = httpx.AsyncClient
-
-    def client(**kwargs):
-        return real(transport=httpx.MockTransport(handler), **kwargs)
-
-    monkeypatch.setattr(httpx, "AsyncClient", client)
-    return hook
-
-
 # --- The pure helpers ------------------------------------------------------------------------------------------
 def test_raise_for_response_returns_the_body_of_a_success():
     assert api.raise_for_response("op", 200, {"success": True, "x": 1}) == {"success": True, "x": 1}
