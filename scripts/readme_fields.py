@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from airflow_gpumarket import api
-from airflow_gpumarket.operators.renting import CREATION_DEFAULTS
+from airflow_gpumarket.creation import CREATION_DEFAULTS
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "creation-fields.md"
 START, END = "<!-- creation fields: written by scripts/readme_fields.py -->", "<!-- end of creation fields -->"

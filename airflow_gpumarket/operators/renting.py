@@ -1,6 +1,6 @@
 """The renting mechanism that ``GpuMarketCreateInstanceOperator`` and ``GpuMarketRunJobOperator`` share.
 
-Read top to bottom: the create body, validation, offers, then ``_run``: one loop over offers and preemptions that
+Read top to bottom: validation, the create body (``creation``), offers, then ``_run``: one loop over offers and preemptions that
 rents, waits (in the worker, or deferred to the triggerer) and judges how the wait ended. The operator holds its
 parts: a ``RentalGuard`` destroys what the task rented on every failure path, a ``bidding.BidPolicy`` answers what
 a preemption leads to, and a ``waiting.Wait`` takes each read of the instance.
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, bidding
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout
+from airflow_gpumarket.creation import TYPED_FIELDS, creation_body, creation_fields
 from airflow_gpumarket.exceptions import (
     GpuMarketCreateRefusedError,
     GpuMarketError,
@@ -43,62 +44,6 @@ else:  # what only a running task needs: not imported when a DAG file is parsed
 JOB_LEASE_MARGIN_SECONDS = 15 * 60
 #: A kept-alive lease spans at least this many poll intervals, so a renewal always comes before it runs out.
 KEEPALIVE_POLLS = 3
-#: Creation fields whose templated (Jinja) value cannot be checked before rendering (plain text fields can).
-TYPED_FIELDS = tuple(field.name for field in api.CREATION_FIELDS if not field.text)
-#: What the renting operators send unless told otherwise: a taken offer then fails at once and the next is tried.
-CREATION_DEFAULTS: Mapping[str, Any] = {"cancel_unavail": True}
-
-
-def creation_fields(
-    instance: Mapping[str, Any] | None, named: Mapping[str, Any], *, command: str | None = None
-) -> dict[str, Any]:
-    """The creation fields sent: ``CREATION_DEFAULTS``, then the ``instance`` dict, then the fields given by name.
-
-    A ``command`` stands for ``onstart`` (the provider writes the script) and makes ``runtype`` default to
-    ``ssh_proxy``. Values may still be Jinja or an upstream task's output; they are checked once rendered.
-    """
-    if instance is None:
-        instance = {}
-    if not isinstance(instance, Mapping):
-        raise GpuMarketValidationError(
-            "instance",
-            f"must be a dict of the spec's creation fields, e.g. {{'image': 'pytorch/pytorch', 'disk': 40}}; got "
-            f"{type(instance).__name__} (a field's value may be templated, the dict itself may not)",
-        )
-    if "label" in instance:
-        raise GpuMarketValidationError(
-            "instance", "has a 'label': the operator writes the label (it ties the instance to the task); remove it"
-        )
-    api.check_creation_field_names(instance)
-    fields = {**CREATION_DEFAULTS, **instance, **named}
-    if command is not None:
-        if fields.get("onstart") is not None:
-            raise GpuMarketValidationError("onstart", "give command (wrapped by the provider) or onstart, not both")
-        if fields.get("runtype") is None:
-            fields["runtype"] = "ssh_proxy"
-    return fields
-
-
-def creation_body(
-    fields: Mapping[str, Any],
-    *,
-    onstart: str | None,
-    label: str | None,
-    bid: float | None = None,
-    preemptions: int | None = None,
-) -> dict[str, Any]:
-    """The create request's body: the fields, the job's script and the bid.
-
-    With ``preemptions`` given, it also tells which run of an interruptible job this is.
-    """
-    fields = dict(fields)
-    if onstart is not None:
-        fields["onstart"] = onstart
-    if bid is not None:
-        fields["price"] = bid
-    if preemptions is not None:
-        fields["env"] = bidding.job_env(fields.get("env"), preemptions=preemptions)
-    return api.build_create_instance_body(label=label, **fields)
 
 
 class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
