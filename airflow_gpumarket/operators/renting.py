@@ -1,9 +1,9 @@
 """The renting mechanism that ``GpuMarketCreateInstanceOperator`` and ``GpuMarketRunJobOperator`` share.
 
-Read top to bottom: validation, the create body (``creation``), offers, then ``_run``: one loop over offers and preemptions that
-rents, waits (in the worker, or deferred to the triggerer) and judges how the wait ended. The operator holds its
-parts: a ``RentalGuard`` destroys what the task rented on every failure path, a ``bidding.BidPolicy`` answers what
-a preemption leads to, and a ``waiting.Wait`` takes each read of the instance.
+Read top to bottom: validation, the create body (``creation``), offers, then ``_run``: one loop over offers and
+preemptions that rents, waits (in the worker, or deferred to the triggerer) and judges how the wait ended. The
+operator holds its parts: a ``RentalGuard`` destroys what the task rented on every failure path, a
+``bidding.BidPolicy`` answers what a preemption leads to, and a ``waiting.Wait`` takes each read of the instance.
 """
 
 from __future__ import annotations
