@@ -23,7 +23,7 @@ class Observation:
     ``at`` is in epoch seconds.
     """
 
-    __slots__ = ("status", "gone", "error", "at", "bid", "min_bid")
+    __slots__ = ("status", "gone", "error", "at", "bid", "min_bid", "ssh_host")
 
     def __init__(
         self,
@@ -33,6 +33,7 @@ class Observation:
         at: float | None = None,
         bid: Any = None,
         min_bid: Any = None,
+        ssh_host: str | None = None,
     ) -> None:
         self.status = status
         self.gone = gone
@@ -40,13 +41,29 @@ class Observation:
         self.at = time.time() if at is None else at
         self.bid = bid
         self.min_bid = min_bid
+        self.ssh_host = ssh_host
 
     @classmethod
     def of(cls, instance: Mapping[str, Any], at: float) -> Observation:
         """What a read of ``instance`` at the service's time ``at`` learnt."""
         return cls(
-            status=instance.get("actual_status"), at=at, bid=instance.get("bid_price"), min_bid=instance.get("min_bid")
+            status=instance.get("actual_status"),
+            at=at,
+            bid=instance.get("bid_price"),
+            min_bid=instance.get("min_bid"),
+            ssh_host=instance.get("ssh_host"),
         )
+
+
+def read_flow(hook: Any, instance_id: int) -> Any:
+    """One read of the instance as an ``Observation``: its state, that it is gone, or the failure left after the
+    hook's retries."""
+    try:
+        instance = yield from hook.find_instance_flow(instance_id)
+    except GpuMarketError as exc:
+        return Observation(error=exc)
+    at = hook.service_now()
+    return Observation(gone=True, at=at) if instance is None else Observation.of(instance, at)
 
 
 def hold_bid_flow(hook: Any, instance_id: int, bid: float, min_bid: Any, cap: float, log: Any) -> Any:

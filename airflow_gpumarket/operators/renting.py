@@ -344,10 +344,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         with guard.on_failure():
             ti = context.get("ti") if isinstance(context, Mapping) else None
             adopted = guard.adopt(getattr(ti, "try_number", 1) or 1, waits_for_job=self._waits_for_job)
-            rental = None if adopted is None else self._rental_of(adopted)
-            if rental is not None and guard.recorder is not None:
-                guard.recorder.start(rental, handed_over=self._hands_over_its_instance)
-            if rental is not None:
+            rental = None
+            if adopted is not None:
+                rental = self._rental_of(adopted)
+                if guard.recorder is not None:
+                    guard.recorder.start(rental, handed_over=self._hands_over_its_instance)
                 guard.hold(rental)
             return self._run(context, rental, None)
 
@@ -608,20 +609,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         while True:
             time.sleep(self.poll_interval)  # right after creating (or a read) the answer cannot have changed yet
             guard.stop_if_killed(instance_id)
-            try:
-                instance = self.hook.find_instance(instance_id)
-            except GpuMarketError as exc:
-                if not api.is_retryable(exc):
-                    raise
-                instance, seen = None, waiting.Observation(error=exc)
-            else:
-                at = self.hook.service_now()
-                seen = (
-                    waiting.Observation(gone=True, at=at) if instance is None else waiting.Observation.of(instance, at)
-                )
+            seen = self.hook.run_flow(waiting.read_flow(self.hook, instance_id))
+            if seen.error is not None and not api.is_retryable(seen.error):
+                raise seen.error
             guard.stop_if_killed(instance_id)  # on_kill ran during the read: "gone" would not be the job's doing
-            if instance is not None:
-                rental.learn_ssh_host(instance.get("ssh_host"))
+            rental.learn_ssh_host(seen.ssh_host)
             now = time.time()
             event = self.hook.run_flow(wait.step(self.hook, seen, now))
             rental.relabel(watch.label)

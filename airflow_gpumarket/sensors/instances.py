@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api
 from airflow_gpumarket._compat import AirflowFailException, BaseSensorOperator
-from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
+from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.utils import (
     DEFAULT_DEFERRABLE,
     RunTimeModule,
@@ -114,15 +114,9 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         if self._wait is None:  # made at the first poke, once the fields are rendered
             watch = lifecycle.Watch(wait_for=self._wait_for, target_status=self.target_status)
             self._wait = waiting.Wait(watch, job_logs.LogPump(instance_id, self.log_interval), self.log)
-        try:
-            instance = self.hook.find_instance(instance_id)
-        except GpuMarketError as exc:
-            if not api.is_retryable(exc):
-                raise
-            seen = waiting.Observation(error=exc)
-        else:
-            at = self.hook.service_now()
-            seen = waiting.Observation.of(instance, at) if instance else waiting.Observation(gone=True, at=at)
+        seen = self.hook.run_flow(waiting.read_flow(self.hook, instance_id))
+        if seen.error is not None and not api.is_retryable(seen.error):
+            raise seen.error
         event = self.hook.run_flow(self._wait.step(self.hook, seen, time.time()))
         return event is not None and self._conclude(event)
 

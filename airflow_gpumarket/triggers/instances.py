@@ -10,7 +10,6 @@ from typing import Any
 
 from airflow_gpumarket import _compat, api, job_logs, lifecycle, waiting
 from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
-from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.triggers.poller import poller_for
 from airflow_gpumarket.waiting import Observation
 
@@ -151,13 +150,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         hook = self._hook()
         try:
             while True:
-                try:
-                    instance = await hook.find_instance(self.instance_id)
-                except GpuMarketError as exc:
-                    yield Observation(error=exc)
-                else:
-                    at = hook.service_now()
-                    yield (Observation(gone=True, at=at) if instance is None else Observation.of(instance, at))
+                yield await hook.run_flow(waiting.read_flow(hook, self.instance_id))
                 await asyncio.sleep(self.poll_interval)
         finally:
             await hook.aclose()

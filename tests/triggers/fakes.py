@@ -14,7 +14,7 @@ from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
 class FakeAsyncHook:
     """Answers from a script of statuses, one per round (an exception instance is raised).
 
-    The naive trigger reads with find_instance; the shared poller lists, and confirms a missing instance with
+    The naive trigger reads with find_instance_flow; the shared poller lists, and confirms a missing instance with
     get_instance.
     """
 
@@ -38,7 +38,7 @@ class FakeAsyncHook:
         self.reads += 1
         return self.script.pop(0) if len(self.script) > 1 else self.script[0]
 
-    async def get_instance(self, instance_id):
+    def _read(self, instance_id):
         if self._confirming is not None:
             item, self._confirming = self._confirming, None
         else:
@@ -47,11 +47,8 @@ class FakeAsyncHook:
             raise item
         return {"id": instance_id, "actual_status": item, **self.bids}
 
-    async def find_instance(self, instance_id):
-        try:
-            return await self.get_instance(instance_id)
-        except GpuMarketNotFoundError:
-            return None
+    async def get_instance(self, instance_id):
+        return self._read(instance_id)
 
     async def list_instances(self, *, ids=None, label=None):
         self.lists += 1
@@ -64,6 +61,13 @@ class FakeAsyncHook:
         return [{"id": 7, "actual_status": item, **self.bids}, {"id": 8, "actual_status": "running"}]
 
     # Flows, as the real hook's: answered at once, with nothing for the driver to send.
+    def find_instance_flow(self, instance_id):
+        try:
+            return self._read(instance_id)
+        except GpuMarketNotFoundError:
+            return None
+        yield
+
     def label_instance_flow(self, instance_id, label):
         self.labels.append((instance_id, label))
         return {"success": True}
