@@ -80,6 +80,13 @@ class GpuMarketCreateRefusedError(GpuMarketError):
         self.destroyed = destroyed
 
 
+class GpuMarketCopyRefusedError(GpuMarketError):
+    """Starting a copy (instance to instance, or with a cloud integration) answered ``success: false``.
+
+    ``msg`` holds the service's reason. Nothing was copied, so the call was not retried.
+    """
+
+
 class GpuMarketServerError(GpuMarketError):
     """5xx: the service failed; the request may be retried when that is safe."""
 

@@ -78,6 +78,17 @@ class PendingPriceIncreases(TypedDict, total=False):
     truncated: bool
 
 
+class CopyResult(TypedDict, total=False):
+    success: bool
+    msg: str  # the service's words; the copy itself runs on, shown only in the instance's status_msg
+
+
+class CloudIntegration(TypedDict, total=False):
+    id: int  # what a cloud copy's ``selected`` takes
+    cloud_type: str
+    name: str
+
+
 class LogRequestOptions(TypedDict, total=False):
     """How a log is asked for (``request_instance_logs``; defaults in ``hooks.core``).
 

@@ -4,6 +4,7 @@
 - ``validation``: checks of single values (each names the field and the fix);
 - ``fields``: request bodies and the creation-field tables they are built from;
 - ``responses``: reading answers and mapping error shapes to the provider's exceptions;
+- ``copies``: the copy endpoints' bodies, cloud integrations by name, a copy's progress as read;
 - ``listing``: the instance list's paging state machine;
 - ``retry``: request budgets, patience and the retry policy.
 
@@ -13,6 +14,16 @@ meant to be changed at run time (a test's shorter patience) is read, and patched
 
 from __future__ import annotations
 
+from airflow_gpumarket.api.copies import (
+    CopyProgress,
+    build_cancel_copy_body,
+    build_cloud_copy_body,
+    build_instance_copy_body,
+    copy_answer,
+    copy_progress,
+    require_integration_ref,
+    resolve_cloud_integration,
+)
 from airflow_gpumarket.api.fields import (
     CREATION_FIELD_NAMES,
     CREATION_FIELDS,
@@ -44,6 +55,7 @@ from airflow_gpumarket.api.paths import (
     API_V1_PREFIX,
     BODY_EXCERPT_CHARS,
     BOOTING_STATUSES,
+    CLOUD_COPY_FINISHED,
     ENDPOINT_STATES,
     FAILED_STATUSES,
     FILTER_OPERATORS,
@@ -59,6 +71,7 @@ from airflow_gpumarket.api.paths import (
     PATH_API_KEYS,
     PATH_CHANGE_BID,
     PATH_CLOUD_INTEGRATIONS,
+    PATH_COPY_DIRECT,
     PATH_CREATE_INSTANCE,
     PATH_DEPLOYMENTS,
     PATH_ENDPOINTS,
@@ -66,6 +79,7 @@ from airflow_gpumarket.api.paths import (
     PATH_INSTANCES,
     PATH_INSTANCES_V1,
     PATH_PENDING_PRICE_INCREASES,
+    PATH_RCLONE,
     PATH_REGEN_BACKUP_CODES,
     PATH_REQUEST_LOGS,
     PATH_SEARCH_OFFERS,
@@ -79,11 +93,15 @@ from airflow_gpumarket.api.paths import (
     TARGET_STATES,
     TFA_METHODS,
     TFA_METHODS_NEEDING_SECRET,
+    TRANSFER_FROM_CLOUD,
+    TRANSFER_TO_CLOUD,
+    TRANSFERS,
     is_booting,
     will_never_run,
 )
 from airflow_gpumarket.api.responses import (
     AUTH_ERRORS,
+    COPY_START_OPERATIONS,
     QUOTA_ERRORS,
     decode_body,
     expect_list,
@@ -123,12 +141,15 @@ from airflow_gpumarket.api.validation import (
     require_bool,
     require_choice,
     require_image_login,
+    require_instance_path,
+    require_integration_path,
     require_non_negative_int,
     require_non_negative_number,
     require_positive_int,
     require_positive_number,
     require_string,
     require_text,
+    validate_copy_flags,
     validate_env,
     validate_onstart,
     validate_order,

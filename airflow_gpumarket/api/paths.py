@@ -25,6 +25,12 @@ PATH_INSTANCES_V1 = f"{API_V1_PREFIX}/instances/"
 PATH_REQUEST_LOGS = f"{API_PREFIX}/instances/request_logs/{{instance_id}}/"
 #: Not in the spec: the live service's change of an interruptible instance's bid (what ``vastai change bid`` calls).
 PATH_CHANGE_BID = f"{API_PREFIX}/instances/bid_price/{{instance_id}}/"
+#: Not in the spec: the live service's instance-to-instance copy (PUT starts one, DELETE cancels those into
+#: ``dst_id``), as ``vastai copy`` and ``vastai cancel copy`` call it.
+PATH_COPY_DIRECT = f"{API_PREFIX}/commands/copy_direct/"
+#: Not in the spec: the live service's copy between an instance and the user's cloud integration (POST starts one,
+#: DELETE cancels), as ``vastai cloud copy`` calls it.
+PATH_RCLONE = f"{API_PREFIX}/commands/rclone/"
 
 # Enums.
 RUNTYPES = ("ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args")
@@ -36,6 +42,12 @@ ORDER_DIRECTIONS = ("asc", "desc")
 ENDPOINT_STATES = ("active", "suspended", "stopped")
 TFA_METHODS = ("sms", "totp", "email")
 TFA_METHODS_NEEDING_SECRET = ("sms", "email")
+#: A cloud copy's ``transfer``: which way the files go (the official CLI's exact words).
+TRANSFER_TO_CLOUD = "Instance To Cloud"
+TRANSFER_FROM_CLOUD = "Cloud To Instance"
+TRANSFERS = (TRANSFER_TO_CLOUD, TRANSFER_FROM_CLOUD)
+#: What an instance's ``status_msg`` says when a cloud copy ended (the official CLI's words; about 30 s late).
+CLOUD_COPY_FINISHED = "Cloud Copy Operation Finished"
 # Instance actual_status values. None means "being provisioned".
 STATUS_LOADING = "loading"
 STATUS_RUNNING = "running"

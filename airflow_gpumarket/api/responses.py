@@ -19,6 +19,7 @@ from airflow_gpumarket.api.retry import MAX_RETRY_AFTER_SECONDS
 from airflow_gpumarket.api.validation import is_positive_int
 from airflow_gpumarket.exceptions import (
     GpuMarketAuthError,
+    GpuMarketCopyRefusedError,
     GpuMarketCreateRefusedError,
     GpuMarketError,
     GpuMarketNotFoundError,
@@ -84,6 +85,8 @@ def is_auth_error(error: str | None, msg: str | None) -> bool:
     return (error or "").lower() in AUTH_ERRORS or any(p in words for p in _AUTH_PHRASES)
 
 
+#: Operations whose ``success: false`` is a refusal to start a copy (``GpuMarketCopyRefusedError``).
+COPY_START_OPERATIONS = ("start_instance_copy", "start_cloud_copy")
 _UNAVAILABLE_WORDS = ("unavail", "not available", "no longer", "rented", "taken", "no_such_ask")
 
 
@@ -123,6 +126,12 @@ def raise_for_response(
                     f"create_instance failed: the service answered success=false, yet made instance {contract} "
                     f"(stopped; a bid below the machine's minimum does this).{said}",
                     new_contract=contract,
+                    **kwargs,
+                )
+            if operation in COPY_START_OPERATIONS:
+                raise GpuMarketCopyRefusedError(
+                    f"{operation} was refused: the service answered success=false and copies nothing.{said} Check "
+                    "that the instances and the integration exist and are yours, and the paths.",
                     **kwargs,
                 )
             raise GpuMarketError(f"{operation} failed: the service answered success=false.{said}", **kwargs)

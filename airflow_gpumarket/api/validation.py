@@ -208,3 +208,57 @@ def validate_volume_info(volume_info: Any) -> None:
         raise GpuMarketValidationError(
             "volume_info.mount_path", f"must be an absolute path like '/workspace/data', got {mount_path!r}"
         )
+
+
+def _require_plain_path(field: str, path: str) -> None:
+    if "\0" in path:
+        raise GpuMarketValidationError(field, "contains a NUL character; remove it from the path")
+    if ".." in path.split("/"):
+        raise GpuMarketValidationError(
+            field, f"must not contain '..' components, got {path!r}; write the path the copy should reach directly"
+        )
+
+
+def require_instance_path(field: str, path: Any) -> None:
+    """An absolute path on an instance (``/workspace/out/``), without ``..`` components or NUL.
+
+    The path is sent as given: a trailing ``/`` keeps whatever meaning the service's copy gives it.
+    """
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise GpuMarketValidationError(
+            field, f"must be an absolute path on the instance like '/workspace/out/', got {path!r}"
+        )
+    _require_plain_path(field, path)
+
+
+def require_integration_path(field: str, path: Any) -> None:
+    """A non-empty path in a cloud integration's storage (``my-bucket/checkpoints``), without ``..`` or NUL.
+
+    A leading ``/`` is allowed and sent unchanged, not stripped: the official CLI's own examples send ``/folder``,
+    and whether it names the storage's root is the storage backend's reading, not the client's.
+    """
+    if not isinstance(path, str) or not path.strip():
+        raise GpuMarketValidationError(
+            field,
+            f"must be a non-empty path in the cloud integration's storage like 'my-bucket/checkpoints', got {path!r}",
+        )
+    _require_plain_path(field, path)
+
+
+def validate_copy_flags(flags: Any, field: str = "flags") -> list[str]:
+    """Extra rclone flags of a cloud copy (``["--size-only"]``): a list of strings, each one ``--`` option."""
+    if isinstance(flags, str) or not isinstance(flags, list | tuple):
+        raise GpuMarketValidationError(field, f"must be a list of flags like ['--size-only'], got {flags!r}")
+    for flag in flags:
+        if (
+            not isinstance(flag, str)
+            or not flag.startswith("--")
+            or len(flag) < 3
+            or any(c.isspace() or c == "\0" for c in flag)
+        ):
+            raise GpuMarketValidationError(
+                field,
+                f"each flag must be one string starting with '--' like '--size-only' (a value joined by '='), "
+                f"got {flag!r}",
+            )
+    return list(flags)
