@@ -15,7 +15,7 @@ import contextlib
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from functools import cached_property
@@ -537,3 +537,47 @@ class _GpuMarketHookBase(BaseHook):
 
     def list_pending_price_increases_flow(self) -> Flow[types.PendingPriceIncreases]:
         return (yield from self._call_flow("list_pending_price_increases", "GET", api.PATH_PENDING_PRICE_INCREASES))
+
+    # --- copies: started from the worker; their progress is read from the instance (``api.copy_progress``) --------
+    def start_instance_copy_flow(
+        self, src_id: int, dst_id: int, src_path: str, dst_path: str
+    ) -> Flow[types.CopyResult]:
+        """Start a copy between two instances (see ``GpuMarketHook.start_instance_copy``).
+
+        Retried as reads are: a copy is not idempotent on the wire, but one sent twice converges to the same files.
+        """
+        body = api.build_instance_copy_body(src_id, dst_id, src_path, dst_path)
+        answer = yield from self._call_flow(
+            "start_instance_copy", "PUT", api.PATH_COPY_DIRECT, body, retryable=api.is_retryable
+        )
+        return api.copy_answer("start_instance_copy", answer)
+
+    def cancel_instance_copy_flow(self, dst_id: int) -> Flow[types.CopyResult]:
+        body = api.build_cancel_copy_body(dst_id, "dst_id")
+        answer = yield from self._call_flow("cancel_instance_copy", "DELETE", api.PATH_COPY_DIRECT, body)
+        return api.copy_answer("cancel_instance_copy", answer)
+
+    def start_cloud_copy_flow(
+        self,
+        instance_id: int,
+        integration_id: int,
+        *,
+        src: str,
+        dst: str,
+        transfer: str,
+        flags: Sequence[str] = (),
+    ) -> Flow[types.CopyResult]:
+        """Start a copy between an instance and a cloud integration (see ``GpuMarketHook.start_cloud_copy``).
+
+        Retried as reads are, for the reason ``start_instance_copy_flow`` gives.
+        """
+        body = api.build_cloud_copy_body(instance_id, integration_id, src=src, dst=dst, transfer=transfer, flags=flags)
+        answer = yield from self._call_flow(
+            "start_cloud_copy", "POST", api.PATH_RCLONE, body, retryable=api.is_retryable
+        )
+        return api.copy_answer("start_cloud_copy", answer)
+
+    def cancel_cloud_copy_flow(self, instance_id: int) -> Flow[types.CopyResult]:
+        body = api.build_cancel_copy_body(instance_id, "instance_id")
+        answer = yield from self._call_flow("cancel_cloud_copy", "DELETE", api.PATH_RCLONE, body)
+        return api.copy_answer("cancel_cloud_copy", answer)

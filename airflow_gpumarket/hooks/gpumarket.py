@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -33,8 +33,9 @@ class GpuMarketHook(_GpuMarketHookBase):
     :param gpumarket_conn_id: connection of type ``gpumarket``: host = base URL, password = API key, extras =
         ``timeout``, ``max_retries``, ``retry_min_wait``, ``retry_max_wait``, ``ca_bundle``.
 
-    Reads, stop and destroy are retried on 429 (honouring Retry-After), 5xx and connection errors. Creating an
-    instance is never re-sent blindly: see :meth:`create_instance`. Results are plain JSON dicts and lists.
+    Reads, stop, destroy and starting or cancelling a copy are retried on 429 (honouring Retry-After), 5xx and
+    connection errors (a copy sent twice converges to the same files). Creating an instance is never re-sent
+    blindly: see :meth:`create_instance`. Results are plain JSON dicts and lists.
     """
 
     @classmethod
@@ -285,6 +286,77 @@ class GpuMarketHook(_GpuMarketHookBase):
     def list_cloud_integrations(self) -> list[dict[str, Any]]:
         result = self._call("list_cloud_integrations", "GET", api.PATH_CLOUD_INTEGRATIONS)
         return api.expect_list("list_cloud_integrations", result, None)
+
+    def cloud_integration(self, name_or_id: str | int) -> types.CloudIntegration:
+        """The cloud integration (``id``, ``cloud_type``, ``name``) a name or id picks, for :meth:`start_cloud_copy`.
+
+        An int or a string of digits matches the ``id``, anything else the exact ``name``.
+
+        :param name_or_id: the integration's name or id, as the console shows them.
+        :raises GpuMarketValidationError: ``cloud_integration`` when none matches (the message lists those there are)
+            or several share the name (pass the id).
+        """
+        api.require_integration_ref(name_or_id)
+        return api.resolve_cloud_integration(self.list_cloud_integrations(), name_or_id)
+
+    # --- copies: asynchronous on the service; read progress with ``api.copy_progress(instance["status_msg"])`` ----
+    def start_instance_copy(self, src_id: int, dst_id: int, src_path: str, dst_path: str) -> types.CopyResult:
+        """Start copying ``src_path`` of instance ``src_id`` to ``dst_path`` of instance ``dst_id``.
+
+        Sends ``PUT /api/v0/commands/copy_direct/`` (live service; not in the spec). The copy runs on after the call
+        answers, from a stopped instance too; its progress shows only in the destination's ``status_msg``, about
+        30 s late. Retried after 429, 5xx and connection errors: a copy sent twice converges to the same files.
+
+        :param src_id: the instance copied from.
+        :param dst_id: the instance copied to.
+        :param src_path: absolute path on ``src_id`` (no ``..``).
+        :param dst_path: absolute path on ``dst_id`` (no ``..``).
+        :raises GpuMarketCopyRefusedError: the service answered ``success: false``; ``msg`` holds its reason.
+        """
+        return self.run_flow(self.start_instance_copy_flow(src_id, dst_id, src_path, dst_path))
+
+    def cancel_instance_copy(self, dst_id: int) -> types.CopyResult:
+        """Cancel every instance-to-instance copy into ``dst_id`` (``DELETE /api/v0/commands/copy_direct/``).
+
+        :param dst_id: the destination instance of the copies to cancel.
+        """
+        return self.run_flow(self.cancel_instance_copy_flow(dst_id))
+
+    def start_cloud_copy(
+        self,
+        instance_id: int,
+        integration_id: int,
+        *,
+        src: str,
+        dst: str,
+        transfer: str,
+        flags: Sequence[str] = (),
+    ) -> types.CopyResult:
+        """Start copying between instance ``instance_id`` and the cloud integration ``integration_id``.
+
+        Sends ``POST /api/v0/commands/rclone/`` (live service; not in the spec). The copy runs on after the call
+        answers; the instance's ``status_msg`` says ``api.CLOUD_COPY_FINISHED`` when it ended, about 30 s late.
+        Retried after 429, 5xx and connection errors, as :meth:`start_instance_copy` is.
+
+        :param instance_id: the instance copied from or to.
+        :param integration_id: the cloud integration's id (:meth:`cloud_integration` finds it by name).
+        :param src: with ``api.TRANSFER_TO_CLOUD`` an absolute path on the instance, else a path in the integration's
+            storage.
+        :param dst: the other side: a path in the integration's storage, or an absolute path on the instance.
+        :param transfer: ``api.TRANSFER_TO_CLOUD`` or ``api.TRANSFER_FROM_CLOUD``.
+        :param flags: extra rclone options, each a ``--`` string (``["--size-only"]``).
+        :raises GpuMarketCopyRefusedError: the service answered ``success: false``; ``msg`` holds its reason.
+        """
+        return self.run_flow(
+            self.start_cloud_copy_flow(instance_id, integration_id, src=src, dst=dst, transfer=transfer, flags=flags)
+        )
+
+    def cancel_cloud_copy(self, instance_id: int) -> types.CopyResult:
+        """Cancel the cloud copies of instance ``instance_id`` (``DELETE /api/v0/commands/rclone/``).
+
+        :param instance_id: the instance whose cloud copies to cancel (sent as ``dst_id``, as the CLI does).
+        """
+        return self.run_flow(self.cancel_cloud_copy_flow(instance_id))
 
     # --- Airflow connection test ---------------------------------------------------------------------
     def test_connection(self) -> tuple[bool, str]:
