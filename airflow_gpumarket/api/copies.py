@@ -140,6 +140,8 @@ _FAILED = re.compile(r"fail|error")
 _CANCELLED = re.compile(r"cancel")
 _COPY = re.compile(r"\bcop(?:y|ying|ied)\b|rclone|rsync|transfer|receiving|sending")
 _ENDED = re.compile(r"finish|complete|\bdone\b")
+#: A share under 100 % ("40% done") is a copy under way, whatever word follows it.
+_PARTIAL = re.compile(r"(?<![\d.])(?:\d|[1-9]\d)(?:\.\d+)?\s*%")
 
 
 def copy_progress(status_msg: str | None) -> CopyProgress:
@@ -147,10 +149,10 @@ def copy_progress(status_msg: str | None) -> CopyProgress:
 
     Read in this order, case ignored: ``FINISHED`` for ``CLOUD_COPY_FINISHED``; ``FAILED`` for "fail" or "error"
     (not "no errors"); ``CANCELLED`` for "cancel"; ``FINISHED`` for words of a copy that ended ("copy" with
-    "finished", "complete" or "done"); ``RUNNING`` for other words of a copy; ``UNKNOWN`` otherwise (nothing about a
-    copy, or no message). The service publishes only the cloud copy's end wording, and the message is about 30 s
-    late and overwritten by other news: callers must bound their waits and confirm the files arrived another way (a
-    listing, a checksum, a marker file).
+    "finished", "complete" or "done", and no share under 100 %); ``RUNNING`` for other words of a copy;
+    ``UNKNOWN`` otherwise (nothing about a copy, or no message). The service publishes only the cloud copy's end
+    wording, and the message is about 30 s late and overwritten by other news: callers must bound their waits and
+    confirm the files arrived another way (a listing, a checksum, a marker file).
     """
     text = (status_msg or "").lower()
     if CLOUD_COPY_FINISHED.lower() in text:
@@ -160,5 +162,6 @@ def copy_progress(status_msg: str | None) -> CopyProgress:
     if _CANCELLED.search(text):
         return CopyProgress.CANCELLED
     if _COPY.search(text):
-        return CopyProgress.FINISHED if _ENDED.search(text) else CopyProgress.RUNNING
+        ended = _ENDED.search(text) and not _PARTIAL.search(text)
+        return CopyProgress.FINISHED if ended else CopyProgress.RUNNING
     return CopyProgress.UNKNOWN
