@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket.api.paths import CLOUD_COPY_FINISHED, TRANSFER_TO_CLOUD, TRANSFERS
+from airflow_gpumarket.api.responses import redact
 from airflow_gpumarket.api.validation import (
     require_choice,
     require_instance_path,
@@ -92,11 +93,14 @@ def require_integration_ref(name_or_id: Any) -> None:
         )
 
 
-def resolve_cloud_integration(integrations: Iterable[Mapping[str, Any]], name_or_id: str | int) -> CloudIntegration:
+def resolve_cloud_integration(
+    integrations: Iterable[Mapping[str, Any]], name_or_id: str | int, *, secrets: Iterable[str | None] = ()
+) -> CloudIntegration:
     """The integration ``name_or_id`` names among ``integrations`` (``GET users/cloud_integrations``' records).
 
     An int, or a string of digits, matches ``id`` (then, when no id matches, a ``name`` of those digits); anything
-    else must match a ``name`` exactly.
+    else must match a ``name`` exactly. ``secrets`` (the API key) are replaced by ``***`` where the messages quote
+    ``name_or_id``.
 
     :raises GpuMarketValidationError: ("cloud_integration") when none matches (the message lists the names there
         are) or two share the name (then the id picks one).
@@ -114,12 +118,14 @@ def resolve_cloud_integration(integrations: Iterable[Mapping[str, Any]], name_or
     if matches:
         ids = ", ".join(str(r.get("id")) for r in matches)
         raise GpuMarketValidationError(
-            "cloud_integration", f"{len(matches)} integrations are named {wanted!r} (ids {ids}); pass the id instead"
+            "cloud_integration",
+            f"{len(matches)} integrations are named {redact(repr(wanted), secrets)} (ids {ids}); pass the id instead",
         )
     there = "; ".join(f"{r.get('name')!r} (id {r.get('id')}, {r.get('cloud_type')})" for r in records) or "none"
+    asked = redact(repr(name_or_id), secrets)
     raise GpuMarketValidationError(
         "cloud_integration",
-        f"the account has no cloud integration {name_or_id!r} (it has: {there}); pass one of these names or ids, "
+        f"the account has no cloud integration {asked} (it has: {there}); pass one of these names or ids, "
         "or add the integration in the console's cloud connections",
     )
 

@@ -297,7 +297,8 @@ class GpuMarketHook(_GpuMarketHookBase):
             or several share the name (pass the id).
         """
         api.require_integration_ref(name_or_id)
-        return api.resolve_cloud_integration(self.list_cloud_integrations(), name_or_id)
+        integrations = self.list_cloud_integrations()
+        return api.resolve_cloud_integration(integrations, name_or_id, secrets=(self.settings.api_key,))
 
     # --- copies: asynchronous on the service; read progress with ``api.copy_progress(instance["status_msg"])`` ----
     def start_instance_copy(self, src_id: int, dst_id: int, src_path: str, dst_path: str) -> types.CopyResult:
