@@ -28,8 +28,9 @@ import functools
 import re
 import secrets
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from airflow_gpumarket import api
+from airflow_gpumarket import api, staging
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -38,8 +39,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXIT_STATUS_LINE = "gpumarket: job exited with status {rc}"
 #: The line the wrapper prints before it runs the command.
 STARTED_LINE = "gpumarket: job started"
-# {url}, {delimiter}, {command}, {export_env}, {started_line}, {exit_line}, {tries} and {timeout} are filled in;
-# everything else is literal shell.
+# {url}, {delimiter}, {command}, {export_env}, {run}, {kill_writer}, {exit_line}, {tries} and {timeout} are filled
+# in; everything else is literal shell.
 #: Tries of the wrapper's own call that ends billing, and seconds each waits for an answer.
 END_BILLING_TRIES = 6
 END_BILLING_TIMEOUT_SECONDS = 30
@@ -49,15 +50,12 @@ _TEMPLATE = """#!/bin/sh
 # exit 0 -> stop this instance (destroy it when nobody reads its log); other exit status -> stop it.
 GPM_URL='{url}'"$CONTAINER_ID/"
 GPM_JOB="${{TMPDIR:-/tmp}}/gpumarket-job-$$.sh"
-trap 'rm -f "$GPM_JOB"' EXIT
+trap 'rm -f "$GPM_JOB"{kill_writer}' EXIT
 trap 'exit 143' HUP INT TERM
 cat > "$GPM_JOB" <<'{delimiter}'
 {command}
 {delimiter}
-{export_env}echo "{started_line}"
-sh "$GPM_JOB" 2>&1
-rc=$?
-rm -f "$GPM_JOB"
+{export_env}{run}rm -f "$GPM_JOB"
 echo "{exit_line}"
 if [ "$rc" -eq 0 ]; then {on_success}; else m=PUT; b='{{"state":"stopped"}}'; fi
 gpm_call() {{
@@ -83,6 +81,117 @@ exit "$rc"
 """
 
 
+#: How the wrapper runs the command when it stages nothing.
+_RUN = """echo "{started_line}"
+sh "$GPM_JOB" 2>&1
+rc=$?
+"""
+
+# Staging (see ``airflow_gpumarket.staging``): before the command, wait for what the provider copies in; keep a
+# manifest of the checkpoint directory (its files but hidden and *.tmp ones) while the command runs and at its end.
+_STAGED_RUN = """GPM_ROOT="${{GPUMARKET_INSTANCE_ROOT:-}}"
+GPM_S="$GPM_ROOT{state_dir}"
+mkdir -p "$GPM_S/gate" && echo gpumarket > "$GPM_S/gate/gate"
+export GPUMARKET_CHECKPOINT_DIR="$GPM_ROOT{checkpoint_dir}" GPUMARKET_RESUMED_FROM=
+GPM_CK="$GPUMARKET_CHECKPOINT_DIR"
+GPM_FROM='{restore_from}'
+GPM_GATED='{gated}'
+gpm_manifest() {{
+  [ -n '{checkpoint_dir}' ] || return 0
+  mkdir -p "$GPM_CK" && (cd "$GPM_CK" && find . -type f ! -name '.*' ! -name '*.tmp' | sed 's|^\\./||' | sort \
+    > {manifest}.t && mv -f {manifest}.t {manifest}) 2>/dev/null
+}}
+gpm_complete() {{
+  [ -f "$GPM_S/restore/{manifest}" ] || return 1
+  while IFS= read -r f; do [ -f "$GPM_S/restore/$f" ] || return 1; done < "$GPM_S/restore/{manifest}"
+}}
+gpm_rc=
+if [ -n "$GPM_FROM$GPM_GATED" ]; then
+  echo "gpumarket: waiting up to {timeout} s for the staged data${{GPM_FROM:+ (checkpoint from $GPM_FROM)}}"
+  i=0
+  while :; do
+    if [ -z "$GPM_GATED" ] || [ -f "$GPM_S/go/gate" ]; then
+      case "$GPM_FROM" in ""|cloud) [ -n "$GPM_GATED" ] && break ;; esac
+      gpm_complete && break
+    fi
+    i=$((i+1)); [ "$i" -ge {timeout} ] && break
+    sleep 1
+  done
+  if [ -n "$GPM_GATED" ] && [ ! -f "$GPM_S/go/gate" ]; then
+    echo "gpumarket: the staged data did not arrive within {timeout} s; the job does not start"; gpm_rc={failed}
+  elif [ -n "$GPM_FROM" ]; then
+    if gpm_complete; then
+      (cd "$GPM_S/restore" && while IFS= read -r f; do
+        mkdir -p "$GPM_CK/$(dirname "$f")" && cp -p "$f" "$GPM_CK/$f"; done < {manifest})
+      GPUMARKET_RESUMED_FROM='{resumed_from}'
+      echo "gpumarket: restored the checkpoint from $GPM_FROM ($(wc -l < "$GPM_S/restore/{manifest}") files)"
+    elif [ "$GPM_FROM" = cloud ] && [ -z "$(ls -A "$GPM_S/restore" 2>/dev/null)" ]; then
+      echo "gpumarket: no checkpoint at checkpoint_uri yet; the job starts from scratch"
+    elif [ '{policy}' = fail ]; then
+      echo "gpumarket: the checkpoint restore from $GPM_FROM did not complete; the job does not start (on_restore_failure='fail')"
+      gpm_rc={failed}
+    else
+      echo "gpumarket: the checkpoint restore from $GPM_FROM did not complete; the job starts from scratch (on_restore_failure='restart')"
+    fi
+  fi
+  rm -rf "$GPM_S/restore" "$GPM_S/go"
+fi
+if [ -z "$gpm_rc" ]; then
+  gpm_manifest
+  (while sleep {manifest_seconds}; do gpm_manifest; done) &
+  GPM_MW=$!
+  echo "{started_line}"
+  sh "$GPM_JOB" 2>&1
+  rc=$?
+  kill "$GPM_MW" 2>/dev/null
+  gpm_manifest
+else
+  rc=$gpm_rc
+fi
+"""
+#: Seconds between two manifests of the checkpoint directory while the command runs.
+MANIFEST_SECONDS = 5
+#: Characters an instance path may hold in the wrapper (it is quoted in the script).
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/@+=,:-]*$")
+
+
+@dataclass(frozen=True)
+class WrapperStaging:
+    """What the wrapper of one rental stages: its checkpoint directory, where a restore comes from, the gate.
+
+    ``restore_from``: ``""`` (nothing), ``"instance <id>"`` (a preempted instance) or ``"cloud"`` (checkpoint_uri).
+    """
+
+    checkpoint_dir: str | None
+    restore_from: str = ""
+    gated: bool = False
+    timeout: float = 0.0
+    on_restore_failure: str = "restart"
+
+    def shell(self, started_line: str) -> str:
+        if self.checkpoint_dir is not None and not _SAFE_PATH.match(self.checkpoint_dir):
+            raise GpuMarketValidationError(
+                "checkpoint_dir",
+                f"{self.checkpoint_dir!r} holds characters the job wrapper cannot quote; use letters, digits and ._/@+=,:-",
+            )
+        resumed_from = (
+            self.restore_from.split(" ", 1)[1] if self.restore_from.startswith("instance ") else self.restore_from
+        )
+        return _STAGED_RUN.format(
+            state_dir=staging.STATE_DIR,
+            checkpoint_dir=self.checkpoint_dir or "",
+            restore_from=self.restore_from,
+            resumed_from=resumed_from,
+            gated="1" if self.gated else "",
+            manifest=staging.MANIFEST_NAME,
+            timeout=max(1, int(self.timeout)),
+            failed=staging.STAGING_FAILED_STATUS,
+            policy=self.on_restore_failure,
+            manifest_seconds=MANIFEST_SECONDS,
+            started_line=started_line,
+        )
+
+
 #: What the wrapper does after exit 0: destroy the instance, or (``stop_on_success``) stop it so that its log can
 #: still be read (every line since the last read, the exit status, a Python job's return value) before the operator
 #: destroys it.
@@ -91,7 +200,12 @@ _STOP = 'm=PUT; b=\'{"state":"stopped"}\''
 
 
 def build_job_onstart(
-    command: str, *, base_url: str, export_env: Iterable[str] = (), stop_on_success: bool = False
+    command: str,
+    *,
+    base_url: str,
+    export_env: Iterable[str] = (),
+    stop_on_success: bool = False,
+    staged: WrapperStaging | None = None,
 ) -> str:
     """The onstart script for ``command``; packed with gzip+base64 when over the 4048-character limit.
 
@@ -101,6 +215,7 @@ def build_job_onstart(
         when set) so SSH sessions see them; the spec says env is not visible there otherwise.
     :param stop_on_success: after exit 0 stop the instance instead of destroying it (compute billing ends all the
         same); the operator reads the log, then destroys it.
+    :param staged: wait for a restore and the inputs before the command, and keep the checkpoint's manifest.
     :raises GpuMarketValidationError: empty command, or too long even when packed.
     """
     if not isinstance(command, str) or not command.strip():
@@ -124,7 +239,8 @@ def build_job_onstart(
         tries=END_BILLING_TRIES,
         timeout=END_BILLING_TIMEOUT_SECONDS,
         exit_line=EXIT_STATUS_LINE.format(rc="$rc"),
-        started_line=STARTED_LINE,
+        run=_RUN.format(started_line=STARTED_LINE) if staged is None else staged.shell(STARTED_LINE),
+        kill_writer="" if staged is None else '; kill "$GPM_MW" 2>/dev/null',
         on_success=_STOP if stop_on_success else _DESTROY,
     )
     try:

@@ -133,6 +133,8 @@ class Attempts:
     lost_machines: list[int] = field(default_factory=list)
     round_start: int = 0
     on_demand: bool = False
+    source_id: int | None = None  # a preempted instance kept until its checkpoint reached the next rental
+    source_save: list[Any] | None = None  # its save to checkpoint_uri in flight: [service time started, status_msg]
 
     def offers_this_round(self) -> int:
         return len(self.tried) - self.round_start
@@ -179,6 +181,7 @@ class Rental:
     running_at: float | None = None  # when its watcher first saw it running, on the service's clock
     stopped_at: float | None = None  # when its watcher saw it stop since it last ran, on that clock
     read_at: float | None = None  # its watcher's last read, on that clock
+    staged: bool = False  # its staged data arrived and its job started (``operators.stager``)
 
     def note_billing(self, status: str | None, at: float) -> bool:
         """Take one read's status at the service's time ``at`` (see ``billing_marks``).

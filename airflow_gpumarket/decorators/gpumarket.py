@@ -18,6 +18,7 @@ from typing import Any
 from airflow_gpumarket import job_logs, lifecycle, python_job
 from airflow_gpumarket._compat import AirflowException, DecoratedOperator, task_decorator_factory
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
+from airflow_gpumarket.job_script import WrapperStaging
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.utils import is_templated, resolved_at_run_time
@@ -113,9 +114,9 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
     def _stops_on_success(self) -> bool:
         return True  # the return value is read from the log after exit 0, whatever log_interval says
 
-    def _job_script(self, base_url: str) -> str | None:
+    def _job_script(self, base_url: str, staged: WrapperStaging | None = None) -> str | None:
         try:
-            return super()._job_script(base_url)
+            return super()._job_script(base_url, staged)
         except GpuMarketValidationError as exc:
             if exc.field not in ("command", "onstart"):
                 raise
@@ -156,7 +157,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             status = event.get("exit_status")  # what the wait's final read saw
         found, value = python_job.read_result(text, self._rental_key(context))
         if status == 0 and found:
-            self._held().destroy(rental.instance_id)
+            self._end(rental, succeeded=True)
             summary = self._summary(rental, event.get("actual_status"))
             self.log.info(
                 "%s returned on instance %s after %s; compute cost about $%s (at $%s/h)",

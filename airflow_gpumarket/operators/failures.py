@@ -29,3 +29,7 @@ class GpuMarketNoWorkingOffer(AirflowException):
 
 class GpuMarketPreemptedTooOften(AirflowException):
     """An interruptible job was preempted more than ``max_preemptions`` times."""
+
+
+class GpuMarketStagingFailed(AirflowException):
+    """Durable data did not move: an input or a required checkpoint never reached the job, or an output was lost."""

@@ -93,6 +93,7 @@ class RentalGuard:
         self.recorder = recorder
         self.instance_id: int | None = None  # the instance this try holds and must destroy on failure
         self.creating_label: str | None = None  # a create in flight: its instance is found by this label
+        self.source_id: int | None = None  # a preempted instance kept as the checkpoint's source
         self.killed = False
 
     @contextmanager
@@ -103,8 +104,7 @@ class RentalGuard:
         except TaskDeferred:
             raise
         except BaseException as exc:
-            instance_id = self.instance_id or self.find_in_flight()
-            if instance_id is not None:
+            for instance_id in self._held(self.instance_id or self.find_in_flight()):
                 self.log.warning("Task failed (%s): destroying instance %s so it stops billing", exc, instance_id)
                 self.destroy(instance_id)
             raise
@@ -112,14 +112,16 @@ class RentalGuard:
     def kill(self) -> None:
         """SIGTERM or execution_timeout: destroy now (the process may be killed for good any moment)."""
         self.killed = True
-        instance_id = self.instance_id or self.find_in_flight()
-        if instance_id is None:
-            return
-        try:
-            self.destroy(instance_id)
-            self.log.warning("Task killed: destroyed instance %s", instance_id)
-        except Exception as exc:  # on_kill must not raise; the message names the instance
-            self.log.error("Task killed: %s", exc)
+        for instance_id in self._held(self.instance_id or self.find_in_flight()):
+            try:
+                self.destroy(instance_id)
+                self.log.warning("Task killed: destroyed instance %s", instance_id)
+            except Exception as exc:  # on_kill must not raise; the message names the instance
+                self.log.error("Task killed: %s", exc)
+
+    def _held(self, instance_id: int | None) -> list[int]:
+        """What a failure destroys: the instance held and a kept checkpoint source."""
+        return [i for i in (instance_id, self.source_id) if i is not None]
 
     def stop_if_killed(self, instance_id: int) -> None:
         if self.killed:
@@ -165,6 +167,8 @@ class RentalGuard:
             self.recorder.end(instance_id)
         if self.instance_id == instance_id:
             self.instance_id = None
+        if self.source_id == instance_id:
+            self.source_id = None
         if self._saved_instance_id() == instance_id:
             self._store_call("delete")
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, bidding
+from airflow_gpumarket import api, bidding, staging
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout
 from airflow_gpumarket.creation import TYPED_FIELDS, creation_body, creation_fields
 from airflow_gpumarket.exceptions import (
@@ -36,6 +36,8 @@ from airflow_gpumarket.utils import (
 
 if TYPE_CHECKING:
     from airflow_gpumarket import job_logs, lifecycle, waiting
+    from airflow_gpumarket.job_script import WrapperStaging
+    from airflow_gpumarket.operators.stager import Stager
 else:  # what only a running task needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
     waiting = RunTimeModule("airflow_gpumarket.waiting")
@@ -78,6 +80,22 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         to the cap as the machine's ``min_bid`` rises, and bid again after a preemption).
     :param durable: on Airflow 3.3+, keep the rental in the task state store so that a retry reconnects to it
         first (default True). The label finds it as well, on every version.
+    :param checkpoint_dir: a directory on the instance for the job's checkpoints (templated), given to the job as
+        ``GPUMARKET_CHECKPOINT_DIR``. After a preemption the next rental's job starts from the preempted instance's
+        latest files (copied by the service), and learns where from in ``GPUMARKET_RESUMED_FROM``.
+    :param checkpoint_uri: a path in ``cloud_integration`` that keeps ``checkpoint_dir`` across task retries and DAG
+        runs (templated): restored before every job starts, saved after a preemption and before every destroy.
+    :param cloud_integration: the name (or id) of a cloud integration set up in the service's console; its
+        credentials stay with the service.
+    :param inputs: ``{instance path: integration path}`` copied in before the job starts (templated).
+    :param outputs: ``{instance path: integration path}`` copied out after exit 0, before the destroy (templated);
+        one that fails fails the task and names the path.
+    :param on_restore_failure: when a checkpoint restore does not complete: ``"restart"`` (default: the job starts
+        from scratch, and the log says so) or ``"fail"``.
+    :param staging_timeout: the bound of each copy step: restore and inputs, a save, the outputs (default 30 min).
+        A destroy waits for a save at most this long, then destroys anyway and logs what was not saved.
+    :param keep_on_output_failure: when an output copy fails, keep the stopped instance (storage bills) under a lease
+        this long instead of destroying it, to copy the output by hand (default None: destroy).
     :param image: container image (or template_hash_id).
     :param template_hash_id: a template to create from (or image).
     :param disk: disk size in GB.
@@ -97,8 +115,26 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     :param volume_info: a volume to create or attach.
     """
 
-    template_fields: Sequence[str] = ("offer_id", "offer_filters", "offer_order", "max_dph", "command", "instance")
-    template_fields_renderers = {"instance": "json", "offer_filters": "json", "command": "bash"}
+    template_fields: Sequence[str] = (
+        "offer_id",
+        "offer_filters",
+        "offer_order",
+        "max_dph",
+        "command",
+        "instance",
+        "checkpoint_dir",
+        "checkpoint_uri",
+        "cloud_integration",
+        "inputs",
+        "outputs",
+    )
+    template_fields_renderers = {
+        "instance": "json",
+        "offer_filters": "json",
+        "command": "bash",
+        "inputs": "json",
+        "outputs": "json",
+    }
     operator_extra_links = (GpuRentalLink(),)
     ui_color = "#c9e7ff"
     #: Read by ``destroy_rentals_on_failure``: what this operator rents carries its task instance's label key.
@@ -113,6 +149,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     keepalive: float | None = None
     #: The current try's guard, set by ``execute`` and ``execute_complete``.
     _guard: RentalGuard | None = None
+    _stager: Stager | None = None
     _started_at: float | None = None
 
     def __init__(
@@ -139,6 +176,14 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         fallback_on_demand: bool = False,
         bid_strategy: str = "min",
         durable: bool = True,
+        checkpoint_dir: str | None = None,
+        checkpoint_uri: str | None = None,
+        cloud_integration: str | int | None = None,
+        inputs: Mapping[str, str] | None = None,
+        outputs: Mapping[str, str] | None = None,
+        on_restore_failure: str = "restart",
+        staging_timeout: timedelta | float = timedelta(minutes=30),
+        keep_on_output_failure: timedelta | float | None = None,
         image: str | None = None,
         template_hash_id: str | None = None,
         disk: float | None = None,
@@ -175,6 +220,18 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         self.boot_timeout = duration_seconds("boot_timeout", boot_timeout)
         self.poll_interval = duration_seconds("poll_interval", poll_interval)
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_uri = checkpoint_uri
+        self.cloud_integration = cloud_integration
+        self.inputs = inputs
+        self.outputs = outputs
+        self.on_restore_failure = on_restore_failure
+        self.staging_timeout = duration_seconds("staging_timeout", staging_timeout)
+        self.keep_on_output_failure = (
+            None
+            if keep_on_output_failure is None
+            else duration_seconds("keep_on_output_failure", keep_on_output_failure)
+        )
         api.require_bool("interruptible", interruptible)
         self.interruptible = interruptible
         self.bidding = bidding.BidPolicy.parse(
@@ -199,6 +256,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             )
         self._validate(parse_time=True)
         self._validate_interruptible()
+        self._validate_staging(parse_time=True)
 
     # --- validation ------------------------------------------------------------------------------------
     def _validate(self, *, parse_time: bool = False) -> None:
@@ -226,6 +284,43 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             api.build_search_body(self.offer_filters, offer_type=self.offer_type, order=self.offer_order)
         if self.max_dph is not None and not (parse_time and is_templated(self.max_dph)):
             api.require_positive_number("max_dph", self.max_dph)
+
+    def _data_plan(self, *, parse_time: bool = False) -> staging.DataPlan | None:
+        """The durable data the task asked for, checked; None at parse time while any of it is templated."""
+        values = {
+            "checkpoint_dir": self.checkpoint_dir,
+            "checkpoint_uri": self.checkpoint_uri,
+            "cloud_integration": self.cloud_integration,
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+        }
+        if parse_time and any(is_templated(value) or resolved_at_run_time(value) for value in values.values()):
+            return None
+        return staging.make_plan(
+            **values, on_restore_failure=self.on_restore_failure, staging_timeout=self.staging_timeout
+        )
+
+    def _validate_staging(self, *, parse_time: bool = False) -> staging.DataPlan | None:
+        plan = self._data_plan(parse_time=parse_time)
+        asked = next((name for name in ("checkpoint_dir", "inputs", "outputs") if getattr(self, name)), None)
+        if asked is None:
+            return plan
+        if self.command is None:
+            raise GpuMarketValidationError(
+                asked, "is staged by the provider's job wrapper, which runs only a command: give command, not onstart"
+            )
+        if self.outputs and not self._waits_for_job:
+            raise GpuMarketValidationError(
+                "outputs",
+                "are copied after the job's exit 0, which only GpuMarketRunJobOperator and @task.gpumarket wait for",
+            )
+        if not self._should_wait():
+            raise GpuMarketValidationError(asked, "is copied in once the instance runs: keep wait_for_running=True")
+        if self.log_interval <= 0:
+            raise GpuMarketValidationError(
+                "log_interval", f"is 0, but {asked} needs the job's log to see it start; give a log_interval > 0"
+            )
+        return plan
 
     def _validate_interruptible(self) -> None:
         if not self.interruptible:
@@ -261,7 +356,13 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     # --- the create body -------------------------------------------------------------------------------
     def _creation_body(
-        self, *, label: str | None, base_url: str | None, bid: float | None = None, preemptions: int = 0
+        self,
+        *,
+        label: str | None,
+        base_url: str | None,
+        bid: float | None = None,
+        preemptions: int = 0,
+        staged: WrapperStaging | None = None,
     ) -> dict[str, Any]:
         """What a create sends.
 
@@ -269,8 +370,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         not fit.
         """
         onstart = None
-        if self.command is not None and not (base_url is None and self._script_certainly_fits()):
-            onstart = self._job_script(base_url or "https://api.example.invalid")
+        if self.command is not None and not (base_url is None and staged is None and self._script_certainly_fits()):
+            onstart = self._job_script(base_url or "https://api.example.invalid", staged)
         return creation_body(
             self.instance,
             onstart=onstart,
@@ -288,7 +389,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             and certainly_fits(self.command, stop_on_success=self._stops_on_success())
         )
 
-    def _job_script(self, base_url: str) -> str | None:
+    def _job_script(self, base_url: str, staged: WrapperStaging | None = None) -> str | None:
         """The job wrapper's onstart script for ``command``; None while the command or ``env`` is templated."""
         from airflow_gpumarket.job_script import build_job_onstart
 
@@ -301,6 +402,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             base_url=base_url,
             export_env=names,
             stop_on_success=self._stops_on_success(),
+            staged=staged,
         )
 
     # --- offers ----------------------------------------------------------------------------------------
@@ -398,6 +500,14 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         guard = self._guard
         assert guard is not None
         attempts = lifecycle.Attempts() if rental is None else rental.attempts
+        plan = self._validate_staging()
+        stager = self._stager = None
+        if plan is not None and plan.active:
+            from airflow_gpumarket.operators.stager import Stager
+
+            stager = self._stager = Stager(self.hook, self.log, plan, guard, self.poll_interval)
+            guard.source_id = attempts.source_id
+            stager.resolve()
         watch: lifecycle.Watch | None = None
         shown: Sequence[str] = ()  # the log lines the wait before a preemption showed last
         while True:
@@ -424,6 +534,13 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 guard.destroy(rental.instance_id)
                 rental.give_up(sentence)
                 rental, event, watch = None, None, None
+                continue
+            if kind is lifecycle.EventKind.REACHED and stager is not None and self._stages_in(rental):
+                stager.stage_in(rental)
+                rental.staged = True
+                if not self._waits_for_job:
+                    return self._complete(context, rental, event)
+                event, watch = None, None
                 continue
             if rental.bid is not None and lifecycle.preempted(event):
                 watch = self._after_preemption(rental, event)
@@ -465,7 +582,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         lease = self._lease_seconds() if self.keepalive is None else min(self.keepalive, self._lease_seconds())
         label = lifecycle.make_label(guard.key, created_at + lease)
         body = self._creation_body(
-            label=label, base_url=self.hook.settings.base_url, bid=bid, preemptions=attempts.preemptions
+            label=label,
+            base_url=self.hook.settings.base_url,
+            bid=bid,
+            preemptions=attempts.preemptions,
+            staged=None if self._stager is None else self._stager.wrapper(attempts.source_id),
         )
         self.log.info(
             "Renting offer %s (%s x %s at $%s/h%s) with label %s",
@@ -538,8 +659,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     # --- the wait --------------------------------------------------------------------------------------
     def _watch(self, rental: lifecycle.Rental) -> lifecycle.Watch:
         deadline, max_runtime = self._limits(rental)
+        job = self._waits_for_job and not self._stages_in(rental)
         return lifecycle.Watch(
-            wait_for=lifecycle.WAIT_JOB if self._waits_for_job else lifecycle.WAIT_STATUS,
+            wait_for=lifecycle.WAIT_JOB if job else lifecycle.WAIT_STATUS,
             boot_deadline=rental.created_at + self.boot_timeout,
             deadline=deadline,
             max_runtime=max_runtime,
@@ -547,6 +669,10 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             keepalive=self.keepalive,
             lease_cap=rental.lease_cap,
         )
+
+    def _stages_in(self, rental: lifecycle.Rental) -> bool:
+        """Whether the rental still waits for its data to be copied in before its job is watched."""
+        return self._stager is not None and not rental.staged and self._stager.stages_in(rental)
 
     def _job_log_interval(self) -> float:
         """Seconds between reads of the job's output while this task waits (0: none)."""
@@ -686,7 +812,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             watch.outbid_wait_until = time.time() + policy.max_outbid_wait
             watch.boot_deadline = watch.outbid_wait_until + self.boot_timeout
             return watch
-        guard.destroy(rental.instance_id)  # answered, or the task fails here: never two alive at once
+        stager = self._stager
+        if step is bidding.Next.FAIL and stager is not None:
+            stager.save(rental.instance_id)
+        if step is bidding.Next.FAIL or stager is None or not stager.keep_source(rental):
+            guard.destroy(rental.instance_id)  # answered, or the task fails here: never two alive at once
         attempts.lose_machine(rental.machine_id, sentence)
         if step is bidding.Next.FAIL:
             raise GpuMarketPreemptedTooOften(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpumarket import staging
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.failures import GpuMarketJobFailed
+from airflow_gpumarket.operators.failures import GpuMarketJobFailed, GpuMarketStagingFailed
 from airflow_gpumarket.operators.renting import KEEPALIVE_POLLS, GpuMarketRentingBaseOperator
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
@@ -59,6 +61,37 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                 "between two reads. Make it longer, or None for one lease covering the whole job",
             )
 
+    def _end(self, rental: lifecycle.Rental, *, succeeded: bool) -> None:
+        """Save the checkpoint, copy the outputs after exit 0, then destroy; fail naming any output lost."""
+        assert self._guard is not None
+        lost: dict[str, str] = {}
+        if self._stager is not None:
+            self._stager.save(rental.instance_id)
+            if succeeded:
+                lost = self._stager.stage_out(rental.instance_id)
+        if lost and self.keep_on_output_failure:
+            self._keep_for_outputs(rental)
+        else:
+            self._guard.destroy(rental.instance_id)
+        if lost:
+            raise GpuMarketStagingFailed(
+                f"The job on instance {rental.instance_id} succeeded, but {len(lost)} output(s) did not reach the "
+                "cloud integration: " + "; ".join(f"{path} -> {why}" for path, why in lost.items())
+            )
+
+    def _keep_for_outputs(self, rental: lifecycle.Rental) -> None:
+        """Keep the stopped instance (storage bills) under a lease the reaper honours, to copy its outputs by hand."""
+        assert self._guard is not None and self.keep_on_output_failure is not None
+        until = time.time() + self.keep_on_output_failure
+        self.hook.label_instance(rental.instance_id, lifecycle.make_label(self._guard.key, until))
+        self._guard.release()
+        self.log.error(
+            "Keeping stopped instance %s for %s (keep_on_output_failure; storage bills, compute does not), for its "
+            "outputs to be copied by hand (`vastai cloud copy`); the reaper destroys it after that",
+            rental.instance_id,
+            lifecycle.format_duration(self.keep_on_output_failure),
+        )
+
     def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
         assert event is not None and self._guard is not None  # a job is always waited for
         succeeded = lifecycle.event_kind(event) is lifecycle.EventKind.JOB_SUCCEEDED
@@ -70,7 +103,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                     "or by the reaper after its lease ran out): the job's outcome and its last output are unknown"
                 )
         else:
-            self._guard.destroy(rental.instance_id)
+            self._end(rental, succeeded=succeeded)
         summary = self._summary(rental, event.get("actual_status"))
         summary["job_status"] = "succeeded" if succeeded else "failed"
         self.log.info(
@@ -84,6 +117,11 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         if not succeeded:
             sentence = lifecycle.describe_event(event, rental.instance_id)
             if lifecycle.event_kind(event) is lifecycle.EventKind.JOB_FAILED:
+                if self._stager is not None and event.get("exit_status") == staging.STAGING_FAILED_STATUS:
+                    raise GpuMarketStagingFailed(
+                        f"The job on instance {rental.instance_id} did not start: its staged data did not arrive (see "
+                        "the wrapper's lines above; on_restore_failure, staging_timeout). The instance is destroyed."
+                    )
                 raise GpuMarketJobFailed(sentence, exit_status=event.get("exit_status"))
             raise AirflowException(sentence)
         return summary

@@ -1,0 +1,338 @@
+"""Durable data for a renting task: the part that copies checkpoints, inputs and outputs through the service.
+
+A ``Stager`` is held by the renting operator, as the ``RentalGuard`` is. It starts the service's copies, watches
+them, and tells the operator when a rental's job may be watched. It never destroys anything on its own: what must
+go goes through the guard. The rules (what is copied where, the bounds) are in ``airflow_gpumarket.staging``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpumarket import api, staging
+from airflow_gpumarket.exceptions import GpuMarketError
+from airflow_gpumarket.job_script import STARTED_LINE, WrapperStaging
+from airflow_gpumarket.operators.failures import GpuMarketStagingFailed
+from airflow_gpumarket.utils import RunTimeModule
+
+if TYPE_CHECKING:
+    from airflow_gpumarket import job_logs, lifecycle
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators.guard import RentalGuard
+else:
+    job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
+
+#: A preempted instance kept as the checkpoint's source holds a lease this much longer than the bounds it waits for.
+SOURCE_LEASE_MARGIN_SECONDS = 15 * 60
+
+
+class Stager:
+    """Copies one task instance's data in and out of its rentals, within ``plan.staging_timeout`` per step.
+
+    :param hook: the task's hook.
+    :param log: the task's logger.
+    :param plan: what the task asked for (``staging.DataPlan``).
+    :param guard: the task's ``RentalGuard``: it holds (and on failure destroys) a kept checkpoint source too.
+    :param poll_interval: seconds between two reads of an instance while a copy runs.
+    """
+
+    def __init__(
+        self, hook: GpuMarketHook, log: Any, plan: staging.DataPlan, guard: RentalGuard, poll_interval: float
+    ) -> None:
+        self.hook = hook
+        self.log = log
+        self.plan = plan
+        self.guard = guard
+        self.poll_interval = poll_interval
+        self._integration: int | None = None
+
+    # --- before renting ------------------------------------------------------------------------------
+    def resolve(self) -> None:
+        """Find the cloud integration by name before anything bills: a typo fails here."""
+        if self.plan.uses_cloud and self._integration is None:
+            found = self.hook.cloud_integration(self.plan.cloud_integration)  # type: ignore[arg-type]
+            self._integration = int(found["id"])
+            self.log.info("Cloud integration %r is id %s", self.plan.cloud_integration, self._integration)
+
+    def wrapper(self, source_id: int | None) -> WrapperStaging:
+        """The job wrapper's part for a rental restoring from ``source_id`` (a preempted instance) or the cloud."""
+        plan = self.plan
+        if source_id is not None:
+            restore_from = f"instance {source_id}"
+        else:
+            restore_from = "cloud" if plan.restores_from_cloud(source_id) else ""
+        return WrapperStaging(
+            plan.checkpoint_dir,
+            restore_from=restore_from,
+            gated=plan.gated(source_id),
+            timeout=plan.wrapper_timeout(),
+            on_restore_failure=plan.on_restore_failure,
+        )
+
+    # --- stage in ------------------------------------------------------------------------------------
+    def stage_in(self, rental: lifecycle.Rental) -> None:
+        """Copy the checkpoint and the inputs to a running rental; return once its job started (or will not)."""
+        plan, attempts, instance_id = self.plan, rental.attempts, rental.instance_id
+        deadline = time.time() + plan.staging_timeout
+        source = attempts.source_id
+        if source is not None:
+            self.finish_source_save(attempts, deadline)
+            self.log.info(
+                "Copying checkpoint_dir %s from preempted instance %s to instance %s",
+                plan.checkpoint_dir,
+                source,
+                instance_id,
+            )
+            try:
+                self.hook.start_instance_copy(
+                    source, instance_id, staging.as_dir(plan.checkpoint_dir or "/"), staging.as_dir(staging.RESTORE_DIR)
+                )
+            except GpuMarketError as exc:
+                self._restore_failed(f"the copy from instance {source} was refused ({exc})")
+        copies: list[tuple[str, str, str]] = []
+        if plan.restores_from_cloud(source):
+            copies.append(("checkpoint_uri", plan.checkpoint_uri or "", staging.RESTORE_DIR))
+        copies += [(f"inputs[{path!r}]", uri, path) for path, uri in plan.inputs.items()]
+        for what, uri, path in copies:
+            problem = self._cloud_copy(instance_id, api.TRANSFER_FROM_CLOUD, uri, path, deadline)
+            if problem is None:
+                self.log.info("Copied %s (%s) to %s on instance %s", what, uri, path, instance_id)
+            elif what != "checkpoint_uri":
+                raise GpuMarketStagingFailed(
+                    f"Input {uri!r} could not be copied to {path} on instance {instance_id}: {problem}. The job did "
+                    "not start; check the path in the cloud integration."
+                )
+            else:  # nothing saved there yet reads the same: the wrapper tells an empty restore from a partial one
+                self.log.warning("Restoring checkpoint_uri %r: %s", uri, problem)
+        if copies:
+            self._open_gate(instance_id, deadline)
+        self._await_start(rental, deadline + staging.WRAPPER_MARGIN_SECONDS)
+        if source is not None:
+            self.drop_source(attempts, "its checkpoint reached the next instance")
+
+    def _restore_failed(self, problem: str) -> None:
+        if self.plan.on_restore_failure == "fail":
+            raise GpuMarketStagingFailed(
+                f"Restoring the checkpoint failed: {problem}. on_restore_failure='fail', so the job does not start "
+                "from scratch; every instance of this try is destroyed."
+            )
+        self.log.warning(
+            "Restoring the checkpoint failed: %s. on_restore_failure='restart': the job starts from scratch", problem
+        )
+
+    def _open_gate(self, instance_id: int, deadline: float) -> None:
+        """Copy the gate out to the cloud and back in: its arrival tells the wrapper every copy before it ended."""
+        for transfer, src, dst in (
+            (api.TRANSFER_TO_CLOUD, staging.as_dir(staging.GATE_SOURCE_DIR), staging.CLOUD_GATE_DIR),
+            (api.TRANSFER_FROM_CLOUD, staging.CLOUD_GATE_DIR, staging.as_dir(staging.GATE_DIR)),
+        ):
+            problem = self._cloud_copy(instance_id, transfer, src, dst, deadline, quiet=True)
+            if problem is not None:
+                self.log.warning(
+                    "The gate copy (%s -> %s) failed: %s; the job wrapper waits out its own bound", src, dst, problem
+                )
+                return
+
+    def _await_start(self, rental: lifecycle.Rental, deadline: float) -> None:
+        """Wait, in the worker, until the wrapper started the job or gave up; the normal wait then takes over."""
+        instance_id = rental.instance_id
+        while time.time() < deadline:
+            self.guard.stop_if_killed(instance_id)
+            try:
+                text = self.hook.get_instance_logs(instance_id)
+                instance = self.hook.find_instance(instance_id)
+            except GpuMarketError as exc:
+                self.log.info("Reading instance %s while its data is staged: %s", instance_id, exc)
+                text, instance = "", {"actual_status": api.STATUS_RUNNING}
+            lines = job_logs.split_lines(text, complete_only=False)
+            if any(line.strip() == STARTED_LINE for line in lines):
+                rental.staged = True
+                return
+            if job_logs.exit_status(lines) is not None:
+                return
+            if instance is None or instance.get("actual_status") != api.STATUS_RUNNING:
+                return  # gone or preempted while staging: the wait that follows tells which
+            if (
+                rental.attempts.source_id is not None
+                and staging.copy_reading(instance.get("status_msg")) is api.CopyProgress.FAILED
+            ):
+                self._restore_failed(f"the service says {instance.get('status_msg')!r}")
+            time.sleep(self.poll_interval)
+        self.log.warning(
+            "Instance %s: the job had not started after the staging bound; watching it anyway", instance_id
+        )
+
+    # --- copies to and from the cloud ----------------------------------------------------------------
+    def _cloud_copy(
+        self, instance_id: int, transfer: str, src: str, dst: str, deadline: float, *, quiet: bool = False
+    ) -> str | None:
+        """Run one cloud copy to its end; None when it finished, else what went wrong."""
+        assert self._integration is not None
+        before = self._status_msg(instance_id)
+        started = self.hook.service_now()
+        if not quiet:
+            self.log.info("Cloud copy (%s): %s -> %s on instance %s", transfer, src, dst, instance_id)
+        try:
+            self.hook.start_cloud_copy(instance_id, self._integration, src=src, dst=dst, transfer=transfer)
+        except GpuMarketError as exc:
+            return f"the service refused it ({exc})"
+        return self._watch(instance_id, started, before, deadline, cancel=True)
+
+    def _watch(self, instance_id: int, started: float, before: Any, deadline: float, *, cancel: bool) -> str | None:
+        """Read ``status_msg`` until the copy started at ``started`` (service time) ended, within ``deadline``.
+
+        A reading that has not changed since the copy started may still describe the copy before it, until the
+        service's lag has passed twice.
+        """
+        seen_new = False
+        while True:
+            if time.time() >= deadline:
+                if cancel:
+                    try:
+                        self.hook.cancel_cloud_copy(instance_id)
+                    except GpuMarketError as exc:
+                        self.log.warning("Cancelling the cloud copy of instance %s failed: %s", instance_id, exc)
+                return f"it did not end within staging_timeout ({self.plan.staging_timeout:g} s)"
+            time.sleep(self.poll_interval)
+            self.guard.stop_if_killed(instance_id)
+            try:
+                instance = self.hook.find_instance(instance_id)
+            except GpuMarketError as exc:
+                self.log.info("Reading instance %s during a copy: %s", instance_id, exc)
+                continue
+            if instance is None:
+                return f"instance {instance_id} is gone"
+            message = instance.get("status_msg")
+            elapsed = self.hook.service_now() - started
+            if elapsed < staging.STATUS_MSG_LAG_SECONDS:
+                continue
+            seen_new = seen_new or message != before
+            if not seen_new and elapsed < 2 * staging.STATUS_MSG_LAG_SECONDS:
+                continue
+            reading = staging.copy_reading(message)
+            if reading is api.CopyProgress.FINISHED:
+                return None
+            if reading in (api.CopyProgress.FAILED, api.CopyProgress.CANCELLED):
+                return f"the service says {message!r}"
+
+    def _status_msg(self, instance_id: int) -> Any:
+        try:
+            instance = self.hook.find_instance(instance_id)
+        except GpuMarketError:
+            return None
+        return None if instance is None else instance.get("status_msg")
+
+    # --- the checkpoint's source and saves -----------------------------------------------------------
+    def keep_source(self, rental: lifecycle.Rental) -> bool:
+        """After a preemption: keep the paused instance as the next rental's checkpoint source (its save starts).
+
+        False when there is nothing worth keeping (no checkpoint_dir, or its job never started).
+        """
+        attempts = rental.attempts
+        if (
+            not self.plan.checkpoint_dir
+            or rental.running_at is None
+            or not (rental.staged or not self.stages_in(rental))
+        ):
+            return False
+        if attempts.source_id is not None and attempts.source_id != rental.instance_id:
+            self.drop_source(attempts, f"instance {rental.instance_id} holds a newer checkpoint")
+        attempts.source_id = rental.instance_id
+        self.guard.source_id = rental.instance_id
+        lease = self.plan.staging_timeout * 2 + SOURCE_LEASE_MARGIN_SECONDS
+        try:
+            self.hook.label_instance(rental.instance_id, lifecycle.make_label(self.guard.key, time.time() + lease))
+        except GpuMarketError as exc:
+            self.log.warning("Could not extend the lease of instance %s: %s", rental.instance_id, exc)
+        self.log.warning(
+            "Keeping preempted instance %s (stopped: storage bills, compute does not) until its checkpoint_dir %s "
+            "reached the next instance",
+            rental.instance_id,
+            self.plan.checkpoint_dir,
+        )
+        if self.plan.checkpoint_uri:
+            attempts.source_save = self._start_save(rental.instance_id)
+        return True
+
+    def stages_in(self, rental: lifecycle.Rental) -> bool:
+        return self.plan.stages_in(rental.attempts.source_id)
+
+    def _start_save(self, instance_id: int) -> list[Any] | None:
+        """Start saving checkpoint_dir to checkpoint_uri; what ``finish_source_save`` needs to watch it."""
+        assert self._integration is not None
+        before = self._status_msg(instance_id)
+        started = self.hook.service_now()
+        self.log.info(
+            "Saving checkpoint_dir of instance %s to checkpoint_uri %r", instance_id, self.plan.checkpoint_uri
+        )
+        try:
+            self.hook.start_cloud_copy(
+                instance_id,
+                self._integration,
+                src=staging.as_dir(self.plan.checkpoint_dir or "/"),
+                dst=staging.as_dir(self.plan.checkpoint_uri or ""),
+                transfer=api.TRANSFER_TO_CLOUD,
+            )
+        except GpuMarketError as exc:
+            self.log.warning(
+                "The checkpoint of instance %s was NOT saved: the service refused the copy (%s)", instance_id, exc
+            )
+            return None
+        return [started, before]
+
+    def finish_source_save(self, attempts: lifecycle.Attempts, deadline: float) -> None:
+        """Wait for a save from the kept source that is still in flight, within ``deadline``."""
+        save, attempts.source_save = attempts.source_save, None
+        if not save or attempts.source_id is None:
+            return
+        problem = self._watch(attempts.source_id, save[0], save[1], deadline, cancel=True)
+        self._report_save(attempts.source_id, problem)
+
+    def _report_save(self, instance_id: int, problem: str | None) -> None:
+        if problem is None:
+            self.log.info(
+                "Saved the checkpoint of instance %s to checkpoint_uri %r", instance_id, self.plan.checkpoint_uri
+            )
+        else:
+            self.log.warning(
+                "The checkpoint of instance %s was NOT saved to checkpoint_uri %r: %s",
+                instance_id,
+                self.plan.checkpoint_uri,
+                problem,
+            )
+
+    def save(self, instance_id: int) -> None:
+        """Save checkpoint_dir to checkpoint_uri and wait for it, within the bound (a destroy follows)."""
+        if not (self.plan.checkpoint_uri and self.plan.checkpoint_dir):
+            return
+        started = self._start_save(instance_id)
+        if started is None:
+            return
+        problem = self._watch(instance_id, started[0], started[1], time.time() + self.plan.staging_timeout, cancel=True)
+        self._report_save(instance_id, problem)
+
+    def drop_source(self, attempts: lifecycle.Attempts, why: str) -> None:
+        """Destroy the kept checkpoint source once it is no longer needed (its save waited for first)."""
+        source = attempts.source_id
+        if source is None:
+            return
+        self.finish_source_save(attempts, time.time() + self.plan.staging_timeout)
+        self.log.info("Destroying preempted instance %s: %s", source, why)
+        attempts.source_id = None
+        self.guard.source_id = None
+        self.guard.destroy(source)
+
+    # --- stage out -----------------------------------------------------------------------------------
+    def stage_out(self, instance_id: int) -> dict[str, str]:
+        """Copy each output to the cloud after exit 0; the outputs that did not arrive, with why."""
+        deadline = time.time() + self.plan.staging_timeout
+        lost: dict[str, str] = {}
+        for path, uri in self.plan.outputs.items():
+            problem = self._cloud_copy(instance_id, api.TRANSFER_TO_CLOUD, path, uri, deadline)
+            if problem is None:
+                self.log.info("Copied output %s of instance %s to %r", path, instance_id, uri)
+            else:
+                self.log.error("Output %s of instance %s did NOT reach %r: %s", path, instance_id, uri, problem)
+                lost[path] = f"{uri!r}: {problem}"
+        return lost
