@@ -138,7 +138,7 @@ if [ -n "$GPM_FROM$GPM_GATED" ]; then
 fi
 if [ -z "$gpm_rc" ]; then
   gpm_manifest
-  (while sleep {manifest_seconds}; do gpm_manifest; done) &
+  (while sleep {manifest_seconds}; do gpm_manifest; done) >/dev/null 2>&1 &
   GPM_MW=$!
   echo "{started_line}"
   sh "$GPM_JOB" 2>&1
