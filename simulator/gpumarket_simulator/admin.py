@@ -67,16 +67,32 @@ class AdminRoutes:
             ("/_sim/list-limit", ["PUT"], w(self.list_limit)),
             ("/_sim/rate-limits", ["GET"], w(self.get_rate_limits)),
             ("/_sim/rate-limits", ["PUT"], w(self.set_rate_limits)),
+            ("/_sim/copies", ["GET"], w(self.copies)),
+            ("/_sim/copy-settings", ["GET"], w(self.get_copy_settings)),
+            ("/_sim/copy-settings", ["PUT"], w(self.set_copy_settings)),
+            ("/_sim/copy-faults", ["GET"], w(self.get_copy_faults)),
+            ("/_sim/copy-faults", ["PUT"], w(self.set_copy_faults)),
+            ("/_sim/copy-faults", ["DELETE"], w(self.clear_copy_faults)),
+            ("/_sim/cloud-integrations", ["POST"], w(self.add_cloud_integration)),
+            ("/_sim/buckets/{ident}", ["GET"], w(self.bucket_files)),
+            ("/_sim/buckets/{ident}/files/{path:path}", ["GET"], w(self.read_bucket_file)),
+            ("/_sim/buckets/{ident}/files/{path:path}", ["PUT"], w(self.put_bucket_file)),
+            ("/_sim/disks/{ident}", ["GET"], w(self.disk_files)),
+            ("/_sim/disks/{ident}/files/{path:path}", ["GET"], w(self.read_disk_file)),
+            ("/_sim/disks/{ident}/files/{path:path}", ["PUT"], w(self.put_disk_file)),
         ]
 
     def _endpoint(self, handler: Handler) -> Endpoint:
         async def endpoint(request: Request) -> Response:
             try:
-                return JSONResponse(await handler(request))
+                result = await handler(request)
+                return result if isinstance(result, Response) else JSONResponse(result)
             except ApiError as exc:
                 return JSONResponse(exc.body(), status_code=exc.status)
             except KeyError as exc:
                 return JSONResponse({"error": "not_found", "msg": f"no such id: {exc}"}, status_code=404)
+            except FileNotFoundError as exc:
+                return JSONResponse({"error": "not_found", "msg": f"no such file: {exc}"}, status_code=404)
             except ValueError as exc:
                 return JSONResponse({"error": "invalid_args", "msg": str(exc)}, status_code=400)
 
@@ -190,3 +206,58 @@ class AdminRoutes:
         self.market.rate_limits.enabled = enabled
         self.market.rate_limits.clear()
         return {"enabled": enabled, "profile": self.market.profile, "refused": {}}
+
+    # --- storage: copies, buckets, disks --------------------------------------------------------------------
+    async def copies(self, request: Request) -> Any:
+        return {"copies": self.market.copies()}
+
+    async def get_copy_settings(self, request: Request) -> Any:
+        return self.market.copy_settings()
+
+    async def set_copy_settings(self, request: Request) -> Any:
+        return self.market.set_copy_settings(await _body(request))
+
+    async def get_copy_faults(self, request: Request) -> Any:
+        return {"rules": self.market.copy_faults()}
+
+    async def set_copy_faults(self, request: Request) -> Any:
+        body = rules.parse_json(await request.body())
+        # Both {"rules": [...]} and a bare list are accepted, as for /_sim/faults.
+        return {"rules": self.market.set_copy_faults(body.get("rules") if isinstance(body, dict) else body)}
+
+    async def clear_copy_faults(self, request: Request) -> Any:
+        return {"rules": self.market.set_copy_faults([])}
+
+    async def add_cloud_integration(self, request: Request) -> Any:
+        body = await _body(request)
+        return self.market.add_cloud_integration(body.get("name"), body.get("cloud_type"))
+
+    async def _files(self, request: Request, where: str) -> Any:
+        ident = _path_id(request, "ident")
+        return {"id": ident, "files": self.market.list_files(where, ident)}
+
+    async def _read(self, request: Request, where: str) -> Any:
+        data = self.market.read_file(where, _path_id(request, "ident"), request.path_params["path"])
+        return Response(data, media_type="application/octet-stream")
+
+    async def _put(self, request: Request, where: str) -> Any:
+        data = await request.body()
+        return self.market.put_file(where, _path_id(request, "ident"), request.path_params["path"], data)
+
+    async def bucket_files(self, request: Request) -> Any:
+        return await self._files(request, "bucket")
+
+    async def read_bucket_file(self, request: Request) -> Any:
+        return await self._read(request, "bucket")
+
+    async def put_bucket_file(self, request: Request) -> Any:
+        return await self._put(request, "bucket")
+
+    async def disk_files(self, request: Request) -> Any:
+        return await self._files(request, "disk")
+
+    async def read_disk_file(self, request: Request) -> Any:
+        return await self._read(request, "disk")
+
+    async def put_disk_file(self, request: Request) -> Any:
+        return await self._put(request, "disk")

@@ -17,12 +17,14 @@ from starlette.responses import JSONResponse, Response
 
 from gpumarket_simulator import listing, logs, rules
 from gpumarket_simulator.admin import AdminRoutes
+from gpumarket_simulator.copy_routes import CopyRoutes
 from gpumarket_simulator.errors import ApiError
 from gpumarket_simulator.market import Market
 from gpumarket_simulator.paths import (
     PATH_API_KEYS,
     PATH_CHANGE_BID,
     PATH_CLOUD_INTEGRATIONS,
+    PATH_COPY_DIRECT,
     PATH_CREATE_INSTANCE,
     PATH_CURRENT_USER,
     PATH_DEPLOYMENTS,
@@ -33,6 +35,7 @@ from gpumarket_simulator.paths import (
     PATH_INSTANCES,
     PATH_INSTANCES_V1,
     PATH_PENDING_PRICE_INCREASES,
+    PATH_RCLONE,
     PATH_REGEN_BACKUP_CODES,
     PATH_REQUEST_LOGS,
     PATH_SEARCH_OFFERS,
@@ -88,6 +91,7 @@ class ApiRoutes:
 
     def routes(self) -> list[tuple[str, list[str], Endpoint]]:
         w = self._endpoint
+        copies = CopyRoutes(self.market)
         live_only = [
             (PATH_INSTANCES_V1, ["GET"], w(self.list_instances_v1)),
             (PATH_CURRENT_USER, ["GET"], w(self.current_user)),
@@ -110,6 +114,10 @@ class ApiRoutes:
             (PATH_DEPLOYMENTS, ["DELETE"], w(self.delete_deployments)),
             (PATH_API_KEYS, ["GET"], w(self.list_api_keys)),
             (PATH_CLOUD_INTEGRATIONS, ["GET"], w(self.list_cloud_integrations)),
+            (PATH_COPY_DIRECT, ["PUT"], w(copies.copy_direct)),
+            (PATH_COPY_DIRECT, ["DELETE"], w(copies.cancel_copy_direct)),
+            (PATH_RCLONE, ["POST"], w(copies.cloud_copy)),
+            (PATH_RCLONE, ["DELETE"], w(copies.cancel_cloud_copy)),
         ]
 
     def _endpoint(self, handler: Handler, *, instance_key_ok: bool = False, public: bool = False) -> Endpoint:

@@ -37,6 +37,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="live (default): the service as it answers today; spec: exactly api-reference.md",
     )
     parser.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="directory for instance disks and cloud buckets (default: a temporary directory)",
+    )
+    parser.add_argument(
         "--no-rate-limits",
         dest="rate_limits",
         action="store_false",
@@ -65,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=args.port,
             profile=args.profile,
             rate_limits=args.rate_limits,
+            data_dir=args.data_dir,
         )
         sim.start()
     except (OSError, ValueError, RuntimeError) as exc:
@@ -82,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Details go to stderr: a caller that reads only the first line may close stdout.
     print(
         f"  api key: {sim.api_key}  speed: {args.speed:g}x  seed: {args.seed}  "
-        f"onstart: {'executed' if args.execute_onstart else 'not executed'}  admin: {sim.url}/_sim/state",
+        f"onstart: {'executed' if args.execute_onstart else 'not executed'}  data: {sim.data_dir}  "
+        f"admin: {sim.url}/_sim/state",
         file=sys.stderr,
         flush=True,
     )

@@ -26,6 +26,10 @@ OPERATIONS = (
     "list_pending_price_increases",
     "list_api_keys",
     "list_cloud_integrations",
+    "copy_direct",
+    "cancel_copy_direct",
+    "cloud_copy",
+    "cancel_cloud_copy",
 )
 KINDS = ("status", "rate_limit", "latency", "drop")
 

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import itertools
 import logging
+import os
 import secrets
 import threading
 import time
@@ -25,6 +26,7 @@ from gpumarket_simulator.faults import Faults
 from gpumarket_simulator.logs import LogUploads
 from gpumarket_simulator.onstart import HALT_GRACE_SECONDS, OnstartRunner
 from gpumarket_simulator.ratelimits import RateLimits
+from gpumarket_simulator.storage import INSTANCE_ROOT_ENV, Storage, parse_copy_faults
 from gpumarket_simulator.world import World
 from gpumarket_simulator.worldgen import build_world
 
@@ -35,6 +37,8 @@ PROFILES = ("live", "spec")
 TICK_SECONDS = 0.05
 REQUEST_LOG_SIZE = 10_000
 FIRST_INSTANCE_ID = 12_000_001
+#: Operations whose request body the request log keeps (a test can check that no storage credential is sent).
+LOGGED_BODIES = frozenset({"create_instance"})
 
 
 def default_api_key(seed: int) -> str:
@@ -53,6 +57,7 @@ class Market:
         world: dict[str, Any] | None = None,
         profile: str = "live",
         rate_limits: bool | None = None,
+        data_dir: str | None = None,
     ) -> None:
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
@@ -71,6 +76,10 @@ class Market:
         self.clock = SimClock(speed, self.world.start_time)
         self.faults = Faults(seed)
         self.runner = OnstartRunner(execute_onstart)
+        #: Instance disks, cloud buckets and the copies between them, under ``data_dir`` (default: a temp dir).
+        self.storage = Storage(data_dir)
+        for integration in self.world.cloud_integrations:
+            self.storage.create_bucket(integration["id"])
         self.log_uploads = LogUploads()
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=REQUEST_LOG_SIZE)
         self.internal_errors = 0
@@ -91,6 +100,8 @@ class Market:
         if self._ticker is not None:
             self._ticker.join(timeout=2)
         self.runner.close()
+        with self.lock:
+            self.storage.close()
 
     def _tick_forever(self) -> None:
         while not self._stop.wait(TICK_SECONDS):
@@ -112,12 +123,18 @@ class Market:
         starts: list[tuple[int, str, dict[str, str], bool] | None] = []
         try:
             with self.lock:
+                now = self.clock.now()
                 try:
-                    now = self.clock.now()
                     self.world.update(now)
+                    self.storage.update(self.world, now)
                     yield self.world, now
                 finally:
                     events, self.world.events = self.world.events, []
+                    for kind, iid in events:
+                        if kind == "created":
+                            self.storage.create_disk(iid)
+                        elif kind == "destroyed":
+                            self.storage.instance_destroyed(self.world, iid, now)
                     starts = [
                         self._onstart_job(iid, again=kind == "restarted")
                         for kind, iid in events
@@ -140,6 +157,7 @@ class Market:
             return None
         env = {k: v for k, v in inst.config["env"].items() if not k.startswith("-p ")}
         env["CONTAINER_API_KEY"] = inst.api_key
+        env[INSTANCE_ROOT_ENV] = self.storage.disk(instance_id)
         return instance_id, script, env, again
 
     def next_instance_id(self) -> int:
@@ -158,19 +176,28 @@ class Market:
         return "invalid", None
 
     def log_request(
-        self, method: str, path: str, status: int | None, key: str, op: str | None, *, dropped: bool = False
+        self,
+        method: str,
+        path: str,
+        status: int | None,
+        key: str,
+        op: str | None,
+        *,
+        dropped: bool = False,
+        body: Any = None,
     ) -> None:
-        self.requests.append(
-            {
-                "t": self.clock.now(),
-                "method": method,
-                "path": path,
-                "status": status,
-                "key": key,
-                "op": op,
-                "dropped": dropped,
-            }
-        )
+        entry = {
+            "t": self.clock.now(),
+            "method": method,
+            "path": path,
+            "status": status,
+            "key": key,
+            "op": op,
+            "dropped": dropped,
+        }
+        if op in LOGGED_BODIES:
+            entry["body"] = body
+        self.requests.append(entry)
 
     def note_internal_error(self) -> None:
         with self.lock:
@@ -186,6 +213,9 @@ class Market:
             state["speed"] = self.clock.speed
             state["faults"] = self.faults.view()
             state["internal_errors"] = self.internal_errors
+            state["copies"] = self.storage.view()
+            state["copy_settings"] = self.storage.settings()
+            state["data_dir"] = self.storage.root
             state["requests"] = list(self.requests)
         return state
 
@@ -205,6 +235,7 @@ class Market:
                 self.seed = seed
             self.runner.reset()
             self.world = build_world(self.seed, self._start_time, self._overrides)
+            self.storage.reset([c["id"] for c in self.world.cloud_integrations])
             self.clock.reset(self._initial_speed, self.world.start_time)
             self.faults.clear(self.seed)
             self.rate_limits.clear()
@@ -271,3 +302,79 @@ class Market:
     def run(self, fn: Callable[[World, float], Any]) -> Any:
         with self.transaction() as (world, now):
             return fn(world, now)
+
+    # --- storage: disks, buckets, copies (used by the /_sim/ routes and MarketSimulator) --------------------
+    def copies(self) -> list[dict[str, Any]]:
+        with self.transaction():
+            return self.storage.view()
+
+    def copy_settings(self) -> dict[str, Any]:
+        with self.lock:
+            return self.storage.settings()
+
+    def set_copy_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """Partial update of ``bytes_per_second``, ``start_latency_seconds``, ``status_delay_seconds``."""
+        with self.transaction():
+            self.storage.set_settings(settings)
+            return self.storage.settings()
+
+    def copy_faults(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [rule.view() for rule in self.storage.faults]
+
+    def set_copy_faults(self, rules: Any) -> list[dict[str, Any]]:
+        parsed = parse_copy_faults(rules)
+        with self.lock:
+            self.storage.faults = parsed
+        return self.copy_faults()
+
+    def _integration_root(self, integration_id: int) -> str:
+        if not any(c["id"] == integration_id for c in self.world.cloud_integrations):
+            raise KeyError(integration_id)
+        return self.storage.bucket(integration_id)
+
+    def _disk_root(self, instance_id: int) -> str:
+        if instance_id not in self.world.live:
+            raise KeyError(instance_id)
+        return self.storage.disk(instance_id)
+
+    def _root(self, where: str, ident: int) -> str:
+        return self._integration_root(ident) if where == "bucket" else self._disk_root(ident)
+
+    def list_files(self, where: str, ident: int) -> list[dict[str, Any]]:
+        """The files of a bucket (``where="bucket"``, an integration id) or a disk (``"disk"``, an instance id)."""
+        with self.transaction():
+            return self.storage.list_files(self._root(where, ident))
+
+    def read_file(self, where: str, ident: int, path: str) -> bytes:
+        with self.transaction():
+            full = self.storage.resolve(self._root(where, ident), path)
+            if not os.path.isfile(full):
+                raise FileNotFoundError(path)
+            with open(full, "rb") as fh:
+                return fh.read()
+
+    def put_file(self, where: str, ident: int, path: str, data: bytes) -> dict[str, Any]:
+        with self.transaction():
+            full = self.storage.resolve(self._root(where, ident), path)
+            if os.path.isdir(full):
+                raise ValueError(f"{path!r} is a directory")
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as fh:
+                fh.write(data)
+            return {"path": os.path.relpath(full, self._root(where, ident)), "size": len(data)}
+
+    def add_cloud_integration(self, name: Any, cloud_type: Any) -> dict[str, Any]:
+        if not isinstance(name, str) or not name:
+            raise ValueError("name must be a non-empty string")
+        if not isinstance(cloud_type, str) or not cloud_type:
+            raise ValueError("cloud_type must be a non-empty string (s3, gdrive, backblaze, ...)")
+        with self.transaction() as (world, _):
+            integration = {
+                "id": max((c["id"] for c in world.cloud_integrations), default=0) + 1,
+                "cloud_type": cloud_type,
+                "name": name,
+            }
+            world.cloud_integrations.append(integration)
+            self.storage.create_bucket(integration["id"])
+            return dict(integration)

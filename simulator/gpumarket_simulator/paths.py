@@ -31,5 +31,11 @@ PATH_GPU_NAMES = f"{V0}/gpu_names/unique/"
 PATH_INSTANCE_FILTERS = f"{V0}/instances/filters/"
 PATH_CURRENT_USER = f"{V0}/users/current"
 
+# Both profiles, beyond the spec: the copy endpoints (the official CLI's source shows paths and bodies).
+#: PUT starts an instance-to-instance copy; DELETE cancels the copies into ``dst_id``.
+PATH_COPY_DIRECT = f"{V0}/commands/copy_direct/"
+#: POST starts a copy between an instance and a cloud integration; DELETE cancels the instance's cloud copies.
+PATH_RCLONE = f"{V0}/commands/rclone/"
+
 # The spec's limits.
 ONSTART_MAX_CHARS = 4048

@@ -25,7 +25,8 @@ class MarketSimulator:
     ``with MarketSimulator(speed=600) as sim: ...`` gives ``sim.url``, ``sim.api_key``, ``sim.conn_uri`` and
     the admin methods below. ``speed`` is simulated seconds per real second (0 freezes the clock: only
     :meth:`advance` moves it). ``world`` is a world file path or an already loaded dict (see
-    docs/simulator.md). Every method is thread-safe.
+    docs/simulator.md). ``data_dir`` holds the instance disks and cloud buckets (default: a temporary directory,
+    removed on close). Every method is thread-safe.
     """
 
     def __init__(
@@ -39,6 +40,7 @@ class MarketSimulator:
         port: int = 0,
         profile: str = "live",
         rate_limits: bool | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         overrides = load_world_file(world) if isinstance(world, str | Path | os.PathLike) else world
         self._market = Market(
@@ -49,6 +51,7 @@ class MarketSimulator:
             world=overrides,
             profile=profile,
             rate_limits=rate_limits,
+            data_dir=None if data_dir is None else os.fspath(data_dir),
         )
         self.host = host
         self._requested_port = port
@@ -242,3 +245,48 @@ class MarketSimulator:
     def requests(self) -> list[dict[str, Any]]:
         """The request log of the API (not of /_sim/), oldest first."""
         return list(self._market.requests)
+
+    # --- storage: disks, buckets, copies --------------------------------------------------------------------
+    @property
+    def data_dir(self) -> str:
+        return self._market.storage.root
+
+    def disk_dir(self, instance_id: int) -> str:
+        """The instance's disk (its ``GPUMARKET_INSTANCE_ROOT``): instance path ``/a/b`` is ``<disk>/a/b``."""
+        return self._market.storage.disk(instance_id)
+
+    def bucket_dir(self, integration_id: int) -> str:
+        return self._market.storage.bucket(integration_id)
+
+    def copies(self) -> list[dict[str, Any]]:
+        """Every copy requested since the last reset, as ``GET /_sim/copies``."""
+        return json.loads(json.dumps(self._market.copies()))
+
+    def set_copy_settings(self, **settings: float) -> dict[str, Any]:
+        """``bytes_per_second``, ``start_latency_seconds``, ``status_delay_seconds``, as ``PUT /_sim/copy-settings``."""
+        return self._market.set_copy_settings(settings)
+
+    def set_copy_faults(self, rules: list[dict[str, Any]]) -> None:
+        """The next copies fail after a fraction of their files, as ``PUT /_sim/copy-faults``."""
+        self._market.set_copy_faults(rules)
+
+    def add_cloud_integration(self, name: str, cloud_type: str) -> dict[str, Any]:
+        return self._market.add_cloud_integration(name, cloud_type)
+
+    def bucket_files(self, integration_id: int) -> list[dict[str, Any]]:
+        return self._market.list_files("bucket", integration_id)
+
+    def disk_files(self, instance_id: int) -> list[dict[str, Any]]:
+        return self._market.list_files("disk", instance_id)
+
+    def read_bucket_file(self, integration_id: int, path: str) -> bytes:
+        return self._market.read_file("bucket", integration_id, path)
+
+    def read_disk_file(self, instance_id: int, path: str) -> bytes:
+        return self._market.read_file("disk", instance_id, path)
+
+    def put_bucket_file(self, integration_id: int, path: str, data: bytes) -> None:
+        self._market.put_file("bucket", integration_id, path, data)
+
+    def put_disk_file(self, instance_id: int, path: str, data: bytes) -> None:
+        self._market.put_file("disk", instance_id, path, data)

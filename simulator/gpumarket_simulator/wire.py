@@ -17,11 +17,12 @@ from email.utils import formatdate
 from typing import Any
 
 from gpumarket_simulator.logs import UPLOAD_PREFIX
-from gpumarket_simulator.market import Market
+from gpumarket_simulator.market import LOGGED_BODIES, Market
 from gpumarket_simulator.paths import (
     PATH_API_KEYS,
     PATH_CHANGE_BID,
     PATH_CLOUD_INTEGRATIONS,
+    PATH_COPY_DIRECT,
     PATH_CREATE_INSTANCE,
     PATH_CURRENT_USER,
     PATH_DEPLOYMENTS,
@@ -32,6 +33,7 @@ from gpumarket_simulator.paths import (
     PATH_INSTANCES,
     PATH_INSTANCES_V1,
     PATH_PENDING_PRICE_INCREASES,
+    PATH_RCLONE,
     PATH_REGEN_BACKUP_CODES,
     PATH_REQUEST_LOGS,
     PATH_SEARCH_OFFERS,
@@ -63,6 +65,10 @@ _EXACT_OPERATIONS = {
     ("GET", PATH_CURRENT_USER): "current_user",
     ("GET", PATH_GPU_NAMES): "gpu_names",
     ("GET", PATH_INSTANCE_FILTERS): "instance_filters",
+    ("PUT", PATH_COPY_DIRECT): "copy_direct",
+    ("DELETE", PATH_COPY_DIRECT): "cancel_copy_direct",
+    ("POST", PATH_RCLONE): "cloud_copy",
+    ("DELETE", PATH_RCLONE): "cancel_cloud_copy",
 }
 #: Every exact API path, for the live profile's tolerance of a missing or extra trailing slash.
 _EXACT_PATHS = frozenset(path for _, path in _EXACT_OPERATIONS) | {PATH_INSTANCES}
@@ -111,6 +117,17 @@ def tolerant_path(path: str) -> str:
     if not path.endswith("/") and any(p.match(path + "/") for p in templated):
         return path + "/"
     return path
+
+
+def logged_body(chunks: list[bytes]) -> Any:
+    """A request body for the log: the JSON value, else the text; None when nothing was read."""
+    raw = b"".join(chunks)
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return raw.decode("utf-8", "replace")
 
 
 def bearer_key(scope: Scope) -> str | None:
@@ -230,17 +247,28 @@ class WireLayer:
                 await drop_connection(raw_send)
                 return
 
+        # The request log keeps the bodies of some operations (creates: a test checks no credential is sent).
+        chunks: list[bytes] = []
+
+        async def keep_body(message: Message) -> Message:
+            if op in LOGGED_BODIES and message["type"] == "http.request":
+                chunks.append(message.get("body", b""))
+            return message
+
+        async def app_receive() -> Message:
+            return await keep_body(await receive())
+
         # The request is logged before its answer leaves: a client that reads the log right after its answer
         # arrived must find the request there (a slow machine showed the race).
         async def record_status(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                market.log_request(method, path, status[0], kind, op)
+                market.log_request(method, path, status[0], kind, op, body=logged_body(chunks))
             await send(message)
 
-        await self.app(scope, receive, record_status)
+        await self.app(scope, app_receive, record_status)
         if status[0] is None:
-            market.log_request(method, path, None, kind, op)
+            market.log_request(method, path, None, kind, op, body=logged_body(chunks))
 
     def _dated(self, send: Send) -> Send:
         """Put the service's time, the simulated clock, in every answer's Date header, as HTTP servers do.

@@ -36,6 +36,8 @@ RESUME = "resume"
 #: A restart finds the image already on the host, so it only goes through a (shorter) loading phase.
 RESTART_LOADING_SECONDS = (20.0, 120.0)
 BACKUP_CODES_PER_REGENERATION = 10
+#: An offer's upload and download price in $/GB when the world file names none.
+DEFAULT_INET_COST_PER_GB = 0.005
 
 _LOGIN_KEY = re.compile(r"^[a-z0-9]+_login_(repo|user|pass)$")
 #: Template fields that become instance configuration (rule 6: request values override them).
@@ -107,6 +109,9 @@ class Offer:
     rented_by: int | str | None = None
     #: The highest bid of other renters for this machine (None: nobody bids); see bidding.py.
     competing_bid: float | None = None
+    #: Bandwidth prices in $/GB (1e9 bytes), billed for the bytes a copy moves (see storage.py).
+    inet_up_cost: float = DEFAULT_INET_COST_PER_GB
+    inet_down_cost: float = DEFAULT_INET_COST_PER_GB
 
     @property
     def floor_bid(self) -> float:
@@ -130,6 +135,8 @@ class Offer:
             "direct_port_count": self.direct_port_count,
             "dlperf_per_dphtotal": self.dlperf_per_dphtotal,
             "min_bid": self.min_bid,
+            "inet_up_cost": self.inet_up_cost,
+            "inet_down_cost": self.inet_down_cost,
             "machine_id": self.machine_id,
             "host_id": self.host_id,
         }
@@ -176,6 +183,10 @@ class Instance:
     compute_seconds: float = 0.0
     compute_dollars: float = 0.0  # each running second at the price of that second (a bid may change)
     storage_seconds: float = 0.0
+    #: Bytes the instance's copies sent and received, and their price (see storage.py).
+    bandwidth_up_bytes: int = 0
+    bandwidth_down_bytes: int = 0
+    bandwidth_cost: float = 0.0
 
     @property
     def destroyed(self) -> bool:
@@ -215,6 +226,8 @@ class Instance:
             "num_gpus": self.offer.num_gpus,
             "gpu_ram": self.offer.gpu_ram,
             "dph_total": self.offer.dph_total,
+            "inet_up_cost": self.offer.inet_up_cost,
+            "inet_down_cost": self.offer.inet_down_cost,
             "disk_space": c["disk"],
             "image": c.get("image"),
             "env": dict(c["env"]),
@@ -415,6 +428,7 @@ class World:
         self.instances[inst.id] = inst
         self.live[inst.id] = inst
         self.instance_keys[api_key] = inst.id
+        self.events.append(("created", inst.id))  # the market gives it a disk (storage.py)
         if bid_loses(inst):  # made, but stopped: it lost to the machine's minimum before it ever ran
             config["target_state"] = "stopped"
             inst.awaiting_bid = True
@@ -487,6 +501,7 @@ class World:
         inst.schedule = []
         inst.destroyed_at = now
         self.live.pop(inst.id, None)
+        self.events.append(("destroyed", inst.id))  # its copies fail and its disk goes (storage.py)
         if inst.offer.rented_by == inst.id:  # the machine is free again: its offer is back on the market
             inst.offer.rented_by = None
 
@@ -785,7 +800,10 @@ class World:
             "storage_seconds": inst.storage_seconds,
             "compute_cost": compute_cost,
             "storage_cost": storage_cost,
-            "cost": compute_cost + storage_cost,
+            "bandwidth_up_bytes": inst.bandwidth_up_bytes,
+            "bandwidth_down_bytes": inst.bandwidth_down_bytes,
+            "bandwidth_cost": inst.bandwidth_cost,
+            "cost": compute_cost + storage_cost + inst.bandwidth_cost,
         }
 
     def state(self, now: float) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 from gpumarket_simulator.bidding import parse_drift
 from gpumarket_simulator.errors import ApiError
 from gpumarket_simulator.rules import is_number, parse_template_env
-from gpumarket_simulator.world import ENDPOINT_DEFAULTS, FATES, Machine, Offer, World
+from gpumarket_simulator.world import DEFAULT_INET_COST_PER_GB, ENDPOINT_DEFAULTS, FATES, Machine, Offer, World
 
 DEFAULT_LIST_LIMIT = 50
 #: Disk price of the simulated market, in dollars per GB per 30-day month.
@@ -49,7 +49,19 @@ WORLD_FILE_KEYS = frozenset(
     }
 )
 STATE_ONLY_KEYS = frozenset(
-    {"now", "seed", "speed", "instances", "requests", "volume_asks", "faults", "internal_errors"}
+    {
+        "now",
+        "seed",
+        "speed",
+        "instances",
+        "requests",
+        "volume_asks",
+        "faults",
+        "internal_errors",
+        "copies",
+        "copy_settings",
+        "data_dir",
+    }
 )
 
 
@@ -141,6 +153,11 @@ def _generate(seed: int, start_time: float) -> dict[str, Any]:
         )
         for mid, online, disk in OWNED_MACHINES
     ]
+    # Bandwidth prices draw from their own stream, so adding them changed no other part of the world.
+    inet = random.Random(f"gpumarket-inet-{seed}")
+    for offer in offers:
+        offer.inet_up_cost = round(inet.uniform(0.001, 0.02), 4)
+        offer.inet_down_cost = round(inet.uniform(0.001, 0.02), 4)
     parts: dict[str, Any] = {
         "start_time": start_time,
         "user_id": user_id,
@@ -402,6 +419,8 @@ def _convert(data: dict[str, Any], start_time: float) -> dict[str, Any]:
                     fate=fate,
                     rented_by="other" if o.get("rented_by") is not None else None,
                     competing_bid=_competing_bid(o),
+                    inet_up_cost=float(o.get("inet_up_cost", DEFAULT_INET_COST_PER_GB)),
+                    inet_down_cost=float(o.get("inet_down_cost", DEFAULT_INET_COST_PER_GB)),
                 )
             )
         out["offers"] = offers
