@@ -370,11 +370,8 @@ class Market:
         if not isinstance(cloud_type, str) or not cloud_type:
             raise ValueError("cloud_type must be a non-empty string (s3, gdrive, backblaze, ...)")
         with self.transaction() as (world, _):
-            integration = {
-                "id": max((c["id"] for c in world.cloud_integrations), default=0) + 1,
-                "cloud_type": cloud_type,
-                "name": name,
-            }
+            integration_id = int(max((c["id"] for c in world.cloud_integrations), default=0)) + 1
+            integration: dict[str, Any] = {"id": integration_id, "cloud_type": cloud_type, "name": name}
             world.cloud_integrations.append(integration)
-            self.storage.create_bucket(integration["id"])
+            self.storage.create_bucket(integration_id)
             return dict(integration)

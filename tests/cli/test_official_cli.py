@@ -27,6 +27,15 @@ What vastai 1.9.1 sends (captured on the wire) and which response fields it read
 - ``show api-keys``: ``GET /api/v0/auth/apikeys/``; ``show connections``: ``GET /api/v0/users/cloud_integrations/``
   (a bare list); ``show pending-price-increases``: ``GET /api/v0/instances/pending-price-increases/`` (an object
   with ``pending_price_increases``).
+- ``copy SRC:PATH DST:PATH`` (``SRC`` a number or ``C.<id>``): ``PUT /api/v0/commands/copy_direct/`` with
+  ``{"client_id": "me", "src_id": "123" or "C.123", "dst_id": ..., "src_path", "dst_path"}`` (ids as strings);
+  reads ``success`` and ``msg``. ``local:`` or a path without an id goes to ``PUT /api/v0/commands/rsync/``
+  (not simulated).
+- ``cloud copy --src S --dst D --instance I --connection C --transfer T``: ``POST /api/v0/commands/rclone/`` with
+  ``{"src", "dst", "instance_id": "I", "selected": "C", "transfer": T, "flags": []}`` (strings; ``--transfer``
+  defaults to ``"Instance to Cloud"``); only checks that the answer is truthy.
+- ``cancel copy DST``: ``DELETE /api/v0/commands/copy_direct/``; ``cancel sync DST``: ``DELETE
+  /api/v0/commands/rclone/``; both with ``{"client_id": "me", "dst_id": "DST"}``, reading ``success``/``msg``.
 
 The full catalogue (query strings, bodies, retries on 429/502/503/504, error handling, exit statuses) was handed
 to the simulator; this module keeps the summary above next to the checks that depend on it.
@@ -34,6 +43,7 @@ to the simulator; this module keeps the summary above next to the checks that de
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from .conftest import Cli, CliResult, LiveSim
@@ -408,4 +418,84 @@ def test_official_cli_show_pending_price_increases_lists_them(cli: Cli, live_sim
     assert "No pending price increases." not in table.stdout, table.describe()
     for _, contract_id in expected:
         assert str(contract_id) in table.stdout, table.describe()
+    assert_simulator_healthy(live_sim)
+
+
+# --- copies (issue 35) ------------------------------------------------------------------------------------------
+COPY_DEADLINE_SECONDS = 20.0
+
+
+def put_file(sim: LiveSim, where: str, ident: int, path: str, data: bytes) -> None:
+    response = sim.session.put(f"{sim.url}/_sim/{where}/{ident}/files/{path}", data=data, timeout=10)
+    assert response.status_code == 200, response.text
+
+
+def wait_for_copies(sim: LiveSim, *states: str) -> list[dict[str, Any]]:
+    """Poll ``GET /_sim/copies`` until every copy is in one of ``states``."""
+    deadline = time.monotonic() + COPY_DEADLINE_SECONDS
+    while True:
+        copies = sim.admin("GET", "/copies")["copies"]
+        if copies and all(c["state"] in states for c in copies):
+            return copies
+        assert time.monotonic() < deadline, f"copies not {states} after {COPY_DEADLINE_SECONDS} s: {copies}"
+        time.sleep(0.05)
+
+
+def files_of(sim: LiveSim, where: str, ident: int) -> dict[str, int]:
+    return {f["path"]: f["size"] for f in sim.admin("GET", f"/{where}/{ident}")["files"]}
+
+
+def test_official_cli_copy_between_instances_arrives_on_the_destination_disk(cli: Cli, live_sim: LiveSim):
+    src, dst = rent(cli, live_sim), rent(cli, live_sim)
+    put_file(live_sim, "disks", src, "workspace/out/model.pt", b"weights")
+    result = cli("copy", f"{src}:/workspace/out/", f"C.{dst}:/workspace/in/")
+    assert_succeeded(result)
+    assert_sent(result, "PUT", "/api/v0/commands/copy_direct/")
+    assert "Remote to Remote copy initiated" in result.stdout, result.describe()
+    wait_for_copies(live_sim, "finished")
+    assert files_of(live_sim, "disks", dst) == {"workspace/in/model.pt": 7}
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_cloud_copy_to_and_from_the_bucket(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim)
+    connection = live_sim.state()["cloud_integrations"][0]["id"]
+    put_file(live_sim, "disks", instance_id, "ckpt/step-1.bin", b"12345")
+    args = ("--instance", str(instance_id), "--connection", str(connection))
+    up = cli("cloud", "copy", "--src", "/ckpt", "--dst", "runs/r1", *args, "--transfer", "Instance To Cloud")
+    assert_succeeded(up)
+    assert_sent(up, "POST", "/api/v0/commands/rclone/")
+    wait_for_copies(live_sim, "finished")
+    assert files_of(live_sim, "buckets", connection) == {"runs/r1/step-1.bin": 5}
+    down = cli("cloud", "copy", "--src", "runs/r1", "--dst", "/restore", *args, "--transfer", "Cloud To Instance")
+    assert_succeeded(down)
+    wait_for_copies(live_sim, "finished")
+    assert files_of(live_sim, "disks", instance_id)["restore/step-1.bin"] == 5
+    deadline = time.monotonic() + COPY_DEADLINE_SECONDS  # the status bar is ~30 simulated seconds late
+    while live_sim.instance(instance_id)["status_msg"] != "Cloud Copy Operation Finished":
+        assert time.monotonic() < deadline, live_sim.instance(instance_id)["status_msg"]
+        time.sleep(0.05)
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_cancel_copy_and_cancel_sync_cancel_running_copies(cli: Cli, live_sim: LiveSim):
+    src, dst = rent(cli, live_sim), rent(cli, live_sim)
+    live_sim.admin("PUT", "/copy-settings", {"bytes_per_second": 0.05})  # 1 KB takes ~33 s at 600x
+    put_file(live_sim, "disks", src, "big.bin", b"x" * 1000)
+    assert_succeeded(cli("copy", f"{src}:/big.bin", f"{dst}:/big.bin"))
+    connection = live_sim.state()["cloud_integrations"][0]["id"]
+    cloud = cli(
+        "cloud", "copy", "--src", "/big.bin", "--dst", "big.bin", "--instance", str(src), "--connection",
+        str(connection), "--transfer", "Instance To Cloud",
+    )  # fmt: skip
+    assert_succeeded(cloud)
+    cancel_copy = cli("cancel", "copy", str(dst))
+    assert_succeeded(cancel_copy)
+    assert_sent(cancel_copy, "DELETE", "/api/v0/commands/copy_direct/")
+    cancel_sync = cli("cancel", "sync", str(src))
+    assert_succeeded(cancel_sync)
+    assert_sent(cancel_sync, "DELETE", "/api/v0/commands/rclone/")
+    copies = wait_for_copies(live_sim, "cancelled")
+    assert [c["kind"] for c in copies] == ["copy_direct", "rclone"]
+    assert files_of(live_sim, "disks", dst) == {} and files_of(live_sim, "buckets", connection) == {}
     assert_simulator_healthy(live_sim)
