@@ -196,7 +196,7 @@ class LogPump:
         self._next_at: float | None = None
         self._warned = False
         self._began_running: bool | None = None  # whether the first status this wait read was running
-        self._said_repeats = False
+        self._said_repeats = bool(shown)  # the lines shown before are known: nothing is repeated
 
     def began(self, running: bool) -> None:
         """Take a status this wait read; only the first counts.

@@ -150,7 +150,7 @@ else
 fi
 """
 #: Seconds between two manifests of the checkpoint directory while the command runs.
-MANIFEST_SECONDS = 5
+MANIFEST_SECONDS = 1
 #: Characters an instance path may hold in the wrapper (it is quoted in the script).
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/@+=,:-]*$")
 

@@ -536,7 +536,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 rental, event, watch = None, None, None
                 continue
             if kind is lifecycle.EventKind.REACHED and stager is not None and self._stages_in(rental):
-                stager.stage_in(rental)
+                shown = stager.stage_in(rental)
                 rental.staged = True
                 if not self._waits_for_job:
                     return self._complete(context, rental, event)

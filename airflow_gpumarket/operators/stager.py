@@ -71,8 +71,11 @@ class Stager:
         )
 
     # --- stage in ------------------------------------------------------------------------------------
-    def stage_in(self, rental: lifecycle.Rental) -> None:
-        """Copy the checkpoint and the inputs to a running rental; return once its job started (or will not)."""
+    def stage_in(self, rental: lifecycle.Rental) -> list[str]:
+        """Copy the checkpoint and the inputs to a running rental, until its job started (or will not).
+
+        Returns the job's log lines read (and logged) meanwhile.
+        """
         plan, attempts, instance_id = self.plan, rental.attempts, rental.instance_id
         deadline = time.time() + plan.staging_timeout
         source = attempts.source_id
@@ -107,9 +110,10 @@ class Stager:
                 self.log.warning("Restoring checkpoint_uri %r: %s", uri, problem)
         if copies:
             self._open_gate(instance_id, deadline)
-        self._await_start(rental, deadline + staging.WRAPPER_MARGIN_SECONDS)
+        shown = self._await_start(rental, deadline + staging.WRAPPER_MARGIN_SECONDS)
         if source is not None:
             self.drop_source(attempts, "its checkpoint reached the next instance")
+        return shown
 
     def _restore_failed(self, problem: str) -> None:
         if self.plan.on_restore_failure == "fail":
@@ -134,9 +138,13 @@ class Stager:
                 )
                 return
 
-    def _await_start(self, rental: lifecycle.Rental, deadline: float) -> None:
-        """Wait, in the worker, until the wrapper started the job or gave up; the normal wait then takes over."""
-        instance_id = rental.instance_id
+    def _await_start(self, rental: lifecycle.Rental, deadline: float) -> list[str]:
+        """Wait, in the worker, until the wrapper started the job or gave up; the normal wait then takes over.
+
+        The job's lines read meanwhile are logged, and returned.
+        """
+        instance_id, shown = rental.instance_id, list[str]()
+        failure_seen = False
         while time.time() < deadline:
             self.guard.stop_if_killed(instance_id)
             try:
@@ -145,23 +153,30 @@ class Stager:
             except GpuMarketError as exc:
                 self.log.info("Reading instance %s while its data is staged: %s", instance_id, exc)
                 text, instance = "", {"actual_status": api.STATUS_RUNNING}
-            lines = job_logs.split_lines(text, complete_only=False)
-            if any(line.strip() == STARTED_LINE for line in lines):
-                rental.staged = True
-                return
-            if job_logs.exit_status(lines) is not None:
-                return
+            lines = job_logs.split_lines(text, complete_only=True)
+            started = STARTED_LINE in lines
+            if started:  # the job's own lines are the wait's to show, with its exit status
+                lines = lines[: lines.index(STARTED_LINE) + 1]
+            for line in lines[len(shown) :]:
+                self.log.info("[instance %s] %s", instance_id, line)
+            shown = lines
+            if started or job_logs.exit_status(lines) is not None:
+                return shown
             if instance is None or instance.get("actual_status") != api.STATUS_RUNNING:
-                return  # gone or preempted while staging: the wait that follows tells which
+                return shown  # gone or preempted while staging: the wait that follows tells which
+            message = instance.get("status_msg")
             if (
-                rental.attempts.source_id is not None
-                and staging.copy_reading(instance.get("status_msg")) is api.CopyProgress.FAILED
+                not failure_seen
+                and rental.attempts.source_id is not None
+                and staging.copy_reading(message) is api.CopyProgress.FAILED
             ):
-                self._restore_failed(f"the service says {instance.get('status_msg')!r}")
+                failure_seen = True
+                self._restore_failed(f"the service says {message!r}")
             time.sleep(self.poll_interval)
         self.log.warning(
-            "Instance %s: the job had not started after the staging bound; watching it anyway", instance_id
+            "Instance %s: the job had not started within the staging bound; watching it anyway", instance_id
         )
+        return shown
 
     # --- copies to and from the cloud ----------------------------------------------------------------
     def _cloud_copy(

@@ -1,0 +1,179 @@
+"""Durable data against the simulator: every instance has a disk of its own, and data moves only by the service.
+
+A checkpoint survives a preemption by ``copy_direct`` from the paused instance, a task's end and its retries by
+``checkpoint_uri`` in a cloud integration (the simulator's buckets are folders); inputs arrive before the job
+starts and outputs leave before the destroy. No test passes through a shared folder: the jobs write only below
+``GPUMARKET_INSTANCE_ROOT``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from airflow_gpumarket.operators.failures import GpuMarketStagingFailed
+
+from .conftest import alive
+from .test_interruptible import Outbidder
+from .test_money_safety import context, healthy_market, job  # noqa: F401 (an autouse fixture)
+
+CKPT = "/workspace/ckpt"
+INTEGRATION = "training-data"  # id 1 in the simulator's default world
+#: Ten epochs; the checkpoint (written whole, then renamed) after each; a run starts from the last one.
+EPOCHS = (
+    'e=$(cat "$GPUMARKET_CHECKPOINT_DIR/epoch" 2>/dev/null || echo 0); '
+    'echo "attempt $GPUMARKET_ATTEMPT resumes at epoch $e from [$GPUMARKET_RESUMED_FROM]"; '
+    'while [ "$e" -lt 10 ]; do sleep 0.05; e=$((e+1)); echo "$e" > "$GPUMARKET_CHECKPOINT_DIR/epoch.tmp"; '
+    'mv "$GPUMARKET_CHECKPOINT_DIR/epoch.tmp" "$GPUMARKET_CHECKPOINT_DIR/epoch"; '
+    # the wrapper's manifest names the checkpoint (within a second): only then is the epoch announced as kept
+    'until grep -qx epoch "$GPUMARKET_CHECKPOINT_DIR/.gpumarket-manifest"; do sleep 0.05; done; '
+    'echo "epoch $e done"; done'
+)
+
+
+def outputs_in_order(sim) -> list[str]:
+    instances = sorted(sim.state()["instances"], key=lambda i: i["id"])
+    return [(sim.onstart_result(i["id"]) or {}).get("output", "") for i in instances]
+
+
+def epochs_done(text: str) -> list[int]:
+    return [int(n) for n in re.findall(r"^epoch (\d+) done$", text, re.MULTILINE)]
+
+
+def test_rule_an_interruptible_job_outbid_twice_resumes_from_its_checkpoint_on_its_third_machine(sim):
+    op = job(command=EPOCHS, interruptible=True, checkpoint_dir=CKPT, max_runtime=600)
+    with Outbidder(sim, times=2, marker=" done"):
+        result = op.execute(context())
+    assert result["job_status"] == "succeeded"
+    first, second, third = outputs_in_order(sim)
+    assert "resumes at epoch 0 from []" in first
+    ids = sorted(i["id"] for i in sim.state()["instances"])
+    assert f"from [{ids[0]}]" in second and f"gpumarket: restored the checkpoint from instance {ids[0]}" in second
+    assert f"from [{ids[1]}]" in third
+    done = epochs_done(first) + epochs_done(second) + epochs_done(third)
+    assert sorted(set(done)) == list(range(1, 11))
+    assert len(done) - len(set(done)) <= 2, f"more than one epoch lost per preemption: {done}"
+    assert alive(sim) == []
+
+
+def test_rule_each_instance_sees_only_its_own_disk(sim):
+    op = job(command='mkdir -p "$GPUMARKET_INSTANCE_ROOT/workspace" && echo mine > "$GPUMARKET_INSTANCE_ROOT/workspace/a"; ls "$GPUMARKET_INSTANCE_ROOT/workspace"')
+    op.execute(context(run_id="one"))
+    other = job(command='ls "$GPUMARKET_INSTANCE_ROOT/workspace" 2>&1 || echo "no workspace"')
+    other.execute(context(run_id="two"))
+    first, second = outputs_in_order(sim)
+    assert "\na\n" in first and "no workspace" in second
+    assert alive(sim) == []
+
+
+def test_rule_the_paused_source_is_destroyed_only_after_its_checkpoint_reached_the_next_instance(sim):
+    op = job(command=EPOCHS, interruptible=True, checkpoint_dir=CKPT, max_runtime=600)
+    with Outbidder(sim, times=1, marker=" done"):
+        op.execute(context())
+    source, successor = sorted(sim.state()["instances"], key=lambda i: i["id"])
+    (restore,) = [c for c in sim.copies() if c["kind"] == "copy_direct"]
+    assert restore["state"] == "finished"
+    assert source["destroyed_at"] >= restore["ended_at"]
+    assert successor["created_at"] < source["destroyed_at"]
+    assert alive(sim) == []
+
+
+def test_rule_a_failed_checkpoint_copy_under_fail_fails_the_task_saying_so_and_leaves_nothing(sim):
+    sim.set_copy_faults([{"times": 5, "after_fraction": 0.0, "kind": "copy_direct"}])
+    op = job(command=EPOCHS, interruptible=True, checkpoint_dir=CKPT, on_restore_failure="fail", staging_timeout=3)
+    with Outbidder(sim, times=1, marker=" done"), pytest.raises(GpuMarketStagingFailed, match="fail"):
+        op.execute(context())
+    assert alive(sim) == []
+
+
+def test_rule_a_failed_checkpoint_copy_under_restart_starts_from_scratch_and_says_so(sim):
+    sim.set_copy_faults([{"times": 5, "after_fraction": 0.0, "kind": "copy_direct"}])
+    op = job(command=EPOCHS, interruptible=True, checkpoint_dir=CKPT, staging_timeout=1, max_runtime=600)
+    with Outbidder(sim, times=1, marker=" done"):
+        assert op.execute(context())["job_status"] == "succeeded"
+    _, second = outputs_in_order(sim)
+    assert "the job starts from scratch (on_restore_failure='restart')" in second
+    assert "resumes at epoch 0 from []" in second
+    assert alive(sim) == []
+
+
+def test_rule_checkpoint_uri_keeps_the_checkpoint_across_task_runs(sim):
+    uri = "ckpt/run-a"
+    first = job(command=EPOCHS, checkpoint_dir=CKPT, checkpoint_uri=uri, cloud_integration=INTEGRATION)
+    first.execute(context(run_id="a"))
+    saved = {f["path"] for f in sim.bucket_files(1)}
+    assert f"{uri}/epoch" in saved and f"{uri}/.gpumarket-manifest" in saved
+    again = job(command=EPOCHS, checkpoint_dir=CKPT, checkpoint_uri=uri, cloud_integration=INTEGRATION)
+    again.execute(context(run_id="b"))
+    one, two = outputs_in_order(sim)
+    assert "no checkpoint at checkpoint_uri yet" in one
+    assert "resumes at epoch 10 from [cloud]" in two and "epoch 1 done" not in two
+    assert alive(sim) == []
+
+
+def test_rule_inputs_arrive_before_the_job_and_outputs_leave_before_the_destroy(sim):
+    sim.put_bucket_file(1, "datasets/d/train.csv", b"1,2\n3,4\n")
+    command = (
+        'wc -l < "$GPUMARKET_INSTANCE_ROOT/data/train.csv" > /dev/null && mkdir -p "$GPUMARKET_INSTANCE_ROOT/out" && '
+        'cat "$GPUMARKET_INSTANCE_ROOT/data/train.csv" | wc -l > "$GPUMARKET_INSTANCE_ROOT/out/rows"'
+    )
+    op = job(
+        command=command,
+        cloud_integration=INTEGRATION,
+        inputs={"/data": "datasets/d"},
+        outputs={"/out": "results/r1"},
+    )
+    assert op.execute(context())["job_status"] == "succeeded"
+    assert sim.read_bucket_file(1, "results/r1/rows").strip() == b"2"
+    (instance,) = sim.state()["instances"]
+    (out,) = [c for c in sim.copies() if c["kind"] == "rclone" and "results/r1" in str(c)]
+    assert out["state"] == "finished" and out["ended_at"] <= instance["destroyed_at"]
+    assert alive(sim) == []
+
+
+def test_rule_a_failed_output_copy_fails_the_task_naming_the_output_and_destroys_the_instance(sim):
+    sim.set_copy_faults([{"times": 5, "after_fraction": 0.0, "kind": "rclone", "direction": "Instance To Cloud"}])
+    command = 'mkdir -p "$GPUMARKET_INSTANCE_ROOT/out" && echo r > "$GPUMARKET_INSTANCE_ROOT/out/model"'
+    op = job(command=command, cloud_integration=INTEGRATION, outputs={"/out": "results/r2"}, staging_timeout=5)
+    with pytest.raises(GpuMarketStagingFailed, match=r"/out -> 'results/r2'"):
+        op.execute(context())
+    assert alive(sim) == []
+
+
+def test_rule_a_missing_input_fails_before_the_job_starts(sim):
+    op = job(command="echo ran", cloud_integration=INTEGRATION, inputs={"/data": "datasets/none"}, staging_timeout=5)
+    with pytest.raises(GpuMarketStagingFailed, match="datasets/none"):
+        op.execute(context())
+    (output,) = outputs_in_order(sim)
+    assert "\nran\n" not in output
+    assert alive(sim) == []
+
+
+def test_rule_an_unknown_cloud_integration_fails_before_anything_is_rented(sim):
+    op = job(command="echo ran", cloud_integration="no-such", inputs={"/data": "x"})
+    with pytest.raises(Exception, match="cloud_integration"):
+        op.execute(context())
+    assert sim.state()["instances"] == []
+
+
+def test_rule_no_storage_credential_is_in_any_create_request(sim):
+    sim.put_bucket_file(1, "datasets/d/x", b"x")
+    op = job(
+        command="true",
+        env={"MODE": "train"},
+        cloud_integration=INTEGRATION,
+        inputs={"/data": "datasets/d"},
+        checkpoint_dir=CKPT,
+        checkpoint_uri="ckpt/c",
+    )
+    op.execute(context())
+    creates = [r for r in sim.requests() if r["op"] == "create_instance"]
+    assert creates
+    for request in creates:
+        body = request["body"]
+        assert set(body["env"]) <= {"MODE"}, body["env"]
+        text = str(body).lower()
+        for word in ("secret", "access_key", "aws_", "rclone_config", "token"):
+            assert word not in text, word
+    assert alive(sim) == []
