@@ -1,16 +1,16 @@
 """Interruptible training: rent bid instances below the on-demand price, survive outbids, resume from a checkpoint.
 
-The job keeps its progress where every rental can read it (``CHECKPOINT_URI``; a bucket in real use, a folder on
-the simulator, which runs onstart scripts on this machine) and starts from there. After a preemption the operator
-destroys the instance, rents another machine and runs the job again with ``GPUMARKET_ATTEMPT`` one higher.
+The job writes its checkpoints to ``$GPUMARKET_CHECKPOINT_DIR`` (``checkpoint_dir`` on the instance). After a
+preemption the operator keeps the paused instance, rents another machine, has the service copy the checkpoint
+directory across, and runs the job again with ``GPUMARKET_ATTEMPT`` one higher; the job starts from the last
+checkpoint it wrote. No bucket and no credential are involved.
 
-Runs as-is on the embedded simulator and on the real service by changing only the connection (and the URI).
+Runs as-is on the embedded simulator and on the real service by changing only the connection.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from datetime import datetime, timedelta
 
 from airflow.providers.common.compat.sdk import DAG
@@ -18,14 +18,19 @@ from airflow.providers.common.compat.sdk import DAG
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 POLL_SECONDS = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
-CHECKPOINT_URI = os.environ.get("GPUMARKET_EXAMPLE_CHECKPOINT_URI", os.path.join(tempfile.gettempdir(), "gpm-ckpt"))
-#: Ten epochs, a checkpoint after each; a new run starts from the last one written.
-TRAIN = (
-    'mkdir -p "$CHECKPOINT_URI"; epoch=$(cat "$CHECKPOINT_URI/epoch" 2>/dev/null || echo 0); '
-    'echo "attempt $GPUMARKET_ATTEMPT (after $GPUMARKET_PREEMPTIONS preemptions) resumes at epoch $epoch"; '
-    'while [ "$epoch" -lt 10 ]; do sleep 1 || exit 143; epoch=$((epoch+1)); echo "$epoch" > "$CHECKPOINT_URI/epoch"; '
-    'echo "epoch $epoch done"; done'
-)
+#: Ten epochs, a checkpoint after each (written to epoch.tmp, then renamed: a copy never sees half a file).
+TRAIN = """
+ck="$GPUMARKET_CHECKPOINT_DIR"
+epoch=$(cat "$ck/epoch" 2>/dev/null || echo 0)
+echo "attempt $GPUMARKET_ATTEMPT (after $GPUMARKET_PREEMPTIONS preemptions) resumes at epoch $epoch"
+echo "checkpoint restored from: ${GPUMARKET_RESUMED_FROM:-nothing}"
+while [ "$epoch" -lt 10 ]; do
+  sleep 1 || exit 143
+  epoch=$((epoch+1))
+  echo "$epoch" > "$ck/epoch.tmp" && mv "$ck/epoch.tmp" "$ck/epoch"
+  echo "epoch $epoch done"
+done
+"""
 
 with DAG(
     dag_id="example_gpumarket_interruptible",
@@ -38,8 +43,8 @@ with DAG(
         task_id="train",
         offer_filters={"num_gpus": {"eq": 1}, "gpu_name": {"eq": "RTX 4090"}},
         image="pytorch/pytorch:latest",
-        env={"CHECKPOINT_URI": CHECKPOINT_URI + "/{{ run_id | replace(':', '_') }}"},
         command=TRAIN,
+        checkpoint_dir="/workspace/checkpoints",  # kept across preemptions; the job sees $GPUMARKET_CHECKPOINT_DIR
         interruptible=True,
         max_bid=0.30,  # $/h, never more; the bid is the offer's min_bid + 5 %
         max_preemptions=3,
