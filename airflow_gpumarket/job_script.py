@@ -113,12 +113,13 @@ if [ -n "$GPM_FROM$GPM_GATED" ]; then
     if [ -z "$GPM_GATED" ] || [ -f "$GPM_S/go/gate" ]; then
       case "$GPM_FROM" in ""|cloud) [ -n "$GPM_GATED" ] && break ;; esac
       gpm_complete && break
+      [ -f "$GPM_S/abandon/gate" ] && break
     fi
     i=$((i+1)); [ "$i" -ge {timeout} ] && break
     sleep 1
   done
   if [ -n "$GPM_GATED" ] && [ ! -f "$GPM_S/go/gate" ]; then
-    echo "gpumarket: the staged data did not arrive within {timeout} s; the job does not start"; gpm_rc={failed}
+    echo "gpumarket: the staged data did not arrive within {timeout} s{not_started}"; gpm_rc={failed}
   elif [ -n "$GPM_FROM" ]; then
     if gpm_complete; then
       (cd "$GPM_S/restore" && while IFS= read -r f; do
@@ -128,13 +129,13 @@ if [ -n "$GPM_FROM$GPM_GATED" ]; then
     elif [ "$GPM_FROM" = cloud ] && [ -z "$(ls -A "$GPM_S/restore" 2>/dev/null)" ]; then
       echo "gpumarket: no checkpoint at checkpoint_uri yet; the job starts from scratch"
     elif [ '{policy}' = fail ]; then
-      echo "gpumarket: the checkpoint restore from $GPM_FROM did not complete; the job does not start (on_restore_failure='fail')"
+      echo "gpumarket: the checkpoint restore from $GPM_FROM did not complete{not_started} (on_restore_failure='fail')"
       gpm_rc={failed}
     else
       echo "gpumarket: the checkpoint restore from $GPM_FROM did not complete; the job starts from scratch (on_restore_failure='restart')"
     fi
   fi
-  rm -rf "$GPM_S/restore" "$GPM_S/go"
+  rm -rf "$GPM_S/restore" "$GPM_S/go" "$GPM_S/abandon"
 fi
 if [ -z "$gpm_rc" ]; then
   gpm_manifest
@@ -149,6 +150,8 @@ else
   rc=$gpm_rc
 fi
 """
+#: Ends the wrapper's line when staging failed and the command never ran (its exit status is then 75).
+NOT_STARTED = "; the job does not start"
 #: Seconds between two manifests of the checkpoint directory while the command runs.
 MANIFEST_SECONDS = 1
 #: Characters an instance path may hold in the wrapper (it is quoted in the script).
@@ -188,6 +191,7 @@ class WrapperStaging:
             failed=staging.STAGING_FAILED_STATUS,
             policy=self.on_restore_failure,
             manifest_seconds=MANIFEST_SECONDS,
+            not_started=NOT_STARTED,
             started_line=started_line,
         )
 

@@ -73,6 +73,11 @@ def rental_key(dag_id: str, run_id: str, task_id: str, map_index: int | None) ->
     return hashlib.sha256(raw.encode()).hexdigest()[:12]
 
 
+def kept_key(key: str) -> str:
+    """The key of an instance a task kept on purpose (``keep_on_output_failure``): its failure paths skip it."""
+    return hashlib.sha256(f"{key}|kept".encode()).hexdigest()[:12]
+
+
 def make_label(key: str, lease_until: float) -> str:
     return f"{LABEL_PREFIX}{key}-{int(lease_until)}"
 

@@ -23,7 +23,12 @@ from airflow_gpumarket.exceptions import (
     GpuMarketTransportError,
     GpuMarketValidationError,
 )
-from airflow_gpumarket.operators.failures import GpuMarketJobFailed, GpuMarketNoWorkingOffer, GpuMarketPreemptedTooOften
+from airflow_gpumarket.operators.failures import (
+    GpuMarketJobFailed,
+    GpuMarketNoWorkingOffer,
+    GpuMarketPreemptedTooOften,
+    GpuMarketStagingFailed,
+)
 
 #: The delay before a retry the policy asks for, when none is given.
 DEFAULT_RETRY_DELAY = timedelta(minutes=5)
@@ -36,7 +41,8 @@ def gpumarket_retry_policy(*, retry_delay: timedelta = DEFAULT_RETRY_DELAY, retr
       booted too slowly), preemptions past ``max_preemptions``, and the service's 5xx, 429 and lost connections
       that outlasted the hook's own retries.
     - Failed at once: the job's own failure (its command exited non-zero; ``retry_job_failures=True`` retries it
-      too), arguments the API refuses, a key it refuses, and a quota that resets far ahead.
+      too), data that did not move (``GpuMarketStagingFailed``), arguments the API refuses, a key it refuses, and a
+      quota that resets far ahead.
     - Anything else: the task's standard retries.
 
     Retries still count against the task's ``retries``.
@@ -55,6 +61,12 @@ def gpumarket_retry_policy(*, retry_delay: timedelta = DEFAULT_RETRY_DELAY, retr
                 exception=[GpuMarketValidationError, GpuMarketAuthError, GpuMarketQuotaExceededError],
                 action=RetryAction.FAIL,
                 reason="the service refuses this request or key as it is: another try would be refused too",
+            ),
+            RetryRule(
+                exception=GpuMarketStagingFailed,
+                action=RetryAction.FAIL,
+                reason="the task's data did not move (a missing input, a required checkpoint, an output after the job "
+                "succeeded): another try would rent and run again for the same result",
             ),
             RetryRule(
                 exception=GpuMarketJobFailed,

@@ -33,6 +33,8 @@ RESTORE_DIR = f"{STATE_DIR}/restore"
 GATE_SOURCE_DIR = f"{STATE_DIR}/gate"
 #: The job starts once the gate arrived here (when the rental stages anything from the cloud).
 GATE_DIR = f"{STATE_DIR}/go"
+#: A gate copied here from the preempted instance tells the wrapper to stop waiting for its checkpoint.
+ABANDON_DIR = f"{STATE_DIR}/abandon"
 #: The gate's place in the cloud integration (one tiny file, overwritten by every rental).
 CLOUD_GATE_DIR = ".gpumarket/gate"
 #: The manifest the wrapper keeps in the checkpoint directory: one file name per line.

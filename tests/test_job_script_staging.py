@@ -110,7 +110,9 @@ def test_an_incomplete_restore_under_restart_starts_from_scratch_and_says_so(dis
 def test_an_empty_cloud_restore_behind_the_gate_is_no_checkpoint_yet(disk):
     open_gate(disk)
     done = run_wrapper(
-        disk, WrapperStaging(CKPT, restore_from="cloud", gated=True, timeout=5), command="echo ran; ls -A $GPUMARKET_CHECKPOINT_DIR"
+        disk,
+        WrapperStaging(CKPT, restore_from="cloud", gated=True, timeout=5),
+        command="echo ran; ls -A $GPUMARKET_CHECKPOINT_DIR",
     )
     assert done.returncode == 0
     assert "gpumarket: no checkpoint at checkpoint_uri yet; the job starts from scratch" in done.stdout

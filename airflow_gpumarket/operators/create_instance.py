@@ -54,6 +54,7 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
                 summary["ssh_host"], summary["ssh_port"] = instance.get("ssh_host"), instance.get("ssh_port")
             except GpuMarketError as exc:
                 self.log.warning("Could not read the SSH address of instance %s: %s", rental.instance_id, exc)
+        self._drop_source(rental)
         if self._guard is not None:
             self._guard.release()  # handed over to the DAG (and its teardown): no longer this task's to destroy
         return summary

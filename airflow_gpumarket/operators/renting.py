@@ -22,6 +22,7 @@ from airflow_gpumarket.exceptions import (
     GpuMarketOfferUnavailableError,
     GpuMarketValidationError,
 )
+from airflow_gpumarket.job_script import STARTED_LINE
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer, GpuMarketPreemptedTooOften
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
@@ -505,7 +506,13 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         if plan is not None and plan.active:
             from airflow_gpumarket.operators.stager import Stager
 
-            stager = self._stager = Stager(self.hook, self.log, plan, guard, self.poll_interval)
+            # A kept source outlives the next rental's offers and boots, its staging and its save.
+            source_lease = (
+                self.boot_timeout * self.max_offer_attempts + 2 * plan.staging_timeout + JOB_LEASE_MARGIN_SECONDS
+            )
+            stager = self._stager = Stager(
+                self.hook, self.log, plan, guard, self.poll_interval, source_lease=source_lease
+            )
             guard.source_id = attempts.source_id
             stager.resolve()
         watch: lifecycle.Watch | None = None
@@ -537,7 +544,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 continue
             if kind is lifecycle.EventKind.REACHED and stager is not None and self._stages_in(rental):
                 shown = stager.stage_in(rental)
-                rental.staged = True
+                # Preempted or gone before its job started: it holds no checkpoint, and the source stays kept.
+                rental.staged = STARTED_LINE in shown or self._still_running(rental)
                 if not self._waits_for_job:
                     return self._complete(context, rental, event)
                 event, watch = None, None
@@ -669,6 +677,18 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             keepalive=self.keepalive,
             lease_cap=rental.lease_cap,
         )
+
+    def _still_running(self, rental: lifecycle.Rental) -> bool:
+        try:
+            instance = self.hook.find_instance(rental.instance_id)
+        except GpuMarketError:
+            return True  # the wait that follows reads it again
+        return instance is not None and instance.get("actual_status") == api.STATUS_RUNNING
+
+    def _drop_source(self, rental: lifecycle.Rental) -> None:
+        """The job ended: a checkpoint source still kept is destroyed (after its save)."""
+        if self._stager is not None:
+            self._stager.drop_source(rental.attempts, "the job no longer needs its checkpoint")
 
     def _stages_in(self, rental: lifecycle.Rental) -> bool:
         """Whether the rental still waits for its data to be copied in before its job is watched."""

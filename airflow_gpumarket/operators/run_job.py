@@ -6,9 +6,9 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import staging
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.job_script import NOT_STARTED
 from airflow_gpumarket.operators.failures import GpuMarketJobFailed, GpuMarketStagingFailed
 from airflow_gpumarket.operators.renting import KEEPALIVE_POLLS, GpuMarketRentingBaseOperator
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
@@ -64,6 +64,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
     def _end(self, rental: lifecycle.Rental, *, succeeded: bool) -> None:
         """Save the checkpoint, copy the outputs after exit 0, then destroy; fail naming any output lost."""
         assert self._guard is not None
+        self._drop_source(rental)
         lost: dict[str, str] = {}
         if self._stager is not None:
             self._stager.save(rental.instance_id)
@@ -83,7 +84,8 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         """Keep the stopped instance (storage bills) under a lease the reaper honours, to copy its outputs by hand."""
         assert self._guard is not None and self.keep_on_output_failure is not None
         until = time.time() + self.keep_on_output_failure
-        self.hook.label_instance(rental.instance_id, lifecycle.make_label(self._guard.key, until))
+        # Under a key of its own: the task's failure callback destroys what carries the task's key.
+        self.hook.label_instance(rental.instance_id, lifecycle.make_label(lifecycle.kept_key(self._guard.key), until))
         self._guard.release()
         self.log.error(
             "Keeping stopped instance %s for %s (keep_on_output_failure; storage bills, compute does not), for its "
@@ -117,7 +119,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         if not succeeded:
             sentence = lifecycle.describe_event(event, rental.instance_id)
             if lifecycle.event_kind(event) is lifecycle.EventKind.JOB_FAILED:
-                if self._stager is not None and event.get("exit_status") == staging.STAGING_FAILED_STATUS:
+                if self._stager is not None and any(NOT_STARTED in line for line in event.get("log_tail") or ()):
                     raise GpuMarketStagingFailed(
                         f"The job on instance {rental.instance_id} did not start: its staged data did not arrive (see "
                         "the wrapper's lines above; on_restore_failure, staging_timeout). The instance is destroyed."

@@ -23,9 +23,6 @@ if TYPE_CHECKING:
 else:
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
 
-#: A preempted instance kept as the checkpoint's source holds a lease this much longer than the bounds it waits for.
-SOURCE_LEASE_MARGIN_SECONDS = 15 * 60
-
 
 class Stager:
     """Copies one task instance's data in and out of its rentals, within ``plan.staging_timeout`` per step.
@@ -35,16 +32,25 @@ class Stager:
     :param plan: what the task asked for (``staging.DataPlan``).
     :param guard: the task's ``RentalGuard``: it holds (and on failure destroys) a kept checkpoint source too.
     :param poll_interval: seconds between two reads of an instance while a copy runs.
+    :param source_lease: seconds a kept checkpoint source's lease runs: past the next rental's boots and staging.
     """
 
     def __init__(
-        self, hook: GpuMarketHook, log: Any, plan: staging.DataPlan, guard: RentalGuard, poll_interval: float
+        self,
+        hook: GpuMarketHook,
+        log: Any,
+        plan: staging.DataPlan,
+        guard: RentalGuard,
+        poll_interval: float,
+        *,
+        source_lease: float,
     ) -> None:
         self.hook = hook
         self.log = log
         self.plan = plan
         self.guard = guard
         self.poll_interval = poll_interval
+        self.source_lease = source_lease
         self._integration: int | None = None
 
     # --- before renting ------------------------------------------------------------------------------
@@ -111,8 +117,8 @@ class Stager:
         if copies:
             self._open_gate(instance_id, deadline)
         shown = self._await_start(rental, deadline + staging.WRAPPER_MARGIN_SECONDS)
-        if source is not None:
-            self.drop_source(attempts, "its checkpoint reached the next instance")
+        if source is not None and (STARTED_LINE in shown or job_logs.exit_status(shown) is not None):
+            self.drop_source(attempts, "the next instance took over its checkpoint")
         return shown
 
     def _restore_failed(self, problem: str) -> None:
@@ -124,6 +130,17 @@ class Stager:
         self.log.warning(
             "Restoring the checkpoint failed: %s. on_restore_failure='restart': the job starts from scratch", problem
         )
+
+    def _abandon_restore(self, source: int, instance_id: int) -> None:
+        """Tell the wrapper to stop waiting for the checkpoint: a gate copied from the source to its abandon dir."""
+        try:
+            self.hook.start_instance_copy(
+                source, instance_id, staging.as_dir(staging.GATE_SOURCE_DIR), staging.as_dir(staging.ABANDON_DIR)
+            )
+        except GpuMarketError as exc:
+            self.log.warning(
+                "Could not tell instance %s to give up the restore (%s); it waits out its bound", instance_id, exc
+            )
 
     def _open_gate(self, instance_id: int, deadline: float) -> None:
         """Copy the gate out to the cloud and back in: its arrival tells the wrapper every copy before it ended."""
@@ -148,8 +165,8 @@ class Stager:
         while time.time() < deadline:
             self.guard.stop_if_killed(instance_id)
             try:
-                text = self.hook.get_instance_logs(instance_id)
                 instance = self.hook.find_instance(instance_id)
+                text = self.hook.get_instance_logs(instance_id)  # after the status: a job that ended shows its end
             except GpuMarketError as exc:
                 self.log.info("Reading instance %s while its data is staged: %s", instance_id, exc)
                 text, instance = "", {"actual_status": api.STATUS_RUNNING}
@@ -172,6 +189,7 @@ class Stager:
             ):
                 failure_seen = True
                 self._restore_failed(f"the service says {message!r}")
+                self._abandon_restore(rental.attempts.source_id, instance_id)
             time.sleep(self.poll_interval)
         self.log.warning(
             "Instance %s: the job had not started within the staging bound; watching it anyway", instance_id
@@ -255,9 +273,9 @@ class Stager:
             self.drop_source(attempts, f"instance {rental.instance_id} holds a newer checkpoint")
         attempts.source_id = rental.instance_id
         self.guard.source_id = rental.instance_id
-        lease = self.plan.staging_timeout * 2 + SOURCE_LEASE_MARGIN_SECONDS
         try:
-            self.hook.label_instance(rental.instance_id, lifecycle.make_label(self.guard.key, time.time() + lease))
+            label = lifecycle.make_label(self.guard.key, time.time() + self.source_lease)
+            self.hook.label_instance(rental.instance_id, label)
         except GpuMarketError as exc:
             self.log.warning("Could not extend the lease of instance %s: %s", rental.instance_id, exc)
         self.log.warning(

@@ -14,7 +14,7 @@ import pytest
 
 from airflow_gpumarket.operators.failures import GpuMarketStagingFailed
 
-from .conftest import alive
+from .conftest import alive, task_states
 from .test_interruptible import Outbidder
 from .test_money_safety import context, healthy_market, job  # noqa: F401 (an autouse fixture)
 
@@ -30,6 +30,45 @@ EPOCHS = (
     'until grep -qx epoch "$GPUMARKET_CHECKPOINT_DIR/.gpumarket-manifest"; do sleep 0.05; done; '
     'echo "epoch $e done"; done'
 )
+
+
+class CheckpointOutbidder(Outbidder):
+    """Outbids each running job once its disk holds a checkpoint newer than the one it started from.
+
+    It reads the instance's disk (``checkpoint_dir`` and the wrapper's manifest naming the file), so nothing depends on
+    how fast the job runs.
+    """
+
+    def __init__(self, sim, times: int, checkpoint_dir: str) -> None:
+        super().__init__(sim, times)
+        self.checkpoint_dir = checkpoint_dir
+        self.started_from: dict[int, int] = {}
+
+    def _epoch(self, instance_id: int, name: str) -> int | None:
+        try:
+            return int(self.sim.read_disk_file(instance_id, f"{self.checkpoint_dir}/{name}").split()[0])
+        except Exception:  # noqa: BLE001 - not there yet
+            return None
+
+    def _outbid_a_running_job(self) -> None:
+        for instance in self.sim.alive_instances():
+            iid = instance["id"]
+            if iid in self.outbid or instance.get("actual_status") != "running":
+                continue
+            output = (self.sim.onstart_result(iid) or {}).get("output", "")
+            started = re.search(r"resumes at epoch (\d+)", output)
+            if started is None:
+                continue
+            try:
+                manifest = self.sim.read_disk_file(iid, f"{self.checkpoint_dir}/.gpumarket-manifest").decode()
+            except Exception:  # noqa: BLE001 - not written yet
+                continue
+            epoch = self._epoch(iid, "epoch")
+            if "epoch" not in manifest.split() or epoch is None or epoch <= int(started.group(1)):
+                continue
+            self.sim.outbid(iid)
+            self.outbid.append(iid)
+            return
 
 
 def outputs_in_order(sim) -> list[str]:
@@ -58,7 +97,9 @@ def test_rule_an_interruptible_job_outbid_twice_resumes_from_its_checkpoint_on_i
 
 
 def test_rule_each_instance_sees_only_its_own_disk(sim):
-    op = job(command='mkdir -p "$GPUMARKET_INSTANCE_ROOT/workspace" && echo mine > "$GPUMARKET_INSTANCE_ROOT/workspace/a"; ls "$GPUMARKET_INSTANCE_ROOT/workspace"')
+    op = job(
+        command='mkdir -p "$GPUMARKET_INSTANCE_ROOT/workspace" && echo mine > "$GPUMARKET_INSTANCE_ROOT/workspace/a"; ls "$GPUMARKET_INSTANCE_ROOT/workspace"'
+    )
     op.execute(context(run_id="one"))
     other = job(command='ls "$GPUMARKET_INSTANCE_ROOT/workspace" 2>&1 || echo "no workspace"')
     other.execute(context(run_id="two"))
@@ -88,8 +129,8 @@ def test_rule_a_failed_checkpoint_copy_under_fail_fails_the_task_saying_so_and_l
 
 
 def test_rule_a_failed_checkpoint_copy_under_restart_starts_from_scratch_and_says_so(sim):
-    sim.set_copy_faults([{"times": 5, "after_fraction": 0.0, "kind": "copy_direct"}])
-    op = job(command=EPOCHS, interruptible=True, checkpoint_dir=CKPT, staging_timeout=1, max_runtime=600)
+    sim.set_copy_faults([{"times": 1, "after_fraction": 0.0, "kind": "copy_direct"}])
+    op = job(command=EPOCHS, interruptible=True, checkpoint_dir=CKPT, staging_timeout=60, max_runtime=600)
     with Outbidder(sim, times=1, marker=" done"):
         assert op.execute(context())["job_status"] == "succeeded"
     _, second = outputs_in_order(sim)
@@ -176,4 +217,18 @@ def test_rule_no_storage_credential_is_in_any_create_request(sim):
         text = str(body).lower()
         for word in ("secret", "access_key", "aws_", "rclone_config", "token"):
             assert word not in text, word
+    assert alive(sim) == []
+
+
+def test_the_interruptible_example_resumes_from_its_last_checkpoint_after_each_failover(example_dag, sim):
+    with CheckpointOutbidder(sim, times=2, checkpoint_dir="/workspace/checkpoints"):
+        run = example_dag("example_gpumarket_interruptible").test()
+    assert run.state == "success", task_states(run)
+    outputs = outputs_in_order(sim)
+    assert len(outputs) == 3
+    starts = [int(re.search(r"resumes at epoch (\d+)", o).group(1)) for o in outputs]
+    assert starts[0] == 0 and starts[1] > 0 and starts[2] > starts[1]
+    done = [n for o in outputs for n in epochs_done(o)]
+    assert sorted(set(done)) == list(range(1, 11))
+    assert len(done) - len(set(done)) <= 2, f"more than one epoch lost per preemption: {done}"
     assert alive(sim) == []

@@ -241,17 +241,6 @@ def test_rule_a_failed_job_on_a_bid_instance_is_a_failure_not_a_preemption(sim):
     assert len(sim.state()["instances"]) == 1 and alive(sim) == []
 
 
-def test_the_interruptible_example_resumes_from_its_checkpoint_after_an_outbid(example_dag, sim, monkeypatch, tmp_path):
-    monkeypatch.setenv("GPUMARKET_EXAMPLE_CHECKPOINT_URI", str(tmp_path))
-    with Outbidder(sim, times=1, marker="epoch 1 done"):
-        run = example_dag("example_gpumarket_interruptible").test()
-    assert run.state == "success", task_states(run)
-    outputs = [sim.onstart_result(i["id"])["output"] for i in sorted(sim.state()["instances"], key=lambda i: i["id"])]
-    resumed = [o for o in outputs if "attempt 2 (after 1 preemptions) resumes at epoch" in o]
-    assert resumed and "resumes at epoch 0" not in resumed[0] and "epoch 10 done" in resumed[0]
-    assert alive(sim) == []
-
-
 class PriceRise(MarketPlayer):
     """Plays a rising competing bid against the test's one bid instance once its command runs (``steps``: the
     competing bid as a share of the instance's first bid, each set once the task has read the instance since the
