@@ -137,7 +137,8 @@ def test_without_the_gate_the_job_never_starts_and_the_wrapper_gives_up_within_i
 
 
 def test_the_manifest_names_the_checkpoint_files_but_hidden_and_tmp_ones(disk):
-    command = 'cd "$GPUMARKET_CHECKPOINT_DIR" && echo 1 > epoch && echo x > w.tmp && echo y > .hidden && mkdir d && echo z > d/e'
+    command = 'cd "$GPUMARKET_CHECKPOINT_DIR" && echo 1 > epoch && echo x > w.tmp && echo y > .hidden && mkdir d'
+    command += " && echo z > d/e"
     done = run_wrapper(disk, WrapperStaging(CKPT), command=command)
     assert done.returncode == 0
     assert (disk / "workspace/ckpt" / staging.MANIFEST_NAME).read_text().split() == ["d/e", "epoch"]

@@ -97,9 +97,7 @@ def test_rule_an_interruptible_job_outbid_twice_resumes_from_its_checkpoint_on_i
 
 
 def test_rule_each_instance_sees_only_its_own_disk(sim):
-    op = job(
-        command='mkdir -p "$GPUMARKET_INSTANCE_ROOT/workspace" && echo mine > "$GPUMARKET_INSTANCE_ROOT/workspace/a"; ls "$GPUMARKET_INSTANCE_ROOT/workspace"'
-    )
+    op = job(command='w="$GPUMARKET_INSTANCE_ROOT/workspace"; mkdir -p "$w" && echo mine > "$w/a"; ls "$w"')
     op.execute(context(run_id="one"))
     other = job(command='ls "$GPUMARKET_INSTANCE_ROOT/workspace" 2>&1 || echo "no workspace"')
     other.execute(context(run_id="two"))
