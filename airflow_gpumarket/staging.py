@@ -44,7 +44,7 @@ STAGING_FAILED_STATUS = 75
 #: The service shows copy progress about this late in ``status_msg``; earlier readings describe an older copy.
 STATUS_MSG_LAG_SECONDS = 30.0
 #: The wrapper waits this much longer than the provider's bound, so that the provider decides first.
-WRAPPER_MARGIN_SECONDS = 120.0
+WRAPPER_MARGIN_SECONDS = 30.0
 
 RESTORE_POLICIES = ("restart", "fail")
 

@@ -407,15 +407,16 @@ def p5_hook_overhead(calls: int, runs: int, sim_log: TextIO) -> None:
 
 
 # --- P10 ---------------------------------------------------------------------------------------------------
-#: P10's job: ``steps`` steps of 10 simulated minutes, a checkpoint after each in a folder that outlives every
-#: instance (a bucket's stand-in), resumed from there by each run.
+#: P10's job: ``steps`` steps of 10 simulated minutes, a checkpoint after each in ``checkpoint_dir`` on the
+#: instance's own disk, which the service copies to the next rental after a preemption.
 P10_JOB = (
-    'n=$(cat "$CHECKPOINT_URI/step" 2>/dev/null || echo 0); '
+    'c="$GPUMARKET_CHECKPOINT_DIR"; n=$(cat "$c/step" 2>/dev/null || echo 0); '
     'echo "run attempt=$GPUMARKET_ATTEMPT from step $n at $(date +%s.%N)"; '
     'while [ "$n" -lt {steps} ]; do sleep {step_seconds:g} || exit 143; '
-    'n=$((n+1)); echo "$n" > "$CHECKPOINT_URI/step"; done; '
+    'n=$((n+1)); echo "$n" > "$c/step.tmp" && mv "$c/step.tmp" "$c/step"; done; '
     "echo done"
 )
+P10_CHECKPOINT_DIR = "/workspace/ckpt"
 P10_STEP_SIMULATED_SECONDS = 600.0
 #: One kind of GPU (three machines on the seeded market), so that both runs pay for the same hardware.
 P10_FILTERS = {"gpu_name": {"eq": "RTX 4090"}, "num_gpus": {"eq": 1}}
@@ -424,15 +425,12 @@ P10_FILTERS = {"gpu_name": {"eq": "RTX 4090"}, "num_gpus": {"eq": 1}}
 @contextlib.contextmanager
 def _p10_job(*, seed: int, steps: int, step_seconds: float, **options: Any) -> Iterator[tuple[Any, Any]]:
     """(simulator, operator) for P10's job on the seeded market, its hosts all healthy (hosts that fail would blur
-    what bidding costs), checkpointing into a folder that outlives every instance; ``options`` go to the operator."""
+    what bidding costs), checkpointing into ``checkpoint_dir`` on isolated disks; ``options`` go to the operator."""
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
     from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
     speed = P10_STEP_SIMULATED_SECONDS / step_seconds
-    with (
-        tempfile.TemporaryDirectory() as bucket,
-        MarketSimulator(speed=speed, seed=seed, execute_onstart=True, **SIM_PROFILE) as sim,
-    ):
+    with MarketSimulator(speed=speed, seed=seed, execute_onstart=True, **SIM_PROFILE) as sim:
         connect(sim)
         for offer in GpuMarketHook().search_offers(P10_FILTERS, limit=50):
             sim.set_offer_fate(offer["id"], "running")
@@ -442,7 +440,7 @@ def _p10_job(*, seed: int, steps: int, step_seconds: float, **options: Any) -> I
                 task_id="p10",
                 offer_filters=P10_FILTERS,
                 image="bench",
-                env={"CHECKPOINT_URI": bucket},
+                checkpoint_dir=P10_CHECKPOINT_DIR,
                 command=P10_JOB.format(steps=steps, step_seconds=step_seconds),
                 poll_interval=0.05,
                 **options,
@@ -511,7 +509,27 @@ def _p10_run(*, interruptible: bool, steps: int, step_seconds: float, outbid_aft
             "wall": max(i["destroyed_at"] for i in instances) - instances[0]["created_at"],
             "lost": lost,
             "rentals": len(instances),
+            "restores": _p10_restores(sim, instances),
         }
+
+
+def _p10_restores(sim: Any, instances: list[dict]) -> list[tuple[float, float]]:
+    """(wall, cost) of each failover's restore: the copy's simulated seconds from its request to its end, and the
+    bandwidth it moved plus the kept source's storage from the next rental's creation to the source's destroy."""
+    by_id = {i["id"]: i for i in instances}
+    offers = {o["id"]: o for o in sim.state()["offers"]}
+    restores = []
+    for copy in sim.copies():
+        if copy["kind"] != "copy_direct" or copy.get("ended_at") is None:
+            continue
+        source, target = by_id[copy["src_instance_id"]], by_id[copy["dst_instance_id"]]
+        kept = max(0.0, source["destroyed_at"] - target["created_at"])
+        storage = source["storage_cost"] * kept / source["storage_seconds"] if source["storage_seconds"] else 0.0
+        moved = copy["bytes_done"] / 1e9
+        up, down = offers.get(source["offer_id"], {}), offers.get(target["offer_id"], {})
+        bandwidth = moved * (up.get("inet_up_cost") or 0) + moved * (down.get("inet_down_cost") or 0)
+        restores.append((copy["ended_at"] - copy["requested_at"], storage + bandwidth))
+    return restores
 
 
 def p10_interruptible(*, steps: int, step_seconds: float, outbid_after: float) -> None:
@@ -520,10 +538,12 @@ def p10_interruptible(*, steps: int, step_seconds: float, outbid_after: float) -
     bid = _p10_run(interruptible=True, steps=steps, step_seconds=step_seconds, outbid_after=outbid_after)
     hours = steps * P10_STEP_SIMULATED_SECONDS / 3600
     print(
-        f"P10 interruptible vs on-demand ({hours:g} h job, checkpoint every 10 min, outbid twice): cost "
-        f"${bid['cost']:.4f} vs ${on_demand['cost']:.4f} ({1 - bid['cost'] / on_demand['cost']:.0%} cheaper; "
-        f"goal: >= 40 %), wall {bid['wall'] / 60:.0f} vs {on_demand['wall'] / 60:.0f} min, {bid['rentals']} rentals, "
-        f"work lost per preemption {', '.join(f'{x / 60:.1f}' for x in bid['lost'])} min (goal: <= 10 min each)"
+        f"P10 interruptible vs on-demand ({hours:g} h job, checkpoint every 10 min in checkpoint_dir on isolated "
+        f"disks, outbid twice): cost ${bid['cost']:.4f} vs ${on_demand['cost']:.4f} "
+        f"({1 - bid['cost'] / on_demand['cost']:.0%} cheaper; goal: >= 40 %), wall {bid['wall'] / 60:.0f} vs "
+        f"{on_demand['wall'] / 60:.0f} min, {bid['rentals']} rentals, work lost per preemption "
+        f"{', '.join(f'{x / 60:.1f}' for x in bid['lost'])} min (goal: <= 10 min each), restore per failover "
+        + (", ".join(f"{wall:.0f} s ${cost:.5f}" for wall, cost in bid["restores"]) or "none")
     )
 
 
@@ -611,26 +631,36 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, the same lines")
     parser.add_argument("--peers-python", help="P4: an interpreter that also has the peer providers installed")
+    parser.add_argument("--only", help="run only these figures, comma-separated (p2, p3, p4, p5, p10, p10-strategies)")
     args = parser.parse_args()
     home = os.environ.get("AIRFLOW_HOME") or tempfile.mkdtemp(prefix="gpm-bench-")
     log_path = Path(home) / "bench_provider.log"
     # Left open to the end of the process: a logger may still write while the interpreter shuts down.
     log_stream = route_logs_to(log_path)
+    quick = {
+        "p2": lambda: p2_calls_per_lifecycle(runs=1, speed=600.0, job_seconds=1.0),
+        "p3": lambda: p3_billed_after_last_command(runs=1, pattern_interval=1.0, job_seconds=1.0),
+        "p4": lambda: p4_parse_time(runs=1, warm_runs=1, peers_python=args.peers_python),
+        "p5": lambda: p5_hook_overhead(calls=100, runs=1, sim_log=log_stream),
+        "p10": lambda: p10_interruptible(steps=4, step_seconds=0.5, outbid_after=0.6),
+        "p10-strategies": lambda: p10_bid_strategies(seeds=1, steps=2, step_seconds=0.5),
+    }
+    full = {
+        "p2": lambda: p2_calls_per_lifecycle(runs=5),
+        "p3": lambda: p3_billed_after_last_command(runs=3, pattern_interval=10.0),
+        "p4": lambda: p4_parse_time(runs=15, warm_runs=5, peers_python=args.peers_python),
+        "p5": lambda: p5_hook_overhead(calls=1000, runs=5, sim_log=log_stream),
+        "p10": lambda: p10_interruptible(steps=12, step_seconds=1.0, outbid_after=5.5),
+        "p10-strategies": lambda: p10_bid_strategies(seeds=5, steps=12, step_seconds=1.0),
+    }
+    figures = quick if args.quick else full
+    only = [name.strip().lower() for name in args.only.split(",")] if args.only else list(figures)
+    unknown = [name for name in only if name not in figures]
+    if unknown:
+        parser.error(f"--only: unknown figure(s) {unknown}; choose from {', '.join(figures)}")
     try:
-        if args.quick:
-            p2_calls_per_lifecycle(runs=1, speed=600.0, job_seconds=1.0)
-            p3_billed_after_last_command(runs=1, pattern_interval=1.0, job_seconds=1.0)
-            p4_parse_time(runs=1, warm_runs=1, peers_python=args.peers_python)
-            p5_hook_overhead(calls=100, runs=1, sim_log=log_stream)
-            p10_interruptible(steps=4, step_seconds=0.5, outbid_after=0.6)
-            p10_bid_strategies(seeds=1, steps=2, step_seconds=0.5)
-        else:
-            p2_calls_per_lifecycle(runs=5)
-            p3_billed_after_last_command(runs=3, pattern_interval=10.0)
-            p4_parse_time(runs=15, warm_runs=5, peers_python=args.peers_python)
-            p5_hook_overhead(calls=1000, runs=5, sim_log=log_stream)
-            p10_interruptible(steps=12, step_seconds=1.0, outbid_after=5.5)
-            p10_bid_strategies(seeds=5, steps=12, step_seconds=1.0)
+        for name in only:
+            figures[name]()
     finally:
         log_stream.flush()
         print(f"bench_provider: the log lines of Airflow and the simulators are in {log_path}", file=sys.stderr)

@@ -5,7 +5,9 @@
   responses slower than the client's timeout, hosts ending exited/unknown/offline, offers rented away by
   "someone else" in the background, and on_kill at random moments. A quarter of the jobs are interruptible (bid)
   rentals: the market outbids running bid instances at random (some of them win their machine back later), and
-  every machine's winning bid drifts, outbidding and resuming bid instances as it moves.
+  every machine's winning bid drifts, outbidding and resuming bid instances as it moves. Half the interruptible
+  jobs checkpoint to ``checkpoint_dir`` (a fifth of those save to a cloud integration and copy an output out),
+  under copies that fail or start slowly.
 - 20 real Airflow task runs (`airflow dags test`) killed with SIGTERM mid-boot or mid-job.
 
 Seeded: the same seed draws the same world, jobs, kill times and fault probabilities (thread timing still
@@ -139,9 +141,27 @@ def count_client_faults(counter: Counter) -> None:
     transport.send = counted
 
 
+#: Copies that fail partway, of each kind (``PUT /_sim/copy-faults``), and copies that start slowly.
+COPY_FAULTS = [
+    {"times": 12, "kind": "copy_direct", "after_fraction": 0.5, "msg": "chaos: the source host went away"},
+    {"times": 4, "kind": "rclone", "direction": "Cloud To Instance", "after_fraction": 0.0, "msg": "chaos: 403"},
+    {"times": 4, "kind": "rclone", "direction": "Instance To Cloud", "after_fraction": 0.5, "msg": "chaos: 503"},
+]
+COPY_SETTINGS = {"start_latency_seconds": 60.0}
+#: A checkpointing job: steps of 0.1 s, a checkpoint after each (written whole, then renamed), resumed from the last.
+CHECKPOINTED = (
+    'c="$GPUMARKET_CHECKPOINT_DIR"; n=$(cat "$c/step" 2>/dev/null || echo 0); echo "from step $n"; '
+    'while [ "$n" -lt 6 ]; do sleep 0.1; n=$((n+1)); echo "$n" > "$c/s.tmp" && mv "$c/s.tmp" "$c/step"; done; '
+    'o="$GPUMARKET_INSTANCE_ROOT/out"; mkdir -p "$o" && echo done > "$o/result"'
+)
+
+
 def classify(exc: BaseException) -> str:
     text = str(exc)
     for words, reason in (
+        ("did not reach the cloud integration", "an output copy failed"),
+        ("Restoring the checkpoint failed", "a checkpoint restore failed (on_restore_failure='fail')"),
+        ("staged data did not arrive", "staged data did not arrive"),
         ("status 'stopped'", "job exited non-zero"),
         ("killed", "killed (on_kill)"),
         ("Could not get a working instance", "no working offer"),
@@ -175,6 +195,19 @@ def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
             "max_outbid_wait": rng.choice([0.3, 1.0]),
             "fallback_on_demand": rng.random() < 0.3,
         }
+        if rng.random() < 0.5:
+            command = CHECKPOINTED
+            bidding |= {
+                "checkpoint_dir": "/workspace/ckpt",
+                "on_restore_failure": rng.choice(["restart", "fail"]),
+                "staging_timeout": 20,
+            }
+            if rng.random() < 0.2:
+                bidding |= {
+                    "cloud_integration": "training-data",
+                    "checkpoint_uri": f"chaos/{seed}/{i}/ckpt",
+                    "outputs": {"/out": f"chaos/{seed}/{i}/out"},
+                }
     op = GpuMarketRunJobOperator(
         task_id=f"chaos_{i}",
         offer_filters={"gpu_name": {"eq": rng.choice(GPUS)}},
@@ -288,7 +321,12 @@ def sigterm_runs(sim: Simulator, runs: int, seed: int) -> tuple[int, int, int]:
 
 
 def double_rentals(instances: list[dict]) -> int:
-    """Pairs of instances of one label key alive at the same time (a failover destroys before renting again)."""
+    """Pairs of instances of one label key billing compute at the same time.
+
+    A failover destroys before renting again, but with ``checkpoint_dir`` it keeps the preempted instance (stopped:
+    storage only) until its checkpoint reached the next rental: an instance counts from its creation to its first
+    outbid, or to its destroy when it was never outbid.
+    """
     from airflow_gpumarket import lifecycle as lc
 
     by_key: dict[str, list[tuple[float, float]]] = {}
@@ -296,6 +334,8 @@ def double_rentals(instances: list[dict]) -> int:
         parsed = lc.parse_label(inst.get("label"))
         if parsed:
             end = inst["destroyed_at"] if inst["destroyed_at"] is not None else float("inf")
+            if inst.get("first_outbid_at") is not None:
+                end = min(end, inst["first_outbid_at"])
             by_key.setdefault(parsed[0], []).append((inst["created_at"], end))
     overlaps = 0
     for spans in by_key.values():
@@ -318,6 +358,8 @@ def main() -> int:
         faults: Counter = Counter()
         count_client_faults(faults)
         sim.send("PUT", "/_sim/faults", {"rules": FAULTS}).raise_for_status()
+        sim.send("PUT", "/_sim/copy-faults", {"rules": COPY_FAULTS}).raise_for_status()
+        sim.send("PUT", "/_sim/copy-settings", COPY_SETTINGS).raise_for_status()
         sim.send("PUT", "/_sim/bid-drift", {"drift": BID_DRIFT}).raise_for_status()
         stop = threading.Event()
         vanisher = threading.Thread(target=vanish_offers, args=(sim, stop, args.seed, faults), daemon=True)

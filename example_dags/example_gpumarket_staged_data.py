@@ -7,8 +7,8 @@ request nor the instance holds a storage credential. Before the job starts, ``da
 ``checkpoint_dir``. After the job, ``checkpoint_dir`` is saved back to ``checkpoint_uri`` (so a retry, or the next
 run, resumes), and after exit 0 ``/workspace/out`` is copied to a folder of its own per DAG run.
 
-On the simulator the default world has the integration ``training-data`` (id 1), with an empty bucket: put the data
-there first, for instance ``curl -X PUT --data-binary @train.csv
+On the simulator the default world has the integration ``training-data`` (id 1), whose bucket begins with a tiny
+``datasets/mnist``; other data goes there with ``curl -X PUT --data-binary @train.csv
 http://127.0.0.1:<port>/_sim/buckets/1/files/datasets/mnist/train.csv``. An input that does not exist fails the task
 before the job starts.
 """
@@ -56,7 +56,7 @@ with DAG(
         offer_filters={
             "num_gpus": {"eq": 1},
             "gpu_name": {"eq": "RTX 4090"},
-            # Bandwidth is billed per GB at the offer's prices; the simulator ignores these two filters.
+            # Bandwidth is billed per GB at the offer's prices (the spec does not list these fields; the service does).
             "inet_down_cost": {"lte": 0.02},
             "inet_up_cost": {"lte": 0.02},
         },

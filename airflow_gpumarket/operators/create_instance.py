@@ -31,6 +31,7 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
     """
 
     _hands_over_its_instance = True
+    wait_for_running = True
 
     def __init__(
         self, *, wait_for_running: bool = True, lease: timedelta | float = timedelta(hours=6), **kwargs: Any
@@ -38,6 +39,7 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
         super().__init__(**kwargs)
         self.wait_for_running = wait_for_running
         self.lease = duration_seconds("lease", lease)
+        self._validate_staging(parse_time=True)  # again: whether it waits is known only now
 
     def _should_wait(self) -> bool:
         return self.wait_for_running

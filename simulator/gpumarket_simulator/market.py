@@ -28,7 +28,7 @@ from gpumarket_simulator.onstart import HALT_GRACE_SECONDS, OnstartRunner
 from gpumarket_simulator.ratelimits import RateLimits
 from gpumarket_simulator.storage import INSTANCE_ROOT_ENV, Storage, parse_copy_faults
 from gpumarket_simulator.world import World
-from gpumarket_simulator.worldgen import build_world
+from gpumarket_simulator.worldgen import SAMPLE_BUCKET_FILES, build_world
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,8 @@ class Market:
         self.runner = OnstartRunner(execute_onstart)
         #: Instance disks, cloud buckets and the copies between them, under ``data_dir`` (default: a temp dir).
         self.storage = Storage(data_dir)
-        for integration in self.world.cloud_integrations:
-            self.storage.create_bucket(integration["id"])
+        for integration_id, files in self._buckets().items():
+            self.storage.create_bucket(integration_id, files)
         self.log_uploads = LogUploads()
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=REQUEST_LOG_SIZE)
         self.internal_errors = 0
@@ -229,13 +229,17 @@ class Market:
         with self.transaction():
             self.clock.set_speed(speed)
 
+    def _buckets(self) -> dict[int, dict[str, bytes]]:
+        """Each cloud integration's bucket as the world begins: the default world's ``training-data`` has a sample."""
+        return {c["id"]: dict(SAMPLE_BUCKET_FILES.get(c["name"], {})) for c in self.world.cloud_integrations}
+
     def reset(self, seed: int | None = None) -> None:
         with self.lock:
             if seed is not None:
                 self.seed = seed
             self.runner.reset()
             self.world = build_world(self.seed, self._start_time, self._overrides)
-            self.storage.reset([c["id"] for c in self.world.cloud_integrations])
+            self.storage.reset(self._buckets())
             self.clock.reset(self._initial_speed, self.world.start_time)
             self.faults.clear(self.seed)
             self.rate_limits.clear()

@@ -17,7 +17,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -244,13 +244,19 @@ class Storage:
     def create_disk(self, instance_id: int) -> None:
         os.makedirs(self.disk(instance_id), exist_ok=True)
 
-    def create_bucket(self, integration_id: int) -> None:
+    def create_bucket(self, integration_id: int, files: Mapping[str, bytes] | None = None) -> None:
+        """The bucket's directory, holding ``files`` (path -> bytes) to begin with."""
         os.makedirs(self.bucket(integration_id), exist_ok=True)
+        for path, data in (files or {}).items():
+            full = os.path.join(self.bucket(integration_id), path)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as fh:
+                fh.write(data)
 
     def remove_disk(self, instance_id: int) -> None:
         shutil.rmtree(self.disk(instance_id), ignore_errors=True)
 
-    def reset(self, integration_ids: list[int]) -> None:
+    def reset(self, buckets: Mapping[int, Mapping[str, bytes]]) -> None:
         """Forget every copy and setting; empty disks and buckets, then make the world's buckets again."""
         self.copies.clear()
         self.faults = []
@@ -261,8 +267,8 @@ class Storage:
         shutil.rmtree(self.disks_dir, ignore_errors=True)
         shutil.rmtree(self.buckets_dir, ignore_errors=True)
         self._make_dirs()
-        for integration_id in integration_ids:
-            self.create_bucket(integration_id)
+        for integration_id, files in buckets.items():
+            self.create_bucket(integration_id, files)
 
     def close(self) -> None:
         if self._owns_root:

@@ -174,6 +174,7 @@ class Instance:
     #: The market's last word on the instance (live: ``status_msg``), e.g. why it was stopped.
     status_msg: str | None = None
     outbids: int = 0
+    first_outbid_at: float | None = None  # when a higher bid first took its machine (compute billing stopped)
     #: Stopped by the market until its bid is again the highest (it then resumes by itself); see ``settle_bid``.
     awaiting_bid: bool = False
     #: The next ``running`` starts the onstart script again (a container that comes back after an outbid).
@@ -572,6 +573,8 @@ class World:
         """
         if inst.status in (None, "loading", "running"):
             inst.outbids += 1
+            if inst.first_outbid_at is None:
+                inst.first_outbid_at = now
         inst.config["target_state"] = "stopped"
         inst.awaiting_bid = False
         inst.status_msg = "Outbid: a higher bid took this machine; stopped until your bid wins again."
@@ -790,6 +793,7 @@ class World:
             "destroyed_at": inst.destroyed_at,
             "first_running_at": inst.first_running_at,
             "outbids": inst.outbids,
+            "first_outbid_at": inst.first_outbid_at,
             "awaiting_bid": inst.awaiting_bid,
             "fate": inst.fate,
             "doomed": inst.doomed,

@@ -65,6 +65,16 @@ STATE_ONLY_KEYS = frozenset(
 )
 
 
+#: What a bucket of the default world holds to begin with, by integration name: a tiny dataset for the staged-data
+#: example (``example_gpumarket_staged_data``), so it runs as it is.
+SAMPLE_BUCKET_FILES: dict[str, dict[str, bytes]] = {
+    "training-data": {
+        "datasets/mnist/train.csv": b"label,pixels\n5,0 0 3 18 18\n0,0 0 0 0 51\n4,0 0 0 0 0\n",
+        "datasets/mnist/test.csv": b"label,pixels\n7,0 0 0 84 185\n2,0 0 116 125 171\n",
+    }
+}
+
+
 def template_hash(name: str) -> str:
     """Template ids are derived from the name alone, so they are the same whatever the seed."""
     return hashlib.sha256(f"gpumarket-template:{name}".encode()).hexdigest()[:32]
@@ -171,7 +181,7 @@ def _generate(seed: int, start_time: float) -> dict[str, Any]:
             _api_key(1, user_id, "api", "default", None, None, None),
             _api_key(2, user_id, "scoped", "ci-readonly", 31, "ml-platform", False),
         ],
-        "cloud_integrations": [
+        "cloud_integrations": [  # their buckets begin empty but for SAMPLE_BUCKET_FILES
             {"id": 1, "cloud_type": "s3", "name": "training-data"},
             {"id": 2, "cloud_type": "gdrive", "name": "shared-models"},
             {"id": 3, "cloud_type": "backblaze", "name": "checkpoints"},

@@ -230,3 +230,14 @@ def test_the_interruptible_example_resumes_from_its_last_checkpoint_after_each_f
     assert sorted(set(done)) == list(range(1, 11))
     assert len(done) - len(set(done)) <= 2, f"more than one epoch lost per preemption: {done}"
     assert alive(sim) == []
+
+
+def test_the_staged_data_example_trains_on_its_inputs_and_leaves_its_outputs_in_the_bucket(example_dag, sim):
+    run = example_dag("example_gpumarket_staged_data").test()
+    assert run.state == "success", task_states(run)
+    (output,) = outputs_in_order(sim)
+    assert "training on 2 input files; resumes at step 0" in output
+    files = {f["path"] for f in sim.bucket_files(1)}
+    assert any(p.startswith("runs/") and p.endswith("/out/model.txt") for p in files), sorted(files)
+    assert "checkpoints/example_gpumarket_staged_data/step" in files
+    assert alive(sim) == []

@@ -190,3 +190,15 @@ def test_failing_hosts_have_low_reliability(sim):
     assert len(failing) >= 3
     assert {o["fate"] for o in failing} == {"exited", "unknown", "offline"}
     assert all(o["reliability"] < 0.9 for o in failing)
+
+
+def test_the_live_profile_filters_offers_on_bandwidth_prices_and_the_spec_profile_refuses_them():
+    from gpumarket_simulator.errors import ApiError
+    from gpumarket_simulator.rules import offer_matches, validate_search
+
+    query = validate_search({"inet_down_cost": {"lte": 0.005}, "order": [["inet_up_cost", "asc"]]}, lenient=True)
+    assert query.filters == [("inet_down_cost", "lte", 0.005)] and query.order == [("inet_up_cost", False)]
+    assert offer_matches({"inet_down_cost": 0.004}, query.filters)
+    assert not offer_matches({"inet_down_cost": 0.01}, query.filters)
+    with pytest.raises(ApiError, match="not a filterable offer field"):
+        validate_search({"inet_down_cost": {"lte": 0.005}})

@@ -13,6 +13,7 @@ import pytest
 
 from gpumarket_simulator import MarketSimulator
 from gpumarket_simulator.storage import INSTANCE_ROOT_ENV
+from gpumarket_simulator.worldgen import SAMPLE_BUCKET_FILES
 
 from .helpers import Api, boot, finished_onstart, ledger
 
@@ -85,7 +86,12 @@ def test_reset_removes_disks_and_bucket_files(sim, api):
     sim.put_bucket_file(BUCKET, "y", b"y")
     sim.reset()
     assert not os.path.exists(sim.disk_dir(a))
-    assert sim.bucket_files(BUCKET) == []
+    assert {f["path"] for f in sim.bucket_files(BUCKET)} == set(SAMPLE_BUCKET_FILES["training-data"])
+
+
+def test_the_default_worlds_training_data_bucket_begins_with_a_sample_dataset(sim):
+    assert {f["path"] for f in sim.bucket_files(BUCKET)} == {"datasets/mnist/train.csv", "datasets/mnist/test.csv"}
+    assert all(sim.bucket_files(other) == [] for other in (2, 3))
 
 
 def test_onstart_gets_its_disk_as_gpumarket_instance_root():
@@ -251,7 +257,7 @@ def test_instance_to_cloud_copy_lands_in_the_integrations_bucket(sim, api):
     response = cloud(api, "/out", "runs/1/", str(a), "Instance to Cloud", selected=str(BUCKET))
     assert response.status_code == 200, response.text
     sim.advance(LATENCY + 1)
-    assert sim.bucket_files(BUCKET) == [{"path": "runs/1/result.json", "size": 2}]
+    assert {"path": "runs/1/result.json", "size": 2} in sim.bucket_files(BUCKET)
 
 
 def test_cloud_to_instance_copy_restores_into_the_disk(sim, api):

@@ -49,6 +49,9 @@ GOALS = {
     "failed the TI, 0 alive",
     "postgres_restart": f"PostgreSQL down {POSTGRES_DOWN} s under a deferred and a sync job: both succeed on one "
     "rental each, every component healthy again, 0 alive",
+    "durable": "a deferred interruptible job outbid twice (a triggerer killed at the second) resumes from its "
+    "checkpoint on its third machine, disks isolated, each epoch once but at most one per preemption; its output in "
+    "the integration's bucket before the destroy; 0 alive",
 }
 
 
@@ -57,7 +60,7 @@ def _offers() -> tuple[dict, ...]:
     return tuple(
         {"id": 700_000 + 10 * n + k, "gpu_name": f"sys-{name}", "dph_total": 1.0 + k / 10, "reliability": 0.99}
         for n, name in enumerate(GOALS)
-        for k in range(3 if name == "interruptible" else 2)  # a preemption never rents the same machine again
+        for k in range(3 if name in ("interruptible", "durable") else 2)  # a preempted machine is never rented again
     )
 
 

@@ -33,6 +33,15 @@ THIRD_RUN_FINISHES = (
     'echo "run attempt=$GPUMARKET_ATTEMPT"; [ "$GPUMARKET_ATTEMPT" -ge 3 ] || sleep 600; '
     'echo "finished on attempt $GPUMARKET_ATTEMPT"'
 )
+#: Eight epochs of 2 s, a checkpoint (written whole, then renamed) after each, resumed from the last one; at the end
+#: a result under /workspace/out, which the task copies to the cloud integration before the destroy.
+EPOCHS_WITH_OUTPUT = (
+    'c="$GPUMARKET_CHECKPOINT_DIR"; e=$(cat "$c/epoch" 2>/dev/null || echo 0); '
+    'echo "run attempt=$GPUMARKET_ATTEMPT resumes at epoch $e from [$GPUMARKET_RESUMED_FROM]"; '
+    'while [ "$e" -lt 8 ]; do sleep 2 || exit 143; e=$((e+1)); '
+    'echo "$e" > "$c/epoch.tmp" && mv "$c/epoch.tmp" "$c/epoch"; echo "epoch $e done"; done; '
+    'o="$GPUMARKET_INSTANCE_ROOT/workspace/out"; mkdir -p "$o" && echo "8 epochs" > "$o/result"'
+)
 #: Numbered lines over about 30 s: long enough for a triggerer to die mid-job and the other to take over.
 TICKS_30S = "for i in $(seq 1 12); do echo tick $i; sleep 2.5; done"
 
@@ -55,6 +64,18 @@ SCENARIOS: dict[str, tuple[bool, str, dict]] = {
     "scheduler_kill": (False, "sleep 30", {}),
     "worker_kill": (False, "sleep 100000", {"retries": 0}),
     "postgres_restart": (True, "sleep 40", {}),  # with a second, sync task: see below
+    "durable": (
+        True,
+        EPOCHS_WITH_OUTPUT,
+        {
+            "interruptible": True,
+            "checkpoint_dir": "/workspace/ckpt",
+            "checkpoint_uri": "system/durable/{{ run_id | replace(':', '_') }}/ckpt",
+            "cloud_integration": "training-data",
+            "outputs": {"/workspace/out": "system/durable/{{ run_id | replace(':', '_') }}/out"},
+            "log_interval": 3,
+        },
+    ),
 }
 # Scenario -> the callback attribute that a heartbeat timeout fires for it (retries left: on_retry_callback).
 PROBED = {"kill9_retry": "on_retry_callback", "lost_worker": "on_failure_callback"}
