@@ -108,15 +108,15 @@ gpm_complete() {{
 gpm_rc=
 if [ -n "$GPM_FROM$GPM_GATED" ]; then
   echo "gpumarket: waiting up to {timeout} s for the staged data${{GPM_FROM:+ (checkpoint from $GPM_FROM)}}"
-  i=0
+  gpm_end=$(($(date +%s) + {timeout}))
   while :; do
     if [ -z "$GPM_GATED" ] || [ -f "$GPM_S/go/gate" ]; then
       case "$GPM_FROM" in ""|cloud) [ -n "$GPM_GATED" ] && break ;; esac
       gpm_complete && break
       [ -f "$GPM_S/abandon/gate" ] && break
     fi
-    i=$((i+1)); [ "$i" -ge {timeout} ] && break
-    sleep 1
+    [ "$(date +%s)" -ge "$gpm_end" ] && break
+    sleep 0.2 2>/dev/null || sleep 1
   done
   if [ -n "$GPM_GATED" ] && [ ! -f "$GPM_S/go/gate" ]; then
     echo "gpumarket: the staged data did not arrive within {timeout} s{not_started}"; gpm_rc={failed}

@@ -19,7 +19,7 @@ from airflow_gpumarket.job_script import STARTED_LINE, WrapperStaging, build_job
 
 BASE = "http://127.0.0.1:9999"
 TOOLS = ("sh", "cat", "rm", "printf", "sleep", "echo", "mkdir", "find", "sed", "sort", "mv", "cp", "wc", "ls")
-TOOLS += ("dirname", "base64", "gunzip", "gzip")
+TOOLS += ("dirname", "base64", "gunzip", "gzip", "date")
 CKPT = "/workspace/ckpt"
 SHOW = 'echo "from=[$GPUMARKET_RESUMED_FROM] dir=$GPUMARKET_CHECKPOINT_DIR"; cat "$GPUMARKET_CHECKPOINT_DIR/epoch"'
 
