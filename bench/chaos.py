@@ -320,6 +320,29 @@ def sigterm_runs(sim: Simulator, runs: int, seed: int) -> tuple[int, int, int]:
     return killed, leaked, stuck
 
 
+def restores(sim: Simulator, copies: list[dict]) -> tuple[Counter, int]:
+    """The copies by kind and outcome, and the jobs that started after a restore without the wrapper's verdict.
+
+    A rental that restores a checkpoint (a copy_direct into it, or a copy from the cloud into the wrapper's restore
+    area) may start its job only after the wrapper said how the restore ended: restored, nothing there yet, or
+    given up under ``on_restore_failure``.
+    """
+    outcomes = Counter(f"{c['kind']} {c.get('direction') or ''} {c['state']}".replace("  ", " ") for c in copies)
+    restored_into = {
+        c["dst_instance_id"] for c in copies if c["kind"] == "copy_direct" or "restore" in str(c.get("dst", ""))
+    }
+    verdicts = ("gpumarket: restored the checkpoint", "the job starts from scratch", "the job does not start")
+    early = 0
+    for instance_id in sorted(i for i in restored_into if i is not None):
+        response = sim.send("GET", f"/_sim/instances/{instance_id}/onstart")
+        output = response.json().get("output", "") if response.status_code == 200 else ""
+        lines = output.splitlines()
+        if "gpumarket: job started" in lines:
+            before = lines[: lines.index("gpumarket: job started")]
+            early += not any(v in line for line in before for v in verdicts)
+    return outcomes, early
+
+
 def double_rentals(instances: list[dict]) -> int:
     """Pairs of instances of one label key billing compute at the same time.
 
@@ -387,6 +410,7 @@ def main() -> int:
         unclear = sum(n for o, n in outcomes.items() if o.startswith("UNCLEAR"))
         succeeded = outcomes.pop("succeeded", 0)
         doubles = double_rentals(instances)
+        copy_outcomes, early_starts = restores(sim, state.get("copies", []))
 
         print(f"R1 chaos seed {args.seed}: {len(results)} lifecycles + {killed} Airflow task runs killed with SIGTERM")
         print(f"R1 faults injected: {', '.join(f'{k} {v}' for k, v in sorted(faults.items()))}")
@@ -398,6 +422,8 @@ def main() -> int:
         )
         for outcome in (o for o in outcomes if o.startswith("UNCLEAR")):
             print(f"R1   {outcome}")
+        print(f"R1 copies: {', '.join(f'{k} {v}' for k, v in sorted(copy_outcomes.items())) or 'none'}")
+        print(f"R1 jobs started before their restore ended or was given up: {early_starts} (goal: 0)")
         print(f"R1 leaked instances: {len(leaked) + sigterm_leaked} (goal: 0)")
         print(f"R1 double rentals: {doubles} (goal: 0)")
         print(
@@ -405,7 +431,7 @@ def main() -> int:
         )
         print(f"R1 SIGTERM runs that did not exit within 45 s: {stuck} (goal: 0)")
         print(f"R1 wall-clock time: {time.time() - started:.0f} s (goal: < 600 s)")
-        return 1 if (leaked or sigterm_leaked or doubles or late or unclear or stuck) else 0
+        return 1 if (leaked or sigterm_leaked or doubles or late or unclear or stuck or early_starts) else 0
     finally:
         sim.close()
 
