@@ -154,8 +154,6 @@ fi
 NOT_STARTED = "; the job does not start"
 #: Seconds between two manifests of the checkpoint directory while the command runs.
 MANIFEST_SECONDS = 1
-#: Characters an instance path may hold in the wrapper (it is quoted in the script).
-_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/@+=,:-]*$")
 
 
 @dataclass(frozen=True)
@@ -172,11 +170,8 @@ class WrapperStaging:
     on_restore_failure: str = "restart"
 
     def shell(self, started_line: str) -> str:
-        if self.checkpoint_dir is not None and not _SAFE_PATH.match(self.checkpoint_dir):
-            raise GpuMarketValidationError(
-                "checkpoint_dir",
-                f"{self.checkpoint_dir!r} holds characters the job wrapper cannot quote; use letters, digits and ._/@+=,:-",
-            )
+        if self.checkpoint_dir is not None:
+            staging.quotable_path("checkpoint_dir", self.checkpoint_dir)
         resumed_from = (
             self.restore_from.split(" ", 1)[1] if self.restore_from.startswith("instance ") else self.restore_from
         )

@@ -18,6 +18,7 @@ the manifest names has arrived; the service's ``status_msg`` only helps (its wor
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,7 @@ STATUS_MSG_LAG_SECONDS = 30.0
 WRAPPER_MARGIN_SECONDS = 30.0
 
 RESTORE_POLICIES = ("restart", "fail")
+_QUOTABLE = re.compile(r"^/[A-Za-z0-9._/@+=,:-]*$")
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,15 @@ def instance_path(name: str, value: Any) -> str:
     return path
 
 
+def quotable_path(name: str, path: str) -> str:
+    """``path`` when the job wrapper can put it in its script between single quotes, else a validation error."""
+    if not _QUOTABLE.match(path):
+        raise GpuMarketValidationError(
+            name, f"{path!r} holds characters the job wrapper cannot quote; use letters, digits and ._/@+=,:-"
+        )
+    return path
+
+
 def cloud_path(name: str, value: Any) -> str:
     """A path in the cloud integration's storage, checked and sent as given."""
     api.require_integration_path(name, value)
@@ -130,7 +141,9 @@ def make_plan(
             f"must be 'restart' (start from scratch) or 'fail' (fail the task); got {on_restore_failure!r}",
         )
     plan = DataPlan(
-        checkpoint_dir=None if checkpoint_dir is None else instance_path("checkpoint_dir", checkpoint_dir),
+        checkpoint_dir=None
+        if checkpoint_dir is None
+        else quotable_path("checkpoint_dir", instance_path("checkpoint_dir", checkpoint_dir)),
         checkpoint_uri=None if checkpoint_uri is None else cloud_path("checkpoint_uri", checkpoint_uri),
         cloud_integration=cloud_integration,
         inputs=path_mapping("inputs", inputs),

@@ -46,6 +46,7 @@ def test_inputs_are_gated_on_every_rental():
         ({"checkpoint_dir": "workspace"}, "checkpoint_dir"),
         ({"checkpoint_dir": "/a/../b"}, "checkpoint_dir"),
         ({"checkpoint_dir": "/"}, "checkpoint_dir"),
+        ({"checkpoint_dir": "/work space/x"}, "checkpoint_dir"),
         ({"checkpoint_dir": staging.STATE_DIR + "/x"}, "checkpoint_dir"),
         ({"checkpoint_uri": "b/c", "cloud_integration": "s3"}, "checkpoint_uri"),
         ({"inputs": {"/data": "x"}}, "cloud_integration"),
