@@ -143,7 +143,7 @@ def count_client_faults(counter: Counter) -> None:
 
 #: Copies that fail partway, of each kind (``PUT /_sim/copy-faults``), and copies that start slowly.
 COPY_FAULTS = [
-    {"times": 12, "kind": "copy_direct", "after_fraction": 0.5, "msg": "chaos: the source host went away"},
+    {"times": 4, "kind": "copy_direct", "after_fraction": 0.5, "msg": "chaos: the source host went away"},
     {"times": 4, "kind": "rclone", "direction": "Cloud To Instance", "after_fraction": 0.0, "msg": "chaos: 403"},
     {"times": 4, "kind": "rclone", "direction": "Instance To Cloud", "after_fraction": 0.5, "msg": "chaos: 503"},
 ]

@@ -8,7 +8,7 @@ or ``execution_timeout`` (``RentalGuard.kill`` from the operator's ``on_kill``),
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +35,12 @@ def destroy_rentals(
     log: Any,
     reason: str,
     *,
-    keep: int | None = None,
+    keep: Collection[int] = (),
     destroy: Callable[[int], Any] | None = None,
 ) -> None:
-    """Destroy every instance whose label carries the task instance's ``key``, but ``keep``."""
+    """Destroy every instance whose label carries the task instance's ``key``, but those in ``keep``."""
     for instance in lifecycle.rentals_of(hook.list_instances(), key):
-        if instance.get("id") == keep:
+        if instance.get("id") in keep:
             continue
         log.warning("%s: destroying instance %s so it stops billing", reason, instance["id"])
         (destroy or hook.destroy_instance)(int(instance["id"]))
@@ -173,13 +173,13 @@ class RentalGuard:
             self._store_call("delete")
 
     def destroy_duplicates(self, rental: lifecycle.Rental) -> None:
-        """After an ambiguous create: destroy every instance of this task's key but ``rental``'s."""
+        """After an ambiguous create: destroy every instance of this task's key but ``rental``'s and a kept source."""
         destroy_rentals(
             self.hook,
             self.key,
             self.log,
             "A duplicate left by an ambiguous create",
-            keep=rental.instance_id,
+            keep=self._held(rental.instance_id),
             destroy=self.destroy,
         )
 

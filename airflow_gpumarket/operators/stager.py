@@ -24,6 +24,14 @@ else:
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
 
 
+class _StoppedRunning(Exception):
+    """The rental stopped (preempted, or its host failed) while data was copied into it."""
+
+    def __init__(self, status: Any) -> None:
+        super().__init__(status)
+        self.status = status
+
+
 class Stager:
     """Copies one task instance's data in and out of its rentals, within ``plan.staging_timeout`` per step.
 
@@ -80,10 +88,25 @@ class Stager:
     def stage_in(self, rental: lifecycle.Rental) -> list[str]:
         """Copy the checkpoint and the inputs to a running rental, until its job started (or will not).
 
-        Returns the job's log lines read (and logged) meanwhile.
+        Returns the job's log lines read (and logged) meanwhile; none when the rental stopped running first (a
+        preemption: the wait that follows tells, and a kept source stays kept).
         """
+        deadline = time.time() + self.plan.staging_timeout
+        try:
+            self._copy_in(rental, deadline)
+            until = deadline + staging.WRAPPER_MARGIN_SECONDS
+        except _StoppedRunning as stopped:  # its job may have run and ended meanwhile: one read of its log tells
+            self.log.info("Instance %s stopped (%r) while its data was copied in", rental.instance_id, stopped.status)
+            until = time.time()
+        shown = self._await_start(rental, until)
+        source = rental.attempts.source_id
+        if source is not None and (STARTED_LINE in shown or job_logs.exit_status(shown) is not None):
+            self.drop_source(rental.attempts, "the next instance took over its checkpoint")
+        return shown
+
+    def _copy_in(self, rental: lifecycle.Rental, deadline: float) -> None:
+        """Start the restore and the input copies, and the gate when anything came from the cloud."""
         plan, attempts, instance_id = self.plan, rental.attempts, rental.instance_id
-        deadline = time.time() + plan.staging_timeout
         source = attempts.source_id
         if source is not None:
             self.finish_source_save(attempts, deadline)
@@ -99,6 +122,7 @@ class Stager:
                 )
             except GpuMarketError as exc:
                 self._restore_failed(f"the copy from instance {source} was refused ({exc})")
+                self._abandon_restore(source, instance_id)
         copies: list[tuple[str, str, str]] = []
         if plan.restores_from_cloud(source):
             copies.append(("checkpoint_uri", plan.checkpoint_uri or "", staging.RESTORE_DIR))
@@ -116,10 +140,6 @@ class Stager:
                 self.log.warning("Restoring checkpoint_uri %r: %s", uri, problem)
         if copies:
             self._open_gate(instance_id, deadline)
-        shown = self._await_start(rental, deadline + staging.WRAPPER_MARGIN_SECONDS)
-        if source is not None and (STARTED_LINE in shown or job_logs.exit_status(shown) is not None):
-            self.drop_source(attempts, "the next instance took over its checkpoint")
-        return shown
 
     def _restore_failed(self, problem: str) -> None:
         if self.plan.on_restore_failure == "fail":
@@ -162,7 +182,7 @@ class Stager:
         """
         instance_id, shown = rental.instance_id, list[str]()
         failure_seen = False
-        while time.time() < deadline:
+        while True:
             self.guard.stop_if_killed(instance_id)
             try:
                 instance = self.hook.find_instance(instance_id)
@@ -190,6 +210,8 @@ class Stager:
                 failure_seen = True
                 self._restore_failed(f"the service says {message!r}")
                 self._abandon_restore(rental.attempts.source_id, instance_id)
+            if time.time() >= deadline:
+                break
             time.sleep(self.poll_interval)
         self.log.warning(
             "Instance %s: the job had not started within the staging bound; watching it anyway", instance_id
@@ -198,9 +220,20 @@ class Stager:
 
     # --- copies to and from the cloud ----------------------------------------------------------------
     def _cloud_copy(
-        self, instance_id: int, transfer: str, src: str, dst: str, deadline: float, *, quiet: bool = False
+        self,
+        instance_id: int,
+        transfer: str,
+        src: str,
+        dst: str,
+        deadline: float,
+        *,
+        quiet: bool = False,
+        running: bool = True,
     ) -> str | None:
-        """Run one cloud copy to its end; None when it finished, else what went wrong."""
+        """Run one cloud copy to its end; None when it finished, else what went wrong.
+
+        ``running``: the instance runs its job's staging, so a stop (a preemption) ends the wait at once.
+        """
         assert self._integration is not None
         before = self._status_msg(instance_id)
         started = self.hook.service_now()
@@ -210,9 +243,11 @@ class Stager:
             self.hook.start_cloud_copy(instance_id, self._integration, src=src, dst=dst, transfer=transfer)
         except GpuMarketError as exc:
             return f"the service refused it ({exc})"
-        return self._watch(instance_id, started, before, deadline, cancel=True)
+        return self._watch(instance_id, started, before, deadline, cancel=True, running=running)
 
-    def _watch(self, instance_id: int, started: float, before: Any, deadline: float, *, cancel: bool) -> str | None:
+    def _watch(
+        self, instance_id: int, started: float, before: Any, deadline: float, *, cancel: bool, running: bool = False
+    ) -> str | None:
         """Read ``status_msg`` until the copy started at ``started`` (service time) ended, within ``deadline``.
 
         A reading that has not changed since the copy started may still describe the copy before it, until the
@@ -236,6 +271,8 @@ class Stager:
                 continue
             if instance is None:
                 return f"instance {instance_id} is gone"
+            if running and instance.get("actual_status") != api.STATUS_RUNNING:
+                raise _StoppedRunning(instance.get("actual_status"))
             message = instance.get("status_msg")
             elapsed = self.hook.service_now() - started
             if elapsed < staging.STATUS_MSG_LAG_SECONDS:
@@ -362,7 +399,7 @@ class Stager:
         deadline = time.time() + self.plan.staging_timeout
         lost: dict[str, str] = {}
         for path, uri in self.plan.outputs.items():
-            problem = self._cloud_copy(instance_id, api.TRANSFER_TO_CLOUD, path, uri, deadline)
+            problem = self._cloud_copy(instance_id, api.TRANSFER_TO_CLOUD, path, uri, deadline, running=False)
             if problem is None:
                 self.log.info("Copied output %s of instance %s to %r", path, instance_id, uri)
             else:

@@ -244,3 +244,30 @@ def test_an_ambiguous_create_sweeps_again_when_the_wait_ends_for_a_duplicate_tha
     hook.create_instance, hook.find_instance = ambiguous, late_duplicate
     op.execute(ctx())
     assert 1002 in hook.destroyed and hook.alive() == []
+
+
+def test_the_sweep_after_an_ambiguous_create_spares_a_kept_checkpoint_source():
+    from airflow_gpumarket.operators.guard import RentalGuard
+
+    hook = FakeHook({1: ["running"]})
+    key = "0123456789ab"
+    label = lifecycle.make_label(key, time.time() + 600)
+    for _ in range(3):  # the paused source, the rental, and a duplicate the lost answer left
+        hook.create_instance(1, label=label)
+    guard = RentalGuard(hook, SimpleNamespace(warning=print, info=print), key)
+    guard.source_id = 1001
+    guard.destroy_duplicates(SimpleNamespace(instance_id=1002))
+    assert hook.alive() == [1001, 1002]
+
+
+def test_a_failure_destroys_the_kept_checkpoint_source_with_the_rental():
+    from airflow_gpumarket.operators.guard import RentalGuard
+
+    hook = FakeHook({1: ["running"]})
+    hook.create_instance(1, label="a")
+    hook.create_instance(1, label="b")
+    guard = RentalGuard(hook, SimpleNamespace(warning=print, info=print), "0123456789ab")
+    guard.instance_id, guard.source_id = 1002, 1001
+    with pytest.raises(RuntimeError), guard.on_failure():
+        raise RuntimeError("boom")
+    assert hook.alive() == []
