@@ -441,6 +441,11 @@ def wait_for_copies(sim: LiveSim, *states: str) -> list[dict[str, Any]]:
         time.sleep(0.05)
 
 
+def empty_bucket(sim: LiveSim) -> int:
+    """A cloud integration whose bucket begins empty (the default world's first one holds a sample dataset)."""
+    return next(c["id"] for c in sim.state()["cloud_integrations"] if not files_of(sim, "buckets", c["id"]))
+
+
 def files_of(sim: LiveSim, where: str, ident: int) -> dict[str, int]:
     return {f["path"]: f["size"] for f in sim.admin("GET", f"/{where}/{ident}")["files"]}
 
@@ -459,7 +464,7 @@ def test_official_cli_copy_between_instances_arrives_on_the_destination_disk(cli
 
 def test_official_cli_cloud_copy_to_and_from_the_bucket(cli: Cli, live_sim: LiveSim):
     instance_id = rent(cli, live_sim)
-    connection = live_sim.state()["cloud_integrations"][0]["id"]
+    connection = empty_bucket(live_sim)
     put_file(live_sim, "disks", instance_id, "ckpt/step-1.bin", b"12345")
     args = ("--instance", str(instance_id), "--connection", str(connection))
     up = cli("cloud", "copy", "--src", "/ckpt", "--dst", "runs/r1", *args, "--transfer", "Instance To Cloud")
@@ -483,7 +488,7 @@ def test_official_cli_cancel_copy_and_cancel_sync_cancel_running_copies(cli: Cli
     live_sim.admin("PUT", "/copy-settings", {"bytes_per_second": 0.05})  # 1 KB takes ~33 s at 600x
     put_file(live_sim, "disks", src, "big.bin", b"x" * 1000)
     assert_succeeded(cli("copy", f"{src}:/big.bin", f"{dst}:/big.bin"))
-    connection = live_sim.state()["cloud_integrations"][0]["id"]
+    connection = empty_bucket(live_sim)
     cloud = cli(
         "cloud", "copy", "--src", "/big.bin", "--dst", "big.bin", "--instance", str(src), "--connection",
         str(connection), "--transfer", "Instance To Cloud",
