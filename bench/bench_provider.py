@@ -642,7 +642,7 @@ def main() -> int:
         "p3": lambda: p3_billed_after_last_command(runs=1, pattern_interval=1.0, job_seconds=1.0),
         "p4": lambda: p4_parse_time(runs=1, warm_runs=1, peers_python=args.peers_python),
         "p5": lambda: p5_hook_overhead(calls=100, runs=1, sim_log=log_stream),
-        "p10": lambda: p10_interruptible(steps=4, step_seconds=1.0, outbid_after=2.5),
+        "p10": lambda: p10_interruptible(steps=6, step_seconds=1.0, outbid_after=2.0),
         "p10-strategies": lambda: p10_bid_strategies(seeds=1, steps=2, step_seconds=0.5),
     }
     full = {
