@@ -9,9 +9,11 @@ starts and outputs leave before the destroy. No test passes through a shared fol
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
+from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 from airflow_gpumarket.operators.failures import GpuMarketStagingFailed
 
 from .conftest import alive, task_states
@@ -241,3 +243,27 @@ def test_the_staged_data_example_trains_on_its_inputs_and_leaves_its_outputs_in_
     assert any(p.startswith("runs/") and p.endswith("/out/model.txt") for p in files), sorted(files)
     assert "checkpoints/example_gpumarket_staged_data/step" in files
     assert alive(sim) == []
+
+
+def test_rule_keep_on_output_failure_keeps_the_stopped_instance_under_a_lease_of_its_own_key(sim):
+    from airflow_gpumarket import lifecycle
+    from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
+
+    sim.set_copy_faults([{"times": 5, "after_fraction": 0.0, "kind": "rclone", "direction": "Instance To Cloud"}])
+    command = 'mkdir -p "$GPUMARKET_INSTANCE_ROOT/out" && echo r > "$GPUMARKET_INSTANCE_ROOT/out/model"'
+    op = job(
+        command=command,
+        cloud_integration=INTEGRATION,
+        outputs={"/out": "results/r3"},
+        staging_timeout=5,
+        keep_on_output_failure=3600,
+    )
+    with pytest.raises(GpuMarketStagingFailed, match="/out"):
+        op.execute(context())
+    destroy_rentals_on_failure({"task": op, "ti": context()["ti"], "run_id": "run-1"})  # Airflow's callback
+    (kept,) = alive(sim)
+    assert kept["actual_status"] == "stopped"
+    key, lease = lifecycle.parse_label(kept["label"])
+    assert key == lifecycle.kept_key(op._rental_key(context())) and lease > time.time() + 3000
+    assert sim.read_disk_file(kept["id"], "out/model") == b"r\n"
+    GpuMarketHook().destroy_instance(kept["id"])  # what the reaper does once the lease ends
