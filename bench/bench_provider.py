@@ -471,7 +471,10 @@ def _p10_run(*, interruptible: bool, steps: int, step_seconds: float, outbid_aft
                     if instance["id"] in outbid or "run attempt=" not in output:
                         continue
                     started.setdefault(instance["id"], time.monotonic())
-                    if time.monotonic() - started[instance["id"]] >= outbid_after:
+                    # Not before the wrapper's manifest names the checkpoint: a restore brings what it names.
+                    if time.monotonic() - started[instance["id"]] >= outbid_after and _checkpoint_named(
+                        sim, instance["id"]
+                    ):
                         try:
                             sim.outbid(instance["id"])
                         except ValueError:  # the job ended first: this rental is not outbid
@@ -511,6 +514,14 @@ def _p10_run(*, interruptible: bool, steps: int, step_seconds: float, outbid_aft
             "rentals": len(instances),
             "restores": _p10_restores(sim, instances),
         }
+
+
+def _checkpoint_named(sim: Any, instance_id: int) -> bool:
+    try:
+        manifest = sim.read_disk_file(instance_id, f"{P10_CHECKPOINT_DIR}/.gpumarket-manifest")
+    except Exception:  # noqa: BLE001 - not written yet
+        return False
+    return "step" in manifest.decode().split()
 
 
 def _p10_restores(sim: Any, instances: list[dict]) -> list[tuple[float, float]]:
@@ -642,7 +653,7 @@ def main() -> int:
         "p3": lambda: p3_billed_after_last_command(runs=1, pattern_interval=1.0, job_seconds=1.0),
         "p4": lambda: p4_parse_time(runs=1, warm_runs=1, peers_python=args.peers_python),
         "p5": lambda: p5_hook_overhead(calls=100, runs=1, sim_log=log_stream),
-        "p10": lambda: p10_interruptible(steps=6, step_seconds=1.0, outbid_after=2.0),
+        "p10": lambda: p10_interruptible(steps=6, step_seconds=0.5, outbid_after=0.6),
         "p10-strategies": lambda: p10_bid_strategies(seeds=1, steps=2, step_seconds=0.5),
     }
     full = {

@@ -6,8 +6,8 @@
   "someone else" in the background, and on_kill at random moments. A quarter of the jobs are interruptible (bid)
   rentals: the market outbids running bid instances at random (some of them win their machine back later), and
   every machine's winning bid drifts, outbidding and resuming bid instances as it moves. Half the interruptible
-  jobs checkpoint to ``checkpoint_dir`` (a fifth of those save to a cloud integration and copy an output out),
-  under copies that fail or start slowly.
+  jobs checkpoint to ``checkpoint_dir`` (a fifth of those save to a cloud integration and copy an output out), and
+  some on-demand jobs do it all through a cloud integration, under copies that fail partway or start slowly.
 - 20 real Airflow task runs (`airflow dags test`) killed with SIGTERM mid-boot or mid-job.
 
 Seeded: the same seed draws the same world, jobs, kill times and fault probabilities (thread timing still
@@ -208,6 +208,15 @@ def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
                     "checkpoint_uri": f"chaos/{seed}/{i}/ckpt",
                     "outputs": {"/out": f"chaos/{seed}/{i}/out"},
                 }
+    if not bidding and rng.random() < 0.08:  # on demand, so the market lets its staging and saves run
+        command = CHECKPOINTED
+        bidding = {
+            "checkpoint_dir": "/workspace/ckpt",
+            "cloud_integration": "training-data",
+            "checkpoint_uri": f"chaos/{seed}/{i}/ckpt",
+            "outputs": {"/out": f"chaos/{seed}/{i}/out"},
+            "staging_timeout": 20,
+        }
     op = GpuMarketRunJobOperator(
         task_id=f"chaos_{i}",
         offer_filters={"gpu_name": {"eq": rng.choice(GPUS)}},
