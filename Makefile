@@ -84,9 +84,10 @@ test-wheel: install
 		../venv/bin/python $(CURDIR)/scripts/demo.py
 
 # The 2.11 leg and the wheels' check run side by side, after the first leg.
-# The 2.11 environment is built beside the 3.3 suite, once the smoke run has left it a core.
-test: lint typecheck
-	$(MAKE) --no-print-directory -j2 --output-sync=target bench-quick test-airflow3 $(STAMP2)
+# The 2.11 environment is built beside lint and typecheck, so that no suite shares the machine with an install.
+test: install
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint typecheck $(STAMP2)
+	$(MAKE) --no-print-directory -j2 --output-sync=target bench-quick test-airflow3
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-airflow2 test-wheel
 
 demo: install
