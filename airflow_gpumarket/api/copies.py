@@ -140,14 +140,15 @@ class CopyProgress(str, enum.Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2
     UNKNOWN = "unknown"
 
 
+#: Patterns, compiled on first use (``re`` caches them) rather than when a DAG file imports the package.
 #: "No errors" and "0 errors" (rclone's summary words) do not mean a failure.
-_NO_ERRORS = re.compile(r"\b(?:no|0)\s+errors?\b")
-_FAILED = re.compile(r"fail|error")
-_CANCELLED = re.compile(r"cancel")
-_COPY = re.compile(r"\bcop(?:y|ying|ied)\b|rclone|rsync|transfer|receiving|sending")
-_ENDED = re.compile(r"finish|complete|\bdone\b")
+_NO_ERRORS = r"\b(?:no|0)\s+errors?\b"
+_FAILED = r"fail|error"
+_CANCELLED = r"cancel"
+_COPY = r"\bcop(?:y|ying|ied)\b|rclone|rsync|transfer|receiving|sending"
+_ENDED = r"finish|complete|\bdone\b"
 #: A share under 100 % ("40% done") is a copy under way, whatever word follows it.
-_PARTIAL = re.compile(r"(?<![\d.])(?:\d|[1-9]\d)(?:\.\d+)?\s*%")
+_PARTIAL = r"(?<![\d.])(?:\d|[1-9]\d)(?:\.\d+)?\s*%"
 
 
 def copy_progress(status_msg: str | None) -> CopyProgress:
@@ -163,11 +164,11 @@ def copy_progress(status_msg: str | None) -> CopyProgress:
     text = (status_msg or "").lower()
     if CLOUD_COPY_FINISHED.lower() in text:
         return CopyProgress.FINISHED
-    if _FAILED.search(_NO_ERRORS.sub("", text)):
+    if re.search(_FAILED, re.sub(_NO_ERRORS, "", text)):
         return CopyProgress.FAILED
-    if _CANCELLED.search(text):
+    if re.search(_CANCELLED, text):
         return CopyProgress.CANCELLED
-    if _COPY.search(text):
-        ended = _ENDED.search(text) and not _PARTIAL.search(text)
+    if re.search(_COPY, text):
+        ended = re.search(_ENDED, text) and not re.search(_PARTIAL, text)
         return CopyProgress.FINISHED if ended else CopyProgress.RUNNING
     return CopyProgress.UNKNOWN

@@ -13,15 +13,17 @@ import ast
 import inspect
 import textwrap
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import job_logs, lifecycle, python_job
 from airflow_gpumarket._compat import AirflowException, DecoratedOperator, task_decorator_factory
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
-from airflow_gpumarket.job_script import WrapperStaging
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.utils import is_templated, resolved_at_run_time
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.job_script import WrapperStaging
 
 #: Lines of the job's log read for the return value (the marker line comes after everything the function printed).
 RESULT_TAIL_LINES = 100

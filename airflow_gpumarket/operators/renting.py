@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, bidding, staging
+from airflow_gpumarket import api, bidding
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout
 from airflow_gpumarket.creation import TYPED_FIELDS, creation_body, creation_fields
 from airflow_gpumarket.exceptions import (
@@ -22,7 +22,6 @@ from airflow_gpumarket.exceptions import (
     GpuMarketOfferUnavailableError,
     GpuMarketValidationError,
 )
-from airflow_gpumarket.job_script import STARTED_LINE
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer, GpuMarketPreemptedTooOften
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
@@ -36,12 +35,13 @@ from airflow_gpumarket.utils import (
 )
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import job_logs, lifecycle, waiting
+    from airflow_gpumarket import job_logs, lifecycle, staging, waiting
     from airflow_gpumarket.job_script import WrapperStaging
     from airflow_gpumarket.operators.stager import Stager
 else:  # what only a running task needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
     waiting = RunTimeModule("airflow_gpumarket.waiting")
+    staging = RunTimeModule("airflow_gpumarket.staging")
 
 #: A job's whole lease runs this long past its boot and run time limits.
 JOB_LEASE_MARGIN_SECONDS = 15 * 60
@@ -295,6 +295,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             "inputs": self.inputs,
             "outputs": self.outputs,
         }
+        if all(value is None for value in values.values()) and self.on_restore_failure == "restart":
+            return None  # nothing asked for: the rules' module is not even imported
         if parse_time and any(is_templated(value) or resolved_at_run_time(value) for value in values.values()):
             return None
         return staging.make_plan(
@@ -545,7 +547,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             if kind is lifecycle.EventKind.REACHED and stager is not None and self._stages_in(rental):
                 shown = stager.stage_in(rental)
                 # Preempted or gone before its job started: it holds no checkpoint, and the source stays kept.
-                rental.staged = STARTED_LINE in shown or self._still_running(rental)
+                rental.staged = stager.job_started(shown) or self._still_running(rental)
                 if not self._waits_for_job:
                     return self._complete(context, rental, event)
                 event, watch = None, None

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.job_script import NOT_STARTED
 from airflow_gpumarket.operators.failures import GpuMarketJobFailed, GpuMarketStagingFailed
 from airflow_gpumarket.operators.renting import KEEPALIVE_POLLS, GpuMarketRentingBaseOperator
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
@@ -119,6 +118,8 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         if not succeeded:
             sentence = lifecycle.describe_event(event, rental.instance_id)
             if lifecycle.event_kind(event) is lifecycle.EventKind.JOB_FAILED:
+                from airflow_gpumarket.job_script import NOT_STARTED
+
                 if self._stager is not None and any(NOT_STARTED in line for line in event.get("log_tail") or ()):
                     raise GpuMarketStagingFailed(
                         f"The job on instance {rental.instance_id} did not start: its staged data did not arrive (see "

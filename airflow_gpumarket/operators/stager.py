@@ -84,6 +84,11 @@ class Stager:
             on_restore_failure=plan.on_restore_failure,
         )
 
+    @staticmethod
+    def job_started(lines: list[str]) -> bool:
+        """Whether the wrapper's lines show the job started."""
+        return STARTED_LINE in lines
+
     # --- stage in ------------------------------------------------------------------------------------
     def stage_in(self, rental: lifecycle.Rental) -> list[str]:
         """Copy the checkpoint and the inputs to a running rental, until its job started (or will not).
