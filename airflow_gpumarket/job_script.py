@@ -28,9 +28,8 @@ import functools
 import re
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from airflow_gpumarket import api, staging
+from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -156,20 +155,30 @@ NOT_STARTED = "; the job does not start"
 MANIFEST_SECONDS = 1
 
 
-@dataclass(frozen=True)
 class WrapperStaging:
     """What the wrapper of one rental stages: its checkpoint directory, where a restore comes from, the gate.
 
     ``restore_from``: ``""`` (nothing), ``"instance <id>"`` (a preempted instance) or ``"cloud"`` (checkpoint_uri).
+    A plain class, not a dataclass: this module is imported when a DAG file is parsed.
     """
 
-    checkpoint_dir: str | None
-    restore_from: str = ""
-    gated: bool = False
-    timeout: float = 0.0
-    on_restore_failure: str = "restart"
+    def __init__(
+        self,
+        checkpoint_dir: str | None,
+        restore_from: str = "",
+        gated: bool = False,
+        timeout: float = 0.0,
+        on_restore_failure: str = "restart",
+    ) -> None:
+        self.checkpoint_dir = checkpoint_dir
+        self.restore_from = restore_from
+        self.gated = gated
+        self.timeout = timeout
+        self.on_restore_failure = on_restore_failure
 
     def shell(self, started_line: str) -> str:
+        from airflow_gpumarket import staging  # only a task that stages data needs its rules
+
         if self.checkpoint_dir is not None:
             staging.quotable_path("checkpoint_dir", self.checkpoint_dir)
         resumed_from = (
