@@ -24,6 +24,8 @@ _WHERE = {
     "AirflowTaskTimeout": _COMMON_COMPAT,
     "TaskDeferred": _COMMON_COMPAT,
     "mask_secret": _COMMON_COMPAT,
+    "Variable": _COMMON_COMPAT,
+    "BaseNotifier": _COMMON_COMPAT,
     "DecoratedOperator": _COMMON_COMPAT,
     "task_decorator_factory": _COMMON_COMPAT,
     "BaseTrigger": "airflow.triggers.base",

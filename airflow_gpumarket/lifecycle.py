@@ -49,6 +49,8 @@ class EventKind(str, Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2.11 runs
 
 #: ``limit`` of a TIMEOUT event that max_runtime ended (other timeouts come from an absolute deadline).
 MAX_RUNTIME = "max_runtime"
+#: ``limit`` of a TIMEOUT event that max_cost ended: the rental's estimated cost reached it.
+MAX_COST = "max_cost"
 
 
 def event_kind(event: Any) -> EventKind:
@@ -290,6 +292,7 @@ def evaluate(
     max_runtime: float | None = None,
     running_since: float | None = None,
     outbid_wait_until: float | None = None,
+    cost_deadline: float | None = None,
 ) -> dict[str, Any] | None:
     """What one observation means: an event dict when waiting is over, None to keep waiting.
 
@@ -300,6 +303,7 @@ def evaluate(
     then); ``deadline`` is absolute. With ``outbid_wait_until`` (a preempted bid instance left to win its machine
     back), any status but running is waiting for the bid until then, and PREEMPTED after; so is a failed host at
     once. Either way the log decides (``with_job_end``): the resumed run may have ended between two reads.
+    ``cost_deadline`` is when the rental's estimated cost reaches ``max_cost`` (``budgets.cost_deadline``).
     """
     if wait_for == WAIT_JOB:
         if gone and lease_until is not None and now > lease_until:
@@ -329,6 +333,8 @@ def evaluate(
         return {"status": EventKind.TIMEOUT.value, "actual_status": status}
     if max_runtime is not None and running_since is not None and now >= running_since + max_runtime:
         return {"status": EventKind.TIMEOUT.value, "actual_status": status, "limit": MAX_RUNTIME}
+    if cost_deadline is not None and now >= cost_deadline:
+        return {"status": EventKind.TIMEOUT.value, "actual_status": status, "limit": MAX_COST}
     return None
 
 
@@ -355,6 +361,7 @@ class Watch:
     shown: str = ""  # the last read as the task log shows it ("gone" or the status)
     changed: bool = False  # the last read differs from the one before it
     outbid_wait_until: float | None = None  # a preempted bid instance may win its machine back until then
+    cost_deadline: float | None = None  # epoch seconds: the rental's estimated cost reaches max_cost
 
     def observe(
         self, now: float, *, status: str | None = None, gone: bool = False, unread: bool = False
@@ -385,6 +392,7 @@ class Watch:
             max_runtime=self.max_runtime,
             running_since=self.running_since,
             outbid_wait_until=self.outbid_wait_until,
+            cost_deadline=self.cost_deadline,
         )
 
     def reads_log(self) -> bool:
@@ -537,6 +545,9 @@ def _sentence(kind: EventKind, event: Mapping[str, Any], instance_id: int) -> st
         EventKind.TIMEOUT: (
             f"the job on instance {instance_id} ran longer than max_runtime (last status {status!r})"
             if event.get("limit") == MAX_RUNTIME
+            else f"the job on instance {instance_id} reached max_cost: {event.get('cost_text') or 'its cost limit'}; "
+            f"it was stopped and destroyed (last status {status!r})"
+            if event.get("limit") == MAX_COST
             else f"instance {instance_id} hit its time limit (last status {status!r})"
         ),
         EventKind.ERROR: f"waiting for instance {instance_id} failed: {event.get('message')}",

@@ -24,6 +24,7 @@ from airflow_gpumarket.exceptions import (
     GpuMarketValidationError,
 )
 from airflow_gpumarket.operators.failures import (
+    GpuMarketBudgetExceeded,
     GpuMarketJobFailed,
     GpuMarketNoWorkingOffer,
     GpuMarketPreemptedTooOften,
@@ -61,6 +62,12 @@ def gpumarket_retry_policy(*, retry_delay: timedelta = DEFAULT_RETRY_DELAY, retr
                 exception=[GpuMarketValidationError, GpuMarketAuthError, GpuMarketQuotaExceededError],
                 action=RetryAction.FAIL,
                 reason="the service refuses this request or key as it is: another try would be refused too",
+            ),
+            RetryRule(
+                exception=GpuMarketBudgetExceeded,
+                action=RetryAction.FAIL,
+                reason="the money is not there: a budget, the account's credit or max_cost stops this task, and "
+                "another try would be stopped the same way",
             ),
             RetryRule(
                 exception=GpuMarketStagingFailed,

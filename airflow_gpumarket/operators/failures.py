@@ -33,3 +33,10 @@ class GpuMarketPreemptedTooOften(AirflowException):
 
 class GpuMarketStagingFailed(AirflowException):
     """Durable data did not move: an input or a required checkpoint never reached the job, or an output was lost."""
+
+
+class GpuMarketBudgetExceeded(AirflowException):
+    """A rental's worst case does not fit a budget or the account's credit, or a job reached ``max_cost``.
+
+    Raised before anything is rented, or after the instance that reached ``max_cost`` was destroyed.
+    """

@@ -21,6 +21,7 @@ from airflow_gpumarket.utils import RunTimeModule
 if TYPE_CHECKING:
     from airflow_gpumarket import job_logs, lifecycle
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators.budget import Budget
     from airflow_gpumarket.ui.records import RentalRecorder
 else:  # what only a running task needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
@@ -95,6 +96,7 @@ class RentalGuard:
         self.creating_label: str | None = None  # a create in flight: its instance is found by this label
         self.source_id: int | None = None  # a preempted instance kept as the checkpoint's source
         self.killed = False
+        self.budget: Budget | None = None  # the try's budget reservations: settled as their instances end
 
     @contextmanager
     def on_failure(self) -> Iterator[None]:
@@ -162,9 +164,11 @@ class RentalGuard:
         self.forget(instance_id)
 
     def forget(self, instance_id: int) -> None:
-        """The instance is gone: its record ends, and neither this try nor the state store holds it any more."""
+        """The instance is gone: its record and budget reservation end, and nothing of this try holds it any more."""
         if self.recorder is not None:
             self.recorder.end(instance_id)
+        if self.budget is not None:
+            self.budget.ended(instance_id)
         if self.instance_id == instance_id:
             self.instance_id = None
         if self.source_id == instance_id:

@@ -35,13 +35,15 @@ from airflow_gpumarket.utils import (
 )
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import job_logs, lifecycle, staging, waiting
+    from airflow_gpumarket import budgets, job_logs, lifecycle, staging, waiting
     from airflow_gpumarket.job_script import WrapperStaging
+    from airflow_gpumarket.operators.budget import Budget
     from airflow_gpumarket.operators.stager import Stager
 else:  # what only a running task needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
     waiting = RunTimeModule("airflow_gpumarket.waiting")
     staging = RunTimeModule("airflow_gpumarket.staging")
+    budgets = RunTimeModule("airflow_gpumarket.budgets")
 
 #: A job's whole lease runs this long past its boot and run time limits.
 JOB_LEASE_MARGIN_SECONDS = 15 * 60
@@ -97,6 +99,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         A destroy waits for a save at most this long, then destroys anyway and logs what was not saved.
     :param keep_on_output_failure: when an output copy fails, keep the stopped instance (storage bills) under a lease
         this long instead of destroying it, to copy the output by hand (default None: destroy).
+    :param max_cost: the most, in dollars, one rental of this task may cost (operators that watch a job to its end).
+        Its worst case is reserved with this cap; a job whose estimated cost reaches it is destroyed within one
+        poll interval, and the task fails naming the cost. DAG budgets: the ``gpumarket_budgets`` Variable.
     :param image: container image (or template_hash_id).
     :param template_hash_id: a template to create from (or image).
     :param disk: disk size in GB.
@@ -151,6 +156,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     #: The current try's guard, set by ``execute`` and ``execute_complete``.
     _guard: RentalGuard | None = None
     _stager: Stager | None = None
+    _budget: Budget | None = None
     _started_at: float | None = None
 
     def __init__(
@@ -185,6 +191,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         on_restore_failure: str = "restart",
         staging_timeout: timedelta | float = timedelta(minutes=30),
         keep_on_output_failure: timedelta | float | None = None,
+        max_cost: float | None = None,
         image: str | None = None,
         template_hash_id: str | None = None,
         disk: float | None = None,
@@ -233,6 +240,15 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             if keep_on_output_failure is None
             else duration_seconds("keep_on_output_failure", keep_on_output_failure)
         )
+        if max_cost is not None:
+            api.require_positive_number("max_cost", max_cost)
+            if not self._waits_for_job:
+                raise GpuMarketValidationError(
+                    "max_cost",
+                    "needs a task that watches its rental to the end (GpuMarketRunJobOperator, @task.gpumarket); "
+                    "a created instance's cost is bounded by its lease",
+                )
+        self.max_cost = max_cost
         api.require_bool("interruptible", interruptible)
         self.interruptible = interruptible
         self.bidding = bidding.BidPolicy.parse(
@@ -495,8 +511,14 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         from airflow_gpumarket.ui.records import RentalRecorder
 
         recorder = RentalRecorder(context, self.log, self.gpumarket_conn_id, clock=self.hook.service_now)
+        from airflow_gpumarket.operators.budget import Budget
+
         store = context.get("task_state_store") if self.durable and isinstance(context, Mapping) else None
-        return RentalGuard(self.hook, self.log, self._rental_key(context), store=store, recorder=recorder)
+        budget = self._budget = Budget(self.hook, self.log, context, max_cost=self.max_cost)
+        self._hourly: dict[int, float] = {}
+        guard = RentalGuard(self.hook, self.log, self._rental_key(context), store=store, recorder=recorder)
+        guard.budget = budget
+        return guard
 
     def _run(self, context: Any, rental: lifecycle.Rental | None, event: dict[str, Any] | None) -> Any:
         """Rent, wait and judge, over offers and preemptions, until the task's outcome."""
@@ -607,11 +629,16 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             "" if bid is None else f" on demand; bidding ${bid}/h, interruptible, attempt {attempts.preemptions + 1}",
             label,
         )
+        budget = self._budget
+        assert budget is not None
+        worst = self._worst_case(offer, bid)
+        budget.reserve(worst)  # refused: nothing is rented
         # Until the answer names the instance, a failure (or on_kill) looks for it by this label.
         guard.creating_label = label
         try:
             result = self.hook.create_instance(int(offer["id"]), **body)
         except GpuMarketOfferUnavailableError as exc:
+            budget.not_created()
             guard.creating_label = None
             self.log.warning("Offer %s is no longer available (%s); trying the next one", offer["id"], exc.msg or exc)
             attempts.reasons.append(f"offer {offer['id']} was taken before creation")
@@ -621,11 +648,14 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             # user's own (not the operator's bid) is not retried on other offers.
             if not exc.destroyed or bid is None:
                 raise
+            budget.not_created()
             guard.creating_label = None
             self.log.warning("Offer %s refused the bid of $%s/h (%s); trying the next one", offer["id"], bid, exc)
             attempts.reasons.append(f"offer {offer['id']} refused the bid of ${bid}/h (its minimum rose)")
             return None
         guard.instance_id = int(result["new_contract"])
+        budget.created(guard.instance_id)
+        self._hourly[guard.instance_id] = worst.hourly
         self.log.info("Created instance %s on offer %s", guard.instance_id, offer["id"])
         rental = lifecycle.Rental(
             instance_id=guard.instance_id,
@@ -647,6 +677,21 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         if rental.ambiguous:
             guard.destroy_duplicates(rental)
         return rental
+
+    def _worst_case(self, offer: Mapping[str, Any], bid: float | None) -> budgets.WorstCase:
+        """The most a rental of ``offer`` may cost: its price over its lease, disk included, capped by max_cost."""
+        price = bid if bid is not None else offer.get("dph_total")
+        cap = bidding.bid_cap(self.bidding.max_bid, offer.get("dph_total")) if bid is not None else None
+        if self.bidding.holds() and api.is_positive_number(cap):
+            price = max(float(price or 0.0), cap)  # a held bid may rise up to its cap
+        return budgets.worst_case(
+            hourly_price=float(price) if api.is_positive_number(price) else 0.0,
+            seconds=self._lease_seconds(),
+            disk_gb=disk if api.is_positive_number(disk := self.instance.get("disk")) else None,
+            storage_price_per_gb_month=rate if api.is_positive_number(rate := offer.get("storage_cost")) else None,
+            max_cost=self.max_cost,
+            overshoot_seconds=self.poll_interval,
+        )
 
     def _rental_of(self, adopted: Mapping[str, Any]) -> lifecycle.Rental:
         """The rental an earlier try left, as this try holds it."""
@@ -670,6 +715,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     def _watch(self, rental: lifecycle.Rental) -> lifecycle.Watch:
         deadline, max_runtime = self._limits(rental)
         job = self._waits_for_job and not self._stages_in(rental)
+        cost_deadline = None
+        if self.max_cost is not None and (hourly := self._hourly_of(rental)) is not None:
+            cost_deadline = budgets.cost_deadline(start=rental.created_at, hourly=hourly, max_cost=self.max_cost)
         return lifecycle.Watch(
             wait_for=lifecycle.WAIT_JOB if job else lifecycle.WAIT_STATUS,
             boot_deadline=rental.created_at + self.boot_timeout,
@@ -678,7 +726,12 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             label=rental.label,
             keepalive=self.keepalive,
             lease_cap=rental.lease_cap,
+            cost_deadline=cost_deadline,
         )
+
+    def _hourly_of(self, rental: lifecycle.Rental) -> float | None:
+        """What the rental bills per hour: as reserved (disk included), else its price."""
+        return self._hourly.get(rental.instance_id, rental.hourly_price)
 
     def _still_running(self, rental: lifecycle.Rental) -> bool:
         try:
@@ -732,6 +785,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 log_interval=self._job_log_interval(),
                 key_digest=rental.key_digest,
                 outbid_wait_until=watch.outbid_wait_until,
+                cost_deadline=watch.cost_deadline,
                 hold_bid_up_to=self._hold_cap(rental),
                 shown_lines=list(shown),
                 resume=rental.to_resume(),
@@ -892,7 +946,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         return started + self.execution_timeout.total_seconds()
 
     def _execution_timeout_is_binding(self, context: Any, rental: lifecycle.Rental, event: Mapping[str, Any]) -> bool:
-        if event.get("limit") == lifecycle.MAX_RUNTIME:
+        if event.get("limit") in (lifecycle.MAX_RUNTIME, lifecycle.MAX_COST):
             return False
         limit = self._execution_deadline(context)
         own = self._limits(rental)[0]

@@ -8,7 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.failures import GpuMarketJobFailed, GpuMarketStagingFailed
+from airflow_gpumarket.operators.failures import (
+    GpuMarketBudgetExceeded,
+    GpuMarketJobFailed,
+    GpuMarketStagingFailed,
+)
 from airflow_gpumarket.operators.renting import KEEPALIVE_POLLS, GpuMarketRentingBaseOperator
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
@@ -116,6 +120,13 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
             rental.hourly_price,
         )
         if not succeeded:
+            if event.get("limit") == lifecycle.MAX_COST:
+                raise GpuMarketBudgetExceeded(
+                    f"The job on instance {rental.instance_id} reached max_cost=${self.max_cost:g}: its cost so far is "
+                    f"about ${summary['estimated_cost']} (${self._hourly_of(rental)}/h for "
+                    f"{lifecycle.format_duration(summary['elapsed_seconds'])}). Its log was read and the instance "
+                    "destroyed; raise max_cost, or make the job shorter."
+                )
             sentence = lifecycle.describe_event(event, rental.instance_id)
             if lifecycle.event_kind(event) is lifecycle.EventKind.JOB_FAILED:
                 from airflow_gpumarket.job_script import NOT_STARTED

@@ -34,6 +34,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         (Airflow 3.3+ calls ``on_kill``; before 3.3 ``cleanup`` finds it out, see there); True for operators
         that rented the instance, False for sensors.
     :param dph_total: the offer's price, only to log the cost so far.
+    :param cost_deadline: epoch seconds at which the rental's estimated cost reaches the task's ``max_cost``: the
+        wait ends then as a timeout whose ``limit`` is ``"max_cost"``.
     :param label: the instance's label as the operator last wrote it (its lease is read from it).
     :param keepalive: keep the label's lease this many seconds ahead, renewing it by a label change every third
         of it, never past ``lease_cap`` (see ``airflow_gpumarket.lifecycle``); None renews nothing.
@@ -85,6 +87,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         log_interval: float = 0.0,
         key_digest: str | None = None,
         outbid_wait_until: float | None = None,
+        cost_deadline: float | None = None,
         hold_bid_up_to: float | None = None,
         shown_lines: list[str] | None = None,
         resume: dict[str, Any] | None = None,
@@ -107,6 +110,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.log_interval = log_interval
         self.key_digest = key_digest
         self.outbid_wait_until = outbid_wait_until
+        self.cost_deadline = cost_deadline
         self.hold_bid_up_to = hold_bid_up_to
         self.shown_lines = shown_lines
         self.resume = resume
@@ -134,6 +138,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 "log_interval": self.log_interval,
                 "key_digest": self.key_digest,
                 "outbid_wait_until": self.outbid_wait_until,
+                "cost_deadline": self.cost_deadline,
                 "hold_bid_up_to": self.hold_bid_up_to,
                 "shown_lines": self.shown_lines,
                 "resume": self.resume,
@@ -175,6 +180,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             keepalive=self.keepalive,
             lease_cap=self.lease_cap,
             outbid_wait_until=self.outbid_wait_until,
+            cost_deadline=self.cost_deadline,
         )
 
     @cached_property

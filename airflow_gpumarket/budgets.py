@@ -1,0 +1,223 @@
+"""Budgets as pure rules: where they are set, what a rental may cost at worst, and whether it fits.
+
+Budgets are set in one Airflow Variable, ``gpumarket_budgets``: a JSON object whose keys are DAG ids (``"*"``: every
+DAG not named) and whose values give dollars per UTC ``day``, ISO ``week`` (from Monday), calendar ``month`` and DAG
+``run``. A task's own cap is its ``max_cost`` argument. No I/O here: ``ledger.py`` keeps the reservations.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: The Variable that holds every DAG's budgets.
+VARIABLE = "gpumarket_budgets"
+#: The key of the budgets that every DAG not named has, each its own.
+EVERY_DAG = "*"
+#: The periods a DAG's budget may be given for, in the order a refusal names them.
+PERIODS = ("run", "day", "week", "month")
+#: The disk's price when the offer shows none is not known; the worst case then counts compute only.
+HOURS_PER_MONTH = 730.0
+#: Reservations are kept to this many decimal places, rounded up: a worst case is never understated.
+MONEY_DIGITS = 4
+
+
+class BudgetConfigError(ValueError):
+    """The budgets Variable is malformed; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One DAG's budgets in dollars (None: no budget for that period)."""
+
+    run: float | None = None
+    day: float | None = None
+    week: float | None = None
+    month: float | None = None
+
+    def given(self) -> dict[str, float]:
+        return {period: value for period in PERIODS if (value := getattr(self, period)) is not None}
+
+    def to_json(self) -> dict[str, float]:
+        return self.given()
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = VARIABLE) -> Limits:
+        if not isinstance(raw, Mapping):
+            raise BudgetConfigError(f'{where} must be an object such as {{"day": 10.0}}; got {raw!r}')
+        unknown = sorted(set(raw) - set(PERIODS))
+        if unknown:
+            raise BudgetConfigError(
+                f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; use {', '.join(map(repr, PERIODS))}"
+            )
+        values: dict[str, float] = {}
+        for period, value in raw.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise BudgetConfigError(f"{where}.{period} must be a number of dollars >= 0; got {value!r}")
+            values[period] = float(value)
+        return cls(**values)
+
+
+def parse(raw: Any) -> dict[str, Limits]:
+    """The budgets Variable's value (JSON text or already decoded) as DAG id -> limits."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise BudgetConfigError(
+                f"The Variable {VARIABLE} is not valid JSON ({exc}); fix it in Admin > Variables"
+            ) from None
+    if not isinstance(raw, Mapping):
+        raise BudgetConfigError(
+            f"The Variable {VARIABLE} must be a JSON object of DAG id -> budgets, such as "
+            f'{{"my_dag": {{"day": 10.0, "run": 2.5}}}}; got {type(raw).__name__}'
+        )
+    return {str(dag_id): Limits.from_json(value, f"{VARIABLE}[{dag_id!r}]") for dag_id, value in raw.items()}
+
+
+def limits_for(budgets: Mapping[str, Limits], dag_id: str) -> Limits | None:
+    """The DAG's budgets: its own entry, else the ``"*"`` entry, else None (no budget)."""
+    limits = budgets.get(dag_id, budgets.get(EVERY_DAG))
+    return limits if limits is not None and limits.given() else None
+
+
+def round_up(dollars: float) -> float:
+    """Dollars rounded up to ``MONEY_DIGITS`` places (a bound must not shrink when rounded)."""
+    scale = 10**MONEY_DIGITS
+    return math.ceil(round(dollars * scale, 6)) / scale
+
+
+@dataclass(frozen=True)
+class WorstCase:
+    """What one rental may cost at most, and how that was reckoned (for the refusal's message)."""
+
+    amount: float
+    hourly: float
+    seconds: float
+    capped_by_max_cost: bool = False
+
+    def describe(self) -> str:
+        text = f"${self.amount:.4f} (${self.hourly:g}/h for at most {self.seconds / 60:.0f} min"
+        return text + (", capped by max_cost)" if self.capped_by_max_cost else ")")
+
+
+def worst_case(
+    *,
+    hourly_price: float,
+    seconds: float,
+    disk_gb: float | None = None,
+    storage_price_per_gb_month: float | None = None,
+    max_cost: float | None = None,
+    overshoot_seconds: float = 0.0,
+) -> WorstCase:
+    """Price × the longest the rental may bill (boot allowance, run time, margins) + its disk, capped by max_cost.
+
+    A rental stopped at ``max_cost`` may run one more poll (``overshoot_seconds``) before it is stopped.
+    """
+    storage_hourly = 0.0
+    if disk_gb and storage_price_per_gb_month:
+        storage_hourly = float(disk_gb) * float(storage_price_per_gb_month) / HOURS_PER_MONTH
+    hourly = float(hourly_price) + storage_hourly
+    amount = hourly * seconds / 3600.0
+    capped = False
+    if max_cost is not None:
+        cap = max_cost + hourly * overshoot_seconds / 3600.0
+        if cap < amount:
+            amount, capped = cap, True
+    return WorstCase(round_up(amount), round(hourly, 6), seconds, capped)
+
+
+def cost_deadline(*, start: float, hourly: float, max_cost: float) -> float:
+    """The epoch second at which a rental billing ``hourly`` dollars from ``start`` has cost ``max_cost``."""
+    return start + max_cost / hourly * 3600.0 if hourly > 0 else math.inf
+
+
+def window_starts(now: float) -> dict[str, float]:
+    """The start (epoch seconds, UTC) of the day, ISO week and calendar month that ``now`` falls in."""
+    day = dt.datetime.fromtimestamp(now, dt.timezone.utc)  # noqa: UP017 - dt.UTC is 3.11+; Airflow 2 runs on 3.10
+    day = day.replace(hour=0, minute=0, second=0, microsecond=0)
+    week = day - dt.timedelta(days=day.weekday())
+    month = day.replace(day=1)
+    return {"day": day.timestamp(), "week": week.timestamp(), "month": month.timestamp()}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One reservation as the check sees it: its DAG run, when it was made, and what it counts for."""
+
+    dag_id: str
+    run_id: str
+    created_at: float
+    amount: float  # its cost once settled, else what it reserved
+    open: bool
+    conn_id: str = ""
+    until: float = math.inf  # when an open reservation's rental can bill no more (its lease's end)
+
+
+#: What a period's window is called in a refusal.
+_WINDOW_WORDS = {"run": "in this DAG run", "day": "today (UTC)", "week": "this week (UTC)", "month": "this month (UTC)"}
+
+
+def used(entries: Iterable[Entry], *, dag_id: str, run_id: str, now: float) -> dict[str, float]:
+    """Dollars spent or reserved by the DAG in each period's current window, and by the run."""
+    starts = window_starts(now)
+    totals = dict.fromkeys(PERIODS, 0.0)
+    for entry in entries:
+        if entry.dag_id != dag_id:
+            continue
+        if entry.run_id == run_id:
+            totals["run"] += entry.amount
+        for period, start in starts.items():
+            if entry.created_at >= start:
+                totals[period] += entry.amount
+    return {period: round(value, 6) for period, value in totals.items()}
+
+
+def held(entries: Iterable[Entry], *, conn_id: str, now: float) -> float:
+    """Dollars that rentals of the connection still running may yet cost: their open reservations."""
+    return round(sum(e.amount for e in entries if e.open and e.conn_id == conn_id and e.until > now), 6)
+
+
+def refusal(
+    limits: Limits | None,
+    totals: Mapping[str, float],
+    worst: float,
+    *,
+    dag_id: str,
+    available: float | None = None,
+    held: float = 0.0,
+) -> str | None:
+    """Why a rental of ``worst`` dollars may not be reserved, or None when it fits every budget and the credit."""
+    if limits is not None:
+        for period, limit in limits.given().items():
+            spent = totals.get(period, 0.0)
+            if spent + worst > limit + 1e-9:
+                return (
+                    f"The {period} budget of DAG {dag_id!r} is ${limit:.2f}: ${spent:.4f} is spent or reserved "
+                    f"{_WINDOW_WORDS[period]}, and this rental's worst case is ${worst:.4f}. Nothing was rented; "
+                    f"raise {VARIABLE}[{dag_id!r}][{period!r}] or lower max_runtime or max_cost."
+                )
+    if available is not None and held + worst > available + 1e-9:
+        return (
+            f"The account's credit is ${available:.2f}, ${held:.4f} of it is reserved by rentals still running, and "
+            f"this rental's worst case is ${worst:.4f}: renting would run into the service's stop at $0. Nothing was "
+            "rented; add credit or lower max_runtime or max_cost."
+        )
+    return None
+
+
+#: How old a signed ledger request may be when the api-server checks it.
+SIGNATURE_MAX_AGE_SECONDS = 300
+
+
+def signature(api_key: str, timestamp: str, body: bytes) -> str:
+    """The HMAC-SHA256 a task signs its ledger request with: the connection's API key, over timestamp and body."""
+    return hmac.new(api_key.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()

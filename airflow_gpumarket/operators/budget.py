@@ -1,0 +1,226 @@
+"""A renting task's part of budgets: reserve each rental's worst case before its create, settle it when it ends.
+
+The ledger lives in the Airflow metadata database (``ledger.py``). A task reaches it directly where Airflow lets task
+code use that database (Airflow 2, ``dag.test()``), else through the api-server, where the provider's plugin runs the
+same transaction (``ui/ledger_api.py``); each request is signed with the connection's API key.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from airflow_gpumarket import budgets, ledger
+from airflow_gpumarket._compat import AirflowException
+from airflow_gpumarket.exceptions import GpuMarketError
+from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
+
+#: The plugin's ledger routes, under the api-server's base URL.
+LEDGER_PATH = "/gpumarket/ledger"
+#: Seconds a ledger request to the api-server may take.
+LEDGER_TIMEOUT_SECONDS = 30.0
+#: A prefix of the database URL that Airflow 3 gives task processes instead of the real one.
+_BLOCKED_DB = "airflow-db-not-allowed"
+
+
+class _Direct:
+    """The ledger through the metadata database's engine, in this process."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def reserve(self, request: ledger.Request) -> int:
+        return ledger.reserve(self.engine, request, now=time.time())
+
+    def attach(self, conn_id: str, reservation_id: int, instance_id: int) -> None:
+        ledger.attach(self.engine, conn_id, reservation_id, instance_id)
+
+    def settle(self, conn_id: str, *, reservation_id: int | None = None, instance_id: int | None = None) -> Any:
+        return ledger.settle(
+            self.engine, conn_id, now=time.time(), reservation_id=reservation_id, instance_id=instance_id
+        )
+
+
+class _ApiServer:
+    """The ledger through the provider's routes in the api-server (Airflow 3 task processes)."""
+
+    def __init__(self, base_url: str, api_key: str) -> None:
+        self.url = base_url.rstrip("/") + LEDGER_PATH
+        self._api_key = api_key
+
+    def _post(self, route: str, body: dict[str, Any]) -> Any:
+        import requests
+
+        data = json.dumps(body, sort_keys=True).encode()
+        stamp = str(int(time.time()))
+        headers = {
+            "Content-Type": "application/json",
+            "X-GpuMarket-Timestamp": stamp,
+            "X-GpuMarket-Signature": budgets.signature(self._api_key, stamp, data),
+        }
+        try:
+            reply = requests.post(f"{self.url}/{route}", data=data, headers=headers, timeout=LEDGER_TIMEOUT_SECONDS)
+        except requests.RequestException as exc:
+            raise AirflowException(
+                f"The budget ledger at {self.url} did not answer ({type(exc).__name__}). Install the provider on the "
+                "api-server, and set [gpumarket] ledger_url when the api-server is not the execution API's host."
+            ) from None
+        if reply.status_code == 409:
+            raise ledger.BudgetRefused(_detail(reply))
+        if reply.status_code >= 400:
+            raise AirflowException(f"The budget ledger at {self.url} refused the request: {_detail(reply)}")
+        return reply.json()
+
+    def reserve(self, request: ledger.Request) -> int:
+        return int(self._post("reserve", request.to_json())["id"])
+
+    def attach(self, conn_id: str, reservation_id: int, instance_id: int) -> None:
+        self._post("attach", {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id})
+
+    def settle(self, conn_id: str, *, reservation_id: int | None = None, instance_id: int | None = None) -> Any:
+        body = {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id}
+        return self._post("settle", body).get("cost")
+
+
+def _detail(reply: Any) -> str:
+    try:
+        detail = reply.json().get("detail")
+    except ValueError:
+        detail = None
+    return str(detail or reply.text[:300] or reply.status_code)
+
+
+def ledger_client(api_key: str) -> _Direct | _ApiServer:
+    """The ledger as this process may reach it."""
+    engine = _usable_engine()
+    if engine is not None:
+        return _Direct(engine)
+    from airflow_gpumarket._compat import conf
+
+    base = conf.get("gpumarket", "ledger_url", fallback="") or ""
+    if not base:
+        execution = conf.get("core", "execution_api_server_url", fallback="") or ""
+        base = execution.rstrip("/").removesuffix("/execution") if execution else ""
+        base = base or conf.get("api", "base_url", fallback="") or "http://localhost:8080"
+    return _ApiServer(base, api_key)
+
+
+def _usable_engine() -> Any:
+    """The metadata database's engine when task code may use it here, else None."""
+    try:
+        from airflow import settings
+
+        engine = getattr(settings, "engine", None)
+    except Exception:  # noqa: BLE001 - any failure means: not from this process
+        return None
+    if engine is None or str(getattr(engine, "url", "")).startswith(_BLOCKED_DB):
+        return None
+    return engine
+
+
+class Budget:
+    """The reservations of one try: each rental's worst case reserved before its create, settled when it ends.
+
+    :param hook: the task's hook (the account's credit is read through it).
+    :param log: the task's logger.
+    :param context: the task's context (DAG, run and task instance).
+    :param max_cost: the task's own cap in dollars, or None.
+    """
+
+    def __init__(self, hook: Any, log: Any, context: Any, *, max_cost: float | None) -> None:
+        self.hook = hook
+        self.log = log
+        self.max_cost = max_cost
+        ti = context.get("ti") if hasattr(context, "get") else None
+        dag_run = context.get("dag_run") if hasattr(context, "get") else None
+        self.dag_id = str(getattr(ti, "dag_id", None) or getattr(dag_run, "dag_id", "") or "")
+        self.run_id = str(context.get("run_id") if hasattr(context, "get") else "")
+        self.task_id = str(getattr(ti, "task_id", "") or "")
+        self.map_index = int(getattr(ti, "map_index", -1) or -1) if ti is not None else -1
+        self.try_number = int(getattr(ti, "try_number", 1) or 1) if ti is not None else 1
+        self.limits = self._limits()
+        self._client: _Direct | _ApiServer | None = None
+        self.reservation_id: int | None = None  # the reservation of the create in flight
+
+    def _limits(self) -> budgets.Limits | None:
+        from airflow_gpumarket._compat import Variable
+
+        try:
+            raw = Variable.get(budgets.VARIABLE, default_var=None)
+        except TypeError:  # Airflow 3's Variable.get names it default
+            raw = Variable.get(budgets.VARIABLE, default=None)
+        try:
+            return budgets.limits_for(budgets.parse(raw), self.dag_id)
+        except budgets.BudgetConfigError as exc:
+            raise GpuMarketBudgetExceeded(f"{exc}. Nothing was rented.") from None
+
+    @property
+    def client(self) -> _Direct | _ApiServer:
+        if self._client is None:
+            self._client = ledger_client(self.hook.settings.api_key)
+        return self._client
+
+    def reserve(self, worst: budgets.WorstCase) -> None:
+        """Reserve ``worst`` before a create; raise ``GpuMarketBudgetExceeded`` when it does not fit."""
+        available = self._available()
+        if self.limits is None and available is None:
+            return  # nothing to check: no budget, and a service that does not tell the credit
+        request = ledger.Request(
+            conn_id=self.hook.gpumarket_conn_id,
+            dag_id=self.dag_id,
+            run_id=self.run_id,
+            task_id=self.task_id,
+            map_index=self.map_index,
+            try_number=self.try_number,
+            worst=worst.amount,
+            seconds=worst.seconds,
+            hourly=worst.hourly,
+            limits=self.limits,
+            available=available,
+        )
+        try:
+            self.reservation_id = self.client.reserve(request)
+        except ledger.BudgetRefused as exc:
+            raise GpuMarketBudgetExceeded(str(exc)) from None
+        self.log.info(
+            "Reserved %s for this rental (reservation %s)%s",
+            worst.describe(),
+            self.reservation_id,
+            "" if self.limits is None else f"; DAG budgets: {self.limits.given()}",
+        )
+
+    def _available(self) -> float | None:
+        """The account's credit, or None when the service does not tell it."""
+        account = getattr(self.hook, "account", None)
+        if account is None:
+            return None
+        try:
+            return account().available
+        except GpuMarketError as exc:
+            self.log.info("The account's credit could not be read (%s); renting without the credit check", exc)
+            return None
+
+    def created(self, instance_id: int) -> None:
+        """The create made ``instance_id``: its reservation names it from now on."""
+        if self.reservation_id is not None:
+            self.client.attach(self.hook.gpumarket_conn_id, self.reservation_id, instance_id)
+            self.reservation_id = None
+
+    def not_created(self) -> None:
+        """The create made nothing: its reservation is released."""
+        if self.reservation_id is not None:
+            self.client.settle(self.hook.gpumarket_conn_id, reservation_id=self.reservation_id)
+            self.reservation_id = None
+
+    def ended(self, instance_id: int) -> None:
+        """The instance is gone: its reservation becomes what it cost. Never raises (it runs on failure paths)."""
+        if self.limits is None and self._client is None:
+            return
+        try:
+            cost = self.client.settle(self.hook.gpumarket_conn_id, instance_id=instance_id)
+        except Exception as exc:  # noqa: BLE001 - the reservation stays at its worst case, which is safe
+            self.log.warning("Could not settle the budget reservation of instance %s: %s", instance_id, exc)
+            return
+        if cost is not None:
+            self.log.info("Instance %s ended; its reservation is settled at $%.4f", instance_id, cost)

@@ -1,0 +1,98 @@
+"""The budget ledger's routes in the api-server, for Airflow 3 tasks, which may not use the metadata database.
+
+A task signs each request with its connection's API key (``budgets.signature``); the route reads that connection
+where the api-server sees it and checks the signature, so only a holder of the key that rents can reserve or settle.
+Each route runs one ``ledger`` transaction; a refusal answers 409 with the sentence the task fails with.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+
+from airflow_gpumarket import budgets, ledger
+
+router = APIRouter(prefix="/ledger")
+
+
+def _engine() -> Any:
+    from airflow import settings
+
+    return settings.engine
+
+
+async def _signed_body(request: Request) -> dict[str, Any]:
+    """The request's JSON body once its signature is checked; 400, 401 or 403 naming what is wrong."""
+    data = await request.body()
+    try:
+        body = json.loads(data)
+    except ValueError:
+        raise HTTPException(400, "the body must be JSON") from None
+    conn_id = body.get("conn_id") if isinstance(body, dict) else None
+    if not isinstance(conn_id, str) or not conn_id:
+        raise HTTPException(400, "conn_id must name the task's connection")
+    stamp = request.headers.get("X-GpuMarket-Timestamp", "")
+    given = request.headers.get("X-GpuMarket-Signature", "")
+    if not stamp.isdigit() or abs(time.time() - int(stamp)) > budgets.SIGNATURE_MAX_AGE_SECONDS:
+        raise HTTPException(401, "X-GpuMarket-Timestamp is missing or more than 5 minutes off the api-server's clock")
+    from airflow_gpumarket.exceptions import GpuMarketError
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    try:
+        api_key = GpuMarketHook(conn_id).settings.api_key
+    except Exception as exc:  # noqa: BLE001 - a connection the api-server cannot read, for any reason
+        reason = str(exc) if isinstance(exc, GpuMarketError) else type(exc).__name__
+        raise HTTPException(
+            403, f"the api-server cannot read connection {conn_id!r} ({reason}); define it where the api-server sees it"
+        ) from None
+    if not hmac.compare_digest(budgets.signature(api_key, stamp, data), given):
+        raise HTTPException(401, f"X-GpuMarket-Signature does not match connection {conn_id!r}'s API key")
+    return body
+
+
+def _int_or_none(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HTTPException(400, f"{name} must be an integer")
+    return value
+
+
+@router.post("/reserve")
+async def reserve(request: Request) -> dict[str, Any]:
+    body = await _signed_body(request)
+    try:
+        asked = ledger.Request.from_json(body)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    try:
+        return {"id": ledger.reserve(_engine(), asked, now=time.time())}
+    except ledger.BudgetRefused as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
+@router.post("/attach")
+async def attach(request: Request) -> dict[str, Any]:
+    body = await _signed_body(request)
+    reservation_id, instance_id = _int_or_none(body, "id"), _int_or_none(body, "instance_id")
+    if reservation_id is None or instance_id is None:
+        raise HTTPException(400, "id and instance_id must be integers")
+    ledger.attach(_engine(), body["conn_id"], reservation_id, instance_id)
+    return {}
+
+
+@router.post("/settle")
+async def settle(request: Request) -> dict[str, Any]:
+    body = await _signed_body(request)
+    reservation_id, instance_id = _int_or_none(body, "id"), _int_or_none(body, "instance_id")
+    if reservation_id is None and instance_id is None:
+        raise HTTPException(400, "give id (the reservation) or instance_id")
+    cost = ledger.settle(
+        _engine(), body["conn_id"], now=time.time(), reservation_id=reservation_id, instance_id=instance_id
+    )
+    return {"cost": cost}
