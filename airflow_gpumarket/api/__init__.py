@@ -5,6 +5,7 @@
 - ``fields``: request bodies and the creation-field tables they are built from;
 - ``responses``: reading answers and mapping error shapes to the provider's exceptions;
 - ``copies``: the copy endpoints' bodies, cloud integrations by name, a copy's progress as read;
+- ``charges``: the account's charges, invoices and credit: queries, the pages' walk, the records read;
 - ``listing``: the instance list's paging state machine;
 - ``retry``: request budgets, patience and the retry policy.
 
@@ -14,6 +15,26 @@ meant to be changed at run time (a test's shorter patience) is read, and patched
 
 from __future__ import annotations
 
+from airflow_gpumarket.api.charges import (
+    MAX_BILLING_PAGES,
+    Account,
+    BillingPages,
+    Charge,
+    Invoice,
+    build_charges_query,
+    build_invoices_query,
+    encode_query,
+    instance_id_of,
+    missing_endpoint,
+    next_token,
+    page_limit,
+    parse_account,
+    parse_charge,
+    parse_charges_page,
+    parse_invoice,
+    parse_invoices_page,
+    parse_page,
+)
 from airflow_gpumarket.api.copies import (
     CopyProgress,
     build_cancel_copy_body,
@@ -53,12 +74,15 @@ from airflow_gpumarket.api.listing import (
 from airflow_gpumarket.api.paths import (
     API_PREFIX,
     API_V1_PREFIX,
+    BILLING_PAGE_LIMIT,
     BODY_EXCERPT_CHARS,
     BOOTING_STATUSES,
+    CHARGE_TYPES,
     CLOUD_COPY_FINISHED,
     ENDPOINT_STATES,
     FAILED_STATUSES,
     FILTER_OPERATORS,
+    INVOICE_SERVICES,
     LOG_FETCH_INTERVAL_SECONDS,
     LOG_FETCH_TIMEOUT_SECONDS,
     LOG_FETCH_TRIES,
@@ -70,14 +94,17 @@ from airflow_gpumarket.api.paths import (
     ORDER_DIRECTIONS,
     PATH_API_KEYS,
     PATH_CHANGE_BID,
+    PATH_CHARGES,
     PATH_CLOUD_INTEGRATIONS,
     PATH_COPY_DIRECT,
     PATH_CREATE_INSTANCE,
+    PATH_CURRENT_USER,
     PATH_DEPLOYMENTS,
     PATH_ENDPOINTS,
     PATH_INSTANCE,
     PATH_INSTANCES,
     PATH_INSTANCES_V1,
+    PATH_INVOICES_V1,
     PATH_PENDING_PRICE_INCREASES,
     PATH_RCLONE,
     PATH_REGEN_BACKUP_CODES,

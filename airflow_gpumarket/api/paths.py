@@ -31,6 +31,12 @@ PATH_COPY_DIRECT = f"{API_PREFIX}/commands/copy_direct/"
 #: Not in the spec: the live service's copy between an instance and the user's cloud integration (POST starts one,
 #: DELETE cancels), as ``vastai cloud copy`` calls it.
 PATH_RCLONE = f"{API_PREFIX}/commands/rclone/"
+#: Not in the spec: the live service's paged charges (what ``vastai show invoices-v1 --charges`` reads).
+PATH_CHARGES = f"{API_PREFIX}/charges/"
+#: Not in the spec: the live service's paged invoices (what ``vastai show invoices-v1 --invoices`` reads).
+PATH_INVOICES_V1 = f"{API_V1_PREFIX}/invoices/"
+#: Not in the spec: the account, with its credit (what ``vastai show user`` reads).
+PATH_CURRENT_USER = f"{API_PREFIX}/users/current"
 
 # Enums.
 RUNTYPES = ("ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args")
@@ -48,6 +54,19 @@ TRANSFER_FROM_CLOUD = "Cloud To Instance"
 TRANSFERS = (TRANSFER_TO_CLOUD, TRANSFER_FROM_CLOUD)
 #: What an instance's ``status_msg`` says when a cloud copy ended (the official CLI's words; about 30 s late).
 CLOUD_COPY_FINISHED = "Cloud Copy Operation Finished"
+#: A charge's ``type``, as the charges list filters on it (the official CLI's choices).
+CHARGE_TYPES = ("instance", "volume", "serverless")
+#: An invoice's ``service``, as the invoices list filters on it (the values the official CLI sends).
+INVOICE_SERVICES = (
+    "transfer",
+    "stripe_payments",
+    "bitpay",
+    "coinbase",
+    "crypto.com",
+    "instance_prepay",
+    "paypal_manual",
+    "wise_manual",
+)
 # Instance actual_status values. None means "being provisioned".
 STATUS_LOADING = "loading"
 STATUS_RUNNING = "running"
@@ -65,6 +84,8 @@ POLL_INTERVAL_SECONDS = 10
 LOG_INTERVAL_SECONDS = 30.0
 #: Seconds to wait for each HTTP response unless the connection says otherwise.
 REQUEST_TIMEOUT_SECONDS = 30.0
+#: The most charges or invoices one page may hold (the live service's maximum, as the official CLI clamps it).
+BILLING_PAGE_LIMIT = 100
 #: Characters of an unexpected body quoted in an error message.
 BODY_EXCERPT_CHARS = 200
 

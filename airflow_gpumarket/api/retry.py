@@ -28,6 +28,7 @@ DESTROY_RATE_PER_SECOND = 1 / 3
 CHANGE_RATE_PER_SECOND = 1.0
 #: Searches and per-instance reads (an instance, its logs) have no published figure: the provider assumes the
 #: simulator's (search 1/s, the others 2/s). A fleet of 220 tasks on one key drew hundreds of 429s there without it.
+#: The account's reads (charges, invoices, the account) are assumed to be reads too, each with a bucket of its own.
 SEARCH_RATE_PER_SECOND = 1.0
 READ_RATE_PER_SECOND = 2.0
 #: Operations that keep trying through 429s for ``RATE_LIMIT_PATIENCE_SECONDS`` whatever ``max_retries`` says: the
@@ -53,6 +54,9 @@ def rate_budget(operation: str) -> tuple[str, float] | None:
         "search_offers": ("search_offers", SEARCH_RATE_PER_SECOND),
         "get_instance": ("get_instance", READ_RATE_PER_SECOND),
         "request_instance_logs": ("request_instance_logs", READ_RATE_PER_SECOND),
+        "charges": ("charges", READ_RATE_PER_SECOND),
+        "invoices": ("invoices", READ_RATE_PER_SECOND),
+        "account": ("account", READ_RATE_PER_SECOND),
     }.get(operation)
 
 

@@ -37,6 +37,7 @@ from airflow_gpumarket.exceptions import (
 from airflow_gpumarket.hooks.connection import ConnectionSettings, settings_from_connection
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -581,3 +582,43 @@ class _GpuMarketHookBase(BaseHook):
         body = api.build_cancel_copy_body(instance_id, "instance_id")
         answer = yield from self._call_flow("cancel_cloud_copy", "DELETE", api.PATH_RCLONE, body)
         return api.copy_answer("cancel_cloud_copy", answer)
+
+    # --- the account's money: charges, invoices, credit (the live service's; not in the spec) -------------------
+    def charges_flow(self, start: float, end: float, types: Sequence[str] | None = None) -> Flow[list[api.Charge]]:
+        """Every charge from ``start`` to ``end`` (see ``GpuMarketHook.charges``)."""
+        query = api.build_charges_query(start, end, types=types)
+        walk = api.BillingPages("charges", api.PATH_CHARGES, query, api.parse_charge)
+        return (yield from self._billing_pages_flow(walk))
+
+    def invoices_flow(self, start: float, end: float, services: Sequence[str] | None = None) -> Flow[list[api.Invoice]]:
+        """Every invoice from ``start`` to ``end`` (see ``GpuMarketHook.invoices``)."""
+        query = api.build_invoices_query(start, end, services=services)
+        walk = api.BillingPages("invoices", api.PATH_INVOICES_V1, query, api.parse_invoice)
+        return (yield from self._billing_pages_flow(walk))
+
+    def _billing_pages_flow(self, walk: api.BillingPages[R]) -> Flow[list[R]]:
+        """Each page of ``walk`` in turn, paced and retried as reads are; a server without the path says so."""
+        while (request := walk.request()) is not None:
+            path, params = request
+            try:
+                body = yield from self._call_flow(walk.operation, "GET", path, params=params)
+            except GpuMarketError as exc:
+                missing = api.missing_endpoint(walk.operation, path, exc) if walk.pages == 0 else None
+                if missing is None:
+                    raise
+                raise missing from exc
+            walk.take(body)
+        return walk.results
+
+    def account_flow(self) -> Flow[api.Account]:
+        """The account's credit, balance and identity (see ``GpuMarketHook.account``); its key is masked, not kept."""
+        try:
+            body = yield from self._call_flow("account", "GET", api.PATH_CURRENT_USER)
+        except GpuMarketError as exc:
+            if (missing := api.missing_endpoint("account", api.PATH_CURRENT_USER, exc)) is None:
+                raise
+            raise missing from exc
+        key = body.get("api_key") if isinstance(body, dict) else None
+        if isinstance(key, str) and key:
+            mask_secret(key)  # the blob's key may be another than the connection's
+        return api.parse_account(body)

@@ -35,7 +35,8 @@ class GpuMarketHook(_GpuMarketHookBase):
 
     Reads, stop, destroy and starting or cancelling a copy are retried on 429 (honouring Retry-After), 5xx and
     connection errors (a copy sent twice converges to the same files). Creating an instance is never re-sent
-    blindly: see :meth:`create_instance`. Results are plain JSON dicts and lists.
+    blindly: see :meth:`create_instance`. Results are plain JSON dicts and lists, except the account's money
+    (:meth:`charges`, :meth:`invoices`, :meth:`account`), read into frozen records of ``airflow_gpumarket.api``.
     """
 
     @classmethod
@@ -299,6 +300,42 @@ class GpuMarketHook(_GpuMarketHookBase):
         api.require_integration_ref(name_or_id)
         integrations = self.list_cloud_integrations()
         return api.resolve_cloud_integration(integrations, name_or_id, secrets=(self.settings.api_key,))
+
+    # --- the account's money (the live service's; not in the spec) --------------------------------------------
+    def charges(self, start: float, end: float, *, types: Sequence[str] | None = None) -> list[api.Charge]:
+        """Every charge of the days from ``start`` to ``end``, each with its breakdown (``items``).
+
+        Reads every page of ``GET /api/v0/charges/`` (100 a page), sending each page's ``next_token`` back unchanged
+        with the same filters, as the official CLI does. Pages are paced and retried as reads are.
+
+        :param start: epoch seconds; the window includes it.
+        :param end: epoch seconds, not before ``start``; the window includes it.
+        :param types: charge types (``api.CHARGE_TYPES``: instance, volume, serverless); None for all.
+        :raises GpuMarketNotFoundError: the service has no charges endpoint (one that follows the spec only).
+        :raises GpuMarketError: a record cannot be read (the message names the field), or the service repeats a
+            ``next_token``.
+        """
+        return self.run_flow(self.charges_flow(start, end, types))
+
+    def invoices(self, start: float, end: float, *, services: Sequence[str] | None = None) -> list[api.Invoice]:
+        """Every invoice dated from ``start`` to ``end``, read through the pages of ``GET /api/v1/invoices/``.
+
+        :param start: epoch seconds; the window includes it.
+        :param end: epoch seconds, not before ``start``; the window includes it.
+        :param services: invoice services (``api.INVOICE_SERVICES``); None for all.
+        :raises GpuMarketNotFoundError: the service has no invoices endpoint (one that follows the spec only).
+        """
+        return self.run_flow(self.invoices_flow(start, end, services))
+
+    def account(self) -> api.Account:
+        """The account's credit, balance and identity, from ``GET /api/v0/users/current``.
+
+        ``Account.available`` is the credit left, or the balance when the service sends no credit. The API key the
+        service sends along is masked in logs and never returned.
+
+        :raises GpuMarketNotFoundError: the service has no such endpoint (one that follows the spec only).
+        """
+        return self.run_flow(self.account_flow())
 
     # --- copies: asynchronous on the service; read progress with ``api.copy_progress(instance["status_msg"])`` ----
     def start_instance_copy(self, src_id: int, dst_id: int, src_path: str, dst_path: str) -> types.CopyResult:
