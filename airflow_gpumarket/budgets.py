@@ -83,6 +83,18 @@ def parse(raw: Any) -> dict[str, Limits]:
     return {str(dag_id): Limits.from_json(value, f"{VARIABLE}[{dag_id!r}]") for dag_id, value in raw.items()}
 
 
+#: A DAG tag of this form names the DAG's team in the ledger and the spend report.
+TEAM_TAG_PREFIX = "team:"
+
+
+def team_of(tags: Iterable[str] | None) -> str | None:
+    """The team a DAG's tags name (``team:<name>``), or None."""
+    for tag in sorted(tags or ()):
+        if isinstance(tag, str) and tag.startswith(TEAM_TAG_PREFIX) and tag[len(TEAM_TAG_PREFIX) :]:
+            return tag[len(TEAM_TAG_PREFIX) :]
+    return None
+
+
 def limits_for(budgets: Mapping[str, Limits], dag_id: str) -> Limits | None:
     """The DAG's budgets: its own entry, else the ``"*"`` entry, else None (no budget)."""
     limits = budgets.get(dag_id, budgets.get(EVERY_DAG))

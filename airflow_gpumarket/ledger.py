@@ -46,6 +46,7 @@ RESERVATIONS = Table(
     Column("run_id", String(250), nullable=False),
     Column("task_id", String(250), nullable=False),
     Column("map_index", Integer, nullable=False),
+    Column("team", String(250)),
     Column("try_number", Integer, nullable=False),
     Column("instance_id", BigInteger),
     Column("reserved", Float, nullable=False),
@@ -83,6 +84,7 @@ class Request:
     hourly: float  # what it bills per hour, disk included
     limits: budgets.Limits | None = None
     available: float | None = None  # the account's credit, when read
+    team: str | None = None  # the DAG's team tag (``budgets.team_of``)
 
     def to_json(self) -> dict[str, Any]:
         body = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "limits"}
@@ -109,6 +111,10 @@ class Request:
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0")
             fields[name] = float(value)
+        if body.get("team") is not None:
+            if not isinstance(body["team"], str):
+                raise ValueError("team must be a string or null")
+            fields["team"] = body["team"]
         limits = body.get("limits")
         fields["limits"] = None if limits is None else budgets.Limits.from_json(limits, "limits")
         return cls(**fields)
@@ -167,6 +173,7 @@ def reserve(engine: Any, request: Request, *, now: float) -> int:
                 run_id=request.run_id,
                 task_id=request.task_id,
                 map_index=request.map_index,
+                team=request.team,
                 try_number=request.try_number,
                 reserved=request.worst,
                 hourly=request.hourly,
@@ -210,13 +217,13 @@ def settle(
     return cost
 
 
-def entries(engine: Any, *, since: float) -> list[dict[str, Any]]:
-    """Every reservation made since ``since``, oldest first, as plain dicts."""
+def entries(engine: Any, *, since: float, conn_id: str | None = None) -> list[dict[str, Any]]:
+    """Every reservation made since ``since`` (of one connection, when given), oldest first, as plain dicts."""
     ensure_tables(engine)
+    r = RESERVATIONS
+    match = r.c.created_at >= since if conn_id is None else and_(r.c.created_at >= since, r.c.conn_id == conn_id)
     with engine.begin() as conn:
-        rows = conn.execute(
-            select(RESERVATIONS).where(RESERVATIONS.c.created_at >= since).order_by(RESERVATIONS.c.id)
-        ).all()
+        rows = conn.execute(select(r).where(match).order_by(r.c.id)).all()
     return [dict(row._mapping) for row in rows]
 
 

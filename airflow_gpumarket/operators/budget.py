@@ -36,6 +36,9 @@ class _Direct:
     def attach(self, conn_id: str, reservation_id: int, instance_id: int) -> None:
         ledger.attach(self.engine, conn_id, reservation_id, instance_id)
 
+    def entries(self, conn_id: str, since: float) -> list[dict[str, Any]]:
+        return ledger.entries(self.engine, since=since, conn_id=conn_id)
+
     def settle(self, conn_id: str, *, reservation_id: int | None = None, instance_id: int | None = None) -> Any:
         return ledger.settle(
             self.engine, conn_id, now=time.time(), reservation_id=reservation_id, instance_id=instance_id
@@ -78,6 +81,9 @@ class _ApiServer:
     def attach(self, conn_id: str, reservation_id: int, instance_id: int) -> None:
         self._post("attach", {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id})
 
+    def entries(self, conn_id: str, since: float) -> list[dict[str, Any]]:
+        return list(self._post("entries", {"conn_id": conn_id, "since": since})["entries"])
+
     def settle(self, conn_id: str, *, reservation_id: int | None = None, instance_id: int | None = None) -> Any:
         body = {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id}
         return self._post("settle", body).get("cost")
@@ -91,8 +97,8 @@ def _detail(reply: Any) -> str:
     return str(detail or reply.text[:300] or reply.status_code)
 
 
-def ledger_client(api_key: str) -> _Direct | _ApiServer:
-    """The ledger as this process may reach it."""
+def ledger_client(hook: Any) -> _Direct | _ApiServer:
+    """The ledger as this process may reach it (through the api-server: signed with ``hook``'s API key)."""
     engine = _usable_engine()
     if engine is not None:
         return _Direct(engine)
@@ -103,7 +109,7 @@ def ledger_client(api_key: str) -> _Direct | _ApiServer:
         execution = conf.get("core", "execution_api_server_url", fallback="") or ""
         base = execution.rstrip("/").removesuffix("/execution") if execution else ""
         base = base or conf.get("api", "base_url", fallback="") or "http://localhost:8080"
-    return _ApiServer(base, api_key)
+    return _ApiServer(base, hook.settings.api_key)
 
 
 def _usable_engine() -> Any:
@@ -125,11 +131,13 @@ class Budget:
     :param hook: the task's hook (the account's credit is read through it).
     :param log: the task's logger.
     :param context: the task's context (DAG, run and task instance).
+    :param conn_id: the task's connection: the account whose credit is checked.
     :param max_cost: the task's own cap in dollars, or None.
     """
 
-    def __init__(self, hook: Any, log: Any, context: Any, *, max_cost: float | None) -> None:
+    def __init__(self, hook: Any, log: Any, context: Any, *, conn_id: str, max_cost: float | None) -> None:
         self.hook = hook
+        self.conn_id = conn_id
         self.log = log
         self.max_cost = max_cost
         ti = context.get("ti") if hasattr(context, "get") else None
@@ -139,6 +147,8 @@ class Budget:
         self.task_id = str(getattr(ti, "task_id", "") or "")
         self.map_index = int(getattr(ti, "map_index", -1) or -1) if ti is not None else -1
         self.try_number = int(getattr(ti, "try_number", 1) or 1) if ti is not None else 1
+        dag = context.get("dag") if hasattr(context, "get") else None
+        self.team = budgets.team_of(getattr(dag, "tags", None))
         self.limits = self._limits()
         self._client: _Direct | _ApiServer | None = None
         self.reservation_id: int | None = None  # the reservation of the create in flight
@@ -158,16 +168,14 @@ class Budget:
     @property
     def client(self) -> _Direct | _ApiServer:
         if self._client is None:
-            self._client = ledger_client(self.hook.settings.api_key)
+            self._client = ledger_client(self.hook)
         return self._client
 
     def reserve(self, worst: budgets.WorstCase) -> None:
         """Reserve ``worst`` before a create; raise ``GpuMarketBudgetExceeded`` when it does not fit."""
         available = self._available()
-        if self.limits is None and available is None:
-            return  # nothing to check: no budget, and a service that does not tell the credit
         request = ledger.Request(
-            conn_id=self.hook.gpumarket_conn_id,
+            conn_id=self.conn_id,
             dag_id=self.dag_id,
             run_id=self.run_id,
             task_id=self.task_id,
@@ -178,11 +186,20 @@ class Budget:
             hourly=worst.hourly,
             limits=self.limits,
             available=available,
+            team=self.team,
         )
         try:
             self.reservation_id = self.client.reserve(request)
         except ledger.BudgetRefused as exc:
             raise GpuMarketBudgetExceeded(str(exc)) from None
+        except AirflowException as exc:
+            if self.limits is not None:
+                raise  # a budget that cannot be checked is not kept: nothing is rented
+            self.log.warning("Renting without a ledger entry: %s", exc)
+            why = budgets.refusal(None, {}, worst.amount, dag_id=self.dag_id, available=available)
+            if why is not None:
+                raise GpuMarketBudgetExceeded(why) from None
+            return
         self.log.info(
             "Reserved %s for this rental (reservation %s)%s",
             worst.describe(),
@@ -204,21 +221,19 @@ class Budget:
     def created(self, instance_id: int) -> None:
         """The create made ``instance_id``: its reservation names it from now on."""
         if self.reservation_id is not None:
-            self.client.attach(self.hook.gpumarket_conn_id, self.reservation_id, instance_id)
+            self.client.attach(self.conn_id, self.reservation_id, instance_id)
             self.reservation_id = None
 
     def not_created(self) -> None:
         """The create made nothing: its reservation is released."""
         if self.reservation_id is not None:
-            self.client.settle(self.hook.gpumarket_conn_id, reservation_id=self.reservation_id)
+            self.client.settle(self.conn_id, reservation_id=self.reservation_id)
             self.reservation_id = None
 
     def ended(self, instance_id: int) -> None:
         """The instance is gone: its reservation becomes what it cost. Never raises (it runs on failure paths)."""
-        if self.limits is None and self._client is None:
-            return
         try:
-            cost = self.client.settle(self.hook.gpumarket_conn_id, instance_id=instance_id)
+            cost = self.client.settle(self.conn_id, instance_id=instance_id)
         except Exception as exc:  # noqa: BLE001 - the reservation stays at its worst case, which is safe
             self.log.warning("Could not settle the budget reservation of instance %s: %s", instance_id, exc)
             return

@@ -514,7 +514,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         from airflow_gpumarket.operators.budget import Budget
 
         store = context.get("task_state_store") if self.durable and isinstance(context, Mapping) else None
-        budget = self._budget = Budget(self.hook, self.log, context, max_cost=self.max_cost)
+        budget = self._budget = Budget(
+            self.hook, self.log, context, conn_id=self.gpumarket_conn_id, max_cost=self.max_cost
+        )
         self._hourly: dict[int, float] = {}
         guard = RentalGuard(self.hook, self.log, self._rental_key(context), store=store, recorder=recorder)
         guard.budget = budget

@@ -96,3 +96,12 @@ async def settle(request: Request) -> dict[str, Any]:
         _engine(), body["conn_id"], now=time.time(), reservation_id=reservation_id, instance_id=instance_id
     )
     return {"cost": cost}
+
+
+@router.post("/entries")
+async def entries(request: Request) -> dict[str, Any]:
+    body = await _signed_body(request)
+    since = body.get("since")
+    if isinstance(since, bool) or not isinstance(since, int | float):
+        raise HTTPException(400, "since must be a number of epoch seconds")
+    return {"entries": ledger.entries(_engine(), since=float(since), conn_id=body["conn_id"])}
