@@ -131,20 +131,22 @@ class Budget:
     :param hook: the task's hook (the account's credit is read through it).
     :param log: the task's logger.
     :param context: the task's context (DAG, run and task instance).
+    :param dag_id: the task's DAG, whose budgets apply.
+    :param task_id: the task.
     :param conn_id: the task's connection: the account whose credit is checked.
     :param max_cost: the task's own cap in dollars, or None.
     """
 
-    def __init__(self, hook: Any, log: Any, context: Any, *, conn_id: str, max_cost: float | None) -> None:
+    def __init__(
+        self, hook: Any, log: Any, context: Any, *, dag_id: str, task_id: str, conn_id: str, max_cost: float | None
+    ) -> None:
         self.hook = hook
         self.conn_id = conn_id
         self.log = log
         self.max_cost = max_cost
         ti = context.get("ti") if hasattr(context, "get") else None
-        dag_run = context.get("dag_run") if hasattr(context, "get") else None
-        self.dag_id = str(getattr(ti, "dag_id", None) or getattr(dag_run, "dag_id", "") or "")
+        self.dag_id, self.task_id = dag_id, task_id
         self.run_id = str(context.get("run_id") if hasattr(context, "get") else "")
-        self.task_id = str(getattr(ti, "task_id", "") or "")
         self.map_index = int(getattr(ti, "map_index", -1) or -1) if ti is not None else -1
         self.try_number = int(getattr(ti, "try_number", 1) or 1) if ti is not None else 1
         dag = context.get("dag") if hasattr(context, "get") else None

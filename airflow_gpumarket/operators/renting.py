@@ -515,7 +515,13 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
         store = context.get("task_state_store") if self.durable and isinstance(context, Mapping) else None
         budget = self._budget = Budget(
-            self.hook, self.log, context, conn_id=self.gpumarket_conn_id, max_cost=self.max_cost
+            self.hook,
+            self.log,
+            context,
+            dag_id=self.dag_id or "",
+            task_id=self.task_id,
+            conn_id=self.gpumarket_conn_id,
+            max_cost=self.max_cost,
         )
         self._hourly: dict[int, float] = {}
         guard = RentalGuard(self.hook, self.log, self._rental_key(context), store=store, recorder=recorder)

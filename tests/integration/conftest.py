@@ -35,8 +35,20 @@ def sim(job_sim_server, monkeypatch) -> Iterator:
         conn["extra"] |= {"retry_min_wait": 0.01, "retry_max_wait": 0.05, "max_retries": 6, "timeout": 2}
         monkeypatch.setenv(name, json.dumps(conn))
     monkeypatch.setenv("GPUMARKET_POLL_INTERVAL", str(POLL))
+    _empty_the_budget_ledger()
     yield job_sim_server
     job_sim_server.clear_faults()
+
+
+def _empty_the_budget_ledger() -> None:
+    """Each test starts with no reservations: one a test left open must not hold another test's credit."""
+    from airflow import settings
+
+    from airflow_gpumarket import ledger
+
+    ledger.ensure_tables(settings.engine)
+    with settings.engine.begin() as conn:
+        conn.execute(ledger.RESERVATIONS.delete())
 
 
 def alive(sim) -> list[dict]:

@@ -1,0 +1,64 @@
+"""Budgets against the simulator: a rental that does not fit is refused before anything is rented, and a job that
+reaches max_cost is destroyed within one poll interval."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+
+import pytest
+from airflow.providers.common.compat.sdk import DAG
+
+from airflow_gpumarket import ledger
+from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
+
+from .conftest import POLL, alive
+from .test_money_safety import context, job
+
+
+def budgets_variable(monkeypatch, value: dict) -> None:
+    monkeypatch.setenv("AIRFLOW_VAR_GPUMARKET_BUDGETS", json.dumps(value))
+
+
+def in_dag(dag_id: str, **kwargs):
+    with DAG(dag_id=dag_id, start_date=datetime(2026, 1, 1), schedule=None):
+        return job(**kwargs)
+
+
+def reservations() -> list[dict]:
+    from airflow import settings
+
+    return ledger.entries(settings.engine, since=0)
+
+
+def test_rule_a_rental_over_the_dag_budget_fails_before_anything_is_rented(sim, monkeypatch):
+    budgets_variable(monkeypatch, {"budget_dag": {"day": 0.01}})
+    with pytest.raises(GpuMarketBudgetExceeded, match=r"The day budget of DAG 'budget_dag' is \$0.01") as caught:
+        in_dag("budget_dag").execute(context())
+    assert "worst case" in str(caught.value) and "Nothing was rented" in str(caught.value)
+    assert sim.state()["instances"] == []
+    assert reservations() == []
+
+
+def test_rule_a_rental_within_the_budget_is_reserved_then_settled_at_what_it_cost(sim, monkeypatch):
+    budgets_variable(monkeypatch, {"*": {"day": 50.0}})
+    result = in_dag("settled_dag", max_runtime=600).execute(context())
+    (entry,) = reservations()
+    assert entry["instance_id"] == result["instance_id"] and entry["dag_id"] == "settled_dag"
+    assert entry["cost"] is not None and 0 <= entry["cost"] <= entry["reserved"]
+    assert alive(sim) == []
+
+
+def test_rule_a_job_reaching_max_cost_is_destroyed_within_one_poll_interval(sim, monkeypatch, task_log):
+    operator = in_dag("capped_dag", command="sleep 100000", max_cost=0.0001)
+    started = time.time()
+    with pytest.raises(GpuMarketBudgetExceeded, match=r"reached max_cost=\$0.0001: its cost so far is about \$"):
+        operator.execute(context())
+    (entry,) = reservations()
+    deadline = entry["created_at"] + 0.0001 / entry["hourly"] * 3600
+    destroyed = [r for r in sim.requests() if r["method"] == "DELETE" and r["status"] == 200]
+    assert destroyed and alive(sim) == []
+    # The task's own clock: the destroy came within one poll interval (plus the read and the destroy) of the deadline.
+    assert time.time() - deadline < POLL + 2.0, (started, deadline)
+    assert entry["cost"] is not None
