@@ -125,6 +125,17 @@ def _usable_engine() -> Any:
     return engine
 
 
+def settle_ended(hook: Any, conn_id: str, instance_id: int, log: Any) -> None:
+    """An instance destroyed by another task than its renter: settle its reservation, if any. Never raises."""
+    try:
+        cost = ledger_client(hook).settle(conn_id, instance_id=instance_id)
+    except Exception as exc:  # noqa: BLE001 - the reservation stays at its worst case, which is safe
+        log.warning("Could not settle the budget reservation of instance %s: %s", instance_id, exc)
+        return
+    if cost is not None:
+        log.info("Instance %s ended; its budget reservation is settled at $%.4f", instance_id, cost)
+
+
 class Budget:
     """The reservations of one try: each rental's worst case reserved before its create, settled when it ends.
 
@@ -234,10 +245,4 @@ class Budget:
 
     def ended(self, instance_id: int) -> None:
         """The instance is gone: its reservation becomes what it cost. Never raises (it runs on failure paths)."""
-        try:
-            cost = self.client.settle(self.conn_id, instance_id=instance_id)
-        except Exception as exc:  # noqa: BLE001 - the reservation stays at its worst case, which is safe
-            self.log.warning("Could not settle the budget reservation of instance %s: %s", instance_id, exc)
-            return
-        if cost is not None:
-            self.log.info("Instance %s ended; its reservation is settled at $%.4f", instance_id, cost)
+        settle_ended(self.hook, self.conn_id, instance_id, self.log)

@@ -71,7 +71,15 @@ def destroy_rentals_on_failure(context: Any) -> None:
     key = lifecycle.rental_key(
         task.dag_id or "", str(context.get("run_id")), task.task_id, getattr(ti, "map_index", -1)
     )
-    destroy_rentals(hook, key, getattr(task, "log", None) or hook.log, "The task failed")
+    from airflow_gpumarket.operators.budget import settle_ended
+
+    log = getattr(task, "log", None) or hook.log
+
+    def destroy(instance_id: int) -> None:
+        hook.destroy_instance(instance_id)
+        settle_ended(hook, getattr(hook, "gpumarket_conn_id", ""), instance_id, log)
+
+    destroy_rentals(hook, key, log, "The task failed", destroy=destroy)
 
 
 class RentalGuard:

@@ -31,6 +31,7 @@ class GpuMarketReapOrphansOperator(GpuMarketBaseOperator):
         api.require_non_negative_number("grace", self.grace)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_gpumarket.operators.budget import settle_ended
         from airflow_gpumarket.ui import records
 
         now = time.time()
@@ -46,6 +47,7 @@ class GpuMarketReapOrphansOperator(GpuMarketBaseOperator):
             if not self.report_only:
                 self.hook.destroy_instance(instance_id)
                 records.push_end(context, self.log, self.hook, instance_id, ended_by=self.task_id, instance=instance)
+                settle_ended(self.hook, self.gpumarket_conn_id, instance_id, self.log)
             destroyed.append(instance_id)
             per_hour += float(instance.get("dph_total") or 0)  # type: ignore[arg-type]
             self.log.warning(

@@ -53,6 +53,7 @@ class GpuMarketDestroyInstanceOperator(_OneInstanceOperator):
         if instance_id is None:
             self.log.info("No instance id: nothing to destroy")
             return {"success": True, "destroyed": None}
+        from airflow_gpumarket.operators.budget import settle_ended
         from airflow_gpumarket.ui import records
 
         instance = self._read(instance_id)
@@ -60,6 +61,7 @@ class GpuMarketDestroyInstanceOperator(_OneInstanceOperator):
         self.log.info("Destroyed instance %s%s", instance_id, " (already gone)" if result.get("already_gone") else "")
         if not result.get("already_gone"):
             records.push_end(context, self.log, self.hook, instance_id, ended_by=self.task_id, instance=instance)
+            settle_ended(self.hook, self.gpumarket_conn_id, instance_id, self.log)
         return {"success": True, "destroyed": instance_id, "already_gone": bool(result.get("already_gone"))}
 
     def _read(self, instance_id: int) -> Mapping[str, Any] | None:
