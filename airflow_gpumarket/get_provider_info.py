@@ -76,7 +76,8 @@ def get_provider_info() -> dict:
         "plugins": [{"name": "gpumarket", "plugin-class": "airflow_gpumarket.ui.plugin.GpuMarketPlugin"}],
         "config": {
             "gpumarket": {
-                "description": "The GPU rentals page in the Airflow UI (Airflow 3.1+).",
+                "description": "The GPU rentals page in the Airflow UI (Airflow 3.1+), and where tasks reach the "
+                "budget ledger.",
                 "options": {
                     "ui_connections": {
                         "description": "Comma-separated ids of the connections whose instances the page lists. "
@@ -86,7 +87,16 @@ def get_provider_info() -> dict:
                         "type": "string",
                         "example": "gpumarket_default,gpumarket_team_b",
                         "default": "",
-                    }
+                    },
+                    "ledger_url": {
+                        "description": "The api-server's base URL, where Airflow 3 task processes reach the budget "
+                        "ledger (the provider's plugin routes under /gpumarket/ledger). Empty: the host of "
+                        "[core] execution_api_server_url, else [api] base_url.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "http://airflow-api-server:8080",
+                        "default": "",
+                    },
                 },
             }
         },

@@ -171,3 +171,29 @@ def test_taskflow_training_pipeline_returns_its_metrics_to_the_next_task(example
     assert len(sim.state()["instances"]) == 1
     out = task_log()
     assert "s3://example-bucket/datasets/mnist-2026-01/model-e3.pt: validation loss 0.1225 -> promote" in out
+
+
+def test_a_fan_out_whose_jobs_fit_its_budget_reserves_each_and_settles_it_under_its_team(example_dag, sim, monkeypatch):
+    import json
+
+    from airflow import settings
+
+    from airflow_gpumarket import ledger
+
+    monkeypatch.setenv("AIRFLOW_VAR_GPUMARKET_BUDGETS", json.dumps({"example_gpumarket_budgets": {"run": 0.35}}))
+    run = example_dag("example_gpumarket_budgets").test()
+    assert set(task_states(run).values()) == {"success"}
+    entries = ledger.entries(settings.engine, since=0)
+    # Each reserves max_cost and one poll; each settles at what it cost before the next one reserves.
+    assert len(entries) == 8 and {e["team"] for e in entries} == {"vision"}
+    assert all(e["reserved"] <= 0.1002 and e["cost"] is not None and e["cost"] < e["reserved"] for e in entries)
+    assert alive(sim) == []
+
+
+def test_a_fan_out_whose_jobs_exceed_its_budget_fails_each_before_renting(example_dag, sim, monkeypatch):
+    import json
+
+    monkeypatch.setenv("AIRFLOW_VAR_GPUMARKET_BUDGETS", json.dumps({"example_gpumarket_budgets": {"run": 0.05}}))
+    run = example_dag("example_gpumarket_budgets").test()
+    assert set(task_states(run).values()) == {"failed"}
+    assert sim.state()["instances"] == []
