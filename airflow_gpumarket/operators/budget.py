@@ -102,7 +102,7 @@ def ledger_client(hook: Any) -> _Direct | _ApiServer:
     engine = _usable_engine()
     if engine is not None:
         return _Direct(engine)
-    from airflow_gpumarket._compat import conf
+    from airflow.configuration import conf
 
     base = conf.get("gpumarket", "ledger_url", fallback="") or ""
     if not base:

@@ -345,6 +345,8 @@ class Deployment:
             AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{base}/execution/",
+            # The budget scenario's DAG: $1 a day (tests/system/dags/system_dags.py, system_budget).
+            AIRFLOW_VAR_GPUMARKET_BUDGETS='{"system_budget": {"day": 1.0}}',
             AIRFLOW__API__BASE_URL=base,
             AIRFLOW__API__HOST="127.0.0.1",
             AIRFLOW__API__PORT=str(self.api_port),

@@ -23,6 +23,10 @@ POSTGRES_DOWN = 10  # seconds PostgreSQL stays down in postgres_restart
 FINISHED = {"success", "failed", "skipped", "upstream_failed", "removed"}
 T = TypeVar("T")
 
+#: The mapped jobs of the budget scenario, and the DAG's daily budget in dollars (the Variable the deployment sets).
+BUDGET_JOBS = 50
+BUDGET_PER_DAY = 1.0
+
 #: The scenarios, in the order they are reported: one DAG each (dags/system_dags.py, system_<name>) renting only
 #: the offers named sys-<name>, and one test each (test_scenarios.py, test_<name>).
 GOALS = {
@@ -49,18 +53,30 @@ GOALS = {
     "failed the TI, 0 alive",
     "postgres_restart": f"PostgreSQL down {POSTGRES_DOWN} s under a deferred and a sync job: both succeed on one "
     "rental each, every component healthy again, 0 alive",
+    "budget": f"{BUDGET_JOBS} mapped deferred jobs of $0.10 worst case under a $1 daily budget: at most 10 rented at "
+    "once, every other one failed before renting naming the budget, the ledger and the simulator's bill within $1; "
+    "0 alive",
     "durable": "a deferred interruptible job outbid twice (a triggerer killed at the second) resumes from its "
     "checkpoint on its third machine, disks isolated, each epoch once but at most one per preemption; its output in "
     "the integration's bucket before the destroy; 0 alive",
 }
 
 
+#: More offers than two: a preempted machine is never rented again; the budget admits ten rentals at once.
+_OFFERS_OF = {"interruptible": 3, "durable": 3, "budget": 14}
+
+
 def _offers() -> tuple[dict, ...]:
     """Two offers per scenario, `sys-<scenario>`, so scenarios never compete and a second rental shows."""
     return tuple(
-        {"id": 700_000 + 10 * n + k, "gpu_name": f"sys-{name}", "dph_total": 1.0 + k / 10, "reliability": 0.99}
+        {
+            "id": 700_000 + 100 * n + k,
+            "gpu_name": f"sys-{name}",
+            "dph_total": 1.0 if name == "budget" else 1.0 + k / 10,  # the budget's jobs: one worst case each
+            "reliability": 0.99,
+        }
         for n, name in enumerate(GOALS)
-        for k in range(3 if name in ("interruptible", "durable") else 2)  # a preempted machine is never rented again
+        for k in range(_OFFERS_OF.get(name, 2))
     )
 
 

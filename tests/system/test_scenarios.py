@@ -20,7 +20,16 @@ import psutil
 import pytest
 
 from .deployment import HEARTBEAT_TIMEOUT, SPEED
-from .scenario import EXECUTION_TIMEOUT, FINISHED, POSTGRES_DOWN, Scenario, SystemDeployment, epoch
+from .scenario import (
+    BUDGET_JOBS,
+    BUDGET_PER_DAY,
+    EXECUTION_TIMEOUT,
+    FINISHED,
+    POSTGRES_DOWN,
+    Scenario,
+    SystemDeployment,
+    epoch,
+)
 
 pytestmark = pytest.mark.system
 
@@ -465,3 +474,78 @@ def test_durable(alone, scenario: Scenario):
     assert results, f"no output in the bucket: {sorted(bucket)}"
     billed = sum(i["cost"] for i in rented)
     s.say(f"output in the bucket ({results[0]}); 3 rentals billed ${billed:.4f}, bandwidth included; 0 alive")
+
+
+def _most_alive_at_once(instances: list[dict]) -> int:
+    """The largest number of the instances alive at one moment (simulator time)."""
+    marks = sorted(
+        [(i["created_at"], 1) for i in instances]
+        + [(i["destroyed_at"], -1) for i in instances if i.get("destroyed_at") is not None]
+    )
+    alive = most = 0
+    for _, step in marks:  # a destroy at the same moment as a create sorts first: it ends before the other begins
+        alive += step
+        most = max(most, alive)
+    return most
+
+
+def _ledger_entries(s: Scenario) -> list[dict]:
+    """The budget ledger's entries of the default connection, through the api-server's signed route."""
+    import json
+    from urllib.parse import unquote, urlsplit
+
+    import requests
+
+    from airflow_gpumarket import budgets
+
+    key = unquote(urlsplit(s.deployment.env["AIRFLOW_CONN_GPUMARKET_DEFAULT"]).password or "")
+    data = json.dumps({"conn_id": "gpumarket_default", "since": 0}).encode()
+    stamp = str(int(time.time()))
+    headers = {
+        "Content-Type": "application/json",
+        "X-GpuMarket-Timestamp": stamp,
+        "X-GpuMarket-Signature": budgets.signature(key, stamp, data),
+    }
+    answer = requests.post(f"{s.api.base}/gpumarket/ledger/entries", data=data, headers=headers, timeout=30)
+    answer.raise_for_status()
+    return [e for e in answer.json()["entries"] if e["dag_id"] == s.dag_id]
+
+
+@pytest.mark.production_shape
+def test_budget(alone, scenario: Scenario):
+    """Fifty mapped jobs of $0.10 worst case each, on two Celery workers under two schedulers, and a $1 daily budget.
+
+    Each reservation is one transaction in PostgreSQL, made by the api-server for the task: at most ten jobs rent
+    at once, and every other one fails before renting, its log naming the budget.
+    """
+    s = scenario
+    s.trigger()
+    s.wait("end of the fan-out", 600, lambda: st if (st := s.run_state()) in FINISHED else None, interval=3.0)
+    s.sim.refresh()
+    s.wait_all_destroyed(60)
+    rented = s.instances()
+    tis = s.api.call("GET", f"/dags/{s.dag_id}/dagRuns/{s.run_id}/taskInstances", limit=100)["task_instances"]
+    states = [ti["state"] for ti in tis]
+    assert len(tis) == BUDGET_JOBS, f"{len(tis)} task instances"
+    most = _most_alive_at_once(rented)
+    assert 0 < most <= 10, f"{most} rentals alive at once"
+    assert states.count("success") == len(rented), (states.count("success"), len(rented))
+    refused = 0
+    for ti in tis:
+        if ti["state"] != "failed":
+            continue
+        folder = s.deployment.home / "logs" / f"dag_id={s.dag_id}" / f"run_id={s.run_id}" / "task_id=job"
+        text = "".join(
+            p.read_text(errors="replace") for p in folder.glob(f"map_index={ti['map_index']}/*") if p.is_file()
+        )
+        assert "The day budget of DAG 'system_budget' is $1.00" in text, f"map index {ti['map_index']}: {text[-600:]}"
+        refused += 1
+    entries = _ledger_entries(s)
+    booked = sum(e["cost"] if e["cost"] is not None else e["reserved"] for e in entries)
+    billed = sum(i["cost"] for i in rented)
+    assert booked <= BUDGET_PER_DAY + 1e-9 and billed <= BUDGET_PER_DAY, (booked, billed)
+    assert len(entries) == len(rented) and all(e["cost"] is not None for e in entries), entries
+    s.say(
+        f"{len(rented)} rented, at most {most} at once; {refused} failed before renting naming the budget; "
+        f"ledger ${booked:.4f}, simulator billed ${billed:.4f} of ${BUDGET_PER_DAY:.2f}; 0 alive"
+    )

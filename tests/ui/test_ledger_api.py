@@ -124,3 +124,20 @@ def test_the_task_client_signs_its_requests_and_fails_with_the_budget_sentence(s
     assert client.reserve(asked) == 1
     with pytest.raises(ledger.BudgetRefused, match="day budget"):
         client.reserve(asked)
+
+
+def test_an_airflow_3_task_process_reaches_the_ledger_through_the_execution_apis_host(monkeypatch):
+    from airflow import settings
+
+    from airflow_gpumarket.operators import budget
+
+    blocked = type("Blocked", (), {"url": "airflow-db-not-allowed:///"})()  # what Airflow 3 leaves a task process
+    monkeypatch.setattr(settings, "engine", blocked, raising=False)
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", "http://api.internal:8080/execution/")
+    monkeypatch.delenv("AIRFLOW__GPUMARKET__LEDGER_URL", raising=False)
+    hook = type("Hook", (), {"settings": type("Settings", (), {"api_key": KEY})()})()
+    client = budget.ledger_client(hook)
+    assert isinstance(client, budget._ApiServer)
+    assert client.url == "http://api.internal:8080/gpumarket/ledger"
+    monkeypatch.setenv("AIRFLOW__GPUMARKET__LEDGER_URL", "https://airflow.example.com/")
+    assert budget.ledger_client(hook).url == "https://airflow.example.com/gpumarket/ledger"

@@ -158,3 +158,27 @@ with DAG(
         return seconds
 
     job.expand(seconds=[100_000])
+
+
+# Fifty jobs of $0.10 worst case each (max_cost plus one poll at $1/h) under a $1 daily budget (the deployment's
+# gpumarket_budgets Variable): reservations on two workers through the api-server's ledger admit ten at once.
+with DAG(
+    dag_id="system_budget",
+    start_date=datetime(2026, 1, 1),
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    max_active_tasks=64,
+    tags=["gpumarket-system"],
+):
+    GpuMarketRunJobOperator.partial(
+        task_id="job",
+        offer_filters={"gpu_name": {"eq": "sys-budget"}},
+        image="system-test",
+        deferrable=True,
+        poll_interval=1,
+        boot_timeout=timedelta(minutes=2),
+        max_runtime=timedelta(minutes=15),
+        max_cost=0.0997,
+        retries=0,
+    ).expand(command=["sleep 120"] * 50)
