@@ -244,5 +244,13 @@ class Budget:
             self.reservation_id = None
 
     def ended(self, instance_id: int) -> None:
-        """The instance is gone: its reservation becomes what it cost. Never raises (it runs on failure paths)."""
+        """The instance is gone: its reservation becomes what it cost. Never raises (it runs on failure paths).
+
+        A create whose answer never came left its reservation unattached: the instance found by its label is the one.
+        """
+        if self.reservation_id is not None:
+            try:
+                self.created(instance_id)
+            except Exception as exc:  # noqa: BLE001 - the reservation stays at its worst case, which is safe
+                self.log.warning("Could not attach instance %s to its budget reservation: %s", instance_id, exc)
         settle_ended(self.hook, self.conn_id, instance_id, self.log)

@@ -661,6 +661,10 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             self.log.warning("Offer %s refused the bid of $%s/h (%s); trying the next one", offer["id"], bid, exc)
             attempts.reasons.append(f"offer {offer['id']} refused the bid of ${bid}/h (its minimum rose)")
             return None
+        except GpuMarketError as exc:
+            if exc.status_code is not None and 400 <= exc.status_code < 500:
+                budget.not_created()  # refused as asked: nothing was made
+            raise
         guard.instance_id = int(result["new_contract"])
         budget.created(guard.instance_id)
         self._hourly[guard.instance_id] = worst.hourly
