@@ -53,6 +53,7 @@ RESERVATIONS = Table(
     Column("hourly", Float, nullable=False),
     Column("cost", Float),
     Column("created_at", Float, nullable=False),
+    Column("started", Float),  # the service's time just before the create: its bill counts from there
     Column("until", Float, nullable=False),
     Column("settled_at", Float),
     Index("idx_gpumarket_reservation_dag", "dag_id", "created_at"),
@@ -85,6 +86,7 @@ class Request:
     limits: budgets.Limits | None = None
     available: float | None = None  # the account's credit, when read
     team: str | None = None  # the DAG's team tag (``budgets.team_of``)
+    started: float | None = None  # the service's time just before the create
 
     def to_json(self) -> dict[str, Any]:
         body = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "limits"}
@@ -104,9 +106,9 @@ class Request:
             if isinstance(body.get(name), bool) or not isinstance(body.get(name), int):
                 raise ValueError(f"{name} must be an integer")
             fields[name] = body[name]
-        for name in ("worst", "seconds", "hourly", "available"):
+        for name in ("worst", "seconds", "hourly", "available", "started"):
             value = body.get(name)
-            if value is None and name == "available":
+            if value is None and name in ("available", "started"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0")
@@ -178,6 +180,7 @@ def reserve(engine: Any, request: Request, *, now: float) -> int:
                 reserved=request.worst,
                 hourly=request.hourly,
                 created_at=now,
+                started=request.started,
                 until=now + request.seconds,
             )
         )
@@ -193,25 +196,33 @@ def attach(engine: Any, conn_id: str, reservation_id: int, instance_id: int) -> 
 
 
 def settle(
-    engine: Any, conn_id: str, *, now: float, reservation_id: int | None = None, instance_id: int | None = None
+    engine: Any,
+    conn_id: str,
+    *,
+    now: float,
+    reservation_id: int | None = None,
+    instance_id: int | None = None,
+    ended: float | None = None,
 ) -> float | None:
     """The rental ended now: its open reservation becomes what it cost (nothing when no instance was made).
 
-    The cost is its hourly price, disk included, from the reservation (just before the create) to now. Returns it, or
-    None when no open reservation matched.
+    The cost is its hourly price, disk included, from just before the create to its end, on the service's clock when
+    both ends are known (``started``, ``ended``), else on this one's. Returns it, or None when no open reservation
+    matched.
     """
     ensure_tables(engine)
     r = RESERVATIONS
     match = r.c.id == reservation_id if reservation_id is not None else r.c.instance_id == instance_id
     with engine.begin() as conn:
         row = conn.execute(
-            select(r.c.id, r.c.hourly, r.c.created_at, r.c.instance_id).where(
+            select(r.c.id, r.c.hourly, r.c.created_at, r.c.started, r.c.instance_id).where(
                 match, r.c.conn_id == conn_id, r.c.cost.is_(None)
             )
         ).first()
         if row is None:
             return None
-        cost = 0.0 if row.instance_id is None else row.hourly * max(0.0, now - row.created_at) / 3600.0
+        seconds = ended - row.started if ended is not None and row.started is not None else now - row.created_at
+        cost = 0.0 if row.instance_id is None else row.hourly * max(0.0, seconds) / 3600.0
         cost = budgets.round_up(cost)
         conn.execute(r.update().where(r.c.id == row.id).values(cost=cost, settled_at=now))
     return cost

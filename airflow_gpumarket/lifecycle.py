@@ -293,6 +293,7 @@ def evaluate(
     running_since: float | None = None,
     outbid_wait_until: float | None = None,
     cost_deadline: float | None = None,
+    service_at: float | None = None,
 ) -> dict[str, Any] | None:
     """What one observation means: an event dict when waiting is over, None to keep waiting.
 
@@ -303,7 +304,8 @@ def evaluate(
     then); ``deadline`` is absolute. With ``outbid_wait_until`` (a preempted bid instance left to win its machine
     back), any status but running is waiting for the bid until then, and PREEMPTED after; so is a failed host at
     once. Either way the log decides (``with_job_end``): the resumed run may have ended between two reads.
-    ``cost_deadline`` is when the rental's estimated cost reaches ``max_cost`` (``budgets.cost_deadline``).
+    ``cost_deadline`` is when the rental's estimated cost reaches ``max_cost`` (``budgets.cost_deadline``), on the
+    service's clock, as ``service_at`` (the time of the read) is: the service bills by its own clock.
     """
     if wait_for == WAIT_JOB:
         if gone and lease_until is not None and now > lease_until:
@@ -333,7 +335,7 @@ def evaluate(
         return {"status": EventKind.TIMEOUT.value, "actual_status": status}
     if max_runtime is not None and running_since is not None and now >= running_since + max_runtime:
         return {"status": EventKind.TIMEOUT.value, "actual_status": status, "limit": MAX_RUNTIME}
-    if cost_deadline is not None and now >= cost_deadline:
+    if cost_deadline is not None and (now if service_at is None else service_at) >= cost_deadline:
         return {"status": EventKind.TIMEOUT.value, "actual_status": status, "limit": MAX_COST}
     return None
 
@@ -361,10 +363,16 @@ class Watch:
     shown: str = ""  # the last read as the task log shows it ("gone" or the status)
     changed: bool = False  # the last read differs from the one before it
     outbid_wait_until: float | None = None  # a preempted bid instance may win its machine back until then
-    cost_deadline: float | None = None  # epoch seconds: the rental's estimated cost reaches max_cost
+    cost_deadline: float | None = None  # the service's epoch seconds: the rental's estimated cost reaches max_cost
 
     def observe(
-        self, now: float, *, status: str | None = None, gone: bool = False, unread: bool = False
+        self,
+        now: float,
+        *,
+        status: str | None = None,
+        gone: bool = False,
+        unread: bool = False,
+        service_at: float | None = None,
     ) -> dict | None:
         """Take one read: ``status``, or ``gone`` (the instance answered 404), or ``unread``.
 
@@ -393,6 +401,7 @@ class Watch:
             running_since=self.running_since,
             outbid_wait_until=self.outbid_wait_until,
             cost_deadline=self.cost_deadline,
+            service_at=service_at,
         )
 
     def reads_log(self) -> bool:
@@ -546,7 +555,7 @@ def _sentence(kind: EventKind, event: Mapping[str, Any], instance_id: int) -> st
             f"the job on instance {instance_id} ran longer than max_runtime (last status {status!r})"
             if event.get("limit") == MAX_RUNTIME
             else f"the job on instance {instance_id} reached max_cost: {event.get('cost_text') or 'its cost limit'}; "
-            f"it was stopped and destroyed (last status {status!r})"
+            f"its log is read and its instance destroyed (last status {status!r})"
             if event.get("limit") == MAX_COST
             else f"instance {instance_id} hit its time limit (last status {status!r})"
         ),

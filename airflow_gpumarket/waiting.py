@@ -138,7 +138,13 @@ class Wait:
             self.pump.began(seen.status == api.STATUS_RUNNING)
             yield from hook.renew_lease_flow(self.instance_id, self.watch, now, self.log)
             yield from self._hold_bid(hook, seen)
-        event = self.watch.observe(now, status=seen.status, gone=seen.gone, unread=seen.error is not None)
+        event = self.watch.observe(
+            now,
+            status=seen.status,
+            gone=seen.gone,
+            unread=seen.error is not None,
+            service_at=seen.at if seen.error is None else None,
+        )
         if seen.error is None:
             self.running_at, self.stopped_at = lifecycle.billing_marks(
                 self.running_at, self.stopped_at, self.watch.status, seen.at, self.read_at

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -104,3 +105,11 @@ def test_a_request_from_json_names_the_field_that_is_wrong():
         ledger.Request.from_json({**body, "worst": "a lot"})
     with pytest.raises(ValueError, match="dag_id must be a non-empty string"):
         ledger.Request.from_json({**body, "dag_id": ""})
+
+
+def test_a_rental_is_settled_on_the_services_clock_when_both_ends_are_known(engine):
+    # A simulator whose clock runs 20x: ten real seconds are 200 of the service's, and it bills those.
+    reservation = ledger.reserve(engine, dataclasses.replace(ask(worst=0.9), started=5000.0), now=NOW)
+    ledger.attach(engine, "gpumarket_default", reservation, 8)
+    cost = ledger.settle(engine, "gpumarket_default", instance_id=8, now=NOW + 10, ended=5200.0)
+    assert cost == pytest.approx(0.36 * 200 / 3600, abs=1e-4)

@@ -274,3 +274,12 @@ def test_rule_a_wait_for_the_bid_that_ran_out_ends_as_the_log_says_when_the_resu
     assert lifecycle.with_job_end(dict(ran_out), {"exit_status": 2, "log_read": True})["status"] == "job_failed"
     still = lifecycle.with_job_end(dict(ran_out), {"exit_status": None, "log_read": True})
     assert still["status"] == "preempted" and lifecycle.preempted(still)
+
+
+def test_max_cost_ends_the_wait_on_the_services_clock():
+    watch = lifecycle.Watch(wait_for=lifecycle.WAIT_JOB, cost_deadline=2000.0)
+    assert watch.observe(10.0, status="running", service_at=1999.0) is None
+    event = watch.observe(11.0, status="running", service_at=2000.0)
+    assert event == {"status": "timeout", "actual_status": "running", "limit": lifecycle.MAX_COST}
+    described = lifecycle.describe_event(event, 7)
+    assert "reached max_cost" in described and "destroyed" in described

@@ -39,9 +39,11 @@ class _Direct:
     def entries(self, conn_id: str, since: float) -> list[dict[str, Any]]:
         return ledger.entries(self.engine, since=since, conn_id=conn_id)
 
-    def settle(self, conn_id: str, *, reservation_id: int | None = None, instance_id: int | None = None) -> Any:
+    def settle(
+        self, conn_id: str, *, reservation_id: int | None = None, instance_id: int | None = None, ended: Any = None
+    ) -> Any:
         return ledger.settle(
-            self.engine, conn_id, now=time.time(), reservation_id=reservation_id, instance_id=instance_id
+            self.engine, conn_id, now=time.time(), reservation_id=reservation_id, instance_id=instance_id, ended=ended
         )
 
 
@@ -84,8 +86,10 @@ class _ApiServer:
     def entries(self, conn_id: str, since: float) -> list[dict[str, Any]]:
         return list(self._post("entries", {"conn_id": conn_id, "since": since})["entries"])
 
-    def settle(self, conn_id: str, *, reservation_id: int | None = None, instance_id: int | None = None) -> Any:
-        body = {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id}
+    def settle(
+        self, conn_id: str, *, reservation_id: int | None = None, instance_id: int | None = None, ended: Any = None
+    ) -> Any:
+        body = {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id, "ended": ended}
         return self._post("settle", body).get("cost")
 
 
@@ -128,7 +132,9 @@ def _usable_engine() -> Any:
 def settle_ended(hook: Any, conn_id: str, instance_id: int, log: Any) -> None:
     """An instance destroyed by another task than its renter: settle its reservation, if any. Never raises."""
     try:
-        cost = ledger_client(hook).settle(conn_id, instance_id=instance_id)
+        service_now = getattr(hook, "service_now", None)
+        ended = service_now() if callable(service_now) else None
+        cost = ledger_client(hook).settle(conn_id, instance_id=instance_id, ended=ended)
     except Exception as exc:  # noqa: BLE001 - the reservation stays at its worst case, which is safe
         log.warning("Could not settle the budget reservation of instance %s: %s", instance_id, exc)
         return
@@ -184,8 +190,9 @@ class Budget:
             self._client = ledger_client(self.hook)
         return self._client
 
-    def reserve(self, worst: budgets.WorstCase) -> None:
-        """Reserve ``worst`` before a create; raise ``GpuMarketBudgetExceeded`` when it does not fit."""
+    def reserve(self, worst: budgets.WorstCase, *, started: float) -> None:
+        """Reserve ``worst`` before a create at the service's time ``started``; raise ``GpuMarketBudgetExceeded`` when
+        it does not fit."""
         available = self._available()
         request = ledger.Request(
             conn_id=self.conn_id,
@@ -200,6 +207,7 @@ class Budget:
             limits=self.limits,
             available=available,
             team=self.team,
+            started=started,
         )
         try:
             self.reservation_id = self.client.reserve(request)

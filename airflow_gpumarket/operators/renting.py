@@ -523,7 +523,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             conn_id=self.gpumarket_conn_id,
             max_cost=self.max_cost,
         )
-        self._hourly: dict[int, float] = {}
+        self._hourly: dict[int, float] = {}  # instance -> what it bills per hour, as reserved
         guard = RentalGuard(self.hook, self.log, self._rental_key(context), store=store, recorder=recorder)
         guard.budget = budget
         return guard
@@ -640,7 +640,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         budget = self._budget
         assert budget is not None
         worst = self._worst_case(offer, bid)
-        budget.reserve(worst)  # refused: nothing is rented
+        cost_start = self.hook.service_now()
+        budget.reserve(worst, started=cost_start)  # refused: nothing is rented
         # Until the answer names the instance, a failure (or on_kill) looks for it by this label.
         guard.creating_label = label
         try:
@@ -729,7 +730,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         job = self._waits_for_job and not self._stages_in(rental)
         cost_deadline = None
         if self.max_cost is not None and (hourly := self._hourly_of(rental)) is not None:
-            cost_deadline = budgets.cost_deadline(start=rental.created_at, hourly=hourly, max_cost=self.max_cost)
+            start = self._billed_from(rental)
+            cost_deadline = budgets.cost_deadline(start=start, hourly=hourly, max_cost=self.max_cost)
         return lifecycle.Watch(
             wait_for=lifecycle.WAIT_JOB if job else lifecycle.WAIT_STATUS,
             boot_deadline=rental.created_at + self.boot_timeout,
@@ -740,6 +742,26 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             lease_cap=rental.lease_cap,
             cost_deadline=cost_deadline,
         )
+
+    @staticmethod
+    def _billed_from(rental: lifecycle.Rental) -> float:
+        """When the rental's bill starts, on the service's clock when the record knows it (as the service bills)."""
+        return rental.recorded_at if rental.recorded_at is not None else rental.created_at
+
+    def _cost_text(self, rental: lifecycle.Rental) -> str:
+        """The rental's cost so far, for a message: what it bills per hour since it began, on the service's clock."""
+        hourly = self._hourly_of(rental) or 0.0
+        seconds = max(0.0, self.hook.service_now() - self._billed_from(rental))
+        return f"its cost so far is about ${hourly * seconds / 3600:.4f} (${hourly:g}/h for {seconds / 60:.1f} min)"
+
+    def _credit_ran_out(self) -> float | None:
+        """The account's credit when it is $0 or less (the service then stops every instance), else None."""
+        account = getattr(self.hook, "account", None)
+        try:
+            available = None if account is None else account().available
+        except GpuMarketError:
+            return None
+        return available if available is not None and available <= 0 else None
 
     def _hourly_of(self, rental: lifecycle.Rental) -> float | None:
         """What the rental bills per hour: as reserved (disk included), else its price."""

@@ -122,12 +122,16 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         if not succeeded:
             if event.get("limit") == lifecycle.MAX_COST:
                 raise GpuMarketBudgetExceeded(
-                    f"The job on instance {rental.instance_id} reached max_cost=${self.max_cost:g}: its cost so far is "
-                    f"about ${summary['estimated_cost']} (${self._hourly_of(rental)}/h for "
-                    f"{lifecycle.format_duration(summary['elapsed_seconds'])}). Its log was read and the instance "
-                    "destroyed; raise max_cost, or make the job shorter."
+                    f"The job on instance {rental.instance_id} reached max_cost=${self.max_cost:g}: "
+                    f"{self._cost_text(rental)}. Its log was read and the instance destroyed; raise max_cost, or make "
+                    "the job shorter."
                 )
             sentence = lifecycle.describe_event(event, rental.instance_id)
+            if event.get("exit_status") is None and (credit := self._credit_ran_out()) is not None:
+                raise GpuMarketBudgetExceeded(
+                    f"The account's credit ran out (${credit:.2f}): the service stopped every instance of the account, "
+                    f"this job's too ({sentence}). The instance is destroyed; add credit before running it again."
+                )
             if lifecycle.event_kind(event) is lifecycle.EventKind.JOB_FAILED:
                 from airflow_gpumarket.job_script import NOT_STARTED
 

@@ -34,8 +34,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         (Airflow 3.3+ calls ``on_kill``; before 3.3 ``cleanup`` finds it out, see there); True for operators
         that rented the instance, False for sensors.
     :param dph_total: the offer's price, only to log the cost so far.
-    :param cost_deadline: epoch seconds at which the rental's estimated cost reaches the task's ``max_cost``: the
-        wait ends then as a timeout whose ``limit`` is ``"max_cost"``.
+    :param cost_deadline: the service's epoch second at which the rental's estimated cost reaches the task's
+        ``max_cost``: the first read at or after it ends the wait as a timeout whose ``limit`` is ``"max_cost"``.
     :param label: the instance's label as the operator last wrote it (its lease is read from it).
     :param keepalive: keep the label's lease this many seconds ahead, renewing it by a label change every third
         of it, never past ``lease_cap`` (see ``airflow_gpumarket.lifecycle``); None renews nothing.

@@ -192,7 +192,7 @@ def create_app() -> FastAPI:
             raise HTTPException(502, f"destroying instance {instance_id} failed: {exc}") from None
         sources.forget_listing(conn_id)
         _record_end(row, hook, getattr(user, "get_name", lambda: "a user")())
-        _settle(conn_id, instance_id)
+        _settle(conn_id, instance_id, hook.service_now())
         # Relative to this route (…/gpumarket/orphans/<conn>/<id>/destroy): back to the page behind any proxy.
         return RedirectResponse("../../../?" + urlencode({"days": days, "destroyed": instance_id}), status_code=303)
 
@@ -221,14 +221,14 @@ def _record_end(row: spend.LiveRental, hook: Any, user_name: str) -> None:
         log.warning("Could not record the end of instance %s: %s", row.instance_id, exc)
 
 
-def _settle(conn_id: str, instance_id: int) -> None:
+def _settle(conn_id: str, instance_id: int, ended: float) -> None:
     """The destroyed instance's budget reservation, if any, becomes what it cost."""
     from airflow import settings
 
     from airflow_gpumarket import ledger
 
     try:
-        ledger.settle(settings.engine, conn_id, now=time.time(), instance_id=instance_id)
+        ledger.settle(settings.engine, conn_id, now=time.time(), instance_id=instance_id, ended=ended)
     except Exception:  # noqa: BLE001 - the page's destroy succeeded; the reservation stays at its worst case
         log.exception("Could not settle the budget reservation of instance %s", instance_id)
 

@@ -92,8 +92,11 @@ async def settle(request: Request) -> dict[str, Any]:
     reservation_id, instance_id = _int_or_none(body, "id"), _int_or_none(body, "instance_id")
     if reservation_id is None and instance_id is None:
         raise HTTPException(400, "give id (the reservation) or instance_id")
+    ended = body.get("ended")
+    if ended is not None and (isinstance(ended, bool) or not isinstance(ended, int | float)):
+        raise HTTPException(400, "ended must be the service's epoch seconds, or null")
     cost = ledger.settle(
-        _engine(), body["conn_id"], now=time.time(), reservation_id=reservation_id, instance_id=instance_id
+        _engine(), body["conn_id"], now=time.time(), reservation_id=reservation_id, instance_id=instance_id, ended=ended
     )
     return {"cost": cost}
 

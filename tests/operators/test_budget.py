@@ -14,6 +14,7 @@ from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
 
 LOG = logging.getLogger("test")
 WORST = budgets.WorstCase(amount=0.1, hourly=1.0, seconds=360)
+T0 = 1000.0  # the service's time just before the create
 
 
 class Ledger:
@@ -33,7 +34,7 @@ class Ledger:
     def attach(self, conn_id, reservation_id, instance_id):
         self.calls.append(("attach", reservation_id, instance_id))
 
-    def settle(self, conn_id, *, reservation_id=None, instance_id=None):
+    def settle(self, conn_id, *, reservation_id=None, instance_id=None, ended=None):
         self.calls.append(("settle", reservation_id, instance_id))
         return 0.01
 
@@ -57,7 +58,7 @@ def keeper(monkeypatch, client: Ledger, *, variable=None, credit=None, max_cost=
 
 def test_a_reservation_carries_the_task_instance_its_team_its_budgets_and_the_credit(monkeypatch):
     client = Ledger()
-    keeper(monkeypatch, client, variable='{"fanout": {"day": 1}}', credit=25.0).reserve(WORST)
+    keeper(monkeypatch, client, variable='{"fanout": {"day": 1}}', credit=25.0).reserve(WORST, started=T0)
     ((_, request),) = client.calls
     assert (request.dag_id, request.run_id, request.task_id, request.map_index, request.try_number) == (
         "fanout",
@@ -72,7 +73,7 @@ def test_a_reservation_carries_the_task_instance_its_team_its_budgets_and_the_cr
 
 def test_a_refused_reservation_fails_the_task_with_the_ledgers_sentence(monkeypatch):
     with pytest.raises(GpuMarketBudgetExceeded, match="The day budget of DAG 'fanout'"):
-        keeper(monkeypatch, Ledger(refuse="The day budget of DAG 'fanout' is $1.00: ...")).reserve(WORST)
+        keeper(monkeypatch, Ledger(refuse="The day budget of DAG 'fanout' is $1.00: ...")).reserve(WORST, started=T0)
 
 
 def test_a_malformed_budgets_variable_fails_before_renting_naming_the_key(monkeypatch):
@@ -82,18 +83,18 @@ def test_a_malformed_budgets_variable_fails_before_renting_naming_the_key(monkey
 
 def test_a_ledger_out_of_reach_fails_the_task_only_when_a_budget_depends_on_it(monkeypatch):
     with pytest.raises(AirflowException, match="did not answer"):
-        keeper(monkeypatch, Ledger(down=True), variable='{"fanout": {"day": 1}}').reserve(WORST)
-    keeper(monkeypatch, Ledger(down=True), credit=5.0).reserve(WORST)  # no budget: a warning, and rent
+        keeper(monkeypatch, Ledger(down=True), variable='{"fanout": {"day": 1}}').reserve(WORST, started=T0)
+    keeper(monkeypatch, Ledger(down=True), credit=5.0).reserve(WORST, started=T0)  # no budget: a warning, and rent
     with pytest.raises(GpuMarketBudgetExceeded, match="credit is \\$0.05"):
-        keeper(monkeypatch, Ledger(down=True), credit=0.05).reserve(WORST)  # the credit is still checked here
+        keeper(monkeypatch, Ledger(down=True), credit=0.05).reserve(WORST, started=T0)  # the credit, still checked
 
 
 def test_the_created_instance_is_attached_and_a_create_that_made_nothing_is_released(monkeypatch):
     client = Ledger()
     task = keeper(monkeypatch, client)
-    task.reserve(WORST)
+    task.reserve(WORST, started=T0)
     task.created(41)
-    task.reserve(WORST)
+    task.reserve(WORST, started=T0)
     task.not_created()
     assert client.calls[1:] == [("attach", 7, 41), ("reserve", client.calls[2][1]), ("settle", 7, None)]
 
@@ -101,7 +102,7 @@ def test_the_created_instance_is_attached_and_a_create_that_made_nothing_is_rele
 def test_an_instance_found_by_label_after_an_unanswered_create_settles_the_pending_reservation(monkeypatch):
     client = Ledger()
     task = keeper(monkeypatch, client)
-    task.reserve(WORST)
+    task.reserve(WORST, started=T0)
     task.ended(99)  # the failure path found it by its label and destroyed it
     assert client.calls[1:] == [("attach", 7, 99), ("settle", None, 99)]
 

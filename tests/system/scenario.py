@@ -63,7 +63,7 @@ GOALS = {
 
 
 #: More offers than two: a preempted machine is never rented again; the budget admits ten rentals at once.
-_OFFERS_OF = {"interruptible": 3, "durable": 3, "budget": 14}
+_OFFERS_OF = {"interruptible": 3, "durable": 3, "budget": 30}
 
 
 def _offers() -> tuple[dict, ...]:
@@ -72,7 +72,7 @@ def _offers() -> tuple[dict, ...]:
         {
             "id": 700_000 + 100 * n + k,
             "gpu_name": f"sys-{name}",
-            "dph_total": 1.0 if name == "budget" else 1.0 + k / 10,  # the budget's jobs: one worst case each
+            "dph_total": 0.5 if name == "budget" else 1.0 + k / 10,  # the budget's jobs: one worst case each
             "reliability": 0.99,
         }
         for n, name in enumerate(GOALS)
