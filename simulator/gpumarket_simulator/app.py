@@ -224,10 +224,10 @@ class ApiRoutes:
             state, label = rules.validate_state_change(body), None
         with self.market.transaction() as (world, now):
             inst = world.live_instance(instance_id)
+            if state is not None:  # first: a start refused for want of credit changes nothing
+                world.set_state(inst, state, now)
             if label is not None:
                 inst.config["label"] = label
-            if state is not None:
-                world.set_state(inst, state, now)
         return {"success": True}
 
     async def destroy_instance(self, request: Request) -> Any:
