@@ -43,10 +43,12 @@ import requests
 
 from gpumarket_simulator import MarketSimulator
 
+#: The account's credit in dollars: enough that the simulator's $0 stop never cuts a measurement short.
+BENCH_CREDIT = 1e9
 #: MarketSimulator arguments of P2 and P3: the live profile with its buckets off (see the module docstring).
-SIM_PROFILE = {"profile": "live", "rate_limits": False}
+SIM_PROFILE = {"profile": "live", "rate_limits": False, "credit": BENCH_CREDIT}
 #: The same for P5's ``gpumarket-sim`` process.
-SIM_PROFILE_ARGS = ["--profile", "live", "--no-rate-limits"]
+SIM_PROFILE_ARGS = ["--profile", "live", "--no-rate-limits", "--credit", str(BENCH_CREDIT)]
 
 
 def route_logs_to(path: Path) -> TextIO:

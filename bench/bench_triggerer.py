@@ -71,7 +71,8 @@ HA_QUICK_N = 10
 
 
 def start_simulator(n: int, live_limits: bool = False, speed: float | None = None) -> tuple[subprocess.Popen, str, str]:
-    world = {"offers": [{"id": i + 1, "gpu_name": "RTX 4090", "dph_total": 0.5} for i in range(n)]}
+    # A billion dollars of credit: a thousand instances must not run the account dry (the $0 stop) mid-case.
+    world = {"offers": [{"id": i + 1, "gpu_name": "RTX 4090", "dph_total": 0.5} for i in range(n)], "credit": 1e9}
     path = Path(tempfile.mkdtemp(prefix="gpm-bench-")) / "world.json"
     path.write_text(json.dumps(world))
     speed = speed or (LIVE_SPEED if live_limits else SPEED)

@@ -81,7 +81,9 @@ class Simulator:
                     "fate": rng.choice(FATES),
                 }
                 for i in range(offers)
-            ]
+            ],
+            # Chaos is about faults, not money: the account never runs dry (the simulator's $0 stop).
+            "credit": 1e9,
         }
         path = Path(tempfile.mkdtemp(prefix="gpm-chaos-")) / "world.json"
         path.write_text(json.dumps(world))

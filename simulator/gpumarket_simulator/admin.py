@@ -65,6 +65,8 @@ class AdminRoutes:
             ("/_sim/machines/{machine_id}/online", ["POST"], w(self.machine_online)),
             ("/_sim/pending-price-increases", ["POST"], w(self.add_pending)),
             ("/_sim/list-limit", ["PUT"], w(self.list_limit)),
+            ("/_sim/account", ["GET"], w(self.get_account)),
+            ("/_sim/account", ["POST"], w(self.change_account)),
             ("/_sim/rate-limits", ["GET"], w(self.get_rate_limits)),
             ("/_sim/rate-limits", ["PUT"], w(self.set_rate_limits)),
             ("/_sim/copies", ["GET"], w(self.copies)),
@@ -194,6 +196,18 @@ class AdminRoutes:
         limit: Any = (await _body(request)).get("limit")
         self.market.set_list_limit(limit)
         return {"limit": self.market.world.list_limit}
+
+    async def get_account(self, request: Request) -> Any:
+        return self.market.account()
+
+    async def change_account(self, request: Request) -> Any:
+        body = await _body(request)
+        given = [name for name in ("credit", "top_up") if name in body]
+        if len(given) != 1:
+            raise bad_request('send {"credit": dollars} to set the credit, or {"top_up": dollars} to add to it')
+        if given == ["credit"]:
+            return self.market.set_credit(body["credit"])
+        return self.market.top_up(body["top_up"])
 
     async def get_rate_limits(self, request: Request) -> Any:
         limits = self.market.rate_limits

@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from gpumarket_simulator import listing, logs, rules
+from gpumarket_simulator import charges, listing, logs, rules
 from gpumarket_simulator.admin import AdminRoutes
 from gpumarket_simulator.copy_routes import CopyRoutes
 from gpumarket_simulator.errors import ApiError
@@ -23,6 +23,7 @@ from gpumarket_simulator.market import Market
 from gpumarket_simulator.paths import (
     PATH_API_KEYS,
     PATH_CHANGE_BID,
+    PATH_CHARGES,
     PATH_CLOUD_INTEGRATIONS,
     PATH_COPY_DIRECT,
     PATH_CREATE_INSTANCE,
@@ -34,6 +35,7 @@ from gpumarket_simulator.paths import (
     PATH_INSTANCE_FILTERS,
     PATH_INSTANCES,
     PATH_INSTANCES_V1,
+    PATH_INVOICES,
     PATH_PENDING_PRICE_INCREASES,
     PATH_RCLONE,
     PATH_REGEN_BACKUP_CODES,
@@ -95,6 +97,8 @@ class ApiRoutes:
         live_only = [
             (PATH_INSTANCES_V1, ["GET"], w(self.list_instances_v1)),
             (PATH_CURRENT_USER, ["GET"], w(self.current_user)),
+            (PATH_CHARGES, ["GET"], w(self.list_charges)),
+            (PATH_INVOICES, ["GET"], w(self.list_invoices)),
             (PATH_GPU_NAMES, ["GET"], w(self.gpu_names, public=True)),
             (PATH_INSTANCE_FILTERS, ["GET"], w(self.instance_filters)),
         ]
@@ -224,10 +228,10 @@ class ApiRoutes:
             state, label = rules.validate_state_change(body), None
         with self.market.transaction() as (world, now):
             inst = world.live_instance(instance_id)
+            if state is not None:  # first: a start refused for want of credit changes nothing
+                world.set_state(inst, state, now)
             if label is not None:
                 inst.config["label"] = label
-            if state is not None:
-                world.set_state(inst, state, now)
         return {"success": True}
 
     async def destroy_instance(self, request: Request) -> Any:
@@ -306,19 +310,39 @@ class ApiRoutes:
 
     # --- live profile only: what the official CLI calls beyond the spec ------------------------------------
     async def current_user(self, request: Request) -> Any:
-        with self.market.transaction() as (world, now):
+        """The account, its prepaid credit left as both ``credit`` and ``balance``.
+
+        ``api_key`` is the caller's own key: the live service sends it (the official CLI removes it before printing).
+        """
+        _, _, key = request.scope[AUTH_SCOPE_KEY]
+        with self.market.transaction() as (world, _):
+            credit = world.account.credit
             return {
                 "id": world.user_id,
                 "username": "gpumarket-sim",
                 "email": "sim@gpumarket.test",
                 "fullname": "Simulated account",
-                "balance": 100.0,
-                "credit": 100.0,
-                "can_pay": True,
+                "api_key": key,
+                "balance": credit,
+                "credit": credit,
+                "can_pay": credit > 0,
                 "has_billing": True,
+                "billing_creditonly": True,
                 "ssh_key": "",
                 "created_at": world.start_time,
             }
+
+    async def list_charges(self, request: Request) -> Any:
+        query = charges.parse_query(request.query_params, charges.CHARGE_COLUMNS, "charges")
+        with self.market.transaction() as (world, _):
+            rows = charges.charge_rows(world)
+        return charges.page(rows, query)
+
+    async def list_invoices(self, request: Request) -> Any:
+        query = charges.parse_query(request.query_params, charges.INVOICE_COLUMNS, "invoices")
+        with self.market.transaction() as (world, _):
+            rows = charges.invoice_rows(world)
+        return charges.page(rows, query)
 
     async def gpu_names(self, request: Request) -> Any:
         with self.market.transaction() as (world, _):

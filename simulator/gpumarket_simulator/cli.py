@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 import threading
@@ -49,7 +50,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="turn off the live profile's per-endpoint rate limits",
     )
+    parser.add_argument(
+        "--credit",
+        type=float,
+        default=None,
+        metavar="DOLLARS",
+        help="the account's starting credit (default: the world file's, else 100)",
+    )
     args = parser.parse_args(argv)
+    if args.credit is not None and not math.isfinite(args.credit):
+        parser.error("--credit must be a finite number of dollars")
     if args.speed < 0:
         parser.error("--speed must be >= 0")
     return args
@@ -72,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             profile=args.profile,
             rate_limits=args.rate_limits,
             data_dir=args.data_dir,
+            credit=args.credit,
         )
         sim.start()
     except (OSError, ValueError, RuntimeError) as exc:

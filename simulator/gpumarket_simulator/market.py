@@ -39,6 +39,9 @@ REQUEST_LOG_SIZE = 10_000
 FIRST_INSTANCE_ID = 12_000_001
 #: Operations whose request body the request log keeps (a test can check that no storage credential is sent).
 LOGGED_BODIES = frozenset({"create_instance"})
+#: The request log's entry for the market's own doing: the $0 stop (``op``), with ``method`` EVENT.
+EVENT_METHOD = "EVENT"
+CREDIT_EXHAUSTED = "credit_exhausted"
 
 
 def default_api_key(seed: int) -> str:
@@ -58,6 +61,7 @@ class Market:
         profile: str = "live",
         rate_limits: bool | None = None,
         data_dir: str | None = None,
+        credit: float | None = None,
     ) -> None:
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
@@ -68,11 +72,12 @@ class Market:
         self.seed = seed
         self.api_key = api_key or default_api_key(seed)
         self._initial_speed = float(speed)
-        self._overrides = world
+        # A starting credit given here replaces the world file's, for every reset too.
+        self._overrides = world if credit is None else {**(world or {}), "credit": credit}
         # The clock starts at the wall-clock time of start-up (or the world file's start_time); a reset
         # rewinds it to that same instant, so a reset world is the same world.
         self._start_time = float(int(time.time()))
-        self.world: World = build_world(seed, self._start_time, world)
+        self.world: World = build_world(seed, self._start_time, self._overrides)
         self.clock = SimClock(speed, self.world.start_time)
         self.faults = Faults(seed)
         self.runner = OnstartRunner(execute_onstart)
@@ -127,8 +132,10 @@ class Market:
                 try:
                     self.world.update(now)
                     self.storage.update(self.world, now)
+                    self.world.settle_credit(now)  # a copy's bytes may have spent the last of the credit
                     yield self.world, now
                 finally:
+                    self._log_credit_stops()
                     events, self.world.events = self.world.events, []
                     for kind, iid in events:
                         if kind == "created":
@@ -198,6 +205,25 @@ class Market:
         if op in LOGGED_BODIES:
             entry["body"] = body
         self.requests.append(entry)
+
+    def _log_credit_stops(self) -> None:
+        """Put the $0 stops into the request log, as the market's own entries (``key`` "service")."""
+        account = self.world.account
+        for stop in account.unlogged:
+            self.requests.append(
+                {
+                    "t": stop["t"],
+                    "method": EVENT_METHOD,
+                    "path": "",
+                    "status": None,
+                    "key": "service",
+                    "op": CREDIT_EXHAUSTED,
+                    "dropped": False,
+                    "credit": stop["credit"],
+                    "stopped": list(stop["stopped"]),
+                }
+            )
+        account.unlogged.clear()
 
     def note_internal_error(self) -> None:
         with self.lock:
@@ -293,6 +319,23 @@ class Market:
             raise ValueError("contract_id must be an integer or null")
         with self.transaction() as (world, now):
             return world.add_pending_price_increases(n, contract_id, now)
+
+    def account(self) -> dict[str, Any]:
+        """The credit, what was put in and billed, the invoices and the $0 stops (``GET /_sim/account``)."""
+        with self.transaction() as (world, _):
+            return world.account.view()
+
+    def set_credit(self, credit: float) -> dict[str, Any]:
+        """Make the credit ``credit`` dollars (an invoice for the difference); ValueError if not a number."""
+        with self.transaction() as (world, now):
+            world.set_credit(credit, now)
+            return world.account.view()
+
+    def top_up(self, amount: float) -> dict[str, Any]:
+        """Add ``amount`` dollars to the credit (an invoice); ValueError if not a number."""
+        with self.transaction() as (world, now):
+            world.top_up(amount, now)
+            return world.account.view()
 
     def set_list_limit(self, limit: int) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:

@@ -30,6 +30,9 @@ PATH_CHANGE_BID = f"{V0}/instances/bid_price/{{instance_id}}/"
 PATH_GPU_NAMES = f"{V0}/gpu_names/unique/"
 PATH_INSTANCE_FILTERS = f"{V0}/instances/filters/"
 PATH_CURRENT_USER = f"{V0}/users/current"
+#: The account's charges, one per instance and UTC day, and its invoices (the official CLI's ``show invoices-v1``).
+PATH_CHARGES = f"{V0}/charges/"
+PATH_INVOICES = "/api/v1/invoices/"
 
 # Both profiles, beyond the spec: the copy endpoints (the official CLI's source shows paths and bodies).
 #: PUT starts an instance-to-instance copy; DELETE cancels the copies into ``dst_id``.

@@ -26,7 +26,8 @@ class MarketSimulator:
     the admin methods below. ``speed`` is simulated seconds per real second (0 freezes the clock: only
     :meth:`advance` moves it). ``world`` is a world file path or an already loaded dict (see
     docs/simulator.md). ``data_dir`` holds the instance disks and cloud buckets (default: a temporary directory,
-    removed on close). Every method is thread-safe.
+    removed on close). ``credit`` is the account's starting credit in dollars (default: the world file's, else
+    $100). Every method is thread-safe.
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class MarketSimulator:
         profile: str = "live",
         rate_limits: bool | None = None,
         data_dir: str | os.PathLike[str] | None = None,
+        credit: float | None = None,
     ) -> None:
         overrides = load_world_file(world) if isinstance(world, str | Path | os.PathLike) else world
         self._market = Market(
@@ -52,6 +54,7 @@ class MarketSimulator:
             profile=profile,
             rate_limits=rate_limits,
             data_dir=None if data_dir is None else os.fspath(data_dir),
+            credit=credit,
         )
         self.host = host
         self._requested_port = port
@@ -243,8 +246,21 @@ class MarketSimulator:
             self._market.rate_limits.clear()
 
     def requests(self) -> list[dict[str, Any]]:
-        """The request log of the API (not of /_sim/), oldest first."""
+        """The request log of the API (not of /_sim/), oldest first, with the $0 stops (``op`` credit_exhausted)."""
         return list(self._market.requests)
+
+    # --- money ----------------------------------------------------------------------------------------------
+    def account(self) -> dict[str, Any]:
+        """The credit, invoices and $0 stops, as ``GET /_sim/account``."""
+        return json.loads(json.dumps(self._market.account()))
+
+    def set_credit(self, credit: float) -> dict[str, Any]:
+        """Make the account's credit ``credit`` dollars, as ``POST /_sim/account {"credit": ...}``."""
+        return json.loads(json.dumps(self._market.set_credit(credit)))
+
+    def top_up(self, amount: float) -> dict[str, Any]:
+        """Add ``amount`` dollars to the account's credit, as ``POST /_sim/account {"top_up": ...}``."""
+        return json.loads(json.dumps(self._market.top_up(amount)))
 
     # --- storage: disks, buckets, copies --------------------------------------------------------------------
     @property

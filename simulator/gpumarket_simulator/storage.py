@@ -415,7 +415,7 @@ class Storage:
                 self._end(copy, "failed", t, error, world)
                 return
             copy.files_done += 1
-            self._bill(world, copy)
+            self._bill(world, copy, t)
             self._note(copy, t, self._progress_text(copy))
         if copy.active and self._fault_due(copy):
             assert copy.fault is not None
@@ -467,12 +467,12 @@ class Storage:
             _remove(copy.current_temp)
             copy.current_temp = None
         if world is not None:
-            self._bill(world, copy)
+            self._bill(world, copy, at)
         words = CLOUD_WORDS if copy.kind == RCLONE else DIRECT_WORDS
         self._note(copy, at, f"{words[state]}: {reason}" if state == "failed" else words[state])
 
-    def _bill(self, world: World, copy: Copy) -> None:
-        """Bill the bytes moved since the last bill: the source's upload and the destination's download."""
+    def _bill(self, world: World, copy: Copy, at: float) -> None:
+        """Bill the bytes moved since the last bill, at ``at``: the source's upload and the destination's download."""
         moved = int(copy.bytes_done) - copy.billed_bytes
         if moved <= 0:
             return
@@ -480,20 +480,12 @@ class Storage:
         for end, up in ((copy.src, True), (copy.dst, False)):
             inst = world.instances.get(end.instance_id) if end.instance_id is not None else None
             if inst is not None:
-                _charge(inst, moved, up=up)
+                price = inst.offer.inet_up_cost if up else inst.offer.inet_down_cost
+                world.bill_bandwidth(inst, moved, moved / BYTES_PER_GB * price, up=up, at=at)
 
     def _note(self, copy: Copy, at: float, text: str) -> None:
         self._seq += 1
         self._notes.append((at + self.status_delay, self._seq, copy.shown_on, text))
-
-
-def _charge(inst: Instance, moved: int, *, up: bool) -> None:
-    price = inst.offer.inet_up_cost if up else inst.offer.inet_down_cost
-    if up:
-        inst.bandwidth_up_bytes += moved
-    else:
-        inst.bandwidth_down_bytes += moved
-    inst.bandwidth_cost += moved / BYTES_PER_GB * price
 
 
 def _is_temp(rel: str) -> bool:

@@ -1,10 +1,10 @@
 """The simulated market's state and the service rules that change it.
 
-Offers, instances and their lifecycle, the billing ledger, volume asks, serverless endpoints, deployments,
-account items and two-factor codes. Every method takes the simulated time ``now`` from its caller and must be
-called with the market lock held (see ``market.py``); nothing here reads a clock, sleeps or starts a process.
-Side effects the outside world must carry out (starting or killing an onstart script) are queued in
-``events`` for the caller to drain.
+Offers, instances and their lifecycle, the billing ledger and the prepaid credit it draws on (with the $0 stop),
+volume asks, serverless endpoints, deployments, account items and two-factor codes. Every method takes the
+simulated time ``now`` from its caller and must be called with the market lock held (see ``market.py``); nothing
+here reads a clock, sleeps or starts a process. Side effects the outside world must carry out (starting or killing
+an onstart script) are queued in ``events`` for the caller to drain.
 """
 
 from __future__ import annotations
@@ -19,6 +19,15 @@ from typing import Any
 
 from gpumarket_simulator import totp
 from gpumarket_simulator.bidding import MIN_BID_SHARE, BidMarket
+from gpumarket_simulator.billing import (
+    ADMIN_SERVICE,
+    CREDIT_EPSILON,
+    CREDIT_STOP_MSG,
+    SIGNUP_SERVICE,
+    Account,
+    DayLedger,
+    day_of,
+)
 from gpumarket_simulator.errors import ApiError, bad_request
 from gpumarket_simulator.rules import DIRECT_RUNTYPES, SearchQuery, is_number, offer_matches
 
@@ -142,6 +151,12 @@ class Offer:
         }
 
 
+def dollars(amount: float) -> str:
+    """``$12.50`` or ``-$0.42`` (float dust around zero is ``$0.00``)."""
+    cents = round(amount * 100)
+    return f"-${-cents / 100:,.2f}" if cents < 0 else f"${cents / 100:,.2f}"
+
+
 def bid_loses(inst: Instance) -> bool:
     """Whether a bid instance's bid is below its machine's minimum now.
 
@@ -181,17 +196,59 @@ class Instance:
     rerun_onstart: bool = False
     destroyed_at: float | None = None
     accounted_until: float = 0.0
-    compute_seconds: float = 0.0
-    compute_dollars: float = 0.0  # each running second at the price of that second (a bid may change)
-    storage_seconds: float = 0.0
-    #: Bytes the instance's copies sent and received, and their price (see storage.py).
-    bandwidth_up_bytes: int = 0
-    bandwidth_down_bytes: int = 0
-    bandwidth_cost: float = 0.0
+    #: Dollars per second its disk costs, from creation until destroyed.
+    storage_rate: float = 0.0
+    #: The billing ledger by UTC day (see billing.py): compute each running second at the price of that second
+    #: (a bid may change), storage every second until destroyed, and the bytes its copies moved (storage.py).
+    days: dict[int, DayLedger] = field(default_factory=dict)
+    #: The day ledger the clock is in (saves a lookup on every update).
+    today: DayLedger | None = None
 
     @property
     def destroyed(self) -> bool:
         return self.destroyed_at is not None
+
+    def day_ledger(self, t: float) -> DayLedger:
+        """The ledger of the UTC day ``t`` falls in, begun at ``t`` if nothing was billed that day yet."""
+        today = self.today
+        if today is not None and today.day <= t < today.next_day:
+            return today
+        day = day_of(t)
+        ledger = self.days.get(day)
+        if ledger is None:
+            ledger = self.days[day] = DayLedger(day, t, t)
+        if today is None or ledger.day >= today.day:
+            self.today = ledger
+        return ledger
+
+    # The ledger's totals are the sums of its days, so a day's charge and the totals never disagree.
+    @property
+    def compute_seconds(self) -> float:
+        return sum(d.compute_seconds for d in self.days.values())
+
+    @property
+    def compute_cost(self) -> float:
+        return sum(d.compute_dollars for d in self.days.values())
+
+    @property
+    def storage_seconds(self) -> float:
+        return sum(d.storage_seconds for d in self.days.values())
+
+    @property
+    def storage_cost(self) -> float:
+        return sum(d.storage_dollars for d in self.days.values())
+
+    @property
+    def bandwidth_up_bytes(self) -> int:
+        return sum(d.bandwidth_up_bytes for d in self.days.values())
+
+    @property
+    def bandwidth_down_bytes(self) -> int:
+        return sum(d.bandwidth_down_bytes for d in self.days.values())
+
+    @property
+    def bandwidth_cost(self) -> float:
+        return sum(d.bandwidth_dollars for d in self.days.values())
 
     def hourly_price(self) -> float:
         """What an hour of compute costs: the bid for an interruptible instance, else the on-demand price.
@@ -200,11 +257,6 @@ class Instance:
         """
         price = self.config.get("price")
         return float(price) if price is not None else self.offer.dph_total
-
-    def costs(self, disk_price_per_gb_month: float) -> tuple[float, float]:
-        compute = self.compute_dollars
-        storage = self.storage_seconds / SECONDS_PER_MONTH * float(self.config["disk"]) * disk_price_per_gb_month
-        return compute, storage
 
     def api_view(self) -> dict[str, Any]:
         """The instance object of the public API: never the instance key or registry credentials."""
@@ -272,6 +324,7 @@ class World:
         list_limit: int,
         disk_price_per_gb_month: float,
         bid_drift: tuple[float, float] | None,
+        credit: float,
     ) -> None:
         self.seed = seed
         self.start_time = start_time
@@ -297,6 +350,11 @@ class World:
         self.instance_keys: dict[str, int] = {}
         self.volume_asks: dict[int, dict[str, Any]] = {}
         self.events: list[tuple[str, int]] = []
+        self.account = Account()
+        self._rate_bound_cache: float | None = None
+        if credit:
+            self.account.add(credit, start_time, service=SIGNUP_SERVICE, source="signup", description="Starting credit")
+        self.settle_credit(start_time)
         self._last_update = start_time
         self._next_ask_id = 5_000_001
         self._next_endpoint_id = max(self.endpoints, default=100) + 1
@@ -308,14 +366,62 @@ class World:
         if now <= self._last_update:
             return
         for step_at in self.bids.steps_due(self._last_update, now):
-            for inst in list(self.live.values()):
-                self._advance(inst, step_at)
+            self._run_until(step_at)
             self.bids.step(self.offers.values())
             for inst in list(self.live.values()):
                 self.settle_bid(inst, step_at)
-        self._last_update = now
-        for inst in list(self.live.values()):
-            self._advance(inst, now)
+        self._run_until(now)
+
+    def _run_until(self, t: float) -> None:
+        """Advance every live instance to ``t``, stopping them all at the moment the credit reaches $0.
+
+        Between two scheduled steps of any instance the money flows at a constant rate, so the moment the credit
+        runs out is exact. When even the most the instances could spend by ``t`` leaves credit, each instance is
+        advanced on its own (the common case, and the cheap one).
+        """
+        cur = self._last_update
+        if t <= cur:
+            return
+        self._last_update = t
+        account = self.account
+        if not account.exhausted and account.credit - self._rate_bound() * (t - cur) > CREDIT_EPSILON:
+            for inst in list(self.live.values()):
+                self._advance(inst, t)
+            return
+        while True:
+            self._enforce_credit(cur)
+            step = min((i.schedule[0][0] for i in self.live.values() if i.schedule), default=t)
+            step = min(step, t)
+            rate = 0.0 if account.exhausted else self._spend_rate()
+            if rate > 0 and account.credit - rate * (step - cur) <= CREDIT_EPSILON:
+                at = min(step, cur + account.credit / rate)
+                for inst in list(self.live.values()):
+                    self._account(inst, at)
+                self._exhaust(at)
+            for inst in list(self.live.values()):
+                self._advance(inst, step)
+            cur = step
+            if step >= t:
+                return
+
+    def _spend_rate(self) -> float:
+        """Dollars per second billed now."""
+        rate = 0.0
+        for inst in self.live.values():
+            rate += inst.storage_rate
+            if inst.status == "running":
+                rate += inst.hourly_price() / 3600.0
+        return rate
+
+    def _rate_bound(self) -> float:
+        """The most dollars per second the live instances could cost: as if all of them ran.
+
+        It changes only when an instance is created or destroyed or a bid changes (``_rate_bound_cache`` is reset
+        then), so the common update does not walk the instances twice.
+        """
+        if self._rate_bound_cache is None:
+            self._rate_bound_cache = sum(i.storage_rate + i.hourly_price() / 3600.0 for i in self.live.values())
+        return self._rate_bound_cache
 
     def _advance(self, inst: Instance, t: float) -> None:
         while inst.schedule and inst.schedule[0][0] <= t:
@@ -329,15 +435,89 @@ class World:
                 self._set_status(inst, status, at)
         self._account(inst, t)
 
-    @staticmethod
-    def _account(inst: Instance, t: float) -> None:
-        if t > inst.accounted_until:
-            elapsed = t - inst.accounted_until
-            inst.storage_seconds += elapsed
-            if inst.status == "running":
-                inst.compute_seconds += elapsed
-                inst.compute_dollars += elapsed / 3600.0 * inst.hourly_price()
-            inst.accounted_until = t
+    def _account(self, inst: Instance, t: float) -> None:
+        """Bill the instance up to ``t``, into the ledger of each UTC day the time falls in."""
+        while t > inst.accounted_until:
+            a = inst.accounted_until
+            ledger = inst.today
+            if ledger is None or not ledger.day <= a < ledger.next_day:
+                ledger = inst.day_ledger(a)
+            b = t if t < ledger.next_day else ledger.next_day
+            storage = (b - a) * inst.storage_rate
+            compute = (b - a) / 3600.0 * inst.hourly_price() if inst.status == "running" else None
+            ledger.add_time(a, b, storage, compute)
+            self.account.spent += storage if compute is None else storage + compute
+            inst.accounted_until = b
+
+    # --- money --------------------------------------------------------------------------------------------------
+    def bill_bandwidth(self, inst: Instance, moved: int, dollars: float, *, up: bool, at: float) -> None:
+        """Bill the bytes a copy moved (storage.py prices them) to the day they moved on."""
+        inst.day_ledger(at).add_bandwidth(at, moved, dollars, up=up)
+        self.account.spent += dollars
+
+    def settle_credit(self, now: float) -> None:
+        """Apply the $0 stop if something spent the last of the credit outside the clock (a copy's bytes, the admin)."""
+        self._enforce_credit(now)
+
+    def _enforce_credit(self, at: float) -> None:
+        account = self.account
+        if not account.exhausted:
+            if account.credit > CREDIT_EPSILON:
+                return
+            self._exhaust(at)
+            return
+        stopped = self._credit_stop(at)
+        if stopped:  # something ran while the credit was gone (the admin forced it): it stops at once
+            account.record_stop(at, stopped)
+
+    def _exhaust(self, at: float) -> None:
+        """The credit reached $0 at ``at``: every instance of the account that runs or boots stops."""
+        self.account.exhausted = True
+        self.account.record_stop(at, self._credit_stop(at))
+
+    def _credit_stop(self, at: float) -> list[int]:
+        stopped = []
+        for inst in self.live.values():
+            inst.awaiting_bid = False  # a bid waiting for its machine does not come back by itself either
+            if inst.status in (None, "loading", "running"):
+                inst.config["target_state"] = "stopped"
+                inst.status_msg = CREDIT_STOP_MSG
+                inst.schedule = []
+                self._set_status(inst, "stopped", at)
+                stopped.append(inst.id)
+            else:
+                inst.schedule = []  # an admin's outbid does not resume
+        return stopped
+
+    def require_credit(self) -> None:
+        """Refuse to start anything while the credit is $0 or less (creates and starts of stopped instances)."""
+        if self.account.exhausted or self.account.credit <= CREDIT_EPSILON:
+            raise ApiError(
+                402,
+                "insufficient_credit",
+                f"Your account's credit is {dollars(self.account.credit)}: add credit before creating or starting "
+                "instances.",
+                extra={"success": False},
+            )
+
+    def top_up(self, amount: float, now: float) -> None:
+        """Put ``amount`` dollars into the account (take them out, if negative): an invoice of the admin's."""
+        if not is_number(amount):
+            raise ValueError(f"top_up must be a finite number of dollars, got {amount!r}")
+        self.update(now)
+        self._add_credit(float(amount), now, f"Top-up of {dollars(amount)} by the simulator's admin")
+
+    def set_credit(self, credit: float, now: float) -> None:
+        """Make the credit ``credit`` dollars: an invoice of the admin's for the difference."""
+        if not is_number(credit):
+            raise ValueError(f"credit must be a finite number of dollars, got {credit!r}")
+        self.update(now)
+        self._add_credit(credit - self.account.credit, now, f"Credit set to {dollars(credit)} by the simulator's admin")
+
+    def _add_credit(self, amount: float, now: float, description: str) -> None:
+        if amount:
+            self.account.add(amount, now, service=ADMIN_SERVICE, source="admin", description=description)
+        self.settle_credit(now)  # a top-up starts nothing again; taking credit out may stop everything
 
     def _set_status(self, inst: Instance, status: str | None, at: float) -> None:
         if inst.status == "running" and status != "running":
@@ -399,6 +579,7 @@ class World:
         self, offer_id: int, request: dict[str, Any], now: float, *, new_id: Callable[[], int], api_key: str
     ) -> Instance:
         self.update(now)
+        self.require_credit()
         offer = self.offers.get(offer_id)
         if offer is None:
             raise ApiError(404, "no_such_ask", f"No offer (ask) with id {offer_id} exists")
@@ -424,7 +605,9 @@ class World:
             ports=self._ports(config),
             fate=offer.fate,
             accounted_until=now,
+            storage_rate=float(config["disk"]) * self.disk_price_per_gb_month / SECONDS_PER_MONTH,
         )
+        self._rate_bound_cache = None
         offer.rented_by = instance_id
         self.instances[inst.id] = inst
         self.live[inst.id] = inst
@@ -480,8 +663,10 @@ class World:
         return inst
 
     def set_state(self, inst: Instance, state: str, now: float) -> None:
-        """PUT state: stopped halts compute billing (disk continues); running boots it again."""
+        """PUT state: stopped halts compute billing (disk continues); running boots it again, credit permitting."""
         self.update(now)
+        if state == "running":
+            self.require_credit()
         inst.config["target_state"] = state
         inst.awaiting_bid = False
         if state == "stopped":
@@ -502,6 +687,7 @@ class World:
         inst.schedule = []
         inst.destroyed_at = now
         self.live.pop(inst.id, None)
+        self._rate_bound_cache = None
         self.events.append(("destroyed", inst.id))  # its copies fail and its disk goes (storage.py)
         if inst.offer.rented_by == inst.id:  # the machine is free again: its offer is back on the market
             inst.offer.rented_by = None
@@ -547,6 +733,7 @@ class World:
         """``PUT /instances/bid_price/{id}/``: the new bid counts at once, both ways (see ``settle_bid``)."""
         self.update(now)
         inst.config["price"] = price
+        self._rate_bound_cache = None
         self.settle_bid(inst, now)
 
     def settle_bid(self, inst: Instance, now: float) -> None:
@@ -785,7 +972,7 @@ class World:
 
     # --- admin views ----------------------------------------------------------------------------------------
     def instance_admin_view(self, inst: Instance) -> dict[str, Any]:
-        compute_cost, storage_cost = inst.costs(self.disk_price_per_gb_month)
+        compute_cost, storage_cost, bandwidth_cost = inst.compute_cost, inst.storage_cost, inst.bandwidth_cost
         return {
             **inst.api_view(),
             "destroyed": inst.destroyed,
@@ -806,8 +993,9 @@ class World:
             "storage_cost": storage_cost,
             "bandwidth_up_bytes": inst.bandwidth_up_bytes,
             "bandwidth_down_bytes": inst.bandwidth_down_bytes,
-            "bandwidth_cost": inst.bandwidth_cost,
-            "cost": compute_cost + storage_cost + inst.bandwidth_cost,
+            "bandwidth_cost": bandwidth_cost,
+            "cost": compute_cost + storage_cost + bandwidth_cost,
+            "ledger_days": [d.view() for d in sorted(inst.days.values(), key=lambda d: d.day)],
         }
 
     def state(self, now: float) -> dict[str, Any]:
@@ -818,6 +1006,7 @@ class World:
             "user_id": self.user_id,
             "disk_price_per_gb_month": self.disk_price_per_gb_month,
             "list_limit": self.list_limit,
+            "account": self.account.view(),
             "machines": [m.view() for m in self.machines.values()],
             "offers": [
                 {**self.offer_view(o), "fate": o.fate, "rented_by": o.rented_by, "competing_bid": o.competing_bid}

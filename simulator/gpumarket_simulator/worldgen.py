@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumarket_simulator.bidding import parse_drift
+from gpumarket_simulator.billing import DEFAULT_CREDIT
 from gpumarket_simulator.errors import ApiError
 from gpumarket_simulator.rules import is_number, parse_template_env
 from gpumarket_simulator.world import DEFAULT_INET_COST_PER_GB, ENDPOINT_DEFAULTS, FATES, Machine, Offer, World
@@ -37,6 +38,7 @@ WORLD_FILE_KEYS = frozenset(
         "disk_price_per_gb_month",
         "list_limit",
         "bid_drift",
+        "credit",
         "machines",
         "offers",
         "templates",
@@ -61,6 +63,7 @@ STATE_ONLY_KEYS = frozenset(
         "copies",
         "copy_settings",
         "data_dir",
+        "account",
     }
 )
 
@@ -177,6 +180,7 @@ def _generate(seed: int, start_time: float) -> dict[str, Any]:
         "list_limit": DEFAULT_LIST_LIMIT,
         "disk_price_per_gb_month": DEFAULT_DISK_PRICE_PER_GB_MONTH,
         "bid_drift": None,
+        "credit": DEFAULT_CREDIT,
         "api_keys": [
             _api_key(1, user_id, "api", "default", None, None, None),
             _api_key(2, user_id, "scoped", "ci-readonly", 31, "ml-platform", False),
@@ -391,6 +395,10 @@ def _convert(data: dict[str, Any], start_time: float) -> dict[str, Any]:
             out[key] = int(data[key])
     if "bid_drift" in data:
         out["bid_drift"] = parse_drift(data["bid_drift"])
+    if "credit" in data:
+        if not is_number(data["credit"]):
+            raise ValueError(f"credit must be a finite number of dollars, got {data['credit']!r}")
+        out["credit"] = float(data["credit"])
     machines: dict[int, Machine] = {}
     if "machines" in data:
         for m in data["machines"]:

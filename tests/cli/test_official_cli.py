@@ -36,6 +36,15 @@ What vastai 1.9.1 sends (captured on the wire) and which response fields it read
   defaults to ``"Instance to Cloud"``); only checks that the answer is truthy.
 - ``cancel copy DST``: ``DELETE /api/v0/commands/copy_direct/``; ``cancel sync DST``: ``DELETE
   /api/v0/commands/rclone/``; both with ``{"client_id": "me", "dst_id": "DST"}``, reading ``success``/``msg``.
+- ``show invoices-v1 --charges`` (``--invoices``): ``GET /api/v0/charges/`` (``GET /api/v1/invoices/``) with
+  ``select_filters={"day" ("when"): {"gte": S, "lte": E}}`` (``-s``/``-e``, else the 7 days before the *real*
+  clock), ``-ct T...`` adding ``"type": {"in": [...]}`` (``-it`` a ``service`` filter), ``latest_first``, ``limit``
+  (at most 100; default 20), ``after_token``, for charges ``format``; reads ``results``, ``count``, ``total`` and
+  ``next_token`` (the table form then asks on stdin for the next page; ``--raw`` prints one page). Every item and
+  every nested one in ``items`` needs ``start``, ``end``, ``amount``, ``type``, ``source`` (a charge's is split on
+  "-": ``instance-ID``), ``metadata`` and ``items``; an invoice's ``metadata`` needs ``invoice_id``; a zero amount
+  is left out; an invoice's amount is shown negated (a credit put in is sent negative).
+- ``show user``: ``GET /api/v0/users/current``; drops ``api_key``, prints ``credit`` as ``{:0.2f}``.
 
 The full catalogue (query strings, bodies, retries on 429/502/503/504, error handling, exit statuses) was handed
 to the simulator; this module keeps the summary above next to the checks that depend on it.
@@ -503,4 +512,86 @@ def test_official_cli_cancel_copy_and_cancel_sync_cancel_running_copies(cli: Cli
     copies = wait_for_copies(live_sim, "cancelled")
     assert [c["kind"] for c in copies] == ["copy_direct", "rclone"]
     assert files_of(live_sim, "disks", dst) == {} and files_of(live_sim, "buckets", connection) == {}
+    assert_simulator_healthy(live_sim)
+
+
+# --- billing: charges, invoices, the current user ---------------------------------------------------------------
+DAY = 86_400
+
+
+def hold_still(sim: LiveSim) -> tuple[str, str]:
+    """Freeze the clock and turn the rate limits off, so figures hold between calls; ``-s``/``-e`` of every day so far.
+
+    The CLI's own default window ends at the real clock, which the simulated one (600x) runs ahead of.
+    """
+    sim.admin("PUT", "/rate-limits", {"enabled": False})
+    now = sim.admin("PUT", "/speed", {"speed": 0})["now"]
+    first_day = int(sim.state()["start_time"]) // DAY * DAY
+    return str(first_day), str(int(now) + 1)
+
+
+def test_official_cli_show_invoices_v1_charges_shows_each_instance_day_of_the_ledger(cli: Cli, live_sim: LiveSim):
+    instance_id = rent(cli, live_sim)
+    start, end = hold_still(live_sim)
+    days = live_sim.instance(instance_id)["ledger_days"]
+    raw = cli("show", "invoices-v1", "--charges", "-s", start, "-e", end, "--raw")
+    assert_succeeded(raw)
+    assert_sent(raw, "GET", "/api/v0/charges/")
+    answer = raw.json()
+    assert answer["count"] == answer["total"] == len(days) and answer["next_token"] is None, raw.describe()
+    listed = [(c["source"], c["day"], c["amount"]) for c in answer["results"]]
+    assert listed == [(f"instance-{instance_id}", d["day"], d["cost"]) for d in days], raw.describe()
+    assert [i["type"] for i in answer["results"][0]["items"]] == ["gpu", "storage", "bandwidth"]
+
+    table = cli("show", "invoices-v1", "--charges", "-s", start, "-e", end, "--no-color")
+    assert_succeeded(table)
+    assert "Instance" in table.stdout and str(instance_id) in table.stdout, table.describe()
+    for day in days:
+        assert f"${day['cost']:.3f}" in table.stdout, table.describe()
+    assert f"Showing {len(days)} of {len(days)} results" in table.stdout, table.describe()
+
+    typed = cli("show", "invoices-v1", "--charges", "-ct", "instance", "-s", start, "-e", end, "--raw")
+    assert_succeeded(typed)
+    assert typed.json()["results"] == answer["results"], typed.describe()
+    tree = cli("show", "invoices-v1", "--charges", "-ct", "i", "-s", start, "-e", end, "-f", "tree", "--verbose")
+    assert_succeeded(tree)
+    assert "gpu" in tree.stdout and "storage" in tree.stdout, tree.describe()
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_show_invoices_v1_invoices_shows_the_credit_put_in(cli: Cli, live_sim: LiveSim):
+    start, end = hold_still(live_sim)
+    live_sim.admin("POST", "/account", {"top_up": 25})
+    raw = cli("show", "invoices-v1", "--invoices", "-s", start, "-e", end, "--raw")
+    assert_succeeded(raw)
+    assert_sent(raw, "GET", "/api/v1/invoices/")
+    results = raw.json()["results"]
+    assert [(i["type"], i["amount"], i["metadata"]["invoice_id"]) for i in results] == [
+        ("credit", -100.0, 1),
+        ("credit", -25.0, 2),
+    ], raw.describe()
+
+    table = cli("show", "invoices-v1", "--invoices", "-s", start, "-e", end, "--no-color")
+    assert_succeeded(table)
+    for shown in ("$100.00", "$25.00", "Credit", "Signup", "Admin"):
+        assert shown in table.stdout, table.describe()
+    assert "-$" not in table.stdout, table.describe()  # credit put in shows as a positive figure
+    assert_simulator_healthy(live_sim)
+
+
+def test_official_cli_show_user_shows_the_credit_and_balance_left(cli: Cli, live_sim: LiveSim):
+    rent(cli, live_sim)
+    hold_still(live_sim)
+    credit = live_sim.admin("GET", "/account")["credit"]
+    assert 0 < credit < 100
+    raw = cli("show", "user", "--raw")
+    assert_succeeded(raw)
+    assert_sent(raw, "GET", "/api/v0/users/current")
+    user = raw.json()
+    assert user["credit"] == user["balance"] == credit, raw.describe()
+    assert "api_key" not in user and live_sim.api_key not in raw.stdout, raw.describe()
+
+    table = cli("show", "user")
+    assert_succeeded(table)
+    assert f"{credit:0.2f}" in table.stdout and live_sim.api_key not in table.stdout, table.describe()
     assert_simulator_healthy(live_sim)

@@ -90,6 +90,18 @@ def test_cli_refuses_a_port_in_use():
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
 
+def test_cli_credit_option_sets_the_starting_credit():
+    process, first = start_cli("--api-key", "k", "--credit", "12.5")
+    try:
+        url = first.split()[3]
+        assert requests.get(f"{url}/_sim/account", timeout=5).json()["credit"] == 12.5
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+    result = subprocess.run(sim_command("--credit", "nan"), capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "--credit" in result.stderr
+
+
 def test_console_script_is_installed():
     script = Path(sys.executable).parent / "gpumarket-sim"
     assert script.exists()

@@ -393,7 +393,8 @@ class Deployment:
     def start(self, say: Callable[[str], None]) -> None:
         say(f"Airflow home {self.home}")
         world = self.home / "world.json"
-        world.write_text(json.dumps({"offers": list(self.workload.offers)}))
+        # Credit enough that the simulator's $0 stop never stops a scenario's instances.
+        world.write_text(json.dumps({"offers": list(self.workload.offers), "credit": 1e9}))
         self.sim, conn_uri = start_simulator(self.processes, world, self.workload.speed)
         say(f"simulator at {self.sim.url} (speed {self.workload.speed:g}x)")
         self.postgres.start()
