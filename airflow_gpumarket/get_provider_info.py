@@ -115,6 +115,7 @@ def get_provider_info() -> dict:
                     "airflow_gpumarket.operators.run_job",
                     "airflow_gpumarket.operators.search",
                     "airflow_gpumarket.operators.serverless",
+                    "airflow_gpumarket.operators.spend_report",
                     "airflow_gpumarket.operators.teardown",
                     "airflow_gpumarket.operators.volumes",
                 ],
@@ -124,6 +125,7 @@ def get_provider_info() -> dict:
             {
                 "integration-name": INTEGRATION,
                 "python-modules": [
+                    "airflow_gpumarket.sensors.credit",
                     "airflow_gpumarket.sensors.instances",
                     "airflow_gpumarket.sensors.price_increases",
                 ],
@@ -138,6 +140,7 @@ def get_provider_info() -> dict:
                 ],
             }
         ],
+        "notifications": ["airflow_gpumarket.notifications.credit.GpuMarketLowCreditNotifier"],
         "task-decorators": [
             {"class-name": "airflow_gpumarket.decorators.gpumarket.gpumarket_task", "name": "gpumarket"},
         ],

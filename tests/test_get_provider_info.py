@@ -141,3 +141,41 @@ def test_connection_form_reaches_airflow_from_one_declaration_on_2_11_and_3():
     assert behaviour["placeholders"] == declared["placeholders"]
     extras = {name for name in manager.connection_form_widgets if name.startswith("extra__gpumarket__")}
     assert extras == {f"extra__gpumarket__{name}" for name in CONNECTION_FORM["conn-fields"]}
+
+
+def _public_classes(package: str, suffix: str) -> set[str]:
+    """The modules of ``package`` that define a public ``GpuMarket...<suffix>`` class (base classes left out)."""
+    found = set()
+    for path in sorted((Path(__file__).resolve().parent.parent / package.replace(".", "/")).glob("*.py")):
+        text = path.read_text()
+        if any(
+            line.startswith("class GpuMarket")
+            and line.split("(")[0].endswith(suffix)
+            and "Base" not in line.split("(")[0]
+            for line in text.splitlines()
+        ):
+            found.add(f"{package}.{path.stem}")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("kind", "package", "suffix"),
+    [("operators", "airflow_gpumarket.operators", "Operator"), ("sensors", "airflow_gpumarket.sensors", "Sensor")],
+)
+def test_every_operator_and_sensor_module_is_registered_and_importable(kind, package, suffix):
+    registered = {m for entry in get_provider_info()[kind] for m in entry["python-modules"]}
+    assert registered == _public_classes(package, suffix)
+    for module in registered:
+        importlib.import_module(module)
+
+
+def test_every_notifier_is_registered_by_its_class_which_is_an_airflow_notifier():
+    from airflow_gpumarket._compat import BaseNotifier
+
+    registered = get_provider_info()["notifications"]
+    assert {path.rpartition(".")[0] for path in registered} == _public_classes(
+        "airflow_gpumarket.notifications", "Notifier"
+    )
+    for path in registered:
+        module, _, name = path.rpartition(".")
+        assert issubclass(getattr(importlib.import_module(module), name), BaseNotifier)

@@ -54,6 +54,23 @@ def test_a_dag_file_with_renting_operators_and_sensors_imports_only_what_parsing
     assert_loads_none(code)
 
 
+def test_a_dag_file_with_the_spend_report_and_the_credit_watch_imports_neither_the_hook_nor_the_ledger():
+    code = (
+        "import sys; from datetime import datetime; from airflow.providers.common.compat.sdk import DAG; "
+        "from airflow_gpumarket.notifications.credit import GpuMarketLowCreditNotifier; "
+        "from airflow_gpumarket.operators.spend_report import GpuMarketSpendReportOperator; "
+        "from airflow_gpumarket.sensors.credit import GpuMarketCreditSensor; "
+        "dag = DAG('d', start_date=datetime(2026, 1, 1), schedule=None)\n"
+        "with dag:\n"
+        "    GpuMarketSpendReportOperator(task_id='r', on_success_callback=GpuMarketLowCreditNotifier(threshold=5))\n"
+        "    GpuMarketCreditSensor(task_id='s', threshold=5, runway_days=3, mode='reschedule')\n"
+        "runtime = ('hooks.gpumarket', 'operators.budget', 'ledger')\n"
+        "loaded = [m for m in runtime if 'airflow_gpumarket.' + m in sys.modules]\n"
+        "print('loaded:', loaded + [m for m in ('gpumarket_simulator', 'fastapi') if m in sys.modules])"
+    )
+    assert_loads_none(code)
+
+
 def requirement_names(dist) -> set[str]:
     return {re.split(r"[ ;<>=!~\[]", r, maxsplit=1)[0].lower() for r in dist.requires or []}
 

@@ -197,3 +197,60 @@ def test_a_fan_out_whose_jobs_exceed_its_budget_fails_each_before_renting(exampl
     run = example_dag("example_gpumarket_budgets").test()
     assert set(task_states(run).values()) == {"failed"}
     assert sim.state()["instances"] == []
+
+
+# --- The spend report and the credit watch ------------------------------------------------------------------------
+DAY = 86400
+SIM_CREDIT = 100.0  # what the simulator's account holds (GET /api/v0/users/current)
+
+
+def test_spend_report_example_alerts_when_the_credit_is_at_or_below_the_threshold(example_dag, sim, task_log):
+    run = example_dag("example_gpumarket_spend_report").test(
+        run_conf={"credit_threshold": SIM_CREDIT + 50, "runway_days": None}
+    )
+    states = task_states(run)
+    assert states["watch_credit[-1]"] == "success", states
+    figures = run.get_task_instance("watch_credit").xcom_pull(task_ids="watch_credit")
+    assert figures["available"] == SIM_CREDIT and figures["low"] is True
+    log = task_log()
+    assert f"GPU Market credit is low: ${SIM_CREDIT} left" in log  # the example's notifier, on the sensor's success
+    assert states["spend_report[-1]"] == "success", states
+
+
+def test_spend_report_example_watch_ends_skipped_on_a_day_the_credit_stays_healthy(example_dag, sim, task_log):
+    dag = example_dag("example_gpumarket_spend_report")
+    dag.get_task("watch_credit").timeout = 0  # the day is over at its first read
+    run = dag.test(run_conf={"runway_days": None})
+    assert task_states(run)["watch_credit[-1]"] == "skipped"
+    log = task_log()
+    assert f"The account's credit is ${SIM_CREDIT:.2f}: above the threshold of $25.00" in log
+    assert "GPU Market credit is low" not in log
+
+
+def test_spend_report_example_attributes_charges_to_the_dag_that_rented_and_flags_the_rest(example_dag, sim):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    rented = example_dag("example_gpumarket_run_job").test()
+    assert rented.state == "success", task_states(rented)
+    (recorded,) = [i["id"] for i in sim.state()["instances"]]
+    hook = GpuMarketHook()
+    (offer,) = hook.search_offers({"rentable": {"eq": True}}, order=[["dph_total", "asc"]], limit=1)
+    by_hand = hook.create_instance(offer["id"], image="img", label="made-by-hand")["new_contract"]
+    sim.advance(3600)
+    hook.destroy_instance(by_hand)
+
+    dag = example_dag("example_gpumarket_spend_report")
+    report = dag.get_task("spend_report")
+    report.window_start, report.window_end = sim.now() - DAY, sim.now() + 60  # the simulator's clock, not ours
+    dag.get_task("watch_credit").timeout = 0
+    run = dag.test(run_conf={"runway_days": None})
+    assert task_states(run)["spend_report[-1]"] == "success", task_states(run)
+    result = run.get_task_instance("spend_report").xcom_pull(task_ids="spend_report")
+    assert result["per_dag"]["example_gpumarket_run_job"] > 0
+    assert result["per_team"]["(no team)"] == result["per_dag"]["example_gpumarket_run_job"]
+    leaked = [leak["instance_id"] for leak in result["leaked"]]
+    assert by_hand in leaked and recorded not in leaked
+    charged = hook.charges(report.window_start, report.window_end - 1)
+    assert result["charges"] == len(charged)
+    assert abs(result["total"] - sum(c.amount for c in charged)) < 0.0001
+    assert alive(sim) == []
