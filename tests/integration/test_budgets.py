@@ -62,3 +62,36 @@ def test_rule_a_job_reaching_max_cost_is_destroyed_within_one_poll_interval(sim,
     # The task's own clock: the destroy came within one poll interval (plus the read and the destroy) of the deadline.
     assert time.time() - deadline < POLL + 2.0, (started, deadline)
     assert entry["cost"] is not None
+
+
+def test_rule_a_rental_that_would_overdraw_the_account_fails_before_renting(sim):
+    sim.set_credit(0.05)  # below any job's worst case here (its price over a 6.5-hour lease)
+    with pytest.raises(GpuMarketBudgetExceeded, match=r"The account's credit is \$0.05") as caught:
+        job().execute(context())
+    assert "stop at $0" in str(caught.value)
+    assert sim.state()["instances"] == []
+
+
+def test_rule_the_services_stop_at_zero_credit_fails_the_job_naming_the_credit_and_leaves_nothing_alive(sim):
+    import threading
+
+    from .test_money_safety import wait_until
+
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job(command="sleep 100000").execute(context())
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            failure.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    wait_until(lambda: any(i["actual_status"] == "running" for i in sim.state()["instances"]))
+    sim.set_credit(0.001)  # the simulator's clock runs 600x: spent within a second
+    worker.join(60)
+    assert not worker.is_alive()
+    (exc,) = failure
+    assert isinstance(exc, GpuMarketBudgetExceeded) and "credit ran out" in str(exc), exc
+    assert sim.account()["stops"], "the simulator never stopped at $0"
+    assert alive(sim) == []
