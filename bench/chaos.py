@@ -8,6 +8,8 @@
   every machine's winning bid drifts, outbidding and resuming bid instances as it moves. Half the interruptible
   jobs checkpoint to ``checkpoint_dir`` (a fifth of those save to a cloud integration and copy an output out), and
   some on-demand jobs do it all through a cloud integration, under copies that fail partway or start slowly.
+- The account's credit running out: 16 jobs (8 at a time) start on a few dollars, and the service stops every
+  instance at $0. Each must fail naming the credit (or be refused before renting), none left alive.
 - 20 real Airflow task runs (`airflow dags test`) killed with SIGTERM mid-boot or mid-job.
 
 Seeded: the same seed draws the same world, jobs, kill times and fault probabilities (thread timing still
@@ -161,6 +163,8 @@ CHECKPOINTED = (
 def classify(exc: BaseException) -> str:
     text = str(exc)
     for words, reason in (
+        ("credit ran out", "the account's credit ran out (the service stopped it at $0)"),
+        ("The account's credit is", "refused before renting: the credit cannot cover the worst case"),
         ("did not reach the cloud integration", "an output copy failed"),
         ("Restoring the checkpoint failed", "a checkpoint restore failed (on_restore_failure='fail')"),
         ("staged data did not arrive", "staged data did not arrive"),
@@ -256,6 +260,51 @@ def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
             "command": command,
         }
     return {"outcome": outcome, "key": key, "alive_at_finish": alive_at_finish, "command": command}
+
+
+#: The credit the $0-stop phase starts from, and its jobs: eight cheap jobs at 600x spend it in a few real seconds.
+CREDIT_PHASE_DOLLARS = 1.0
+CREDIT_PHASE_JOBS = 16
+
+
+def credit_lifecycle(i: int, seed: int, sim: Simulator) -> dict:
+    """One job of the $0-stop phase: long enough that the credit runs out under it."""
+    from airflow_gpumarket import lifecycle as lc
+    from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+
+    op = GpuMarketRunJobOperator(
+        task_id=f"chaos_credit_{i}",
+        offer_filters={"num_gpus": {"gte": 1}},
+        offer_order=[["dph_total", "asc"]],  # cheap, so that the credit check admits eight at once
+        image="chaos",
+        command="sleep 6; echo done",
+        poll_interval=0.05,
+        max_offer_attempts=12,
+        max_runtime=60,
+        boot_timeout=60,
+        deferrable=False,
+    )
+    ctx = {"run_id": f"chaos-credit-{seed}-{i}", "ti": SimpleNamespace(try_number=1, map_index=-1)}
+    key = lc.rental_key(op.dag_id or "", ctx["run_id"], op.task_id, -1)
+    try:
+        result = op.execute(ctx)
+        outcome = "succeeded" if result.get("job_status") == "succeeded" else "UNCLEAR: returned without success"
+    except BaseException as exc:  # noqa: BLE001 - every ending is classified
+        outcome = classify(exc)
+    alive_at_finish = [inst for inst in sim.alive() if (lc.parse_label(inst.get("label")) or ("",))[0] == key]
+    return {"outcome": outcome, "key": key, "alive_at_finish": alive_at_finish, "command": "credit"}
+
+
+def credit_stop(sim: Simulator, seed: int, workers: int) -> tuple[list[dict], int]:
+    """The $0-stop phase: its lifecycles' results and how many times the service stopped at $0."""
+    sim.send("POST", "/_sim/account", {"credit": CREDIT_PHASE_DOLLARS}).raise_for_status()
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(lambda i: credit_lifecycle(i, seed, sim), range(CREDIT_PHASE_JOBS)))
+        stops = len(sim.get("/_sim/account")["stops"])
+    finally:
+        sim.send("POST", "/_sim/account", {"credit": 1e9}).raise_for_status()
+    return results, stops
 
 
 def vanish_offers(sim: Simulator, stop: threading.Event, seed: int, counter: Counter) -> None:
@@ -406,6 +455,7 @@ def main() -> int:
         vanisher.join()
         market.join()
         sim.send("DELETE", "/_sim/faults")
+        credit_results, credit_stops = credit_stop(sim, args.seed, args.workers)
         killed, sigterm_leaked, stuck = sigterm_runs(sim, args.sigterm_runs, args.seed)
 
         state = sim.get("/_sim/state")
@@ -415,6 +465,8 @@ def main() -> int:
             faults[f"host ended {fate}"] = count
         faults["outbid by a rising price"] = sum(i["outbids"] for i in instances) - faults["outbid by the market"]
         leaked = [i for i in instances if not i["destroyed"]]
+        credit_outcomes = Counter(r["outcome"] for r in credit_results)
+        results = results + credit_results
         late = {i["id"] for r in results for i in r["alive_at_finish"]}
         billed_after = sum(i["cost"] for i in instances if i["id"] in late)  # everything they cost from then on
         outcomes = Counter(r["outcome"] for r in results)
@@ -433,6 +485,10 @@ def main() -> int:
         )
         for outcome in (o for o in outcomes if o.startswith("UNCLEAR")):
             print(f"R1   {outcome}")
+        print(
+            f"R1 $0 stop: {CREDIT_PHASE_JOBS} jobs on ${CREDIT_PHASE_DOLLARS:.2f} of credit, {credit_stops} stop(s) "
+            f"at $0 (goal: >= 1); " + ", ".join(f"{k} {v}" for k, v in sorted(credit_outcomes.items()))
+        )
         print(f"R1 copies: {', '.join(f'{k} {v}' for k, v in sorted(copy_outcomes.items())) or 'none'}")
         print(f"R1 jobs started before their restore ended or was given up: {early_starts} (goal: 0)")
         print(f"R1 leaked instances: {len(leaked) + sigterm_leaked} (goal: 0)")
@@ -442,7 +498,8 @@ def main() -> int:
         )
         print(f"R1 SIGTERM runs that did not exit within 45 s: {stuck} (goal: 0)")
         print(f"R1 wall-clock time: {time.time() - started:.0f} s (goal: < 600 s)")
-        return 1 if (leaked or sigterm_leaked or doubles or late or unclear or stuck or early_starts) else 0
+        failed = leaked or sigterm_leaked or doubles or late or unclear or stuck or early_starts or not credit_stops
+        return 1 if failed else 0
     finally:
         sim.close()
 
