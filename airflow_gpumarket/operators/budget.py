@@ -151,21 +151,18 @@ class Budget:
     :param dag_id: the task's DAG, whose budgets apply.
     :param task_id: the task.
     :param conn_id: the task's connection: the account whose credit is checked.
-    :param max_cost: the task's own cap in dollars, or None.
     """
 
-    def __init__(
-        self, hook: Any, log: Any, context: Any, *, dag_id: str, task_id: str, conn_id: str, max_cost: float | None
-    ) -> None:
+    def __init__(self, hook: Any, log: Any, context: Any, *, dag_id: str, task_id: str, conn_id: str) -> None:
         self.hook = hook
         self.conn_id = conn_id
         self.log = log
-        self.max_cost = max_cost
         ti = context.get("ti") if hasattr(context, "get") else None
         self.dag_id, self.task_id = dag_id, task_id
         self.run_id = str(context.get("run_id") if hasattr(context, "get") else "")
-        self.map_index = int(getattr(ti, "map_index", -1) or -1) if ti is not None else -1
-        self.try_number = int(getattr(ti, "try_number", 1) or 1) if ti is not None else 1
+        map_index, try_number = getattr(ti, "map_index", None), getattr(ti, "try_number", None)
+        self.map_index = map_index if isinstance(map_index, int) else -1
+        self.try_number = try_number if isinstance(try_number, int) else 1
         dag = context.get("dag") if hasattr(context, "get") else None
         self.team = budgets.team_of(getattr(dag, "tags", None))
         self.limits = self._limits()
@@ -175,10 +172,7 @@ class Budget:
     def _limits(self) -> budgets.Limits | None:
         from airflow_gpumarket._compat import Variable
 
-        try:
-            raw = Variable.get(budgets.VARIABLE, default_var=None)
-        except TypeError:  # Airflow 3's Variable.get names it default
-            raw = Variable.get(budgets.VARIABLE, default=None)
+        raw = Variable.get(budgets.VARIABLE, None)  # the default is positional: Airflow 2 and 3 name it differently
         try:
             return budgets.limits_for(budgets.parse(raw), self.dag_id)
         except budgets.BudgetConfigError as exc:

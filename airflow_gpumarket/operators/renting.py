@@ -521,7 +521,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             dag_id=self.dag_id or "",
             task_id=self.task_id,
             conn_id=self.gpumarket_conn_id,
-            max_cost=self.max_cost,
         )
         self._hourly: dict[int, float] = {}  # instance -> what it bills per hour, as reserved
         guard = RentalGuard(self.hook, self.log, self._rental_key(context), store=store, recorder=recorder)

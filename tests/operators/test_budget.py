@@ -39,7 +39,7 @@ class Ledger:
         return 0.01
 
 
-def keeper(monkeypatch, client: Ledger, *, variable=None, credit=None, max_cost=None) -> budget_module.Budget:
+def keeper(monkeypatch, client: Ledger, *, variable=None, credit=None) -> budget_module.Budget:
     monkeypatch.setattr(budget_module, "ledger_client", lambda hook: client)
     if variable is None:
         monkeypatch.delenv("AIRFLOW_VAR_GPUMARKET_BUDGETS", raising=False)
@@ -48,12 +48,10 @@ def keeper(monkeypatch, client: Ledger, *, variable=None, credit=None, max_cost=
     hook = SimpleNamespace(account=lambda: SimpleNamespace(available=credit))
     context = {
         "run_id": "r1",
-        "ti": SimpleNamespace(map_index=3, try_number=2),
+        "ti": SimpleNamespace(map_index=0, try_number=2),
         "dag": SimpleNamespace(tags=["team:nlp"]),
     }
-    return budget_module.Budget(
-        hook, LOG, context, dag_id="fanout", task_id="job", conn_id="gpumarket_default", max_cost=max_cost
-    )
+    return budget_module.Budget(hook, LOG, context, dag_id="fanout", task_id="job", conn_id="gpumarket_default")
 
 
 def test_a_reservation_carries_the_task_instance_its_team_its_budgets_and_the_credit(monkeypatch):
@@ -64,7 +62,7 @@ def test_a_reservation_carries_the_task_instance_its_team_its_budgets_and_the_cr
         "fanout",
         "r1",
         "job",
-        3,
+        0,
         2,
     )
     assert request.team == "nlp" and request.limits == budgets.Limits(day=1.0) and request.available == 25.0
