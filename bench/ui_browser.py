@@ -87,6 +87,8 @@ CHECKS = {
     "menu": "the viewer finds 'GPU rentals' in the UI's Browse menu, and it opens the page inside the Airflow UI",
     "live_rental": "the running job's rental shows its DAG, run, task and try, status running and a cost above $0",
     "spend": "spend per DAG lists the DAGs whose jobs ended, with a chart of spend per day and DAG",
+    "estimate_marked": "every rental the page's JSON calls an estimate shows '≈ $… est.' in its cost cell and no "
+    "charged one does, and a service without charges is said in one line (there is an estimate to look at)",
     "viewer_cannot_destroy": "the viewer sees the orphan without a Destroy button, a POST from the page is refused "
     "(403), and the orphan stays alive",
     "admin_destroys_orphan": "inside the Airflow UI, the admin's Destroy… asks for confirmation, then the orphan "
@@ -100,7 +102,13 @@ CHECKS = {
     "spend_matches_ledger": "once every rental ended (team_b_serve's deferred job marked failed), each run's spend "
     "on the page is within 10 % of the simulator's ledger: RunJob, @task.gpumarket, create -> teardown, deferred "
     "marked failed",
+    "balance_access": "the admin sees the account's credit as the service gives it, to the cent, and its runway; "
+    "reader_a (one DAG) sees neither in the page nor in its JSON",
+    "actual_matches_ledger": "once every rental ended and the service posted its charges, each rental's actual on "
+    "the page (its charges) equals the simulator's ledger for its instance to the cent",
 }
+#: Seconds the page's actuals may take to show once the service posted the charges (the page reuses them 30 s).
+CHARGES_WAIT = 90.0
 
 
 class Failed(Exception):
@@ -421,7 +429,7 @@ class UiTest:
 
         spend = self.section("Spend, last")
         for dag_id in ("embeddings_batch", "eval_sweep"):
-            amounts = re.findall(rf"{dag_id} \$([\d,]+\.\d+)", spend)
+            amounts = re.findall(rf"{dag_id} (?:≈ )?\$([\d,]+\.\d+)", spend)  # "≈ $… est.": an estimate
             if not amounts or float(amounts[0].replace(",", "")) <= 0:
                 raise Failed(f"no spend above $0 for {dag_id} in: {clip(spend, 400)}")
         for run_id in self.runs["embeddings_batch"]:
@@ -430,6 +438,37 @@ class UiTest:
         bars = self.browser.find_elements(By.CSS_SELECTOR, "svg rect title")
         if not any("embeddings_batch" in (bar.get_attribute("textContent") or "") for bar in bars):
             raise Failed("the chart has no bar for embeddings_batch")
+
+    def cost_cell(self, row_id: str) -> str:
+        """The text of a row's cost cell (the live rows' "Cost so far", the spend's "Cost")."""
+        from selenium.webdriver.common.by import By
+
+        cells = self.browser.find_elements(By.CSS_SELECTOR, f"#{row_id} td.cost")
+        if not cells:
+            raise Failed(f"no cost cell in row {row_id!r}: {clip(self.page_text(), 400)}")
+        return cells[0].text
+
+    def check_estimate_marked(self) -> None:
+        from selenium.webdriver.common.by import By
+
+        self.login("viewer")
+        self.open_page()
+        data = self.page_json()
+        rows = [(f"rental-{r['instance_id']}", r) for r in data["live"]]
+        rows += [(f"spend-{r['instance_id']}", r) for r in data["spend"]["per_rental"]]
+        if not any(r["source"] == "estimate" for _, r in rows):
+            raise Failed(f"no rental is an estimate, so none shows the mark: {clip(json.dumps(data['spend']), 300)}")
+        for row_id, figure in rows:
+            if figure["actual"] is None and figure["estimate"] is None:
+                continue  # a live row the service gives no start for: no figure at all ("—")
+            cell = self.cost_cell(row_id)
+            marked = cell.startswith("≈ $") and cell.endswith(" est.")
+            if marked != (figure["source"] == "estimate"):
+                raise Failed(f"{row_id}'s cost {cell!r} is {'' if marked else 'not '}marked, its JSON: {figure}")
+        notes = [p.text for p in self.browser.find_elements(By.CSS_SELECTOR, "p.note")]
+        if data["no_charges"] and (len(notes) != 1 or "gave no charges" not in notes[0]):
+            raise Failed(f"the service gave no charges, and the page's notes are {notes!r}, not one line saying so")
+        self.say(f"{len(rows)} cost cells checked; no charges from {data['no_charges'] or 'no connection'}")
 
     def check_viewer_cannot_destroy(self) -> None:
         from selenium.webdriver.common.by import By
@@ -634,6 +673,69 @@ class UiTest:
         if off:
             raise Failed("spend off the ledger by more than 10 %: " + "; ".join(off) + f"; records: {self.records()}")
 
+    def check_balance_access(self) -> None:
+        from selenium.webdriver.common.by import By
+
+        from airflow_gpumarket.hooks.gpumarket import GpuMarketHook  # its connection: make_label_orphan's
+
+        credit = f"${GpuMarketHook().account().available:,.2f}"
+        self.login("admin")
+        self.open_page()
+        rows = self.browser.find_elements(By.ID, "balance-gpumarket_default")
+        if not rows or credit not in rows[0].text:
+            raise Failed(f"the admin's page does not show the credit {credit}: {clip(self.page_text(), 400)}")
+        if "Runway at that rate" not in self.page_text():
+            raise Failed("the admin's page shows no runway")
+        self.say(f"the admin sees: {rows[0].text!r}")
+        self.login("reader_a")
+        self.open_page()
+        data = self.page_json()
+        if self.browser.find_elements(By.CSS_SELECTOR, "[id^=balance-]") or data["accounts"] is not None:
+            raise Failed(f"reader_a sees the account's credit: {clip(json.dumps(data['accounts']), 200)}")
+        if "shown to users who may read every DAG" not in self.page_text():
+            raise Failed("reader_a's page does not say who may see the account's credit")
+
+    def check_actual_matches_ledger(self) -> None:
+        """Each ended rental's actual against the simulator's ledger (``cost``: compute, storage and bandwidth).
+
+        A service posts a day's charges after the day: if they are not all there, the simulator's clock is moved past
+        the end of its day once (every rental has ended by now, so no cost changes but the orphan no DAG owns).
+        """
+        self.login("admin")
+        moved = False
+
+        def charged() -> list[dict] | None:
+            nonlocal moved
+            self.open_page()
+            data = self.page_json()
+            if data["no_charges"]:
+                raise Failed(
+                    f"the service gave no charges for {data['no_charges']} (GET /api/v0/charges/ answered 404): "
+                    "this simulator has no charges endpoint"
+                )
+            ended = {i["id"] for i in self.sim.refresh() if i["destroyed"]}
+            rows = [r for r in data["spend"]["per_rental"] if r["instance_id"] in ended]
+            if rows and all(r["source"] == "charges" for r in rows):
+                return rows
+            if not moved:
+                now = self.sim.get("/_sim/clock")["now"]
+                self.sim.post("/_sim/advance", {"seconds": 86400 - now % 86400 + 60})
+                moved = True
+            return None
+
+        rows = self.wait("every ended rental charged on the page", CHARGES_WAIT, charged, interval=5)
+        ledger = {i["id"]: i["cost"] for i in self.sim.refresh()}
+        off = []
+        for rental in rows:
+            instance_id = rental["instance_id"]
+            shown = self.cost_cell(f"spend-{instance_id}")
+            found = re.match(r"\$([\d,]+\.\d+)", shown)
+            if found is None or abs(float(found.group(1).replace(",", "")) - ledger[instance_id]) >= 0.005:
+                off.append(f"instance {instance_id}: page {shown}, ledger ${ledger[instance_id]:.4f}")
+        self.say(f"{len(rows)} rentals' actuals checked against the ledger")
+        if off:
+            raise Failed("actual off the ledger by a cent or more: " + "; ".join(off))
+
     def records(self) -> str:
         """The rental records of the ledger check's task instances (what the page costed), for a failure's message."""
         found = []
@@ -654,6 +756,7 @@ class UiTest:
         self.check("menu", self.check_menu)
         self.check("live_rental", self.check_live_rental)
         self.check("spend", self.check_spend)
+        self.check("estimate_marked", self.check_estimate_marked)
         self.check("viewer_cannot_destroy", self.check_viewer_cannot_destroy)
         self.check("admin_destroys_orphan", self.check_admin_destroys_orphan)
         self.check("extra_link", self.check_extra_link)
@@ -661,6 +764,8 @@ class UiTest:
         self.check("team_isolation", self.check_team_isolation)
         self.check("label_orphan", self.check_label_orphan)
         self.check("spend_matches_ledger", self.check_spend_matches_ledger)
+        self.check("balance_access", self.check_balance_access)
+        self.check("actual_matches_ledger", self.check_actual_matches_ledger)
 
     def report(self) -> bool:
         passed = 0

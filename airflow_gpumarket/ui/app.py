@@ -4,14 +4,17 @@ Airflow does not protect a plugin's endpoints: each route here asks Airflow's au
 request gets 401. A rental is shown only to users who may read its DAG (from its record, else from its label), asked
 about that DAG; an orphan is destroyable only by users who may edit it. An instance that no DAG can be found for is
 shown to, and destroyable by, only users who may read, respectively edit, every DAG, asked DAG by DAG (the FAB auth
-manager answers a question that names no DAG with "may list DAGs"). Connections are not filtered by Airflow's
-connection permission: the page never shows a connection's details, only the id an instance was listed through.
+manager answers a question that names no DAG with "may list DAGs"). So are what is account-wide: the credit left,
+the runway, and the charges no DAG's rental takes. Connections are not filtered by Airflow's connection permission:
+the page never shows a connection's details, only the id an instance was listed through.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Annotated, Any
 from urllib.parse import urlencode, urlparse
 
@@ -20,7 +23,7 @@ from fastapi import FastAPI, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.exceptions import GpuMarketError
+from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError
 from airflow_gpumarket.ui import page, sources, spend
 
 DEFAULT_DAYS, MAX_DAYS = 7, 90
@@ -62,7 +65,24 @@ class _Access:
         return self._edits[row.dag_id]
 
 
-def _view(access: _Access, days: int) -> tuple[list[spend.LiveRental], spend.Spend, list[str]]:
+@dataclass
+class _View:
+    """What the page shows one user."""
+
+    live: list[spend.LiveRental]
+    totals: spend.Spend
+    errors: list[str] = field(default_factory=list)
+    #: Lines about the figures that are no error (a service without charges).
+    notes: list[str] = field(default_factory=list)
+    #: Connections whose service gave no charges (no such endpoint): their rentals are estimated.
+    no_charges: list[str] = field(default_factory=list)
+    #: Each connection's credit and runway; None for a user who may not read every DAG.
+    balances: list[spend.Balance] | None = None
+    #: The charges no DAG's rental takes; None for a user who may not read every DAG, or without charges.
+    unowned: spend.Unowned | None = None
+
+
+def _view(access: _Access, days: int) -> _View:
     from airflow.utils.session import create_session
 
     now = time.time()
@@ -79,9 +99,12 @@ def _view(access: _Access, days: int) -> tuple[list[spend.LiveRental], spend.Spe
             errors.append(f"Could not list the instances of connection {conn_id!r}: {exc}")
             continue
         listed += [(conn_id, i) for i in instances]
+    charges_of, no_charges = _charges(conn_ids, since, now, clock_offsets, errors)
+    charges = spend.merged_charges(charges_of.values())
     alive = {i["id"] for _, i in listed if isinstance(i.get("id"), int)}
     with create_session() as session:
-        rows = sources.records(session, since=since, instance_ids=alive)
+        # From the window's first midnight: the charges of that day are counted, and so are their rentals' owners.
+        rows = sources.records(session, since=spend.day_start(since), instance_ids=alive)
         starts = [r for r in rows if not r.end_only]
         by_instance = spend.records_of(listed, starts)
         keys = {spend.label_key(i.get("label")) for _, i in listed if i.get("id") not in by_instance}
@@ -89,10 +112,58 @@ def _view(access: _Access, days: int) -> tuple[list[spend.LiveRental], spend.Spe
         attributed = sources.label_owners(session, {k for k in keys if k}, since=since)
         tasks = sources.task_states(session, [r.ti_key for r in starts] + list(attributed.values()))
     every_live = spend.live_rentals(listed, by_instance, tasks, now, clock_offsets, attributed)
+    spend.charge_live(every_live, charges, since)
     live = [r for r in every_live if _belongs(r, access)]
     alive_costs = {r.instance_id: r.cost_so_far for r in every_live}
-    seen = [s for s in spend.spans(rows, attributed) if s.owner is not None and access.sees(s.owner[0])]
-    return live, spend.spend(seen, alive_costs, since, now), errors
+    every_span = spend.spans(rows, attributed)
+    seen = [s for s in every_span if s.owner is not None and access.sees(s.owner[0])]
+    view = _View(live, spend.spend(seen, alive_costs, since, now, charges), errors, no_charges=no_charges)
+    if no_charges:
+        view.notes.append(_no_charges_note(no_charges, every=len(no_charges) == len(conn_ids)))
+    if access.reads_all:  # account-wide: only for who may read every DAG
+        owned = {s.instance_id for s in every_span if s.owner} | {r.instance_id for r in every_live if r.owner}
+        view.unowned = spend.unowned(charges, owned, since) if charges_of else None
+        view.balances = [_balance(c, charges_of.get(c), now + clock_offsets.get(c, 0.0)) for c in conn_ids]
+    return view
+
+
+def _charges(
+    conn_ids: list[str], since: float, now: float, clock_offsets: dict[str, float], errors: list[str]
+) -> tuple[dict[str, list[Any]], list[str]]:
+    """Each connection's charges over the page's and the runway's days, and the connections without charges.
+
+    A service with no charges endpoint is noted, not an error: its rentals are estimated.
+    """
+    charges_of: dict[str, list[Any]] = {}
+    no_charges = []
+    for conn_id in conn_ids:
+        start, end = spend.charges_window(since, now + clock_offsets.get(conn_id, 0.0))
+        try:
+            charges_of[conn_id] = sources.charges(conn_id, start, end)
+        except GpuMarketNotFoundError:
+            no_charges.append(conn_id)
+        except GpuMarketError as exc:
+            errors.append(f"Could not read the charges of connection {conn_id!r}, so its figures are estimates: {exc}")
+    return charges_of, no_charges
+
+
+def _no_charges_note(conn_ids: list[str], *, every: bool) -> str:
+    which = ("connection " if len(conn_ids) == 1 else "connections ") + ", ".join(repr(c) for c in conn_ids)
+    if every:
+        return f"The service gave no charges ({which}: no charges endpoint), so every figure is an estimate."
+    return f"The service gave no charges for {which} (no charges endpoint), so their rentals are estimated."
+
+
+def _balance(conn_id: str, charges: list[Any] | None, service_now: float) -> spend.Balance:
+    try:
+        available = sources.account(conn_id).available
+    except GpuMarketNotFoundError:
+        return spend.Balance(conn_id, None, "the service has no account endpoint")
+    except GpuMarketError as exc:
+        return spend.Balance(conn_id, None, f"could not read the account: {exc}")
+    if available is None:
+        return spend.Balance(conn_id, spend.runway(None, charges, service_now), "the service sent no credit")
+    return spend.Balance(conn_id, spend.runway(available, charges, service_now))
 
 
 def _listed(live: list[spend.LiveRental], conn_id: str | None, instance_id: int | None) -> spend.LiveRental | None:
@@ -127,19 +198,23 @@ def create_app() -> FastAPI:
         conn: str | None = None,
     ) -> HTMLResponse:
         access = _Access(user)
-        live, totals, errors = _view(access, days)
-        asked = _listed(live, conn, destroy)
+        view = _view(access, days)
+        asked = _listed(view.live, conn, destroy)
         if destroy is not None and (asked is None or not asked.orphan_reason or not access.may_destroy(asked)):
-            errors.append(f"Instance {destroy} is not an orphan you may destroy (any more): nothing was destroyed.")
+            refused = f"Instance {destroy} is not an orphan you may destroy (any more): nothing was destroyed."
+            view.errors.append(refused)
         html = page.render(
-            live=live,
-            spend=totals,
+            live=view.live,
+            spend=view.totals,
             days=days,
             target=destroy if asked is not None else instance,
             can_destroy=access.may_destroy,
-            errors=errors,
+            errors=view.errors,
             message=None if destroyed is None else f"Instance {destroyed} was destroyed.",
             confirm=asked,
+            notes=view.notes,
+            balances=view.balances,
+            unowned=view.unowned,
         )
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
@@ -147,19 +222,28 @@ def create_app() -> FastAPI:
     def rentals_json(user: GetUserDep, days: Days = DEFAULT_DAYS) -> Any:
         """The page's data as JSON (what the page shows this user)."""
         access = _Access(user)
-        live, totals, errors = _view(access, days)
+        view = _view(access, days)
+        totals = view.totals
         return JSONResponse(
             {
-                "live": [_row_json(r, access) for r in live],
+                "live": [_row_json(r, access) for r in view.live],
                 "spend": {
                     "total": totals.total,
+                    "actual": float(totals.actual),
+                    "estimated": float(totals.estimated),
                     "rentals": totals.rentals,
                     "per_dag": totals.per_dag,
-                    "per_run": [{"dag_id": d, "run_id": r, "spend": v} for (d, r), v in totals.per_run.items()],
+                    "dags": [{"dag_id": d, **_total_json(t)} for d, t in totals.dags.items()],
+                    "per_run": [{"dag_id": d, "run_id": r, **_total_json(t)} for (d, r), t in totals.runs.items()],
                     "per_day": totals.per_day,
+                    "per_rental": [_rental_json(r) for r in totals.rows],
                     "unknown_cost": totals.unknown_cost,
                 },
-                "errors": errors,
+                "no_charges": view.no_charges,
+                "unattributed": None if view.unowned is None else _unowned_json(view.unowned),
+                "accounts": None if view.balances is None else [_balance_json(b) for b in view.balances],
+                "notes": view.notes,
+                "errors": view.errors,
             }
         )
 
@@ -177,8 +261,7 @@ def create_app() -> FastAPI:
             raise HTTPException(400, f"confirm must repeat the instance id ({instance_id}) to destroy it")
         access = _Access(user)
         sources.forget_listing(conn_id)  # decide on a fresh listing, not a cached one
-        live, _, _ = _view(access, days)
-        row = _listed(live, conn_id, instance_id)
+        row = _listed(_view(access, days).live, conn_id, instance_id)
         if row is None or not row.orphan_reason:
             raise HTTPException(409, f"instance {instance_id} is not an orphan you can see (any more): not destroyed")
         if not access.may_destroy(row):
@@ -258,6 +341,8 @@ def _row_json(row: spend.LiveRental, access: _Access) -> dict[str, Any]:
         "hourly_price": row.hourly_price,
         "uptime_seconds": row.uptime_seconds,
         "cost_so_far": row.cost_so_far,
+        **_figure_json(row.figure),
+        "actual_partial": row.started_before_window and row.charged is not None,
         "dag_id": owner[0],
         "run_id": owner[1],
         "task_id": owner[2],
@@ -268,4 +353,67 @@ def _row_json(row: spend.LiveRental, access: _Access) -> dict[str, Any]:
         "orphan": row.orphan_reason,
         "lease_until": (lifecycle.parse_label(row.label) or (None, None))[1],
         "may_destroy": access.may_destroy(row),
+    }
+
+
+def _dollars(value: Decimal | None) -> float | None:
+    """An exact sum as a JSON number (the nearest float: the one rounding, here or on the page)."""
+    return None if value is None else float(value)
+
+
+def _figure_json(figure: spend.Figure) -> dict[str, Any]:
+    return {
+        "actual": _dollars(figure.actual),
+        "estimate": _dollars(figure.estimate),
+        "difference": _dollars(figure.difference),
+        "source": figure.source,
+        "charged_until": figure.charged.until if figure.charged else None,
+    }
+
+
+def _total_json(total: spend.Total) -> dict[str, Any]:
+    return {
+        "spend": float(total.amount),
+        "actual": float(total.actual),
+        "estimated": float(total.estimated),
+        "difference": _dollars(total.difference),
+        "rentals": total.rentals,
+        "estimated_rentals": total.estimated_rentals,
+    }
+
+
+def _rental_json(row: spend.RentalSpend) -> dict[str, Any]:
+    owner = row.span.owner or (None, None, None, None)
+    return {
+        "instance_id": row.span.instance_id,
+        "dag_id": owner[0],
+        "run_id": owner[1],
+        "task_id": owner[2],
+        "map_index": owner[3],
+        "created_at": row.span.created_at,
+        "ended_at": row.span.ended_at,
+        "spend": _dollars(row.figure.amount),
+        **_figure_json(row.figure),
+    }
+
+
+def _unowned_json(unowned: spend.Unowned) -> dict[str, Any]:
+    return {
+        "instances": float(unowned.instances),
+        "instance_ids": list(unowned.instance_ids),
+        "other": float(unowned.other),
+    }
+
+
+def _balance_json(balance: spend.Balance) -> dict[str, Any]:
+    runway = balance.runway
+    return {
+        "conn_id": balance.conn_id,
+        "available": _dollars(runway.available) if runway else None,
+        "burn_days": spend.RUNWAY_DAYS,
+        "burn": _dollars(runway.burn) if runway else None,
+        "burn_per_day": _dollars(runway.daily) if runway else None,
+        "runway_days": _dollars(runway.days) if runway else None,
+        "runs_out_at": runway.runs_out_at if runway else None,
+        "problem": balance.problem,
     }

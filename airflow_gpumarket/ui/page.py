@@ -1,23 +1,43 @@
 """The GPU rentals page as server-rendered HTML.
 
-It shows live rentals, orphans (with a destroy button for those who may), spend per DAG and per run, and spend per day
-and DAG as an inline SVG chart. No JavaScript and no assets: the page works inside the Airflow UI's sandboxed iframe
-(which allows no dialogs, so the page asks for a destroy's confirmation itself) and behind a reverse proxy (relative
-URLs only).
+It shows the account's credit and runway (to who may see them), live rentals, orphans (with a destroy button for those
+who may), spend per DAG, per run and per rental, and spend per day and DAG as an inline SVG chart. A figure is the
+service's charge where it has one, else an estimate marked "≈ … est.". Money is rounded here only, to 4 decimals (2
+for the credit). No JavaScript and no assets: the page works inside the Airflow UI's sandboxed iframe (which allows no
+dialogs, so the page asks for a destroy's confirmation itself) and behind a reverse proxy (relative URLs only).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from decimal import ROUND_HALF_UP, Decimal
 from html import escape
 from urllib.parse import quote
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.ui.spend import LiveRental, Spend, ti_text, utc_text
+from airflow_gpumarket.ui.spend import (
+    RUNWAY_DAYS,
+    Balance,
+    Figure,
+    LiveRental,
+    Spend,
+    Total,
+    Unowned,
+    dollars,
+    ti_text,
+    utc_text,
+)
 
 #: Bar colours of the chart, one per DAG in turn.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 CHART_HEIGHT, BAR_WIDTH, GAP = 160, 28, 10
+#: How money is shown: costs to a hundredth of a cent (a short job on a cheap offer costs fractions of a cent), the
+#: credit to the cent.
+COST_PLACES, CREDIT_PLACES = Decimal("0.0001"), Decimal("0.01")
+#: Rentals listed one by one under the spend; the JSON has them all.
+MAX_RENTAL_ROWS = 200
+#: The estimate's mark, as the legend explains it.
+ESTIMATE_LEGEND = "≈ … est."
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:1rem;color:#1a1a1a}
@@ -25,13 +45,55 @@ table{border-collapse:collapse;margin:.5rem 0 1.5rem;font-size:.9rem}
 th,td{border-bottom:1px solid #ddd;padding:.3rem .6rem;text-align:left;vertical-align:top}
 th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.target{background:#fff6cc} .muted{color:#666} .error{color:#a00}
-form.inline{display:inline} button{cursor:pointer}
+form.inline{display:inline} button{cursor:pointer} .est{font-style:italic;color:#6a4a00}
 .confirm{border:2px solid #a00;background:#fff3f3;padding:.6rem 1rem;margin:1rem 0;max-width:60rem}
 """
 
 
-def _money(value: float | None) -> str:
-    return "—" if value is None else f"${value:,.4f}"
+def _money(value: float | Decimal | None, places: Decimal = COST_PLACES) -> str:
+    """Dollars rounded half up to ``places`` (the only rounding of a figure): "$1,234.5678", "-$0.0100", "—"."""
+    exact = dollars(value)
+    if exact is None:
+        return "—"
+    shown = exact.quantize(places, ROUND_HALF_UP)
+    return f"{'-' if shown < 0 else ''}${abs(shown):,}"
+
+
+def _signed(value: Decimal | None) -> str:
+    return "—" if value is None else ("+" if value >= 0 else "") + _money(value)
+
+
+def _estimate(value: float | Decimal | None) -> str:
+    return "—" if value is None else f'<span class="est">≈ {_money(value)} est.</span>'
+
+
+def _figure(figure: Figure, *, beside: bool = True) -> str:
+    """A rental's cost: its actual (``beside``: over its estimate and the difference), else its estimate, marked."""
+    if figure.charged is None:
+        return _estimate(figure.estimate)
+    actual = f'<span class="actual">{_money(figure.actual)}</span>'
+    if figure.partial:
+        return f"{actual}<br><span class=muted>charges of the window's days only</span>"
+    if figure.estimate is None or not beside:
+        return actual
+    return f"{actual}<br><span class=muted>est. {_money(figure.estimate)}, {_signed(figure.difference)}</span>"
+
+
+def _total(total: Total) -> str:
+    return _estimate(total.amount) if total.estimated_rentals == total.rentals else _money(total.amount)
+
+
+def _total_cells(total: Total) -> str:
+    """A total's cells: spend (marked when all estimated), its estimated part, actual minus estimate."""
+    part = (
+        "—"
+        if not total.estimated_rentals
+        else f"{_estimate(total.estimated)} ({total.estimated_rentals} of {total.rentals})"
+    )
+    return (
+        f'<td class="num">{_total(total)}</td><td class="num">{part}</td>'
+        f'<td class="num">{_signed(total.difference)}</td>'
+    )
 
 
 def _duration(seconds: float | None) -> str:
@@ -61,12 +123,80 @@ def _rental_rows(rows: Iterable[LiveRental], target: int | None, destroy_button:
             f"{escape(str(row.gpu_name or ''))}</span></td>"
             f'<td class="num">{_money(row.hourly_price)}/h</td>'
             f'<td class="num">{_duration(row.uptime_seconds)}</td>'
-            f'<td class="num">{_money(row.cost_so_far)}</td>'
+            f'<td class="num cost">{_figure(row.figure)}</td>'
             f"<td>{_task_cell(row)}</td>"
             + (f"<td>{escape(row.orphan_reason or '')}</td><td>{destroy_button(row)}</td>" if row.orphan_reason else "")
             + "</tr>"
         )
     return "".join(out)
+
+
+def _runway(balance: Balance) -> str:
+    runway = balance.runway
+    if runway is None or runway.burn is None:
+        return '<span class="muted">— (the service gave no charges)</span>' if runway else "—"
+    if not runway.burn:
+        return f"no spend in the last {RUNWAY_DAYS} days"
+    if runway.days is None or runway.runs_out_at is None:
+        return "—"
+    if not runway.days:
+        return "0 days: the credit is spent"
+    return f"{runway.days.quantize(Decimal('0.1'), ROUND_HALF_UP)} days (until about {utc_text(runway.runs_out_at)})"
+
+
+def accounts_html(balances: list[Balance] | None) -> str:
+    """Each connection's credit and runway; for who may not see them (``None``), a line saying who may."""
+    if balances is None:
+        return '<p class="muted">The account\'s credit and runway are shown to users who may read every DAG.</p>'
+    if not balances:
+        return ""
+    rows = "".join(
+        f'<tr id="balance-{escape(b.conn_id)}"><td>{escape(b.conn_id)}</td>'
+        f'<td class="num">{_money(b.runway.available if b.runway else None, CREDIT_PLACES)}</td>'
+        f'<td class="num">{_money(b.runway.burn if b.runway else None)}</td>'
+        f'<td class="num">{_money(b.runway.daily if b.runway else None)}</td>'
+        f"<td>{_runway(b)}"
+        + (f'<br><span class="muted">{escape(b.problem)}</span>' if b.problem else "")
+        + "</td></tr>"
+        for b in balances
+    )
+    return (
+        "<h2>Account</h2><table><tr><th>Connection</th><th>Credit left</th>"
+        f"<th>Charged, last {RUNWAY_DAYS} full days</th><th>Per day</th><th>Runway at that rate</th></tr>{rows}</table>"
+    )
+
+
+def _rentals_spent(spend: Spend) -> str:
+    if not spend.rows:
+        return ""
+    rows = "".join(
+        f'<tr id="spend-{r.span.instance_id}"><td>{r.span.instance_id}</td>'
+        f"<td>{escape(ti_text(r.span.owner)) if r.span.owner else ''}</td>"
+        f"<td>{utc_text(r.span.created_at) if r.span.created_at is not None else '—'}</td>"
+        f'<td class="num cost">{_figure(r.figure, beside=False)}</td>'
+        f'<td class="num">{_money(r.figure.estimate)}</td><td class="num">{_signed(r.figure.difference)}</td></tr>'
+        for r in spend.rows[:MAX_RENTAL_ROWS]
+    )
+    more = len(spend.rows) - MAX_RENTAL_ROWS
+    return (
+        "<h3>Each rental</h3><table><tr><th>Instance</th><th>DAG / run / task</th><th>Created</th><th>Cost</th>"
+        f"<th>Estimate</th><th>Actual − estimate</th></tr>{rows}</table>"
+        + (f'<p class="muted">… and {more} more in <a href="api/rentals">api/rentals</a>.</p>' if more > 0 else "")
+    )
+
+
+def _unowned(unowned: Unowned | None) -> str:
+    if unowned is None:
+        return ""
+    ids = ", ".join(str(i) for i in unowned.instance_ids[:10]) + (", …" if len(unowned.instance_ids) > 10 else "")
+    line = (
+        f'<p id="unowned">Charges of instances no task recorded: {_money(unowned.instances)}'
+        + (f" (instance {ids})" if ids else "")
+        + ". They are in no DAG's spend.</p>"
+    )
+    if unowned.other:
+        line += f"<p>Charges of no instance (volumes, serverless): {_money(unowned.other)}.</p>"
+    return line
 
 
 def chart_svg(per_day: dict[str, dict[str, float]]) -> str:
@@ -115,11 +245,16 @@ def render(
     errors: Iterable[str] = (),
     message: str | None = None,
     confirm: LiveRental | None = None,
+    notes: Iterable[str] = (),
+    balances: list[Balance] | None = None,
+    unowned: Unowned | None = None,
 ) -> str:
     """The whole page.
 
     ``can_destroy`` says whether the user may destroy an orphan (may edit its DAG); ``confirm``: the orphan whose
-    Destroy was pressed, asked about at the top of the page.
+    Destroy was pressed, asked about at the top of the page; ``notes``: lines about the figures (a service without
+    charges); ``balances``: each connection's credit and runway, None for a user who may not see them; ``unowned``:
+    the charges no DAG's rental takes, for who may see them.
     """
 
     def destroy_button(row: LiveRental) -> str:
@@ -147,14 +282,17 @@ def render(
     running = [r for r in live if not r.orphan_reason]
     orphans = [r for r in live if r.orphan_reason]
     head = "<tr><th>Instance</th><th>Status</th><th>Offer / GPU</th><th>Price</th><th>Uptime</th><th>Cost so far</th>"
-    runs = sorted(spend.per_run.items(), key=lambda kv: -kv[1])
+    runs = sorted(spend.runs.items(), key=lambda kv: -kv[1].amount)
+    estimated = f" ({_money(spend.estimated)} of it estimated)" if spend.estimated else ""
     return "".join(
         [
             "<!doctype html><html><head><meta charset=utf-8><title>GPU rentals</title>",
             f"<style>{_STYLE}</style></head><body><h1>GPU rentals</h1>",
             *(f'<p class="error">{escape(e)}</p>' for e in errors),
+            *(f'<p class="note">{escape(n)}</p>' for n in notes),
             f"<p><strong>{escape(message)}</strong></p>" if message else "",
             confirmation(confirm) if confirm is not None and confirm.orphan_reason and can_destroy(confirm) else "",
+            accounts_html(balances),
             f"<h2>Live rentals ({len(running)})</h2>",
             f"<table>{head}<th>DAG / run / task</th></tr>{_rental_rows(running, target, destroy_button)}</table>"
             if running
@@ -164,30 +302,33 @@ def render(
             f"{_rental_rows(orphans, target, destroy_button)}</table>"
             if orphans
             else '<p class="muted">No orphans: every instance with the provider\'s label has a running task.</p>',
-            f"<h2>Spend, last {days} days: {_money(spend.total)} over {spend.rentals} rental(s)</h2>",
+            f"<h2>Spend, last {days} days: {_money(spend.total)} over {spend.rentals} rental(s){estimated}</h2>",
             '<form method="get" action=""><label>Window (days) <input name="days" type="number" min="1" max="90" '
             f'value="{days}"></label> <button type="submit">Show</button></form>',
             chart_svg(spend.per_day),
-            "<table><tr><th>DAG</th><th>Spend</th></tr>"
+            "<table><tr><th>DAG</th><th>Spend</th><th>Of it estimated (rentals)</th><th>Actual − estimate</th></tr>"
             + "".join(
-                f'<tr><td>{escape(d)}</td><td class="num">{_money(v)}</td></tr>'
-                for d, v in sorted(spend.per_dag.items(), key=lambda kv: -kv[1])
+                f"<tr><td>{escape(d)}</td>{_total_cells(t)}</tr>"
+                for d, t in sorted(spend.dags.items(), key=lambda kv: -kv[1].amount)
             )
             + "</table>",
-            "<table><tr><th>DAG</th><th>Run</th><th>Spend</th></tr>"
-            + "".join(
-                f'<tr><td>{escape(d)}</td><td>{escape(r)}</td><td class="num">{_money(v)}</td></tr>'
-                for (d, r), v in runs
-            )
+            "<table><tr><th>DAG</th><th>Run</th><th>Spend</th><th>Of it estimated (rentals)</th>"
+            "<th>Actual − estimate</th></tr>"
+            + "".join(f"<tr><td>{escape(d)}</td><td>{escape(r)}</td>{_total_cells(t)}</tr>" for (d, r), t in runs)
             + "</table>",
-            f"<p>{spend.unknown_cost} rental(s) ended with no end recorded (destroyed outside Airflow): "
+            _rentals_spent(spend),
+            _unowned(unowned),
+            f"<p>{spend.unknown_cost} rental(s) ended with no end recorded (destroyed outside Airflow) and no charge: "
             "their cost is not in these figures.</p>"
             if spend.unknown_cost
             else "",
-            "<p class=\"muted\">Costs are estimates on the service's clock: the offer's price or the bid, from when "
-            "the renting task first saw the instance running (else from its start) until it saw it stopped or it was "
-            "destroyed; live rentals from "
-            "their start. Disk storage is not included, and the service's own charges can differ. "
+            '<p class="muted">A figure is what the service charged for the instance over the window\'s days (UTC, '
+            f'its charges per instance and day) where it charged the rental; <span class="est">{ESTIMATE_LEGEND}'
+            "</span> marks an estimate where it did not: the offer's price or the bid, from when the renting task "
+            "first saw the instance running (else from its start) until it saw it stopped or it was destroyed, on the "
+            "service's clock; live rentals from their start. Estimates leave out disk storage and bandwidth, which "
+            "charges include. Actual − estimate compares the two where both exist. The service posts charges some "
+            "time after they accrue, so a live or just-ended rental's actual can be short of what it will cost. "
             f"Shown at {utc_text(spend.window_end)}.</p></body></html>",
         ]
     )

@@ -2,22 +2,30 @@
 
 It reads the metadata database (the renting tasks' records, task and run states, connections of type ``gpumarket``) and
 the service: one paged listing per connection, through the hook and so through the same per-key budget as every other
-call, cached for a few seconds so that opening and refreshing the page never starves the triggerers.
+call, cached for a few seconds so that opening and refreshing the page never starves the triggerers; and per
+connection one paged read of the charges over the page's days and one of the account, cached longer (the service
+posts charges by the day).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.ui.records import RECORD_KEY_PREFIX, URL_XCOM_KEY, end_key, record_key
 from airflow_gpumarket.ui.spend import RecordRow, TaskState, TiKey
 
+if TYPE_CHECKING:
+    from airflow_gpumarket.api import Account, Charge
+
 #: Seconds a connection's listing is reused for.
 LISTING_CACHE_SECONDS = 5.0
+#: Seconds a connection's charges and account are reused for: charges come by the day, and each read of them is
+#: a walk through pages on the key's budget.
+MONEY_CACHE_SECONDS = 30.0
 #: The page's connections when configured (``[gpumarket] ui_connections``, comma-separated); else every connection
 #: of type ``gpumarket`` in the metadata database, and ``gpumarket_default`` if it resolves (an environment
 #: variable or a secrets backend).
@@ -28,6 +36,9 @@ UNKNOWN_KEY_SECONDS = 60.0
 
 _listings: dict[str, tuple[float, list[Any], float]] = {}
 _listing_lock = threading.Lock()
+#: (conn_id, first day) -> (when read, its charges or the "no such endpoint" error)
+_charges: dict[tuple[str, float], tuple[float, Any]] = {}
+_accounts: dict[str, tuple[float, Any]] = {}  # conn_id -> (when read, its account or the "no such endpoint" error)
 _owners: dict[str, TiKey] = {}  # label key -> task instance (a key never changes owner)
 _unknown_keys: dict[str, float] = {}  # label key -> when it named no task instance
 
@@ -75,6 +86,52 @@ def listing(conn_id: str) -> tuple[list[Any], float]:
 def forget_listing(conn_id: str) -> None:
     with _listing_lock:
         _listings.pop(conn_id, None)
+
+
+def charges(conn_id: str, start: float, end: float) -> list[Charge]:
+    """The connection's charges of the days from ``start`` to ``end``, at most ``MONEY_CACHE_SECONDS`` old.
+
+    A read that began at the same ``start`` is reused, whatever its end: the page asks from a midnight to now.
+
+    :raises GpuMarketNotFoundError: the service has no charges endpoint (remembered as long as charges are).
+    """
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    return _cached(_charges, (conn_id, start), lambda: GpuMarketHook(conn_id).charges(start, end))
+
+
+def account(conn_id: str) -> Account:
+    """The connection's account (its credit), at most ``MONEY_CACHE_SECONDS`` old.
+
+    :raises GpuMarketNotFoundError: the service has no account endpoint (remembered as long as the account is).
+    """
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    return _cached(_accounts, conn_id, lambda: GpuMarketHook(conn_id).account())
+
+
+def _cached(cache: dict[Any, tuple[float, Any]], key: Any, read: Callable[[], Any]) -> Any:
+    """``read()``'s answer, or its "no such endpoint" error, reused for ``MONEY_CACHE_SECONDS``; other errors not."""
+    from airflow_gpumarket.exceptions import GpuMarketNotFoundError
+
+    now = time.monotonic()
+    with _listing_lock:
+        cached = cache.get(key)
+        if cached is None or now - cached[0] >= MONEY_CACHE_SECONDS:
+            cached = None
+            for old in [k for k, (t, _) in cache.items() if now - t >= MONEY_CACHE_SECONDS]:
+                del cache[old]
+    if cached is None:
+        try:
+            answer: Any = read()
+        except GpuMarketNotFoundError as missing:
+            answer = missing
+        cached = (time.monotonic(), answer)
+        with _listing_lock:
+            cache[key] = cached
+    if isinstance(cached[1], Exception):
+        raise cached[1].with_traceback(None)  # the same error again, without the earlier raises' frames
+    return cached[1]
 
 
 def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[RecordRow]:

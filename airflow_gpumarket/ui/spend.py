@@ -9,22 +9,32 @@ I/O here (``sources.py`` reads; ``page.py`` renders), so every rule of the page 
 - **Orphans**: live instances with this provider's label whose lease expired, that no task recorded (unless the
   task its label names still runs), or whose task no longer runs (for ``GpuMarketCreateInstanceOperator``, which
   hands its instance to later tasks: whose DAG run no longer runs).
-- **Spend**: per DAG, per DAG run and per day and DAG, of the rentals created in the window. Every time is the
-  service's: a rental costs its hourly price from when its watcher first saw it running (else from its start) to
-  the first end any record gives; one still listed costs its live row's figure; one gone with no end recorded
-  (destroyed outside Airflow) is counted apart, as of unknown cost.
+- **Spend**: per rental, per DAG, per DAG run and per day and DAG, of the rentals created in the window. A rental
+  costs what the service charged its instance over the window's days when it charged any (its **actual**), else its
+  **estimate**: every time is the service's, and a rental costs its hourly price from when its watcher first saw it
+  running (else from its start) to the first end any record gives; one still listed costs its live row's figure.
+  One with neither (gone with no end recorded and no charge) is counted apart, as of unknown cost.
+- **Charges no DAG takes**: of instances no task recorded nor its label names, and of no instance at all.
+- **Runway**: the credit left over the burn rate of the last ``RUNWAY_DAYS`` full days' charges (UTC, the
+  service's clock).
+
+Money is summed as exact decimals (``dollars``: what the service's JSON said) and rounded only when shown.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.ui.records import COST_DIGITS, number, price_of, rental_cost
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.api import Charge
 
 #: Task instance states in which a renting task still holds (or is about to hold) its rental.
 ACTIVE_TASK_STATES = frozenset(
@@ -36,6 +46,130 @@ ACTIVE_RUN_STATES = frozenset({"queued", "running"})
 
 #: A task instance: dag_id, run_id, task_id, map_index.
 TiKey = tuple[str, str, str, int]
+
+DAY = 86400.0
+#: The full days (UTC, on the service's clock) whose charges give the runway's burn rate.
+RUNWAY_DAYS = 7
+ZERO = Decimal(0)
+
+
+def dollars(value: float | Decimal | None) -> Decimal | None:
+    """A dollar figure as an exact decimal: the shortest decimal that reads back as ``value``.
+
+    For an amount the service sent, that is the decimal its JSON wrote; sums of these are exact.
+    """
+    if value is None or isinstance(value, Decimal):
+        return value
+    return Decimal(repr(float(value)))
+
+
+def day_start(epoch: float) -> float:
+    """The UTC midnight that begins ``epoch``'s day."""
+    return epoch - epoch % DAY
+
+
+def charges_window(since: float, service_now: float) -> tuple[float, float]:
+    """The days one charges read covers: the page's window's (from its first midnight) and the runway's, to now.
+
+    ``service_now``: the service's time (its clock may run apart from this host's).
+    """
+    return min(day_start(since), day_start(service_now) - RUNWAY_DAYS * DAY), service_now
+
+
+def charge_time(charge: Charge) -> float | None:
+    """When a charge falls: its start, else its end, else None."""
+    return charge.start if charge.start is not None else charge.end
+
+
+def merged_charges(lists: Iterable[Iterable[Charge]]) -> list[Charge]:
+    """The charges of several connections, each as often as one connection gives it.
+
+    Two connections of one account read the same charges; those of two accounts never share a record.
+    """
+    merged: Counter[Charge] = Counter()
+    for charges in lists:
+        merged |= Counter(charges)
+    return list(merged.elements())
+
+
+@dataclass(frozen=True)
+class Charged:
+    """An instance's charges over the window's days, summed exactly."""
+
+    amount: Decimal
+    #: The end of its latest charge: what it cost after that is not posted yet.
+    until: float | None = None
+
+
+def instance_charges(charges: Iterable[Charge], window_start: float) -> dict[int, Charged]:
+    """Each charged instance's charges of the window's days (from the first midnight; one with no time counts)."""
+    first = day_start(window_start)
+    sums: dict[int, Decimal] = defaultdict(Decimal)
+    until: dict[int, float | None] = {}
+    for charge in charges:
+        when = charge_time(charge)
+        if charge.instance_id is None or (when is not None and when < first):
+            continue
+        sums[charge.instance_id] += dollars(charge.amount) or ZERO
+        ends = [t for t in (until.get(charge.instance_id), charge.end) if t is not None]
+        until[charge.instance_id] = max(ends, default=None)
+    return {i: Charged(amount, until[i]) for i, amount in sums.items()}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """What one rental cost: the service's charges when it charged the instance (the actual), else the estimate."""
+
+    estimate: Decimal | None
+    charged: Charged | None = None
+    #: The charges count from the window's first day, and the rental began before it: not its whole cost.
+    partial: bool = False
+
+    @property
+    def actual(self) -> Decimal | None:
+        return None if self.charged is None else self.charged.amount
+
+    @property
+    def source(self) -> str:
+        """``charges`` or ``estimate``: where ``amount`` comes from."""
+        return "estimate" if self.charged is None else "charges"
+
+    @property
+    def amount(self) -> Decimal | None:
+        return self.estimate if self.charged is None else self.charged.amount
+
+    @property
+    def difference(self) -> Decimal | None:
+        """Actual minus estimate, when both cover the same time."""
+        if self.charged is None or self.estimate is None or self.partial:
+            return None
+        return self.charged.amount - self.estimate
+
+
+@dataclass
+class Total:
+    """A DAG's or a DAG run's spend: the actual of its charged rentals plus the estimate of the others."""
+
+    actual: Decimal = ZERO
+    estimated: Decimal = ZERO
+    #: Over its rentals with both figures, the sum of actual minus estimate; None when none has both.
+    difference: Decimal | None = None
+    rentals: int = 0
+    estimated_rentals: int = 0
+
+    @property
+    def amount(self) -> Decimal:
+        return self.actual + self.estimated
+
+    def add(self, figure: Figure) -> None:
+        self.rentals += 1
+        if figure.charged is None:
+            self.estimated += figure.estimate or ZERO
+            self.estimated_rentals += 1
+        else:
+            self.actual += figure.charged.amount
+        if (difference := figure.difference) is not None:
+            self.difference = (self.difference or ZERO) + difference
 
 
 @dataclass(frozen=True)
@@ -92,10 +226,19 @@ class LiveRental:
     owner: TiKey | None = None
     task_state: str | None = None
     orphan_reason: str | None = None
+    #: What the service charged the instance over the window's days (``charge_live``); None: no charge.
+    charged: Charged | None = None
+    #: It started before the window's first day, so its charges are not its whole cost so far.
+    started_before_window: bool = False
 
     @property
     def dag_id(self) -> str | None:
         return self.owner[0] if self.owner else None
+
+    @property
+    def figure(self) -> Figure:
+        """Its cost so far: charged, else estimated."""
+        return Figure(dollars(self.cost_so_far), self.charged, self.started_before_window)
 
     @property
     def by_label(self) -> bool:
@@ -103,21 +246,54 @@ class LiveRental:
         return self.recorded is None and self.owner is not None
 
 
+@dataclass(frozen=True)
+class RentalSpend:
+    """One rental of the window, with what it cost."""
+
+    span: Span
+    figure: Figure
+
+
 @dataclass
 class Spend:
     window_start: float
     window_end: float
-    per_dag: dict[str, float] = field(default_factory=dict)
-    per_run: dict[tuple[str, str], float] = field(default_factory=dict)
-    #: day (YYYY-MM-DD, UTC) -> dag_id -> dollars
+    #: The window's rentals with a cost, newest first.
+    rows: list[RentalSpend] = field(default_factory=list)
+    dags: dict[str, Total] = field(default_factory=dict)
+    runs: dict[tuple[str, str], Total] = field(default_factory=dict)
+    #: day (YYYY-MM-DD, UTC) -> dag_id -> dollars: actual on the days charged, estimates on the rental's first day.
     per_day: dict[str, dict[str, float]] = field(default_factory=dict)
-    rentals: int = 0
-    #: Rentals that ended with no end recorded anywhere (destroyed outside Airflow): not in the figures.
+    #: Rentals that ended with no end recorded anywhere (destroyed outside Airflow) and no charge: not in the figures.
     unknown_cost: int = 0
 
     @property
+    def per_dag(self) -> dict[str, float]:
+        return {dag_id: float(total.amount) for dag_id, total in self.dags.items()}
+
+    @property
+    def per_run(self) -> dict[tuple[str, str], float]:
+        return {run: float(total.amount) for run, total in self.runs.items()}
+
+    @property
+    def rentals(self) -> int:
+        return len(self.rows)
+
+    @property
+    def actual(self) -> Decimal:
+        return sum((t.actual for t in self.dags.values()), ZERO)
+
+    @property
+    def estimated(self) -> Decimal:
+        return sum((t.estimated for t in self.dags.values()), ZERO)
+
+    @property
+    def amount(self) -> Decimal:
+        return self.actual + self.estimated
+
+    @property
     def total(self) -> float:
-        return round(sum(self.per_dag.values()), 6)
+        return float(self.amount)
 
 
 def hourly_price_of(instance: Mapping[str, Any], record: Mapping[str, Any] | None) -> float | None:
@@ -287,27 +463,141 @@ def spans(rows: Iterable[RecordRow], attributed: Mapping[str, TiKey] | None = No
     return result
 
 
-def spend(rentals: Iterable[Span], alive_costs: Mapping[int, float | None], window_start: float, now: float) -> Spend:
-    """What the owned rentals created since ``window_start`` cost, per DAG, per run and per day and DAG.
+def spend(
+    rentals: Iterable[Span],
+    alive_costs: Mapping[int, float | None],
+    window_start: float,
+    now: float,
+    charges: Iterable[Charge] = (),
+) -> Spend:
+    """What the owned rentals created since ``window_start`` cost, per rental, per DAG, per run and per day and DAG.
 
-    ``alive_costs``: the cost so far of each instance the service lists (its live row's figure).
+    ``alive_costs``: the cost so far of each instance the service lists (its live row's figure). ``charges``: the
+    service's charges (none when it gives none). An instance's charges go to its latest rental (a simulator that was
+    reset gives an id again); a rental with none is estimated.
     """
     result = Spend(window_start=window_start, window_end=now)
-    per_day: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for span in rentals:
+    charges, rentals = list(charges), sorted(rentals, key=lambda s: s.created_at or 0.0)
+    charged = instance_charges(charges, window_start)
+    latest = {s.instance_id: s for s in rentals}
+    took: dict[int, Span] = {}  # instance id -> the rental its charges went to
+    per_day: dict[str, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    for span in reversed(rentals):
         if span.owner is None or span.created_at is None or span.created_at < window_start:
             continue
-        cost = span_cost(span, alive_costs)
-        if cost is None:
+        estimate = span_cost(span, alive_costs)
+        its_charges = charged.get(span.instance_id) if latest[span.instance_id] is span else None
+        if estimate is None and its_charges is None:
             result.unknown_cost += 1
             continue
+        figure = Figure(dollars(estimate), its_charges)
         dag_id, run_id = span.owner[0], span.owner[1]
-        result.rentals += 1
-        result.per_dag[dag_id] = round(result.per_dag.get(dag_id, 0.0) + cost, 6)
-        result.per_run[(dag_id, run_id)] = round(result.per_run.get((dag_id, run_id), 0.0) + cost, 6)
-        per_day[_day(span.created_at)][dag_id] += cost
-    result.per_day = {day: {d: round(v, 6) for d, v in dags.items()} for day, dags in sorted(per_day.items())}
+        result.rows.append(RentalSpend(span, figure))
+        result.dags.setdefault(dag_id, Total()).add(figure)
+        result.runs.setdefault((dag_id, run_id), Total()).add(figure)
+        if its_charges is None:
+            per_day[_day(span.created_at)][dag_id] += figure.amount or ZERO
+        else:
+            took[span.instance_id] = span
+    first = day_start(window_start)
+    for charge in charges:  # an actual counts on the days the service charged it
+        taker = took.get(charge.instance_id) if charge.instance_id is not None else None
+        when = charge_time(charge)
+        if taker is None or taker.owner is None or (when is not None and when < first):
+            continue
+        day = _day(when if when is not None else taker.created_at or first)
+        per_day[day][taker.owner[0]] += dollars(charge.amount) or ZERO
+    result.per_day = {day: {d: float(v) for d, v in dags.items()} for day, dags in sorted(per_day.items())}
     return result
+
+
+def charge_live(rows: Iterable[LiveRental], charges: Iterable[Charge], window_start: float) -> None:
+    """Set each live row's charges over the window's days, and whether it started before the window's first day."""
+    charged = instance_charges(charges, window_start)
+    for row in rows:
+        row.charged = charged.get(row.instance_id)
+        row.started_before_window = row.started_at is not None and row.started_at < day_start(window_start)
+
+
+@dataclass(frozen=True)
+class Unowned:
+    """Charges of the window's days that no DAG's rental takes."""
+
+    #: Of instances that no task recorded and whose label names no task instance found.
+    instances: Decimal = ZERO
+    instance_ids: tuple[int, ...] = ()
+    #: Of no instance (volumes, serverless endpoints, ...).
+    other: Decimal = ZERO
+
+
+def unowned(charges: Iterable[Charge], owned: Iterable[int], window_start: float) -> Unowned:
+    """The charges of the window's days of the instances not ``owned`` (of a rental some task instance owns)."""
+    first, mine = day_start(window_start), set(owned)
+    instances, other, ids = ZERO, ZERO, set()
+    for charge in charges:
+        when = charge_time(charge)
+        if when is not None and when < first:
+            continue
+        if charge.instance_id is None:
+            other += dollars(charge.amount) or ZERO
+        elif charge.instance_id not in mine:
+            instances += dollars(charge.amount) or ZERO
+            ids.add(charge.instance_id)
+    return Unowned(instances, tuple(sorted(ids)), other)
+
+
+@dataclass(frozen=True)
+class Runway:
+    """How long the credit left lasts at the account's recent burn rate."""
+
+    available: Decimal | None
+    #: The charges of the last ``RUNWAY_DAYS`` full days; None when the service gave no charges.
+    burn: Decimal | None
+    #: The service's time it was read at.
+    now: float
+
+    @property
+    def daily(self) -> Decimal | None:
+        return None if self.burn is None else self.burn / RUNWAY_DAYS
+
+    @property
+    def days(self) -> Decimal | None:
+        """Days until the credit is spent; None without a credit, without charges, or with no recent spend."""
+        daily = self.daily
+        if self.available is None or not daily or daily <= 0:
+            return None
+        return max(ZERO, self.available / daily)
+
+    @property
+    def runs_out_at(self) -> float | None:
+        days = self.days
+        return None if days is None else self.now + float(days) * DAY
+
+
+def runway(available: float | None, charges: Iterable[Charge] | None, service_now: float) -> Runway:
+    """The runway of ``available`` dollars at the burn rate of the last ``RUNWAY_DAYS`` full UTC days.
+
+    Full days: those before the service's today, whose charges are (mostly) posted. ``charges``: None when the service
+    gave none; one with no time cannot be placed in a day and does not count.
+    """
+    if charges is None:
+        return Runway(dollars(available), None, service_now)
+    today = day_start(service_now)
+    start = today - RUNWAY_DAYS * DAY
+    burn = sum(
+        (dollars(c.amount) or ZERO for c in charges if (t := charge_time(c)) is not None and start <= t < today),
+        ZERO,
+    )
+    return Runway(dollars(available), burn, service_now)
+
+
+@dataclass(frozen=True)
+class Balance:
+    """One connection's account: its runway, or why the page has none."""
+
+    conn_id: str
+    runway: Runway | None
+    problem: str | None = None
 
 
 def span_cost(span: Span, alive_costs: Mapping[int, float | None]) -> float | None:

@@ -7,6 +7,7 @@ ui-test``) clicks through the same page in a real deployment.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -38,15 +39,21 @@ def xcoms_of(run, task_id: str) -> dict:
         return {row.key: XComModel.deserialize_value(row) for row in rows}
 
 
+def forget_service_reads() -> None:
+    """The page reuses a connection's listing, charges and account for a while: not across tests."""
+    from airflow_gpumarket.ui import sources
+
+    for cache in (sources._listings, sources._charges, sources._accounts):
+        cache.clear()
+
+
 @pytest.fixture
 def api_client(airflow_db, sim):
     from airflow.api_fastapi.app import create_app, get_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
     from fastapi.testclient import TestClient
 
-    from airflow_gpumarket.ui import sources
-
-    sources._listings.clear()
+    forget_service_reads()
     client = TestClient(create_app(apps="all"), base_url="http://airflow.test")
 
     def as_user(role: str | None):
@@ -242,4 +249,71 @@ def test_rule_a_teardown_task_writes_the_end_of_the_rental_it_destroys_and_the_r
     (spent,) = [r["spend"] for r in per_run if r["run_id"] == run.run_id]
     whole_life = instance["dph_total"] * (instance["destroyed_at"] - instance["created_at"]) / 3600
     assert 0.9 * instance["compute_cost"] <= spent <= whole_life
+    assert alive(sim) == []
+
+
+@pytest.fixture
+def spec_sim(sim, monkeypatch):
+    """A simulator of the spec profile, which has no charges and no account endpoint, as the DAGs' connection."""
+    from gpumarket_simulator import MarketSimulator
+
+    with MarketSimulator(speed=600, seed=11, execute_onstart=True, profile="spec") as spec:
+        for name, value in spec.connection_env().items():
+            conn = json.loads(value)
+            conn["extra"] |= {"retry_min_wait": 0.01, "retry_max_wait": 0.05, "max_retries": 6, "timeout": 2}
+            monkeypatch.setenv(name, json.dumps(conn))
+        forget_service_reads()
+        yield spec
+        forget_service_reads()
+
+
+@page
+def test_rule_a_service_without_charges_leaves_every_figure_an_estimate_marked_and_says_so_once(
+    example_dag, spec_sim, api_client
+):
+    run = example_dag("gpm_ui_job").test()
+    assert run.state == "success", task_states(run)
+    data = api_client("admin").get("/gpumarket/api/rentals", params={"days": 1}).json()
+    mine = [r for r in data["spend"]["per_rental"] if r["run_id"] == run.run_id]
+    assert mine and all(r["source"] == "estimate" and r["actual"] is None and r["estimate"] > 0 for r in mine)
+    (spent,) = [r for r in data["spend"]["per_run"] if r["run_id"] == run.run_id]
+    assert spent["estimated"] == spent["spend"] > 0 and spent["difference"] is None
+    assert "gpumarket_default" in data["no_charges"] and data["errors"] == [] and len(data["notes"]) == 1
+    assert {a["conn_id"]: a["problem"] for a in data["accounts"]}["gpumarket_default"] == (
+        "the service has no account endpoint"
+    )
+    html = api_client("admin").get("/gpumarket/", params={"days": 1}).text
+    assert html.count('<p class="note">') == 1 and "no charges endpoint" in html and 'class="error"' not in html
+    assert re.search(
+        r'<tr id="spend-\d+"><td>\d+</td><td>gpm_ui_job / [^<]+</td><td>[^<]+</td><td class="num cost">'
+        r'<span class="est">≈ \$[\d,]+\.\d{4} est\.</span>',
+        html,
+    )
+    assert alive(spec_sim) == []
+
+
+@page
+def test_rule_a_rental_the_service_charged_costs_what_the_simulators_ledger_says_to_the_cent(
+    example_dag, sim, api_client
+):
+    from airflow_gpumarket.exceptions import GpuMarketNotFoundError
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    try:
+        GpuMarketHook().charges(sim.now() - 86400, sim.now())
+    except GpuMarketNotFoundError:
+        pytest.skip("the simulator has no charges endpoint yet (GET /api/v0/charges/ answers 404)")
+    run = example_dag("gpm_ui_job").test()
+    assert run.state == "success", task_states(run)
+    (instance,) = sim.state()["instances"]
+    sim.advance(2 * 86400)  # past the end of the rental's day: the service posts a day's charges after it
+    forget_service_reads()
+    ledger = next(i for i in sim.state()["instances"] if i["id"] == instance["id"])["cost"]
+    data = api_client("viewer").get("/gpumarket/api/rentals").json()
+    (rental,) = [r for r in data["spend"]["per_rental"] if r["instance_id"] == instance["id"]]
+    assert rental["source"] == "charges" and abs(rental["actual"] - ledger) < 0.005, (rental, ledger)
+    assert rental["difference"] == pytest.approx(rental["actual"] - rental["estimate"])
+    html = api_client("viewer").get("/gpumarket/").text
+    shown = re.search(rf'<tr id="spend-{instance["id"]}">.*?<span class="actual">\$([\d,]+\.\d+)</span>', html)
+    assert shown and abs(float(shown.group(1).replace(",", "")) - ledger) < 0.005, (shown, ledger)
     assert alive(sim) == []

@@ -34,7 +34,8 @@ def fab_client(airflow_db, sim, monkeypatch):
 
     monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", FAB)
     purge_cached_app()
-    sources._listings.clear()
+    for cache in (sources._listings, sources._charges, sources._accounts):
+        cache.clear()
     client = TestClient(create_app(apps="all"), base_url="http://airflow.test")
     manager = get_auth_manager()
     users = {}
@@ -149,4 +150,23 @@ def test_rule_an_orphan_attributed_by_its_label_is_destroyed_by_its_dags_editor_
     whole_lives = sum(i["dph_total"] * (i["destroyed_at"] - i["created_at"]) / 3600 for i in lives)
     assert 0.9 * sum(i["compute_cost"] for i in lives) <= spent <= whole_lives
     assert spend["unknown_cost"] == unknown_before  # neither is of unknown cost (earlier tests' may be)
+    assert alive(sim) == []
+
+
+def test_rule_with_fab_only_who_may_read_every_dag_sees_the_accounts_credit_and_runway(example_dag, sim, fab_client):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    assert example_dag("gpm_ui_job").test().state == "success"
+    credit = f"${GpuMarketHook().account().available:,.2f}"
+    admin = fab_client("admin").get("/gpumarket/api/rentals").json()
+    accounts = {a["conn_id"]: a for a in admin["accounts"]}
+    assert f"${accounts['gpumarket_default']['available']:,.2f}" == credit
+    html = fab_client("admin").get("/gpumarket/").text
+    assert '<tr id="balance-gpumarket_default">' in html and credit in html and "Runway at that rate" in html
+    for user in ("reader_a", "editor_b"):  # each may read one DAG: the account's money is not theirs to see
+        data = fab_client(user).get("/gpumarket/api/rentals").json()
+        assert data["accounts"] is None and data["unattributed"] is None
+        html = fab_client(user).get("/gpumarket/").text
+        assert "balance-gpumarket_default" not in html and "Runway at that rate" not in html
+        assert "credit and runway are shown to users who may read every DAG" in html
     assert alive(sim) == []

@@ -95,7 +95,7 @@ def page(monkeypatch):
         monkeypatch.setattr(app_module, "_Access", lambda user: access)
         shown = [r for r in rows if app_module._belongs(r, access)]
         monkeypatch.setattr(
-            app_module, "_view", lambda access, days: (shown, Spend(window_start=0.0, window_end=1.0), [])
+            app_module, "_view", lambda access, days: app_module._View(shown, Spend(window_start=0.0, window_end=1.0))
         )
         app = app_module.create_app()
         app.dependency_overrides[get_user] = lambda: SimpleNamespace(get_name=lambda: "ada")
@@ -171,3 +171,123 @@ def test_a_destroy_the_service_refused_answers_502_naming_the_instance(page):
     Hook.fails = True
     answer = client.post("/orphans/c/1/destroy", data={"confirm": "1"})
     assert answer.status_code == 502 and "destroying instance 1 failed" in answer.text
+
+
+@pytest.fixture
+def service(monkeypatch):
+    """The page's own data path (``_view``) over a stubbed metadata database and service, for ``as_user(access)``.
+
+    One connection ``c`` lists a running rental of train_dag's task; ``state.charges`` are its charges (an exception
+    is raised instead), ``state.credit`` its credit. ``state.reads`` counts the charges and account reads.
+    """
+    from airflow.api_fastapi.core_api.security import get_user
+    from airflow.utils import session as session_module
+    from fastapi.testclient import TestClient
+
+    from airflow_gpumarket import api
+    from airflow_gpumarket.ui import app as app_module
+    from airflow_gpumarket.ui.spend import TaskState
+
+    from .rows import LABEL, NOW, row
+
+    state = SimpleNamespace(charges=[], credit=100.0, reads=[])
+    instance = {"id": 1, "actual_status": "running", "label": LABEL, "dph_total": 0.5, "start_date": NOW - 1800}
+
+    def answer(what):
+        state.reads.append(what)
+        if isinstance(what, Exception):
+            raise what
+        return what
+
+    src = app_module.sources
+    monkeypatch.setattr(session_module, "create_session", contextlib.nullcontext)
+    monkeypatch.setattr(app_module, "time", SimpleNamespace(time=lambda: NOW))
+    monkeypatch.setattr(src, "connection_ids", lambda session: ["c"])
+    monkeypatch.setattr(src, "listing", lambda conn_id: ([instance], 0.0))
+    monkeypatch.setattr(
+        src, "records", lambda session, since, instance_ids: [row(1), row(2, run_id="run-2", cost=0.01)]
+    )
+    monkeypatch.setattr(src, "label_owners", lambda session, keys, since: {})
+    monkeypatch.setattr(src, "task_states", lambda session, tis: {row().ti_key: TaskState("running")})
+    monkeypatch.setattr(src, "charges", lambda conn_id, start, end: answer(state.charges))
+    account = lambda conn_id: answer(api.Account(state.credit, None, 1, None, None))  # noqa: E731
+    monkeypatch.setattr(src, "account", account)
+
+    def as_user(access: Access) -> TestClient:
+        monkeypatch.setattr(app_module, "_Access", lambda user: access)
+        app = app_module.create_app()
+        app.dependency_overrides[get_user] = lambda: SimpleNamespace(get_name=lambda: "ada")
+        return TestClient(app, base_url="http://airflow.test")
+
+    state.as_user = as_user
+    return state
+
+
+def charge(instance_id: int, amount: float):
+    from airflow_gpumarket import api
+
+    from .rows import NOW
+
+    return api.parse_charge({"type": "instance", "source": f"instance-{instance_id}", "amount": amount, "start": NOW})
+
+
+def test_rule_a_service_without_charges_leaves_every_figure_an_estimate_marked_and_says_so_once(service):
+    from airflow_gpumarket.exceptions import GpuMarketNotFoundError
+
+    service.charges = GpuMarketNotFoundError("charges: this service has no GET /api/v0/charges/ (HTTP 404).")
+    client = service.as_user(Access(readable={"train_dag"}, reads_all=True))
+    data = client.get("/api/rentals").json()
+    (live,) = data["live"]
+    assert (live["source"], live["actual"], live["estimate"]) == ("estimate", None, live["cost_so_far"])
+    assert {r["source"] for r in data["spend"]["per_rental"]} == {"estimate"}
+    assert all(r["estimated"] == r["spend"] and r["difference"] is None for r in data["spend"]["per_run"])
+    assert data["spend"]["actual"] == 0 and data["spend"]["estimated"] == data["spend"]["total"] > 0
+    assert data["no_charges"] == ["c"] and data["errors"] == [] and data["unattributed"] is None
+    (note,) = data["notes"]
+    assert note == "The service gave no charges (connection 'c': no charges endpoint), so every figure is an estimate."
+    assert data["accounts"][0]["burn"] is None and data["accounts"][0]["runway_days"] is None
+    html = client.get("/").text
+    assert html.count('<p class="note">') == 1 and note.replace("'", "&#x27;") in html
+    assert 'class="error"' not in html and '<span class="est">≈ $0.2500 est.</span>' in html
+    # Any other failure to read charges is an error line, and the figures are estimates all the same.
+    from airflow_gpumarket.exceptions import GpuMarketServerError
+
+    service.charges = GpuMarketServerError("charges: HTTP 503 after retries", status_code=503)
+    data = client.get("/api/rentals").json()
+    assert data["notes"] == [] and data["errors"][0].startswith("Could not read the charges of connection 'c'")
+    assert data["live"][0]["source"] == "estimate"
+
+
+def test_rule_a_rental_the_service_charged_shows_its_actual_beside_its_estimate_in_the_json(service):
+    service.charges = [charge(1, 0.1), charge(1, 0.1), charge(1, 0.1)]
+    data = service.as_user(Access(readable={"train_dag"})).get("/api/rentals").json()
+    (live,) = data["live"]
+    assert (live["source"], live["actual"], live["estimate"]) == ("charges", 0.3, 0.25)
+    assert live["difference"] == pytest.approx(0.05) and live["actual_partial"] is False
+    runs = {r["run_id"]: r for r in data["spend"]["per_run"]}
+    assert (runs["run-1"]["actual"], runs["run-1"]["estimated"], runs["run-1"]["spend"]) == (0.3, 0, 0.3)
+    assert runs["run-2"]["estimated_rentals"] == 1 and runs["run-2"]["estimated"] == runs["run-2"]["spend"]
+    assert data["spend"]["dags"][0]["rentals"] == 2 and data["spend"]["dags"][0]["estimated_rentals"] == 1
+
+
+def test_rule_only_a_user_who_reads_every_dag_sees_the_credit_the_runway_and_charges_no_dag_takes(service):
+    service.charges = [charge(1, 0.3), charge(99, 0.7)]  # instance 99: no task recorded it
+    admin = service.as_user(Access(readable={"train_dag"}, reads_all=True))
+    data = admin.get("/api/rentals").json()
+    (account,) = data["accounts"]
+    assert (account["conn_id"], account["available"], account["problem"]) == ("c", 100.0, None)
+    assert account["burn"] == 0 and account["runway_days"] is None  # today's charges: no full day yet
+    assert data["unattributed"] == {"instances": 0.7, "instance_ids": [99], "other": 0.0}
+    html = admin.get("/").text
+    assert '<tr id="balance-c">' in html and "$100.00" in html and "no spend in the last 7 days" in html
+    assert "Charges of instances no task recorded: $0.7000 (instance 99)" in html
+
+    service.reads.clear()
+    reader = service.as_user(Access(readable={"train_dag"}))  # may read train_dag, not every DAG
+    data = reader.get("/api/rentals").json()
+    assert data["accounts"] is None and data["unattributed"] is None
+    assert data["live"][0]["actual"] == 0.3  # the charges of their own DAG's rentals they do see
+    html = reader.get("/").text
+    assert "$100.00" not in html and "balance-c" not in html and "no task recorded" not in html
+    assert "credit and runway are shown to users who may read every DAG" in html
+    assert all(isinstance(r, list) for r in service.reads)  # their views read charges, never the account

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_gpumarket.exceptions import GpuMarketNotFoundError
 from airflow_gpumarket.ui import sources
 
 
@@ -35,10 +36,22 @@ def service(monkeypatch):
             calls.append(self.conn_id)
             return [{"id": len(calls), "conn": self.conn_id}]
 
+        def charges(self, start, end):
+            calls.append(("charges", self.conn_id, start, end))
+            if self.conn_id == "spec":
+                raise GpuMarketNotFoundError("charges: this service has no GET /api/v0/charges/ (HTTP 404).")
+            return [len(calls)]
+
+        def account(self):
+            calls.append(("account", self.conn_id))
+            return len(calls)
+
     clock = Clock()
     monkeypatch.setattr(gpumarket, "GpuMarketHook", Hook)
     monkeypatch.setattr(sources, "time", clock)
     monkeypatch.setattr(sources, "_listings", {})
+    monkeypatch.setattr(sources, "_charges", {})
+    monkeypatch.setattr(sources, "_accounts", {})
     return calls, clock
 
 
@@ -65,3 +78,30 @@ def test_each_connection_has_its_own_listing_and_a_forgotten_one_is_listed_again
 def test_the_configured_connections_are_the_pages_without_asking_the_database(monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPUMARKET__UI_CONNECTIONS", " prod, , staging ")
     assert sources.connection_ids(session=None) == ["prod", "staging"]
+
+
+def test_a_connections_charges_and_account_are_read_once_then_reused_for_a_while(service):
+    calls, clock = service
+    first = sources.charges("a", 100.0, 200.0)
+    clock.now += sources.MONEY_CACHE_SECONDS - 1
+    assert sources.charges("a", 100.0, 250.0) == first  # the page's refreshes: from the same midnight to now
+    assert sources.account("a") == sources.account("a")
+    sources.charges("a", 50.0, 250.0)  # another window: read
+    sources.charges("b", 100.0, 250.0)  # another connection: read
+    assert calls == [("charges", "a", 100.0, 200.0), ("account", "a"), ("charges", "a", 50.0, 250.0)] + [
+        ("charges", "b", 100.0, 250.0)
+    ]
+    clock.now += 2
+    assert sources.charges("a", 100.0, 300.0) != first and calls[-1] == ("charges", "a", 100.0, 300.0)
+
+
+def test_a_service_without_charges_is_asked_once_a_while_and_the_page_told_each_time(service):
+    calls, clock = service
+    for _ in range(3):
+        with pytest.raises(GpuMarketNotFoundError, match="no GET /api/v0/charges/"):
+            sources.charges("spec", 100.0, 200.0)
+    assert calls == [("charges", "spec", 100.0, 200.0)]
+    clock.now += sources.MONEY_CACHE_SECONDS
+    with pytest.raises(GpuMarketNotFoundError):
+        sources.charges("spec", 100.0, 200.0)
+    assert len(calls) == 2
