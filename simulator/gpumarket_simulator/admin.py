@@ -202,9 +202,14 @@ class AdminRoutes:
 
     async def change_account(self, request: Request) -> Any:
         body = await _body(request)
-        given = [name for name in ("credit", "top_up") if name in body]
+        given = [name for name in ("credit", "top_up", "charges_delay") if name in body]
         if len(given) != 1:
-            raise bad_request('send {"credit": dollars} to set the credit, or {"top_up": dollars} to add to it')
+            raise bad_request(
+                'send {"credit": dollars} to set the credit, {"top_up": dollars} to add to it, or '
+                '{"charges_delay": seconds or null} to post a day\'s charges that long after it ends'
+            )
+        if given == ["charges_delay"]:
+            return self.market.set_charges_delay(body["charges_delay"])
         if given == ["credit"]:
             return self.market.set_credit(body["credit"])
         return self.market.top_up(body["top_up"])

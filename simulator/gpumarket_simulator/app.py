@@ -334,8 +334,8 @@ class ApiRoutes:
 
     async def list_charges(self, request: Request) -> Any:
         query = charges.parse_query(request.query_params, charges.CHARGE_COLUMNS, "charges")
-        with self.market.transaction() as (world, _):
-            rows = charges.charge_rows(world)
+        with self.market.transaction() as (world, now):
+            rows = charges.charge_rows(world, now)
         return charges.page(rows, query)
 
     async def list_invoices(self, request: Request) -> Any:

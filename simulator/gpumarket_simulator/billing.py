@@ -139,6 +139,9 @@ class Account:
     stops: list[dict[str, Any]] = field(default_factory=list)
     #: Stops not yet copied into the request log (the market drains them).
     unlogged: list[dict[str, Any]] = field(default_factory=list)
+    #: None: a day's charges are listed as they accrue. A number: only once the UTC day has ended and this many more
+    #: seconds have passed, as a service that posts its bills later does.
+    charges_delay: float | None = None
 
     @property
     def credit(self) -> float:
@@ -166,4 +169,5 @@ class Account:
             "exhausted": self.exhausted,
             "invoices": [i.view() for i in self.invoices],
             "stops": [dict(s, stopped=list(s["stopped"])) for s in self.stops],
+            "charges_delay": self.charges_delay,
         }

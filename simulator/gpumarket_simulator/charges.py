@@ -198,11 +198,17 @@ def page(rows: list[Row], query: PageQuery) -> dict[str, Any]:
 
 
 # --- charges -----------------------------------------------------------------------------------------------------
-def charge_rows(world: World) -> list[Row]:
-    """One row per instance and UTC day that something was billed on; destroyed instances' days included."""
+def charge_rows(world: World, now: float) -> list[Row]:
+    """One row per instance and UTC day that something was billed on; destroyed instances' days included.
+
+    With the account's ``charges_delay``, a day is listed only once it ended that long before ``now``.
+    """
     rows = []
+    delay = world.account.charges_delay
     for inst in world.instances.values():
         for day in inst.days.values():
+            if delay is not None and day.next_day + delay > now:  # the UTC day ended at least delay ago
+                continue
             item = _charge(inst, day)
             rows.append(Row([day.day, inst.id], item, item))
     return rows

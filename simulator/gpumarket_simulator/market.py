@@ -331,6 +331,14 @@ class Market:
             world.set_credit(credit, now)
             return world.account.view()
 
+    def set_charges_delay(self, delay: Any) -> dict[str, Any]:
+        """List a day's charges ``delay`` seconds after the day ends (None: as they accrue); ValueError if bad."""
+        if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0):
+            raise ValueError("charges_delay must be a number of seconds >= 0, or null to list charges as they accrue")
+        with self.transaction() as (world, _):
+            world.account.charges_delay = None if delay is None else float(delay)
+            return world.account.view()
+
     def top_up(self, amount: float) -> dict[str, Any]:
         """Add ``amount`` dollars to the credit (an invoice); ValueError if not a number."""
         with self.transaction() as (world, now):

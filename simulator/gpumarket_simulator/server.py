@@ -254,6 +254,11 @@ class MarketSimulator:
         """The credit, invoices and $0 stops, as ``GET /_sim/account``."""
         return json.loads(json.dumps(self._market.account()))
 
+    def set_charges_delay(self, delay: float | None) -> dict[str, Any]:
+        """List a UTC day's charges ``delay`` seconds after it ends (None: as they accrue), as ``POST /_sim/account
+        {"charges_delay": ...}``."""
+        return json.loads(json.dumps(self._market.set_charges_delay(delay)))
+
     def set_credit(self, credit: float) -> dict[str, Any]:
         """Make the account's credit ``credit`` dollars, as ``POST /_sim/account {"credit": ...}``."""
         return json.loads(json.dumps(self._market.set_credit(credit)))

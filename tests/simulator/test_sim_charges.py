@@ -341,3 +341,20 @@ def test_spec_profile_has_no_charges_invoices_or_current_user(api, sim):
         response = api.get(path)
         assert response.status_code == 404 and response.json()["error"] == "not_found", path
     assert sim.account()["spent"] > 0  # the ledger runs all the same
+
+
+def test_with_a_charges_delay_a_day_is_listed_only_once_it_has_ended(money, live):
+    rent(live, 1)
+    money.advance(600)
+    window = {"select_filters": {"day": {"gte": DAY0, "lte": DAY0 + 3 * DAY}}}
+    assert listing(live, CHARGES, **window)["total"] == 1  # as they accrue, by default
+    assert money.set_charges_delay(0)["charges_delay"] == 0
+    assert listing(live, CHARGES, **window)["total"] == 0
+    money.advance(DAY - (START + 600 - DAY0))  # past midnight: the first day is posted, the second is not
+    (posted,) = listing(live, CHARGES, **window)["results"]
+    assert posted["end"] == DAY0 + DAY
+
+
+def test_a_bad_charges_delay_is_a_400_naming_it(live):
+    answer = live.post("/_sim/account", json={"charges_delay": -5})
+    assert answer.status_code == 400 and "charges_delay" in answer.text
