@@ -1,7 +1,8 @@
 """The credit watch as pure rules: whether the account's credit is low, by a threshold or by the days it will last.
 
-The runway is the credit left divided by the daily burn, the charges of the last ``BURN_DAYS`` days averaged over
-them. ``GpuMarketCreditSensor`` and ``GpuMarketLowCreditNotifier`` decide with :func:`assess`; :func:`read` is the
+The runway is the credit left divided by the daily burn: the charges of the last ``BURN_DAYS`` full UTC days before
+the service's today (whose charges are, mostly, posted), averaged over them. The GPU rentals page uses the same rule.
+``GpuMarketCreditSensor`` and ``GpuMarketLowCreditNotifier`` decide with :func:`assess`; :func:`read` is the
 one place they read the service (through the hook they are given).
 """
 
@@ -18,9 +19,9 @@ from airflow_gpumarket.api import Charge, require_non_negative_number, require_p
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.spend_report import dollars
 
-#: The burn is the average of this many days of charges.
+#: The burn is the average of this many full days of charges.
 BURN_DAYS = 7
-_DAY_SECONDS = 86400.0
+DAY_SECONDS = 86400.0
 
 
 @dataclass(frozen=True)
@@ -109,17 +110,35 @@ def _number(name: str, value: Any) -> float:
     return float(value)
 
 
-def burn_per_day(charges: Iterable[Charge], days: float = BURN_DAYS) -> float:
-    """Dollars charged per day, on average, by ``charges`` (those of the last ``days`` days); summed exactly."""
-    total = sum((dollars(charge.amount) for charge in charges), Decimal(0))
-    return float(total / Decimal(repr(float(days))))
+def burn_window(service_now: float) -> tuple[float, float]:
+    """The last ``BURN_DAYS`` full UTC days before the service's today, as (start, end) epoch seconds."""
+    today = service_now - service_now % DAY_SECONDS
+    return today - BURN_DAYS * DAY_SECONDS, today
 
 
-def runway(available: float, burn: float) -> float:
-    """Days the credit lasts at ``burn`` dollars a day: ``inf`` with no burn, 0 when nothing is left."""
+def charge_time(charge: Charge) -> float | None:
+    """When a charge falls: its start, else its end, else None."""
+    return charge.start if charge.start is not None else charge.end
+
+
+def burn(charges: Iterable[Charge], service_now: float) -> Decimal:
+    """Dollars charged in ``burn_window(service_now)``, summed exactly; a charge with no time counts nowhere."""
+    start, end = burn_window(service_now)
+    return sum(
+        (dollars(c.amount) for c in charges if (t := charge_time(c)) is not None and start <= t < end), Decimal(0)
+    )
+
+
+def burn_per_day(charges: Iterable[Charge], service_now: float) -> float:
+    """Dollars charged per day, on average, over the burn window."""
+    return float(burn(charges, service_now) / BURN_DAYS)
+
+
+def runway(available: float, daily: float) -> float:
+    """Days the credit lasts at ``daily`` dollars a day: ``inf`` with no burn, 0 when nothing is left."""
     if available <= 0:
         return 0.0
-    return math.inf if burn <= 0 else available / burn
+    return math.inf if daily <= 0 else available / daily
 
 
 def assess(
@@ -128,25 +147,27 @@ def assess(
     threshold: float,
     min_runway_days: float | None = None,
     charges: Iterable[Charge] | None = None,
+    service_now: float | None = None,
 ) -> CreditCheck:
     """Whether ``available`` dollars are low: at or below ``threshold``, or lasting under ``min_runway_days``.
 
-    :param charges: the charges of the last ``BURN_DAYS`` days; needed only with ``min_runway_days``.
+    :param charges: charges covering the burn window; needed only with ``min_runway_days``.
+    :param service_now: the service's time (default: this host's).
     """
     if min_runway_days is None:
         return CreditCheck(available=available, threshold=threshold)
-    burn = burn_per_day(charges or ())
+    daily = burn_per_day(charges or (), time.time() if service_now is None else service_now)
     return CreditCheck(
         available=available,
         threshold=threshold,
-        burn_per_day=round(burn, 6),
-        runway_days=runway(available, burn),
+        burn_per_day=round(daily, 6),
+        runway_days=runway(available, daily),
         min_runway_days=min_runway_days,
     )
 
 
 def read(hook: Any, *, threshold: float, min_runway_days: float | None = None, now: float | None = None) -> CreditCheck:
-    """The account's credit read through ``hook`` (and, for a runway, the last ``BURN_DAYS`` days of charges).
+    """The account's credit read through ``hook`` (and, for a runway, the burn window's charges).
 
     :raises GpuMarketError: the service tells neither credit nor balance, or has no such endpoint (a server that
         follows the spec only); the message says which.
@@ -158,7 +179,7 @@ def read(hook: Any, *, threshold: float, min_runway_days: float | None = None, n
             operation="account",
         )
     charges = None
+    now = hook.service_now() if now is None else now
     if min_runway_days is not None:
-        now = time.time() if now is None else now
-        charges = hook.charges(now - BURN_DAYS * _DAY_SECONDS, now)
-    return assess(available, threshold=threshold, min_runway_days=min_runway_days, charges=charges)
+        charges = hook.charges(*burn_window(now))
+    return assess(available, threshold=threshold, min_runway_days=min_runway_days, charges=charges, service_now=now)

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.ui.spend import (
+    LONGEST_RUNWAY_DAYS,
     RUNWAY_DAYS,
     Balance,
     Figure,
@@ -137,10 +138,12 @@ def _runway(balance: Balance) -> str:
         return '<span class="muted">— (the service gave no charges)</span>' if runway else "—"
     if not runway.burn:
         return f"no spend in the last {RUNWAY_DAYS} days"
-    if runway.days is None or runway.runs_out_at is None:
+    if runway.days is None:
         return "—"
     if not runway.days:
         return "0 days: the credit is spent"
+    if runway.runs_out_at is None:
+        return f"more than {LONGEST_RUNWAY_DAYS} days"
     return f"{runway.days.quantize(Decimal('0.1'), ROUND_HALF_UP)} days (until about {utc_text(runway.runs_out_at)})"
 
 

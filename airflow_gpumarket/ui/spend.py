@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import lifecycle
+from airflow_gpumarket import credit, lifecycle, spend_report
 from airflow_gpumarket.ui.records import COST_DIGITS, number, price_of, rental_cost
 
 if TYPE_CHECKING:
@@ -47,20 +47,17 @@ ACTIVE_RUN_STATES = frozenset({"queued", "running"})
 #: A task instance: dag_id, run_id, task_id, map_index.
 TiKey = tuple[str, str, str, int]
 
-DAY = 86400.0
-#: The full days (UTC, on the service's clock) whose charges give the runway's burn rate.
-RUNWAY_DAYS = 7
+DAY = credit.DAY_SECONDS
+#: The full days (UTC, on the service's clock) whose charges give the runway's burn rate (``credit.burn``).
+RUNWAY_DAYS = credit.BURN_DAYS
 ZERO = Decimal(0)
+#: Beyond this a runway is only "more than": a date that far out is no date at all.
+LONGEST_RUNWAY_DAYS = Decimal(36500)
 
 
 def dollars(value: float | Decimal | None) -> Decimal | None:
-    """A dollar figure as an exact decimal: the shortest decimal that reads back as ``value``.
-
-    For an amount the service sent, that is the decimal its JSON wrote; sums of these are exact.
-    """
-    if value is None or isinstance(value, Decimal):
-        return value
-    return Decimal(repr(float(value)))
+    """A dollar figure as an exact decimal (``spend_report.dollars``), or None."""
+    return None if value is None else spend_report.dollars(value)
 
 
 def day_start(epoch: float) -> float:
@@ -73,12 +70,10 @@ def charges_window(since: float, service_now: float) -> tuple[float, float]:
 
     ``service_now``: the service's time (its clock may run apart from this host's).
     """
-    return min(day_start(since), day_start(service_now) - RUNWAY_DAYS * DAY), service_now
+    return min(day_start(since), credit.burn_window(service_now)[0]), service_now
 
 
-def charge_time(charge: Charge) -> float | None:
-    """When a charge falls: its start, else its end, else None."""
-    return charge.start if charge.start is not None else charge.end
+charge_time = credit.charge_time
 
 
 def merged_charges(lists: Iterable[Iterable[Charge]]) -> list[Charge]:
@@ -570,8 +565,9 @@ class Runway:
 
     @property
     def runs_out_at(self) -> float | None:
+        """When the credit runs out; None without a runway or beyond ``LONGEST_RUNWAY_DAYS``."""
         days = self.days
-        return None if days is None else self.now + float(days) * DAY
+        return None if days is None or days > LONGEST_RUNWAY_DAYS else self.now + float(days) * DAY
 
 
 def runway(available: float | None, charges: Iterable[Charge] | None, service_now: float) -> Runway:
@@ -580,14 +576,7 @@ def runway(available: float | None, charges: Iterable[Charge] | None, service_no
     Full days: those before the service's today, whose charges are (mostly) posted. ``charges``: None when the service
     gave none; one with no time cannot be placed in a day and does not count.
     """
-    if charges is None:
-        return Runway(dollars(available), None, service_now)
-    today = day_start(service_now)
-    start = today - RUNWAY_DAYS * DAY
-    burn = sum(
-        (dollars(c.amount) or ZERO for c in charges if (t := charge_time(c)) is not None and start <= t < today),
-        ZERO,
-    )
+    burn = None if charges is None else credit.burn(charges, service_now)
     return Runway(dollars(available), burn, service_now)
 
 

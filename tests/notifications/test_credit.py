@@ -12,12 +12,17 @@ from airflow_gpumarket.api import Account
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.notifications.credit import GpuMarketLowCreditNotifier
 
+NOW = 1_767_225_600.0  # the service's time in these tests
+
 
 class Credit:
     """A fake hook whose account has ``left`` dollars of credit and no charges."""
 
     def __init__(self, left: float) -> None:
         self.left = left
+
+    def service_now(self):
+        return NOW
 
     def account(self):
         return Account(credit=self.left, balance=None, user_id=1, email=None, username=None)

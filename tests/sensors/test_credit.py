@@ -42,6 +42,9 @@ class Account_:
         self.missing = missing
         self.charges_asked: list[tuple[float, float]] = []
 
+    def service_now(self):
+        return NOW
+
     def account(self):
         if self.missing:
             raise GpuMarketNotFoundError("account: this service has no GET /api/v0/users/current (HTTP 404).",
@@ -102,7 +105,7 @@ def test_the_runway_is_the_credit_over_the_average_daily_burn_of_the_last_7_days
     monkeypatch.setattr(time, "time", lambda: NOW)
     hook = Account_(70.0, *spent(40.0, 60.0, 40.0))  # $140 over 7 days: $20 a day, so $70 lasts 3.5 days
     result = sensor(hook, threshold=10, runway_days=4).poke({})
-    assert hook.charges_asked == [(NOW - 7 * DAY, NOW)]
+    assert hook.charges_asked == [credit.burn_window(NOW)]  # the 7 full UTC days before the service's today
     assert result.is_done and result.xcom_value["burn_per_day"] == 20.0 and result.xcom_value["runway_days"] == 3.5
 
 
@@ -116,7 +119,7 @@ def test_the_threshold_alone_makes_the_credit_low_whatever_the_runway():
 
 
 def test_the_burn_is_summed_exactly_before_it_is_divided():
-    assert credit.burn_per_day(spent(*[0.1] * 70)) == 1.0  # 70 x 0.1 in floats is 7.000000000000001
+    assert credit.burn_per_day(spent(*[0.1] * 70), NOW) == 1.0  # 70 x 0.1 in floats is 7.000000000000001
 
 
 @pytest.mark.parametrize(
@@ -127,7 +130,7 @@ def test_the_runway_is_endless_without_burn_and_zero_without_credit(available, b
 
 
 def test_an_endless_runway_is_none_in_the_figures():
-    check = credit.assess(50.0, threshold=10, min_runway_days=3, charges=[])
+    check = credit.assess(50.0, threshold=10, min_runway_days=3, charges=[], service_now=NOW)
     assert not check.low and check.runway_days == math.inf and check.to_dict()["runway_days"] is None
     assert check.describe() == (
         "The account's credit is $50.00, nothing charged in the last 7 days: "
@@ -136,7 +139,7 @@ def test_an_endless_runway_is_none_in_the_figures():
 
 
 def test_a_short_runway_says_how_many_days_are_left():
-    check = credit.assess(30.0, threshold=10, min_runway_days=3, charges=spent(140.0))
+    check = credit.assess(30.0, threshold=10, min_runway_days=3, charges=spent(140.0), service_now=NOW)
     assert check.describe() == (
         "The account's credit is $30.00, about 1.5 days left at $20.00/day: less than the 3 days asked for"
     )

@@ -173,3 +173,11 @@ def test_rule_the_runway_is_the_credit_over_the_mean_daily_charges_of_the_last_s
     assert "the service gave no charges" in text(runway(10.0, None, NOW))
     assert "0 days: the credit is spent" in text(runway(-1.0, charges, NOW))
     assert "shown to users who may read every DAG" in page.accounts_html(None)
+
+
+def test_a_runway_of_centuries_is_shown_without_a_date():
+    from airflow_gpumarket.ui.spend import Balance
+
+    found = runway(1e9, [charge(1, 0.01, days_ago=1)], NOW)  # a simulator's endless credit
+    assert found.runs_out_at is None
+    assert "more than 36500 days" in page.accounts_html([Balance("c", found)])
