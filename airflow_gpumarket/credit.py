@@ -99,6 +99,16 @@ def check_runway_days(runway_days: Any) -> float | None:
     return value
 
 
+def check_arguments(threshold: Any, runway_days: Any) -> None:
+    """Refuse a bad threshold or runway when the DAG is parsed; one given as a template waits for its value."""
+    from airflow_gpumarket.utils import is_templated
+
+    if not is_templated(threshold):
+        check_threshold(threshold)
+    if not is_templated(runway_days):
+        check_runway_days(runway_days)
+
+
 def _number(name: str, value: Any) -> float:
     if isinstance(value, str):
         try:

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import credit
 from airflow_gpumarket._compat import BaseNotifier
-from airflow_gpumarket.utils import is_templated
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
@@ -49,10 +48,7 @@ class GpuMarketLowCreditNotifier(BaseNotifier):
         self.runway_days = runway_days
         self.notifiers = [notifiers] if callable(notifiers) else list(notifiers)
         self.gpumarket_conn_id = gpumarket_conn_id
-        if not is_templated(threshold):
-            credit.check_threshold(threshold)
-        if not is_templated(runway_days):
-            credit.check_runway_days(runway_days)
+        credit.check_arguments(threshold, runway_days)
 
     @cached_property
     def hook(self) -> GpuMarketHook:

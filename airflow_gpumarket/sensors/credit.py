@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, credit
 from airflow_gpumarket._compat import BaseSensorOperator, PokeReturnValue
-from airflow_gpumarket.utils import is_templated
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
@@ -54,10 +53,7 @@ class GpuMarketCreditSensor(BaseSensorOperator):
         self.gpumarket_conn_id = gpumarket_conn_id
         api.require_positive_number("poke_interval", self.poke_interval)
         # Bad input costs nothing: refused when the DAG is parsed, unless it is known only at run time.
-        if not is_templated(threshold):
-            credit.check_threshold(threshold)
-        if not is_templated(runway_days):
-            credit.check_runway_days(runway_days)
+        credit.check_arguments(threshold, runway_days)
 
     @cached_property
     def hook(self) -> GpuMarketHook:
