@@ -102,8 +102,8 @@ CHECKS = {
     "spend_matches_ledger": "once every rental ended (team_b_serve's deferred job marked failed), each run's spend "
     "on the page is within 10 % of the simulator's ledger: RunJob, @task.gpumarket, create -> teardown, deferred "
     "marked failed",
-    "balance_access": "the admin sees the account's credit as the service gives it (within one cached read's drift) and its runway; "
-    "reader_a (one DAG) sees neither in the page nor in its JSON",
+    "balance_access": "the admin sees the account's credit as the service gives it (within one cached read's "
+    "drift) and its runway; reader_a (one DAG) sees neither in the page nor in its JSON",
     "actual_matches_ledger": "once every rental ended and the service posted its charges, each rental's actual on "
     "the page (its charges) equals the simulator's ledger for its instance to the cent",
 }
