@@ -187,7 +187,7 @@ class Budget:
     def reserve(self, worst: budgets.WorstCase, *, started: float) -> None:
         """Reserve ``worst`` before a create at the service's time ``started``; raise ``GpuMarketBudgetExceeded`` when
         it does not fit."""
-        available = self._available()
+        available = self.credit()
         request = ledger.Request(
             conn_id=self.conn_id,
             dag_id=self.dag_id,
@@ -222,7 +222,7 @@ class Budget:
             "" if self.limits is None else f"; DAG budgets: {self.limits.given()}",
         )
 
-    def _available(self) -> float | None:
+    def credit(self) -> float | None:
         """The account's credit, or None when the service does not tell it."""
         account = getattr(self.hook, "account", None)
         if account is None:

@@ -157,6 +157,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     _guard: RentalGuard | None = None
     _stager: Stager | None = None
     _budget: Budget | None = None
+    #: This try's rentals: instance -> what it bills per hour (disk included), as reserved.
+    _hourly: dict[int, float]
     _started_at: float | None = None
 
     def __init__(
@@ -508,11 +510,10 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             self._guard.kill()
 
     def _new_guard(self, context: Any) -> RentalGuard:
+        from airflow_gpumarket.operators.budget import Budget
         from airflow_gpumarket.ui.records import RentalRecorder
 
         recorder = RentalRecorder(context, self.log, self.gpumarket_conn_id, clock=self.hook.service_now)
-        from airflow_gpumarket.operators.budget import Budget
-
         store = context.get("task_state_store") if self.durable and isinstance(context, Mapping) else None
         budget = self._budget = Budget(
             self.hook,
@@ -522,7 +523,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             task_id=self.task_id,
             conn_id=self.gpumarket_conn_id,
         )
-        self._hourly: dict[int, float] = {}  # instance -> what it bills per hour, as reserved
+        self._hourly = {}
         guard = RentalGuard(self.hook, self.log, self._rental_key(context), store=store, recorder=recorder)
         guard.budget = budget
         return guard
@@ -755,11 +756,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     def _credit_ran_out(self) -> float | None:
         """The account's credit when it is $0 or less (the service then stops every instance), else None."""
-        account = getattr(self.hook, "account", None)
-        try:
-            available = None if account is None else account().available
-        except GpuMarketError:
-            return None
+        available = None if self._budget is None else self._budget.credit()
         return available if available is not None and available <= 0 else None
 
     def _hourly_of(self, rental: lifecycle.Rental) -> float | None:
