@@ -17,7 +17,7 @@ from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 POLL_SECONDS = float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10"))
-SHARDS = [f"shard-{n:03d}" for n in range(8)]
+SHARDS = [f"shard-{n:03d}" for n in range(4)]
 
 with DAG(
     dag_id="example_gpumarket_budgets",
