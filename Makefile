@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install lint typecheck test test-fast test-airflow3 test-airflow2 test-wheel demo demo-airflow2 docs bench chaos system ui-test fleet system-airflow2 system-airflow32 services browser clean
+.PHONY: install lint typecheck test test-fast test-airflow3 test-airflow2 test-wheel test-simulator test-late demo demo-airflow2 docs bench chaos system ui-test fleet system-airflow2 system-airflow32 services browser clean
 
 # The main environment: the Airflow that `make demo`, `make system` and `make chaos` run, and the first leg of the
 # tests. The second leg runs the same tests on the newest Airflow 2.11.x, in a virtual environment of its own.
@@ -53,12 +53,22 @@ typecheck: install
 # (it mostly waits on its simulators); each prints its output whole when it ends.
 test-fast: lint typecheck
 	$(MAKE) --no-print-directory -j2 --output-sync=target bench-quick test-airflow3
+	$(MAKE) --no-print-directory test-simulator
 
 test-airflow3: install
 	@echo "== tests on Airflow $(AIRFLOW3)"
-	$(BIN)/pytest
+	$(BIN)/pytest --ignore=tests/simulator --ignore=tests/cli
 
-# The simulator's and the official CLI's suites do not import Airflow: the first leg runs them.
+# The simulator's and the official CLI's suites do not import Airflow: they run once, in the main environment.
+test-simulator: install
+	@echo "== the simulator's and the official CLI's suites"
+	$(BIN)/pytest tests/simulator tests/cli
+
+# What make test runs beside the 2.11 leg, one after the other: the wheels, then the suites that need no Airflow.
+test-late:
+	$(MAKE) --no-print-directory test-wheel
+	$(MAKE) --no-print-directory test-simulator
+
 test-airflow2: $(STAMP2)
 	@echo "== tests on Airflow $$($(VENV2)/bin/python -c 'import airflow; print(airflow.__version__)')"
 	$(VENV2)/bin/pytest --ignore=tests/simulator --ignore=tests/cli
@@ -88,7 +98,7 @@ test-wheel: install
 test: install
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint typecheck $(STAMP2)
 	$(MAKE) --no-print-directory -j2 --output-sync=target bench-quick test-airflow3
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-airflow2 test-wheel
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-airflow2 test-late
 
 demo: install
 	$(BIN)/python scripts/demo.py
