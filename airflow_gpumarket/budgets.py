@@ -219,9 +219,9 @@ def refusal(
                 )
     if available is not None and held + worst > available + 1e-9:
         return (
-            f"The account's credit is ${available:.2f}, ${held:.4f} of it is reserved by rentals still running, and "
-            f"this rental's worst case is ${worst:.4f}: renting would run into the service's stop at $0. Nothing was "
-            "rented; add credit or lower max_runtime or max_cost."
+            f"The account's credit is {'-' if available < 0 else ''}${abs(available):.2f}, ${held:.4f} of it is "
+            f"reserved by rentals still running, and this rental's worst case is ${worst:.4f}: renting would run into "
+            "the service's stop at $0. Nothing was rented; add credit or lower max_runtime or max_cost."
         )
     return None
 

@@ -110,7 +110,9 @@ class Request:
             value = body.get(name)
             if value is None and name in ("available", "started"):
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number")
+            if value < 0 and name != "available":  # a credit below $0: storage bills on after the service's stop
                 raise ValueError(f"{name} must be a number >= 0")
             fields[name] = float(value)
         if body.get("team") is not None:

@@ -113,3 +113,9 @@ def test_a_rental_is_settled_on_the_services_clock_when_both_ends_are_known(engi
     ledger.attach(engine, "gpumarket_default", reservation, 8)
     cost = ledger.settle(engine, "gpumarket_default", instance_id=8, now=NOW + 10, ended=5200.0)
     assert cost == pytest.approx(0.36 * 200 / 3600, abs=1e-4)
+
+
+def test_a_credit_below_zero_is_a_refusal_not_a_malformed_request(engine):
+    body = {**ask(limits=None).to_json(), "available": -0.42}
+    with pytest.raises(ledger.BudgetRefused, match=r"credit is -\$0.42"):
+        ledger.reserve(engine, ledger.Request.from_json(body), now=NOW)
