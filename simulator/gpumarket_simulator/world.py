@@ -549,8 +549,10 @@ class World:
 
     # --- offers ---------------------------------------------------------------------------------------------
     def offer_view(self, offer: Offer) -> dict[str, Any]:
+        """An offer as search shows it; ``storage_cost`` ($/GB/month, as the live service names it) is the disk's
+        price, the same for every offer here."""
         machine = self.machines.get(offer.machine_id)
-        return offer.view(machine.online if machine else True)
+        return {**offer.view(machine.online if machine else True), "storage_cost": self.disk_price_per_gb_month}
 
     def search(self, query: SearchQuery) -> list[dict[str, Any]]:
         views = [self.offer_view(o) for o in sorted(self.offers.values(), key=lambda o: o.id)]

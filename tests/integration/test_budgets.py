@@ -88,3 +88,13 @@ def test_rule_the_services_stop_at_zero_credit_fails_the_job_naming_the_credit_a
     market.join(30)
     assert sim.account()["stops"], "the simulator never stopped at $0"
     assert alive(sim) == []
+
+
+def test_rule_the_worst_case_counts_the_disk_at_the_offers_storage_cost(sim):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    result = job(disk=200, max_runtime=600).execute(context())
+    (offer,) = GpuMarketHook().search_offers({"id": {"eq": result["offer_id"]}})
+    (entry,) = reservations()
+    assert offer["storage_cost"] > 0
+    assert entry["hourly"] == pytest.approx(result["dph_total"] + 200 * offer["storage_cost"] / 730, abs=1e-6)
