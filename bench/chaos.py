@@ -186,7 +186,6 @@ def classify(exc: BaseException) -> str:
 
 
 def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
-    from airflow_gpumarket import lifecycle as lc
     from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
     rng = random.Random(f"chaos-{seed}-{i}")
@@ -235,13 +234,21 @@ def lifecycle(i: int, seed: int, sim: Simulator, kills: Counter) -> dict:
         deferrable=False,
         **bidding,
     )
-    ctx = {"run_id": f"chaos-{seed}-{i}", "ti": SimpleNamespace(try_number=1, map_index=-1)}
-    key = lc.rental_key(op.dag_id or "", ctx["run_id"], op.task_id, -1)
     timer = None
     if rng.random() < 0.12:
         timer = threading.Timer(rng.uniform(0.05, 1.2), op.on_kill)
         timer.start()
         kills["on_kill scheduled"] += 1
+    return run_job(op, f"chaos-{seed}-{i}", sim, command, timer)
+
+
+def run_job(op, run_id: str, sim: Simulator, command: str, timer: threading.Timer | None = None) -> dict:
+    """Run one lifecycle's operator to its end (``timer``: its on_kill, cancelled then): how it ended, and what of
+    its rentals is alive after."""
+    from airflow_gpumarket import lifecycle as lc
+
+    ctx = {"run_id": run_id, "ti": SimpleNamespace(try_number=1, map_index=-1)}
+    key = lc.rental_key(op.dag_id or "", run_id, op.task_id, -1)
     try:
         result = op.execute(ctx)
         outcome = "succeeded" if result.get("job_status") == "succeeded" else "UNCLEAR: returned without success"
@@ -269,7 +276,6 @@ CREDIT_PHASE_JOBS = 16
 
 def credit_lifecycle(i: int, seed: int, sim: Simulator) -> dict:
     """One job of the $0-stop phase: long enough that the credit runs out under it."""
-    from airflow_gpumarket import lifecycle as lc
     from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
     op = GpuMarketRunJobOperator(
@@ -284,15 +290,7 @@ def credit_lifecycle(i: int, seed: int, sim: Simulator) -> dict:
         boot_timeout=60,
         deferrable=False,
     )
-    ctx = {"run_id": f"chaos-credit-{seed}-{i}", "ti": SimpleNamespace(try_number=1, map_index=-1)}
-    key = lc.rental_key(op.dag_id or "", ctx["run_id"], op.task_id, -1)
-    try:
-        result = op.execute(ctx)
-        outcome = "succeeded" if result.get("job_status") == "succeeded" else "UNCLEAR: returned without success"
-    except BaseException as exc:  # noqa: BLE001 - every ending is classified
-        outcome = classify(exc)
-    alive_at_finish = [inst for inst in sim.alive() if (lc.parse_label(inst.get("label")) or ("",))[0] == key]
-    return {"outcome": outcome, "key": key, "alive_at_finish": alive_at_finish, "command": "credit"}
+    return run_job(op, f"chaos-credit-{seed}-{i}", sim, "credit")
 
 
 def credit_stop(sim: Simulator, seed: int, workers: int) -> tuple[list[dict], int]:
