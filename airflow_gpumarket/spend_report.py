@@ -50,7 +50,8 @@ def utc_day(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d")
 
 
-def _utc_time(epoch: float) -> str:
+def utc_time(epoch: float) -> str:
+    """An epoch second as ``YYYY-MM-DD HH:MM UTC``."""
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
@@ -104,7 +105,7 @@ def window(
     window_end = high if given_end is None else given_end
     if window_end <= window_start:
         raise GpuMarketValidationError(
-            "window_end", f"must be after window_start ({_utc_time(window_start)}), got {_utc_time(window_end)}"
+            "window_end", f"must be after window_start ({utc_time(window_start)}), got {utc_time(window_end)}"
         )
     return window_start, window_end
 
@@ -185,7 +186,7 @@ class SpendReport:
     def table(self) -> str:
         """The report as fixed-width text for the task log: one section per view, each with its total line."""
         title = (
-            f"GPU Market spend from {_utc_time(self.start)} to {_utc_time(self.end)}: "
+            f"GPU Market spend from {utc_time(self.start)} to {utc_time(self.end)}: "
             f"{self.charges} charge{'' if self.charges == 1 else 's'}"
         )
         sections = [

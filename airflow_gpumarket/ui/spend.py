@@ -23,7 +23,6 @@ Money is summed as exact decimals (``dollars``: what the service's JSON said) an
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -491,7 +490,7 @@ def spend(
         result.dags.setdefault(dag_id, Total()).add(figure)
         result.runs.setdefault((dag_id, run_id), Total()).add(figure)
         if its_charges is None:
-            per_day[_day(span.created_at)][dag_id] += figure.amount or ZERO
+            per_day[spend_report.utc_day(span.created_at)][dag_id] += figure.amount or ZERO
         else:
             took[span.instance_id] = span
     first = day_start(window_start)
@@ -500,7 +499,7 @@ def spend(
         when = charge_time(charge)
         if taker is None or taker.owner is None or (when is not None and when < first):
             continue
-        day = _day(when if when is not None else taker.created_at or first)
+        day = spend_report.utc_day(when if when is not None else taker.created_at or first)
         per_day[day][taker.owner[0]] += dollars(charge.amount) or ZERO
     result.per_day = {day: {d: float(v) for d, v in dags.items()} for day, dags in sorted(per_day.items())}
     return result
@@ -606,9 +605,4 @@ def span_cost(span: Span, alive_costs: Mapping[int, float | None]) -> float | No
     return alive_costs.get(span.instance_id)
 
 
-def _day(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d")
-
-
-def utc_text(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+utc_text = spend_report.utc_time
