@@ -103,23 +103,33 @@ def probe_for(callback: str):
     return probe
 
 
-for _name, (_deferrable, _command, _extra) in SCENARIOS.items():
-    with DAG(
-        dag_id=f"system_{_name}",
+def scenario_dag(name: str, **kwargs) -> DAG:
+    """The DAG of scenario ``name``, ``system_<name>``: one run at a time, triggered by the test."""
+    return DAG(
+        dag_id=f"system_{name}",
         start_date=datetime(2026, 1, 1),
         schedule=None,
         catchup=False,
         max_active_runs=1,
         tags=["gpumarket-system"],
-    ):
-        _common = dict(
-            offer_filters={"gpu_name": {"eq": f"sys-{_name}"}},
-            image="system-test",
-            command=_command,
-            poll_interval=1,
-            boot_timeout=timedelta(minutes=2),
-            max_runtime=timedelta(minutes=15),
-        )
+        **kwargs,
+    )
+
+
+def rental_arguments(name: str) -> dict:
+    """What every scenario's renting task is given: only the scenario's own offers, quick polls and bounds."""
+    return dict(
+        offer_filters={"gpu_name": {"eq": f"sys-{name}"}},
+        image="system-test",
+        poll_interval=1,
+        boot_timeout=timedelta(minutes=2),
+        max_runtime=timedelta(minutes=15),
+    )
+
+
+for _name, (_deferrable, _command, _extra) in SCENARIOS.items():
+    with scenario_dag(_name):
+        _common = dict(rental_arguments(_name), command=_command)
         _job = GpuMarketRunJobOperator(task_id="job", deferrable=_deferrable, **_common, **_extra)
         if _name == "postgres_restart":  # the same job in a worker, beside the deferred one
             GpuMarketRunJobOperator(task_id="job_sync", deferrable=False, **_common)
@@ -133,24 +143,9 @@ for _name, (_deferrable, _command, _extra) in SCENARIOS.items():
 
 # A mapped @task.gpumarket whose worker is lost: the DAG processor runs the failure callback with the mapped task
 # itself (never unmapped), so the callback must find the rental from the partial() arguments and the map index.
-with DAG(
-    dag_id="system_lost_worker_mapped",
-    start_date=datetime(2026, 1, 1),
-    schedule=None,
-    catchup=False,
-    max_active_runs=1,
-    tags=["gpumarket-system"],
-):
+with scenario_dag("lost_worker_mapped"):
 
-    @task.gpumarket(
-        offer_filters={"gpu_name": {"eq": "sys-lost_worker_mapped"}},
-        image="system-test",
-        deferrable=False,
-        poll_interval=1,
-        boot_timeout=timedelta(minutes=2),
-        max_runtime=timedelta(minutes=15),
-        retries=0,
-    )
+    @task.gpumarket(**rental_arguments("lost_worker_mapped"), deferrable=False, retries=0)
     def job(seconds: int) -> int:
         import time
 
@@ -163,23 +158,11 @@ with DAG(
 # Fifty jobs of $0.10 worst case each (max_cost plus one poll at $0.50/h) under a $1 daily budget (the deployment's
 # gpumarket_budgets Variable): reservations on two workers through the api-server's ledger admit ten at once. A job
 # bills its boot and 12 s (240 s on the simulator's clock), well under max_cost.
-with DAG(
-    dag_id="system_budget",
-    start_date=datetime(2026, 1, 1),
-    schedule=None,
-    catchup=False,
-    max_active_runs=1,
-    max_active_tasks=64,
-    tags=["gpumarket-system"],
-):
+with scenario_dag("budget", max_active_tasks=64):
     GpuMarketRunJobOperator.partial(
         task_id="job",
-        offer_filters={"gpu_name": {"eq": "sys-budget"}},
-        image="system-test",
+        **rental_arguments("budget"),
         deferrable=True,
-        poll_interval=1,
-        boot_timeout=timedelta(minutes=2),
-        max_runtime=timedelta(minutes=15),
         max_cost=0.0997,
         max_offer_attempts=30,  # ten renters at once race for the same cheapest offers: the losers try the next
         retries=0,
