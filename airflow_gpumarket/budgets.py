@@ -16,14 +16,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_gpumarket import api
+
 #: The Variable that holds every DAG's budgets.
 VARIABLE = "gpumarket_budgets"
 #: The key of the budgets that every DAG not named has, each its own.
 EVERY_DAG = "*"
 #: The periods a DAG's budget may be given for, in the order a refusal names them.
 PERIODS = ("run", "day", "week", "month")
-#: The disk's price when the offer shows none is not known; the worst case then counts compute only.
-HOURS_PER_MONTH = 730.0
 #: Reservations are kept to this many decimal places, rounded up: a worst case is never understated.
 MONEY_DIGITS = 4
 
@@ -121,6 +121,13 @@ class WorstCase:
         return text + (", capped by max_cost)" if self.capped_by_max_cost else ")")
 
 
+def storage_hourly(disk_gb: float | None, storage_price_per_gb_month: float | None) -> float:
+    """What a disk of ``disk_gb`` bills per hour at a price per GB and month (0 when either is unknown)."""
+    if not (api.is_positive_number(disk_gb) and api.is_positive_number(storage_price_per_gb_month)):
+        return 0.0
+    return float(disk_gb) * float(storage_price_per_gb_month) / api.STORAGE_MONTH_HOURS  # type: ignore[arg-type]
+
+
 def worst_case(
     *,
     hourly_price: float,
@@ -134,10 +141,7 @@ def worst_case(
 
     A rental stopped at ``max_cost`` may run one more poll (``overshoot_seconds``) before it is stopped.
     """
-    storage_hourly = 0.0
-    if disk_gb and storage_price_per_gb_month:
-        storage_hourly = float(disk_gb) * float(storage_price_per_gb_month) / HOURS_PER_MONTH
-    hourly = float(hourly_price) + storage_hourly
+    hourly = float(hourly_price) + storage_hourly(disk_gb, storage_price_per_gb_month)
     amount = hourly * seconds / 3600.0
     capped = False
     if max_cost is not None:

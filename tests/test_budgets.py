@@ -37,8 +37,17 @@ def test_a_malformed_budgets_variable_names_the_key_and_the_fix(raw, named):
 
 def test_the_worst_case_is_the_price_over_the_whole_lease_plus_the_disk():
     worst = budgets.worst_case(hourly_price=0.5, seconds=3600, disk_gb=73, storage_price_per_gb_month=0.1)
-    assert worst.amount == pytest.approx(0.5 + 73 * 0.1 / 730, abs=1e-4)
-    assert worst.amount >= 0.5 + 73 * 0.1 / 730  # rounded up, never down
+    assert worst.amount == pytest.approx(0.5 + 73 * 0.1 / 720, abs=1e-4)
+    assert worst.amount >= 0.5 + 73 * 0.1 / 720  # rounded up, never down
+
+
+def test_a_month_of_disk_is_thirty_days_in_the_provider_and_the_simulator():
+    from airflow_gpumarket import api
+    from gpumarket_simulator.world import SECONDS_PER_MONTH
+
+    assert api.STORAGE_MONTH_HOURS == 720
+    assert api.STORAGE_MONTH_HOURS * 3600 == SECONDS_PER_MONTH
+    assert budgets.storage_hourly(720, 0.1) == pytest.approx(0.1)
 
 
 def test_max_cost_caps_the_worst_case_with_one_poll_of_overshoot():
@@ -108,3 +117,4 @@ def test_the_ledger_signature_depends_on_the_key_the_time_and_the_body():
     assert one != budgets.signature("other", "100", b"{}")
     assert one != budgets.signature("key", "101", b"{}")
     assert one != budgets.signature("key", "100", b"{ }")
+

@@ -117,6 +117,7 @@ from airflow_gpumarket.api.paths import (
     STATUS_LOADING,
     STATUS_RUNNING,
     STATUS_STOPPED,
+    STORAGE_MONTH_HOURS,
     TARGET_STATES,
     TFA_METHODS,
     TFA_METHODS_NEEDING_SECRET,

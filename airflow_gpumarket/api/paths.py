@@ -77,6 +77,9 @@ BOOTING_STATUSES = (None, STATUS_LOADING)
 
 # Limits.
 ONSTART_MAX_CHARS = 4048
+#: An offer's ``storage_cost`` is dollars per GB and month of 30 days, as the official client converts the service's
+#: per-second disk rates (``_SEC_PER_MONTH`` in its ``price_increase`` command).
+STORAGE_MONTH_HOURS = 30 * 24
 POLL_INTERVAL_SECONDS = 10
 #: Seconds between reads of a running job's log, by default. Each read is one logs request (a PUT, whose live
 #: budget is not published; changing an instance is allowed 1/s per key) and one download from storage, so 30 s

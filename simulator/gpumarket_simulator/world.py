@@ -36,6 +36,7 @@ FAILED_STATUSES = ("exited", "unknown", "offline")
 FATES = ("running", *FAILED_STATUSES)
 #: Statuses the admin surface may force an instance into (None is "provisioning").
 FORCEABLE_STATUSES = (None, "loading", "running", "stopped", *FAILED_STATUSES)
+#: The month that an offer's storage_cost ($/GB/month) is spread over: 30 days, as the live service's client counts.
 SECONDS_PER_MONTH = 30 * 86400
 #: Disk in GB an instance gets when its creation names none (the spec does not say; this is the simulator's choice).
 DEFAULT_DISK_GB = 8

@@ -97,4 +97,4 @@ def test_rule_the_worst_case_counts_the_disk_at_the_offers_storage_cost(sim):
     (offer,) = GpuMarketHook().search_offers({"id": {"eq": result["offer_id"]}})
     (entry,) = reservations()
     assert offer["storage_cost"] > 0
-    assert entry["hourly"] == pytest.approx(result["dph_total"] + 200 * offer["storage_cost"] / 730, abs=1e-6)
+    assert entry["hourly"] == pytest.approx(result["dph_total"] + 200 * offer["storage_cost"] / 720, abs=1e-6)
