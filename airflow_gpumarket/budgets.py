@@ -141,6 +141,8 @@ def worst_case(
 
     A rental stopped at ``max_cost`` may run one more poll (``overshoot_seconds``) before it is stopped.
     """
+    if not (api.is_positive_number(hourly_price) and math.isfinite(hourly_price)):
+        raise ValueError(f"a rental's worst case needs its price in $/h, above $0; got {hourly_price!r}")
     hourly = float(hourly_price) + storage_hourly(disk_gb, storage_price_per_gb_month)
     amount = hourly * seconds / 3600.0
     capped = False

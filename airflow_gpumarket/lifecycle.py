@@ -189,6 +189,7 @@ class Rental:
     stopped_at: float | None = None  # when its watcher saw it stop since it last ran, on that clock
     read_at: float | None = None  # its watcher's last read, on that clock
     staged: bool = False  # its staged data arrived and its job started (``operators.stager``)
+    disk_hourly: float = 0.0  # what its disk bills per hour, at the offer's storage_cost
 
     def note_billing(self, status: str | None, at: float) -> bool:
         """Take one read's status at the service's time ``at`` (see ``billing_marks``).
@@ -208,6 +209,12 @@ class Rental:
     def hourly_price(self) -> float | None:
         """What an hour of compute costs: the bid of an interruptible rental, else the offer's on-demand price."""
         return self.bid if self.bid is not None else self.dph_total
+
+    @property
+    def hourly(self) -> float | None:
+        """What an hour of the rental costs, disk included: the one rate its messages and its max_cost quote."""
+        price = self.hourly_price
+        return None if price is None else round(price + self.disk_hourly, 6)
 
     # What a rental learns while it is held; nothing else changes it.
     def relabel(self, label: str | None) -> None:

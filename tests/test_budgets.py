@@ -118,3 +118,8 @@ def test_the_ledger_signature_depends_on_the_key_the_time_and_the_body():
     assert one != budgets.signature("key", "101", b"{}")
     assert one != budgets.signature("key", "100", b"{ }")
 
+
+@pytest.mark.parametrize("price", [0, 0.0, None, -1.0, float("nan"), "0.3"])
+def test_a_worst_case_without_a_known_price_is_refused_rather_than_reserved_at_zero(price):
+    with pytest.raises(ValueError, match=r"needs its price in \$/h, above \$0"):
+        budgets.worst_case(hourly_price=price, seconds=3600)

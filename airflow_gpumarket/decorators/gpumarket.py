@@ -162,12 +162,12 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             self._end(rental, succeeded=True)
             summary = self._summary(rental, event.get("actual_status"))
             self.log.info(
-                "%s returned on instance %s after %s; compute cost about $%s (at $%s/h)",
+                "%s returned on instance %s after %s; cost about $%s (at $%s/h, disk included)",
                 self._name,
                 rental.instance_id,
                 lifecycle.format_duration(summary["elapsed_seconds"]),
                 summary["estimated_cost"],
-                rental.hourly_price,
+                rental.hourly,
             )
             return value
         if text:

@@ -157,8 +157,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     _guard: RentalGuard | None = None
     _stager: Stager | None = None
     _budget: Budget | None = None
-    #: This try's rentals: instance -> what it bills per hour (disk included), as reserved.
-    _hourly: dict[int, float]
     _started_at: float | None = None
 
     def __init__(
@@ -428,17 +426,18 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     # --- offers ----------------------------------------------------------------------------------------
     def _next_offer(self, attempts: lifecycle.Attempts) -> tuple[Mapping[str, Any] | None, float | None, str]:
-        """The next offer to rent and its bid (None on demand); or no offer, and why."""
+        """The next offer to rent and its bid (None on demand); or no offer, and why.
+
+        A pinned offer is searched for by its id too: its price must be known before its worst case is reserved.
+        """
         tried, bids = attempts.tried, self.interruptible and not attempts.on_demand
-        if self.offer_id is not None:
-            offer_id = self._offer_id_int()
-            if offer_id in tried:
-                return None, None, "no further matching offer"
-            if not bids:
-                return {"id": offer_id}, None, ""
+        pinned = None if self.offer_id is None else self._offer_id_int()
+        if pinned in tried:
+            return None, None, "no further matching offer"
+        offer_type = "bid" if bids else self.offer_type
         offers = self.hook.search_offers(
-            {"id": {"eq": self._offer_id_int()}} if self.offer_id is not None else self.offer_filters,
-            offer_type="bid" if bids else self.offer_type,
+            self.offer_filters if pinned is None else {"id": {"eq": pinned}},
+            offer_type=offer_type,
             order=self.offer_order or [["dph_total", "asc"]],
             limit=len(tried) + len(attempts.lost_machines) + 10,
         )
@@ -448,15 +447,21 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 continue
             if offer.get("machine_id") is not None and offer.get("machine_id") in attempts.lost_machines:
                 continue  # a preemption took this machine: never again
+            if not api.is_positive_number(offer.get("dph_total")):
+                skipped = f"offer {offer.get('id')} shows no price (dph_total), so its worst case cannot be reserved"
+                continue
             bid = None
             if bids:
                 bid, skipped = bidding.bid_for(offer, self.bidding.max_bid)
                 if bid is None:
                     continue
-            price = bid if bid is not None else offer.get("dph_total") or 0
+            price = bid if bid is not None else offer["dph_total"]
             if self.max_dph is not None and price > self.max_dph:
                 continue
             return offer, bid, ""
+        if pinned is not None and not skipped and all(offer.get("id") != pinned for offer in offers):
+            why = f"offer_id {pinned} is not found by a search for it ({offer_type}): it is taken or no longer listed"
+            return None, None, why + ", and its price cannot be known before renting"
         return None, None, "no further matching offer" + (f" (the last one refused: {skipped})" if skipped else "")
 
     # --- the task --------------------------------------------------------------------------------------
@@ -523,7 +528,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             task_id=self.task_id,
             conn_id=self.gpumarket_conn_id,
         )
-        self._hourly = {}
         guard = RentalGuard(self.hook, self.log, self._rental_key(context), store=store, recorder=recorder)
         guard.budget = budget
         return guard
@@ -668,7 +672,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             raise
         guard.instance_id = int(result["new_contract"])
         budget.created(guard.instance_id)
-        self._hourly[guard.instance_id] = worst.hourly
         self.log.info("Created instance %s on offer %s", guard.instance_id, offer["id"])
         rental = lifecycle.Rental(
             instance_id=guard.instance_id,
@@ -683,6 +686,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             bid=bid,
             machine_id=offer.get("machine_id"),
             attempts=attempts,
+            disk_hourly=budgets.storage_hourly(self._disk_gb(), offer.get("storage_cost")),
         )
         if guard.recorder is not None:
             guard.recorder.start(rental, handed_over=self._hands_over_its_instance)
@@ -693,18 +697,24 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     def _worst_case(self, offer: Mapping[str, Any], bid: float | None) -> budgets.WorstCase:
         """The most a rental of ``offer`` may cost: its price over its lease, disk included, capped by max_cost."""
-        price = bid if bid is not None else offer.get("dph_total")
-        cap = bidding.bid_cap(self.bidding.max_bid, offer.get("dph_total")) if bid is not None else None
-        if self.bidding.holds() and api.is_positive_number(cap):
-            price = max(float(price or 0.0), cap)  # a held bid may rise up to its cap
         return budgets.worst_case(
-            hourly_price=float(price) if api.is_positive_number(price) else 0.0,
+            hourly_price=self._reserved_price(offer.get("dph_total"), bid) or 0.0,
             seconds=self._lease_seconds(),
-            disk_gb=disk if api.is_positive_number(disk := self.instance.get("disk")) else None,
-            storage_price_per_gb_month=rate if api.is_positive_number(rate := offer.get("storage_cost")) else None,
+            disk_gb=self._disk_gb(),
+            storage_price_per_gb_month=offer.get("storage_cost"),
             max_cost=self.max_cost,
             overshoot_seconds=self.poll_interval,
         )
+
+    def _reserved_price(self, dph_total: Any, bid: float | None) -> float | None:
+        """The compute price a rental is reserved and capped at: its price, or the cap a held bid may rise to."""
+        if bid is None:
+            return float(dph_total) if api.is_positive_number(dph_total) else None
+        cap = bidding.bid_cap(self.bidding.max_bid, dph_total)
+        return max(float(bid), cap) if self.bidding.holds() and cap is not None else float(bid)
+
+    def _disk_gb(self) -> float | None:
+        return disk if api.is_positive_number(disk := self.instance.get("disk")) else None
 
     def _rental_of(self, adopted: Mapping[str, Any]) -> lifecycle.Rental:
         """The rental an earlier try left, as this try holds it."""
@@ -729,7 +739,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         deadline, max_runtime = self._limits(rental)
         job = self._waits_for_job and not self._stages_in(rental)
         cost_deadline = None
-        if self.max_cost is not None and (hourly := self._hourly_of(rental)) is not None:
+        price = self._reserved_price(rental.dph_total, rental.bid)
+        if self.max_cost is not None and price is not None:
+            hourly = price + rental.disk_hourly
             start = self._billed_from(rental)
             cost_deadline = budgets.cost_deadline(start=start, hourly=hourly, max_cost=self.max_cost)
         return lifecycle.Watch(
@@ -750,7 +762,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     def _cost_text(self, rental: lifecycle.Rental) -> str:
         """The rental's cost so far, for a message: what it bills per hour since it began, on the service's clock."""
-        hourly = self._hourly_of(rental) or 0.0
+        hourly = rental.hourly or 0.0
         seconds = max(0.0, self.hook.service_now() - self._billed_from(rental))
         return f"its cost so far is about ${hourly * seconds / 3600:.4f} (${hourly:g}/h for {seconds / 60:.1f} min)"
 
@@ -758,10 +770,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         """The account's credit when it is $0 or less (the service then stops every instance), else None."""
         available = None if self._budget is None else self._budget.credit()
         return available if available is not None and available <= 0 else None
-
-    def _hourly_of(self, rental: lifecycle.Rental) -> float | None:
-        """What the rental bills per hour: as reserved (disk included), else its price."""
-        return self._hourly.get(rental.instance_id, rental.hourly_price)
 
     def _still_running(self, rental: lifecycle.Rental) -> bool:
         try:
@@ -805,7 +813,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 wait_for=watch.wait_for,
                 poll_interval=self.poll_interval,
                 destroy_on_kill=True,
-                dph_total=rental.hourly_price,
+                dph_total=rental.hourly,
                 boot_deadline=watch.boot_deadline,
                 deadline=deadline,
                 max_runtime=watch.max_runtime,
@@ -860,7 +868,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 instance_id,
                 watch.shown,
                 lifecycle.format_duration(rental.elapsed(now)),
-                lifecycle.estimated_cost(rental.hourly_price, rental.elapsed(now)),
+                lifecycle.estimated_cost(rental.hourly, rental.elapsed(now)),
             )
             if event is not None:
                 return event
@@ -1034,5 +1042,5 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             "actual_status": status,
             "ssh_host": rental.ssh_host,
             "elapsed_seconds": round(elapsed, 3),
-            "estimated_cost": lifecycle.estimated_cost(rental.hourly_price, elapsed),
+            "estimated_cost": lifecycle.estimated_cost(rental.hourly, elapsed),
         }

@@ -112,12 +112,12 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         summary = self._summary(rental, event.get("actual_status"))
         summary["job_status"] = "succeeded" if succeeded else "failed"
         self.log.info(
-            "Job on instance %s %s after %s; compute cost about $%s (at $%s/h)",
+            "Job on instance %s %s after %s; cost about $%s (at $%s/h, disk included)",
             rental.instance_id,
             summary["job_status"],
             lifecycle.format_duration(summary["elapsed_seconds"]),
             summary["estimated_cost"],
-            rental.hourly_price,
+            rental.hourly,
         )
         if not succeeded:
             if event.get("limit") == lifecycle.MAX_COST:

@@ -33,7 +33,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     :param destroy_on_kill: destroy the instance when a user marks the deferred task failed or clears it
         (Airflow 3.3+ calls ``on_kill``; before 3.3 ``cleanup`` finds it out, see there); True for operators
         that rented the instance, False for sensors.
-    :param dph_total: the offer's price, only to log the cost so far.
+    :param dph_total: the rental's rate in $/h, disk included, only to log the cost so far.
     :param cost_deadline: the service's epoch second at which the rental's estimated cost reaches the task's
         ``max_cost``: the first read at or after it ends the wait as a timeout whose ``limit`` is ``"max_cost"``.
     :param label: the instance's label as the operator last wrote it (its lease is read from it).
