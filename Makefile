@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install lint typecheck test test-fast test-airflow3 test-airflow2 test-wheel test-simulator test-late demo demo-airflow2 docs bench chaos system ui-test fleet system-airflow2 system-airflow32 services browser clean
+.PHONY: install dist lint typecheck test test-fast test-airflow3 test-airflow2 test-wheel test-simulator test-late demo demo-airflow2 docs bench chaos system ui-test fleet system-airflow2 system-airflow32 services browser clean
 
 # The main environment: the Airflow that `make demo`, `make system` and `make chaos` run, and the first leg of the
 # tests. The second leg runs the same tests on the newest Airflow 2.11.x, in a virtual environment of its own.
@@ -94,6 +94,13 @@ test-wheel: install
 		sys.exit(f"imported from {wrong}, not the wheels" if wrong else 0)'
 	cd $(WHEEL_DIR)/run && GPUMARKET_DEMO_HOME=$(CURDIR)/$(WHEEL_DIR)/home PYTHONSAFEPATH=1 \
 		../venv/bin/python $(CURDIR)/scripts/demo.py
+
+# The two wheels users install until a release is published (the provider's and the simulator's), into dist/.
+dist: install
+	rm -rf dist build simulator/build && mkdir -p dist
+	$(BIN)/python -m pip wheel $(PIP_QUIET) --no-deps --wheel-dir dist . ./simulator
+	$(BIN)/twine check --strict dist/*.whl
+	@ls -1 dist/*.whl
 
 # The 2.11 leg and the wheels' check run side by side, after the first leg.
 # The 2.11 environment is built beside lint and typecheck, so that no suite shares the machine with an install.
@@ -249,4 +256,4 @@ system-airflow2: $(STAMP2)
 	$(VENV2)/bin/python -m bench.system_airflow2
 
 clean:
-	rm -rf $(VENV) $(VENV2) $(VENV32) $(DOCS_VENV) site .airflow .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV2) $(VENV32) $(DOCS_VENV) site dist .airflow .pytest_cache .mypy_cache .ruff_cache
