@@ -1,4 +1,4 @@
-"""A simulated GPU marketplace: a real HTTP service that follows ``api-reference.md``.
+"""A simulated GPU marketplace: a real HTTP service that follows the service's published API reference.
 
 ``from gpumarket_simulator import MarketSimulator`` is cheap: the server (FastAPI, uvicorn) is only
 imported when a simulator starts. See docs/simulator.md.

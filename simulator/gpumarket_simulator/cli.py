@@ -35,7 +35,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--profile",
         choices=("live", "spec"),
         default="live",
-        help="live (default): the service as it answers today; spec: exactly api-reference.md",
+        help="live (default): the service as it answers today; spec: exactly the published API reference",
     )
     parser.add_argument(
         "--data-dir",

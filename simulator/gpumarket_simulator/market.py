@@ -32,7 +32,7 @@ from gpumarket_simulator.worldgen import SAMPLE_BUCKET_FILES, build_world
 
 log = logging.getLogger(__name__)
 
-#: ``live``: the service as public reports describe it today; ``spec``: exactly api-reference.md.
+#: ``live``: the service as public reports describe it today; ``spec``: exactly the published API reference.
 PROFILES = ("live", "spec")
 TICK_SECONDS = 0.05
 REQUEST_LOG_SIZE = 10_000

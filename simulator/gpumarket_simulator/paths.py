@@ -1,4 +1,4 @@
-"""The paths the simulated service serves and the limits it enforces, read from ``api-reference.md``.
+"""The paths the simulated service serves and the limits it enforces, read from the service's published API reference.
 
 Written here rather than imported from the provider: the simulator is a second, independent reading of the
 spec, so that a misreading on the client's side shows up as a failing test.

@@ -1,6 +1,6 @@
 """The simulated server's own rules for request bodies: what it accepts, and the 4xx it answers otherwise.
 
-These are written from the server's side of ``api-reference.md`` on purpose, independently of the provider's
+These are written from the server's side of the published API reference on purpose, independently of the provider's
 validation: if both sides shared one reading of the spec, a misreading would never show up in tests.
 """
 
