@@ -42,7 +42,7 @@ def airflow_env(conn_uri: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         AIRFLOW_HOME=str(AIRFLOW_HOME),
-        AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "example_dags"),
+        AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "example_dags" / f"{DAG_ID}.py"),  # parse the demo's DAG alone
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW__CORE__UNIT_TEST_MODE="False",
         GPUMARKET_POLL_INTERVAL="1",
@@ -115,8 +115,8 @@ def summary(url: str, returncode: int, started: float, log_path: Path) -> None:
         offer = offers.get(inst.get("offer_id"), {})
         print(
             f"    instance {inst['id']}:        offer {inst.get('offer_id')} ({offer.get('gpu_name', '?')}, "
-            f"${offer.get('dph_total', '?')}/h), final status {inst.get('actual_status')!r}, "
-            f"destroyed={inst.get('destroyed')}"
+            f"${offer.get('dph_total', '?')}/h), "
+            + ("destroyed" if inst.get("destroyed") else f"STILL ALIVE in status {inst.get('actual_status')!r}")
         )
         print(
             f"      billed:           {inst.get('compute_seconds', 0):.0f} s compute, "

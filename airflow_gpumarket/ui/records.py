@@ -192,6 +192,7 @@ class RentalRecorder:
         self._conn_id = conn_id
         self._clock = clock
         self._open: dict[int, tuple[dict[str, Any], Any]] = {}  # instance id -> (its record, its lifecycle.Rental)
+        self.recorded = False  # whether this try holds a rental whose address its XCom has
 
     def start(self, rental: Any, *, write: bool = True, handed_over: bool = False) -> None:
         """Record a rental this try holds, created now or adopted.
@@ -201,6 +202,7 @@ class RentalRecorder:
         the service's time now.
         """
         number = getattr(self._ti, "try_number", None)
+        self.recorded = True
         if rental.recorded_at is None:
             rental.recorded_at = self._clock()
         record = started(

@@ -48,3 +48,19 @@ def test_on_airflow_2_the_link_is_empty_there_being_no_page(stored):
     stored[records.URL_XCOM_KEY] = "gpumarket/?instance=41#rental-41"
     assert GpuRentalLink().get_link(None, ti_key=TI_KEY) == ""
     assert stored["asked"] == []
+
+
+@pytest.mark.skipif(is_airflow_2(), reason="Airflow 3 reads the link from XCom; 2.11 has no page to open")
+def test_the_link_of_a_try_that_rented_nothing_reads_no_xcom(stored):
+    """A try refused before renting wrote no address: reading it would log an XCom "not found" error in its log."""
+    recorder = records.RentalRecorder({}, None, "gpumarket_default", clock=lambda: 0.0)
+    ran = SimpleNamespace(_guard=SimpleNamespace(recorder=recorder))
+    stored[records.URL_XCOM_KEY] = "gpumarket/?instance=41#rental-41"
+    assert GpuRentalLink().get_link(ran, ti_key=TI_KEY) == ""
+    assert stored["asked"] == []
+    recorder.start(
+        SimpleNamespace(
+            instance_id=41, offer_id=3, gpu_name="g", hourly_price=0.3, bid=None, recorded_at=1.0, running_at=None
+        )
+    )
+    assert GpuRentalLink().get_link(ran, ti_key=TI_KEY) == "gpumarket/?instance=41#rental-41"
