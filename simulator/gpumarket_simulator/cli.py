@@ -12,6 +12,11 @@ from collections.abc import Sequence
 
 from gpumarket_simulator.server import CONNECTION_ENV
 
+#: Simulated seconds per real second, by default: a 1-5 minute boot takes 1-5 seconds.
+DEFAULT_SPEED = 60.0
+#: The speed of ``--local``: boots take seconds, and what a job bills stays near what the live service would bill.
+LOCAL_SPEED = 10.0
+
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -22,13 +27,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one (default)")
     parser.add_argument("--api-key", default=None, help="the account key (default: derived from --seed)")
     parser.add_argument(
-        "--speed", type=float, default=60.0, help="simulated seconds per real second (default 60; 0 freezes)"
+        "--speed",
+        type=float,
+        default=None,
+        help=f"simulated seconds per real second (default {DEFAULT_SPEED:g}, with --local {LOCAL_SPEED:g}; 0 freezes)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the world and its outcomes (default 0)")
     parser.add_argument(
         "--execute-onstart",
         action="store_true",
         help="run onstart scripts as local processes (off by default)",
+    )
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help=f"for your own DAGs: onstart executed, speed {LOCAL_SPEED:g}, and the Airflow settings printed",
+    )
+    parser.add_argument(
+        "--env-file",
+        default=None,
+        metavar="FILE",
+        help="also write the Airflow settings to FILE as export lines (for `source FILE`)",
     )
     parser.add_argument("--world", default=None, metavar="FILE", help="JSON world file replacing parts of the world")
     parser.add_argument(
@@ -60,9 +79,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.credit is not None and not math.isfinite(args.credit):
         parser.error("--credit must be a finite number of dollars")
+    if args.speed is None:
+        args.speed = LOCAL_SPEED if args.local else DEFAULT_SPEED
     if args.speed < 0:
         parser.error("--speed must be >= 0")
+    args.execute_onstart = args.execute_onstart or args.local
     return args
+
+
+def airflow_settings(conn_uri: str) -> dict[str, str]:
+    """What an Airflow run of one's own DAG needs to rent from this simulator: its connection."""
+    return {CONNECTION_ENV: conn_uri}
+
+
+def _recipe(settings: dict[str, str], env_file: str | None) -> str:
+    exports = "".join(f"    export {name}='{value}'\n" for name, value in settings.items())
+    load = f"    source {env_file}\n" if env_file else exports
+    return (
+        "  To run your own DAG against it, in another shell:\n"
+        f"{load}"
+        "    export AIRFLOW_HOME=$PWD/.airflow-sim   # a throwaway Airflow home, or your own\n"
+        "    airflow db migrate                       # once per Airflow home\n"
+        "    airflow dags test <your_dag_id>\n"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,6 +135,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
+    settings = airflow_settings(sim.conn_uri)
+    if args.env_file:
+        try:
+            with open(args.env_file, "w") as out:
+                out.writelines(f"export {name}='{value}'\n" for name, value in settings.items())
+        except OSError as exc:
+            sim.close()
+            print(f"gpumarket-sim: --env-file {args.env_file}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     print(f"gpumarket-sim listening on {sim.url}  {CONNECTION_ENV}={sim.conn_uri}", flush=True)
     # Details go to stderr: a caller that reads only the first line may close stdout.
     print(
@@ -105,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
+    if args.local or args.env_file:
+        print(_recipe(settings, args.env_file), file=sys.stderr, end="", flush=True)
     try:
         while not stop.wait(0.5):
             pass

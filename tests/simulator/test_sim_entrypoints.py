@@ -102,6 +102,29 @@ def test_cli_credit_option_sets_the_starting_credit():
     assert result.returncode == 2 and "--credit" in result.stderr
 
 
+def test_cli_local_runs_onstart_slowly_and_writes_the_airflow_settings(tmp_path):
+    env_file = tmp_path / "sim.env"
+    process, first = start_cli("--local", "--api-key", "k", "--env-file", str(env_file))
+    try:
+        url = first.split()[3]
+        assert requests.get(f"{url}/_sim/state", timeout=5).json()["speed"] == 10
+        written = env_file.read_text()
+        assert written == f"export AIRFLOW_CONN_GPUMARKET_DEFAULT='{first.split('=', 1)[1].strip()}'\n"
+        assert "rate_limit_scale=10" in written  # --local's speed, as the connection tells the provider
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    details = process.stderr.read() if process.stderr else ""
+    assert "speed: 10x" in details and "onstart: executed" in details
+    assert f"source {env_file}" in details and "airflow dags test <your_dag_id>" in details
+
+
+def test_cli_refuses_an_env_file_it_cannot_write(tmp_path):
+    missing = tmp_path / "no-such-dir" / "sim.env"
+    result = subprocess.run(sim_command("--env-file", str(missing)), capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "--env-file" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_console_script_is_installed():
     script = Path(sys.executable).parent / "gpumarket-sim"
     assert script.exists()
