@@ -210,18 +210,23 @@ def _add_idempotency_key(engine: Any) -> None:
         index.create(engine)
 
 
-def dag_budgets(dag_id: str) -> tuple[budgets.Limits | None, list[str]]:
-    """The DAG's budgets as the Variable holds them now, and the warnings of entries skipped for other DAGs.
+def dag_budgets(dag_id: str, raw: Any) -> tuple[budgets.Limits | None, list[str]]:
+    """The DAG's budgets in the Variable's value ``raw``, and the warnings of entries skipped for other DAGs.
 
     Raises ``BudgetRefused`` naming the key when the Variable, or the entry that applies to the DAG, is malformed.
     """
-    from airflow.models import Variable  # in a task process of Airflow 3, this reads through the Task SDK
-
-    raw = Variable.get(budgets.VARIABLE, None)  # the default is positional: Airflow 2 and 3 name it differently
     try:
         return budgets.limits_of(raw, dag_id)
     except budgets.BudgetConfigError as exc:
         raise BudgetRefused(f"{exc}. Nothing was rented.") from None
+
+
+def _variable() -> Any:
+    """The budgets Variable's value, read through Airflow's own models: the api-server's access, or the task's on
+    Airflow 2 and under ``dag.test()``."""
+    from airflow.models import Variable
+
+    return Variable.get(budgets.VARIABLE, None)  # the default is positional: Airflow 2 and 3 name it differently
 
 
 def reserve(engine: Any, request: Request, *, now: float) -> Reservation:
@@ -233,7 +238,7 @@ def reserve(engine: Any, request: Request, *, now: float) -> Reservation:
     made = _reservation_of(engine, key)
     if made is not None:
         return Reservation(made)
-    limits, warnings = dag_budgets(request.dag_id)  # read before the lock, which it would hold for a secrets backend
+    limits, warnings = dag_budgets(request.dag_id, _variable())  # read before the lock: a secrets backend may be slow
     since = min(budgets.window_starts(now).values())
     try:
         with engine.begin() as conn:

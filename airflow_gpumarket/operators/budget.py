@@ -257,8 +257,11 @@ class Budget:
 
     def _without_ledger(self, exc: AirflowException, worst: budgets.WorstCase, available: float | None) -> None:
         """The ledger cannot be reached: fail when a budget applies to the DAG (it cannot be kept), else rent on."""
+        from airflow_gpumarket._compat import Variable
+
         try:
-            limits, warnings = ledger.dag_budgets(self.dag_id)
+            raw = Variable.get(budgets.VARIABLE, None)  # the default is positional: Airflow 2 and 3 name it differently
+            limits, warnings = ledger.dag_budgets(self.dag_id, raw)
         except ledger.BudgetRefused as refused:
             raise GpuMarketBudgetExceeded(str(refused)) from None
         if limits is not None:
