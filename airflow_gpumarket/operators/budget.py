@@ -201,9 +201,9 @@ class Budget:
         return self._client
 
     def _next_attempt(self) -> int:
-        """The rental attempt of this create: one more than the try's last, counted on from the ledger's record once.
+        """The rental attempt of this create: one more than the try's last, which the ledger is asked once.
 
-        So a retried request keeps its attempt, and a resumed task never reuses one of its earlier rentals.
+        A task resumed after a deferral has a new Budget: asking the ledger keeps it off its earlier rentals' keys.
         """
         if self._attempt is None:
             self._attempt = self.client.last_attempt(

@@ -25,7 +25,10 @@ log = logging.getLogger(__name__)
 
 #: The one answer to a request whose signature does not verify, whatever the reason: a caller who cannot sign
 #: learns nothing about which connections exist.
-_UNSIGNED = "the request's signature does not verify; sign it with the API key of the task's connection"
+_UNSIGNED = (
+    "X-GpuMarket-Signature does not verify: sign with the API key of the connection named, and define that "
+    "connection where the api-server reads connections"
+)
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 
