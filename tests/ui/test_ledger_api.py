@@ -225,3 +225,16 @@ def test_an_airflow_3_task_process_reaches_the_ledger_through_the_execution_apis
     assert client.url == "http://api.internal:8080/gpumarket/ledger"
     monkeypatch.setenv("AIRFLOW__GPUMARKET__LEDGER_URL", "https://airflow.example.com/")
     assert budget.ledger_client(hook).url == "https://airflow.example.com/gpumarket/ledger"
+
+
+def test_the_budgets_are_read_from_the_variable_in_the_metadata_database(server, monkeypatch, airflow_db):
+    from airflow.models import Variable
+
+    monkeypatch.delenv("AIRFLOW_VAR_GPUMARKET_BUDGETS")
+    Variable.set("gpumarket_budgets", json.dumps({"fanout": {"day": 0.5}}))  # as Admin > Variables stores it
+    try:
+        assert server.post("/ledger/reserve", **signed(request(worst=0.4))).json()["limits"] == {"day": 0.5}
+        refused = server.post("/ledger/reserve", **signed(request(worst=0.4, attempt=2)))
+    finally:
+        Variable.delete("gpumarket_budgets")
+    assert refused.status_code == 409 and "is $0.50" in refused.json()["detail"]
