@@ -64,10 +64,14 @@ class Limits:
         return cls(**values)
 
 
-def parse(raw: Any) -> dict[str, Limits]:
-    """The budgets Variable's value (JSON text or already decoded) as DAG id -> limits."""
+def limits_of(raw: Any, dag_id: str) -> tuple[Limits | None, list[str]]:
+    """The DAG's budgets from the Variable's value (JSON text or decoded), and a warning per malformed entry it skips.
+
+    Only the entry that applies is checked: the DAG's own, else ``"*"``. A malformed entry that applies to other DAGs
+    only is skipped with a warning naming it, so one typo does not stop every DAG's rentals.
+    """
     if raw is None or raw == "":
-        return {}
+        return None, []
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
@@ -80,7 +84,19 @@ def parse(raw: Any) -> dict[str, Limits]:
             f"The Variable {VARIABLE} must be a JSON object of DAG id -> budgets, such as "
             f'{{"my_dag": {{"day": 10.0, "run": 2.5}}}}; got {type(raw).__name__}'
         )
-    return {str(dag_id): Limits.from_json(value, f"{VARIABLE}[{dag_id!r}]") for dag_id, value in raw.items()}
+    applies = dag_id if dag_id in raw else EVERY_DAG
+    limits, warnings = None, []
+    for key, value in raw.items():
+        try:
+            parsed = Limits.from_json(value, f"{VARIABLE}[{key!r}]")
+        except BudgetConfigError as exc:
+            if key == applies:
+                raise
+            warnings.append(f"{exc}; this entry is skipped, it does not apply to DAG {dag_id!r}")
+            continue
+        if key == applies:
+            limits = parsed
+    return (limits if limits is not None and limits.given() else None), warnings
 
 
 #: A DAG tag of this form names the DAG's team in the ledger and the spend report.
@@ -93,12 +109,6 @@ def team_of(tags: Iterable[str] | None) -> str | None:
         if isinstance(tag, str) and tag.startswith(TEAM_TAG_PREFIX) and tag[len(TEAM_TAG_PREFIX) :]:
             return tag[len(TEAM_TAG_PREFIX) :]
     return None
-
-
-def limits_for(budgets: Mapping[str, Limits], dag_id: str) -> Limits | None:
-    """The DAG's budgets: its own entry, else the ``"*"`` entry, else None (no budget)."""
-    limits = budgets.get(dag_id, budgets.get(EVERY_DAG))
-    return limits if limits is not None and limits.given() else None
 
 
 def round_up(dollars: float) -> float:
@@ -232,10 +242,11 @@ def refusal(
     return None
 
 
-#: How old a signed ledger request may be when the api-server checks it.
+#: How far a signed ledger request's timestamp may be from the api-server's clock, either way; its nonce is remembered
+#: for as long, so a captured request cannot be replayed within it.
 SIGNATURE_MAX_AGE_SECONDS = 300
 
 
-def signature(api_key: str, timestamp: str, body: bytes) -> str:
-    """The HMAC-SHA256 a task signs its ledger request with: the connection's API key, over timestamp and body."""
-    return hmac.new(api_key.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+def signature(api_key: str, timestamp: str, nonce: str, body: bytes) -> str:
+    """The HMAC-SHA256 a task signs a ledger request with: the connection's API key over timestamp, nonce and body."""
+    return hmac.new(api_key.encode(), f"{timestamp}.{nonce}.".encode() + body, hashlib.sha256).hexdigest()

@@ -3,13 +3,19 @@
 A reservation is made in one transaction that first writes the ledger's lock row: PostgreSQL and MySQL then hold that
 row's lock, SQLite its database's write lock, until the transaction ends. So two tasks (on two workers, under two
 schedulers) never both read the same total and both take the last dollars. This module runs where the metadata
-database may be used: in the task on Airflow 2, in the api-server on Airflow 3 (``ui/ledger_api.py``).
+database may be used: in the task on Airflow 2, in the api-server on Airflow 3 (``ui/ledger_api.py``). The budgets
+that apply are read here too, from the Variable, never taken from the task's request.
+
+Each reservation carries an idempotency key (``Request.key``: the task try and its rental attempt), unique in the
+table: a repeated request answers the reservation it made, and never reserves twice.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
@@ -22,8 +28,11 @@ from sqlalchemy import (
     String,
     Table,
     and_,
+    func,
+    inspect,
     or_,
     select,
+    text,
 )
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
@@ -56,8 +65,19 @@ RESERVATIONS = Table(
     Column("started", Float),  # the service's time just before the create: its bill counts from there
     Column("until", Float, nullable=False),
     Column("settled_at", Float),
+    Column("attempt", Integer),  # the rental attempt of the try: 1, 2, ... (null in rows of earlier versions)
+    Column("idempotency_key", String(64)),  # ``Request.key``
     Index("idx_gpumarket_reservation_dag", "dag_id", "created_at"),
     Index("idx_gpumarket_reservation_instance", "instance_id"),
+    Index("idx_gpumarket_reservation_key", "idempotency_key", unique=True),
+)
+#: The nonces of signed ledger requests seen within the signature's window (``budgets.SIGNATURE_MAX_AGE_SECONDS``).
+NONCES = Table(
+    "gpumarket_ledger_nonce",
+    metadata,
+    Column("nonce", String(64), primary_key=True),
+    Column("stamp", Float, nullable=False),  # the request's signed timestamp: the nonce is kept while it is valid
+    Index("idx_gpumarket_ledger_nonce_stamp", "stamp"),
 )
 #: The one lock row every reservation takes.
 LOCK_NAME = "budgets"
@@ -67,7 +87,32 @@ _ready_lock = threading.Lock()
 
 
 class BudgetRefused(Exception):
-    """The rental does not fit a budget or the account's credit; the message says which and by how much."""
+    """The rental does not fit a budget or the account's credit, or its budget is malformed; the message says which."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A reservation's id, and the budgets it was checked against with the warnings their Variable gave.
+
+    A repeated request answers its reservation's id alone: nothing was checked again.
+    """
+
+    id: int
+    limits: budgets.Limits | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        limits = None if self.limits is None else self.limits.to_json()
+        return {"id": self.id, "limits": limits, "warnings": self.warnings}
+
+    @classmethod
+    def from_json(cls, body: Any) -> Reservation:
+        limits = body.get("limits")
+        return cls(
+            int(body["id"]),
+            None if limits is None else budgets.Limits.from_json(limits, "limits"),
+            [str(w) for w in body.get("warnings") or ()],
+        )
 
 
 @dataclass(frozen=True)
@@ -83,14 +128,19 @@ class Request:
     worst: float  # dollars
     seconds: float  # how long the rental may bill at most
     hourly: float  # what it bills per hour, disk included
-    limits: budgets.Limits | None = None
+    attempt: int = 1  # the try's rental attempt (each create reserves once)
     available: float | None = None  # the account's credit, when read
     team: str | None = None  # the DAG's team tag (``budgets.team_of``)
     started: float | None = None  # the service's time just before the create
 
+    @property
+    def key(self) -> str:
+        """The idempotency key: one per rental attempt of a task try, on one connection."""
+        parts = [self.conn_id, self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number, self.attempt]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
     def to_json(self) -> dict[str, Any]:
-        body = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "limits"}
-        return {**body, "limits": None if self.limits is None else self.limits.to_json()}
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
     def from_json(cls, body: Any) -> Request:
@@ -102,10 +152,12 @@ class Request:
             if not isinstance(body.get(name), kind) or not body[name]:
                 raise ValueError(f"{name} must be a non-empty string")
             fields[name] = body[name]
-        for name in ("map_index", "try_number"):
+        for name in ("map_index", "try_number", "attempt"):
             if isinstance(body.get(name), bool) or not isinstance(body.get(name), int):
                 raise ValueError(f"{name} must be an integer")
             fields[name] = body[name]
+        if fields["attempt"] < 1:
+            raise ValueError("attempt must be an integer >= 1")
         for name in ("worst", "seconds", "hourly", "available", "started"):
             value = body.get(name)
             if value is None and name in ("available", "started"):
@@ -119,21 +171,21 @@ class Request:
             if not isinstance(body["team"], str):
                 raise ValueError("team must be a string or null")
             fields["team"] = body["team"]
-        limits = body.get("limits")
-        fields["limits"] = None if limits is None else budgets.Limits.from_json(limits, "limits")
-        return cls(**fields)
+        return cls(**fields)  # a "limits" field (sent by earlier versions) is ignored: the Variable says
 
 
 def ensure_tables(engine: Any) -> None:
-    """Create the ledger's tables and lock row when missing (once per process and database)."""
+    """Create the ledger's tables and lock row when missing, and add what an earlier version's table lacks (once per
+    process and database)."""
     url = str(engine.url)
     with _ready_lock:
         if url in _ready:
             return
-        try:
-            metadata.create_all(engine, checkfirst=True)
-        except (OperationalError, ProgrammingError, IntegrityError):
-            metadata.create_all(engine, checkfirst=True)  # another process created them between check and create
+        for step in (lambda: metadata.create_all(engine, checkfirst=True), lambda: _add_idempotency_key(engine)):
+            try:
+                step()
+            except (OperationalError, ProgrammingError, IntegrityError):
+                step()  # another process made them between check and create: the second pass finds them
         try:
             with engine.begin() as conn:
                 if conn.execute(select(LOCKS.c.name).where(LOCKS.c.name == LOCK_NAME)).first() is None:
@@ -143,50 +195,127 @@ def ensure_tables(engine: Any) -> None:
         _ready.add(url)
 
 
-def reserve(engine: Any, request: Request, *, now: float) -> int:
-    """Reserve the request's worst case; its reservation's id. Raises ``BudgetRefused``, reserving nothing."""
+def _add_idempotency_key(engine: Any) -> None:
+    """A reservations table made before the idempotency key gets its columns and unique index (null in old rows,
+    which a unique index lets any number of rows share)."""
+    r = RESERVATIONS
+    have = {column["name"] for column in inspect(engine).get_columns(r.name)}
+    with engine.begin() as conn:
+        for column in (r.c.attempt, r.c.idempotency_key):
+            if column.name not in have:
+                kind = column.type.compile(dialect=engine.dialect)
+                conn.execute(text(f"ALTER TABLE {r.name} ADD COLUMN {column.name} {kind}"))
+    (index,) = (index for index in r.indexes if index.unique)
+    if index.name not in {found["name"] for found in inspect(engine).get_indexes(r.name)}:
+        index.create(engine)
+
+
+def dag_budgets(dag_id: str, raw: Any) -> tuple[budgets.Limits | None, list[str]]:
+    """The DAG's budgets in the Variable's value ``raw``, and the warnings of entries skipped for other DAGs.
+
+    Raises ``BudgetRefused`` naming the key when the Variable, or the entry that applies to the DAG, is malformed.
+    """
+    try:
+        return budgets.limits_of(raw, dag_id)
+    except budgets.BudgetConfigError as exc:
+        raise BudgetRefused(f"{exc}. Nothing was rented.") from None
+
+
+def _variable() -> Any:
+    """The budgets Variable's value, read through Airflow's own models: the api-server's access, or the task's on
+    Airflow 2 and under ``dag.test()``."""
+    from airflow.models import Variable
+
+    return Variable.get(budgets.VARIABLE, None)  # the default is positional: Airflow 2 and 3 name it differently
+
+
+def reserve(engine: Any, request: Request, *, now: float) -> Reservation:
+    """Reserve the request's worst case against the DAG's budgets in the Variable, or answer the reservation its key
+    made already. Raises ``BudgetRefused``, reserving nothing."""
     ensure_tables(engine)
     r = RESERVATIONS
+    key = request.key
+    made = _reservation_of(engine, key)
+    if made is not None:
+        return Reservation(made)
+    limits, warnings = dag_budgets(request.dag_id, _variable())  # read before the lock: a secrets backend may be slow
     since = min(budgets.window_starts(now).values())
-    with engine.begin() as conn:
-        conn.execute(LOCKS.update().where(LOCKS.c.name == LOCK_NAME).values(version=LOCKS.c.version + 1))
-        rows = conn.execute(
-            select(r.c.dag_id, r.c.run_id, r.c.created_at, r.c.reserved, r.c.cost, r.c.conn_id, r.c.until).where(
-                or_(
-                    and_(r.c.dag_id == request.dag_id, or_(r.c.created_at >= since, r.c.run_id == request.run_id)),
-                    and_(r.c.conn_id == request.conn_id, r.c.cost.is_(None), r.c.until > now),
+    try:
+        with engine.begin() as conn:
+            conn.execute(LOCKS.update().where(LOCKS.c.name == LOCK_NAME).values(version=LOCKS.c.version + 1))
+            made = conn.execute(select(r.c.id).where(r.c.idempotency_key == key)).scalar()
+            if made is not None:  # the same request, answered while this one waited for the lock
+                return Reservation(int(made))
+            rows = conn.execute(
+                select(r.c.dag_id, r.c.run_id, r.c.created_at, r.c.reserved, r.c.cost, r.c.conn_id, r.c.until).where(
+                    or_(
+                        and_(r.c.dag_id == request.dag_id, or_(r.c.created_at >= since, r.c.run_id == request.run_id)),
+                        and_(r.c.conn_id == request.conn_id, r.c.cost.is_(None), r.c.until > now),
+                    )
+                )
+            ).all()
+            entries = [_entry(row) for row in rows]
+            totals = budgets.used(entries, dag_id=request.dag_id, run_id=request.run_id, now=now)
+            why = budgets.refusal(
+                limits,
+                totals,
+                request.worst,
+                dag_id=request.dag_id,
+                available=request.available,
+                held=budgets.held(entries, conn_id=request.conn_id, now=now),
+            )
+            if why is not None:
+                raise BudgetRefused(why)
+            result = conn.execute(
+                r.insert().values(
+                    conn_id=request.conn_id,
+                    dag_id=request.dag_id,
+                    run_id=request.run_id,
+                    task_id=request.task_id,
+                    map_index=request.map_index,
+                    team=request.team,
+                    try_number=request.try_number,
+                    attempt=request.attempt,
+                    idempotency_key=key,
+                    reserved=request.worst,
+                    hourly=request.hourly,
+                    created_at=now,
+                    started=request.started,
+                    until=now + request.seconds,
                 )
             )
-        ).all()
-        entries = [_entry(row) for row in rows]
-        totals = budgets.used(entries, dag_id=request.dag_id, run_id=request.run_id, now=now)
-        why = budgets.refusal(
-            request.limits,
-            totals,
-            request.worst,
-            dag_id=request.dag_id,
-            available=request.available,
-            held=budgets.held(entries, conn_id=request.conn_id, now=now),
-        )
-        if why is not None:
-            raise BudgetRefused(why)
-        result = conn.execute(
-            r.insert().values(
-                conn_id=request.conn_id,
-                dag_id=request.dag_id,
-                run_id=request.run_id,
-                task_id=request.task_id,
-                map_index=request.map_index,
-                team=request.team,
-                try_number=request.try_number,
-                reserved=request.worst,
-                hourly=request.hourly,
-                created_at=now,
-                started=request.started,
-                until=now + request.seconds,
+            return Reservation(int(result.inserted_primary_key[0]), limits, warnings)
+    except IntegrityError:
+        made = _reservation_of(engine, key)  # the unique index caught a twin the lock did not serialise
+        if made is None:
+            raise
+        return Reservation(made)
+
+
+def _reservation_of(engine: Any, key: str) -> int | None:
+    with engine.begin() as conn:
+        made = conn.execute(select(RESERVATIONS.c.id).where(RESERVATIONS.c.idempotency_key == key)).scalar()
+    return None if made is None else int(made)
+
+
+def last_attempt(
+    engine: Any, *, conn_id: str, dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int
+) -> int:
+    """The highest rental attempt the task try has reserved for (0: none), so that a resumed task numbers on."""
+    ensure_tables(engine)
+    r = RESERVATIONS
+    with engine.begin() as conn:
+        last = conn.execute(
+            select(func.max(r.c.attempt)).where(
+                r.c.conn_id == conn_id,
+                r.c.dag_id == dag_id,
+                r.c.run_id == run_id,
+                r.c.task_id == task_id,
+                r.c.map_index == map_index,
+                r.c.try_number == try_number,
             )
-        )
-        return int(result.inserted_primary_key[0])
+        ).scalar()
+    return int(last or 0)
 
 
 def attach(engine: Any, conn_id: str, reservation_id: int, instance_id: int) -> None:
@@ -209,25 +338,46 @@ def settle(
     """The rental ended now: its open reservation becomes what it cost (nothing when no instance was made).
 
     The cost is its hourly price, disk included, from just before the create to its end, on the service's clock when
-    both ends are known (``started``, ``ended``), else on this one's. Returns it, or None when no open reservation
-    matched.
+    both ends are known (``started``, ``ended``), else on this one's. Returns it (the cost it was settled at, when it
+    was already), or None when no reservation matched.
     """
     ensure_tables(engine)
     r = RESERVATIONS
     match = r.c.id == reservation_id if reservation_id is not None else r.c.instance_id == instance_id
     with engine.begin() as conn:
         row = conn.execute(
-            select(r.c.id, r.c.hourly, r.c.created_at, r.c.started, r.c.instance_id).where(
-                match, r.c.conn_id == conn_id, r.c.cost.is_(None)
-            )
+            select(r.c.id, r.c.hourly, r.c.created_at, r.c.started, r.c.instance_id, r.c.cost)
+            .where(match, r.c.conn_id == conn_id)
+            .order_by(r.c.cost.is_not(None), r.c.id.desc())  # the open one first
         ).first()
         if row is None:
             return None
+        if row.cost is not None:
+            return float(row.cost)  # settled once: a repeated settle changes nothing
         seconds = ended - row.started if ended is not None and row.started is not None else now - row.created_at
         cost = 0.0 if row.instance_id is None else row.hourly * max(0.0, seconds) / 3600.0
         cost = budgets.round_up(cost)
-        conn.execute(r.update().where(r.c.id == row.id).values(cost=cost, settled_at=now))
+        conn.execute(r.update().where(r.c.id == row.id, r.c.cost.is_(None)).values(cost=cost, settled_at=now))
     return cost
+
+
+def first_use(engine: Any, nonce: str, *, stamp: float, now: float) -> bool:
+    """Record a signed request's nonce; False when it was recorded before (a replay within the signature's window).
+
+    Nonces are kept while their request's timestamp is accepted, then purged.
+    """
+    ensure_tables(engine)
+    try:
+        with engine.begin() as conn:
+            conn.execute(NONCES.insert().values(nonce=nonce, stamp=stamp))
+    except IntegrityError:
+        return False
+    try:
+        with engine.begin() as conn:
+            conn.execute(NONCES.delete().where(NONCES.c.stamp < now - budgets.SIGNATURE_MAX_AGE_SECONDS))
+    except OperationalError:
+        pass  # a purge that met another one's locks: the next request purges
+    return True
 
 
 def entries(engine: Any, *, since: float, conn_id: str | None = None) -> list[dict[str, Any]]:

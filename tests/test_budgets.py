@@ -12,10 +12,10 @@ NOON = dt.datetime(2026, 11, 25, 12, tzinfo=dt.timezone.utc).timestamp()  # a We
 
 
 def test_budgets_are_set_per_dag_with_a_default_for_every_other_dag():
-    parsed = budgets.parse('{"train": {"day": 1, "run": 0.25}, "*": {"month": 50}}')
-    assert budgets.limits_for(parsed, "train") == budgets.Limits(day=1.0, run=0.25)
-    assert budgets.limits_for(parsed, "other") == budgets.Limits(month=50.0)
-    assert budgets.limits_for(budgets.parse(None), "train") is None
+    raw = '{"train": {"day": 1, "run": 0.25}, "*": {"month": 50}}'
+    assert budgets.limits_of(raw, "train") == (budgets.Limits(day=1.0, run=0.25), [])
+    assert budgets.limits_of(raw, "other") == (budgets.Limits(month=50.0), [])
+    assert budgets.limits_of(None, "train") == (None, [])
 
 
 @pytest.mark.parametrize(
@@ -27,12 +27,29 @@ def test_budgets_are_set_per_dag_with_a_default_for_every_other_dag():
         ('{"train": {"daily": 5}}', "unknown key(s) 'daily'"),
         ('{"train": {"day": -1}}', "gpumarket_budgets['train'].day must be a number of dollars >= 0"),
         ('{"train": {"day": "5"}}', "gpumarket_budgets['train'].day must be a number"),
+        ('{"*": {"day": "5"}}', "gpumarket_budgets['*'].day must be a number"),  # the default it falls back to
     ],
 )
 def test_a_malformed_budgets_variable_names_the_key_and_the_fix(raw, named):
     with pytest.raises(budgets.BudgetConfigError, match=None) as caught:
-        budgets.parse(raw)
+        budgets.limits_of(raw, "train")
     assert named in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "limits", "skipped"),
+    [
+        ('{"train": {"day": 1}, "other": {"day": "5"}}', budgets.Limits(day=1.0), "gpumarket_budgets['other']"),
+        ('{"train": {"day": 1}, "*": {"dya": 5}}', budgets.Limits(day=1.0), "gpumarket_budgets['*']"),
+        ('{"other": {"day": "5"}, "*": {"week": 7}}', budgets.Limits(week=7.0), "gpumarket_budgets['other']"),
+        ('{"other": 3}', None, "gpumarket_budgets['other']"),
+    ],
+)
+def test_a_malformed_entry_for_another_dag_is_skipped_with_one_warning_naming_it(raw, limits, skipped):
+    found, warnings = budgets.limits_of(raw, "train")
+    assert found == limits
+    (warning,) = warnings
+    assert warning.startswith(skipped) and "does not apply to DAG 'train'" in warning
 
 
 def test_the_worst_case_is_the_price_over_the_whole_lease_plus_the_disk():
@@ -111,12 +128,13 @@ def test_held_counts_open_reservations_of_the_connection_until_their_lease_ends(
     assert budgets.held(entries, conn_id="c", now=NOON) == 1.0
 
 
-def test_the_ledger_signature_depends_on_the_key_the_time_and_the_body():
-    one = budgets.signature("key", "100", b"{}")
-    assert one == budgets.signature("key", "100", b"{}")
-    assert one != budgets.signature("other", "100", b"{}")
-    assert one != budgets.signature("key", "101", b"{}")
-    assert one != budgets.signature("key", "100", b"{ }")
+def test_the_ledger_signature_depends_on_the_key_the_time_the_nonce_and_the_body():
+    one = budgets.signature("key", "100", "n1", b"{}")
+    assert one == budgets.signature("key", "100", "n1", b"{}")
+    assert one != budgets.signature("other", "100", "n1", b"{}")
+    assert one != budgets.signature("key", "101", "n1", b"{}")
+    assert one != budgets.signature("key", "100", "n2", b"{}")
+    assert one != budgets.signature("key", "100", "n1", b"{ }")
 
 
 @pytest.mark.parametrize("price", [0, 0.0, None, -1.0, float("nan"), "0.3"])

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import Column, MetaData, Table, create_engine, inspect
 
 from airflow_gpumarket import budgets, ledger
 
 NOW = 1_790_000_000.0
-DAILY = budgets.Limits(day=1.0)
+
+
+def set_budgets(monkeypatch, value: dict | str) -> None:
+    """The budgets Variable as the ledger reads it."""
+    monkeypatch.setenv("AIRFLOW_VAR_GPUMARKET_BUDGETS", value if isinstance(value, str) else json.dumps(value))
+
+
+@pytest.fixture(autouse=True)
+def daily(monkeypatch):
+    """DAG ``fanout`` may spend $1 a day; other DAGs have no budget."""
+    set_budgets(monkeypatch, {"fanout": {"day": 1.0}})
 
 
 @pytest.fixture
@@ -21,7 +32,7 @@ def engine(tmp_path):
     engine.dispose()
 
 
-def ask(worst=0.10, *, dag_id="fanout", run_id="r1", map_index=0, limits=DAILY, available=None):
+def ask(worst=0.10, *, dag_id="fanout", run_id="r1", map_index=0, attempt=1, available=None):
     return ledger.Request(
         conn_id="gpumarket_default",
         dag_id=dag_id,
@@ -32,7 +43,7 @@ def ask(worst=0.10, *, dag_id="fanout", run_id="r1", map_index=0, limits=DAILY, 
         worst=worst,
         seconds=3600.0,
         hourly=0.36,
-        limits=limits,
+        attempt=attempt,
         available=available,
     )
 
@@ -51,7 +62,7 @@ def test_concurrent_reservations_never_take_the_last_dollar_twice(engine):
 
     def one(index: int) -> None:
         try:
-            won.append(ledger.reserve(engine, ask(map_index=index), now=NOW))
+            won.append(ledger.reserve(engine, ask(map_index=index), now=NOW).id)
         except ledger.BudgetRefused:
             refused.append(index)
 
@@ -65,37 +76,36 @@ def test_concurrent_reservations_never_take_the_last_dollar_twice(engine):
 
 
 def test_a_settled_reservation_counts_what_the_rental_cost(engine):
-    first = ledger.reserve(engine, ask(worst=0.9), now=NOW)
+    first = ledger.reserve(engine, ask(worst=0.9), now=NOW).id
     ledger.attach(engine, "gpumarket_default", first, 42)
     cost = ledger.settle(engine, "gpumarket_default", instance_id=42, now=NOW + 600)  # 10 min at $0.36/h
     assert cost == pytest.approx(0.06)
-    ledger.reserve(engine, ask(worst=0.9), now=NOW + 600)  # 0.06 + 0.9 fits in $1 now
-    assert ledger.settle(engine, "gpumarket_default", instance_id=42, now=NOW + 900) is None  # settled once
+    ledger.reserve(engine, ask(worst=0.9, attempt=2), now=NOW + 600)  # 0.06 + 0.9 fits in $1 now
 
 
 def test_a_create_that_made_nothing_releases_its_reservation(engine):
-    reservation = ledger.reserve(engine, ask(worst=1.0), now=NOW)
+    reservation = ledger.reserve(engine, ask(worst=1.0), now=NOW).id
     assert ledger.settle(engine, "gpumarket_default", reservation_id=reservation, now=NOW) == 0.0
-    ledger.reserve(engine, ask(worst=1.0), now=NOW)
+    ledger.reserve(engine, ask(worst=1.0, attempt=2), now=NOW)
 
 
 def test_another_connection_cannot_settle_a_reservation(engine):
-    reservation = ledger.reserve(engine, ask(worst=1.0), now=NOW)
+    reservation = ledger.reserve(engine, ask(worst=1.0), now=NOW).id
     assert ledger.settle(engine, "someone_else", reservation_id=reservation, now=NOW) is None
 
 
-def test_the_run_budget_counts_only_the_dag_run(engine):
-    limits = budgets.Limits(run=0.25)
-    ledger.reserve(engine, ask(worst=0.2, limits=limits), now=NOW)
+def test_the_run_budget_counts_only_the_dag_run(engine, monkeypatch):
+    set_budgets(monkeypatch, {"fanout": {"run": 0.25}})
+    ledger.reserve(engine, ask(worst=0.2), now=NOW)
     with pytest.raises(ledger.BudgetRefused, match="run budget"):
-        ledger.reserve(engine, ask(worst=0.1, limits=limits), now=NOW)
-    ledger.reserve(engine, ask(worst=0.1, limits=limits, run_id="r2"), now=NOW)
+        ledger.reserve(engine, ask(worst=0.1, attempt=2), now=NOW)
+    ledger.reserve(engine, ask(worst=0.1, run_id="r2"), now=NOW)
 
 
 def test_the_credit_check_counts_every_dag_still_renting_on_the_connection(engine):
-    ledger.reserve(engine, ask(worst=0.6, dag_id="a", limits=None, available=1.0), now=NOW)
+    ledger.reserve(engine, ask(worst=0.6, dag_id="a", available=1.0), now=NOW)
     with pytest.raises(ledger.BudgetRefused, match="credit is"):
-        ledger.reserve(engine, ask(worst=0.5, dag_id="b", limits=None, available=1.0), now=NOW)
+        ledger.reserve(engine, ask(worst=0.5, dag_id="b", available=1.0), now=NOW)
 
 
 def test_a_request_from_json_names_the_field_that_is_wrong():
@@ -109,13 +119,135 @@ def test_a_request_from_json_names_the_field_that_is_wrong():
 
 def test_a_rental_is_settled_on_the_services_clock_when_both_ends_are_known(engine):
     # A simulator whose clock runs 20x: ten real seconds are 200 of the service's, and it bills those.
-    reservation = ledger.reserve(engine, dataclasses.replace(ask(worst=0.9), started=5000.0), now=NOW)
+    reservation = ledger.reserve(engine, dataclasses.replace(ask(worst=0.9), started=5000.0), now=NOW).id
     ledger.attach(engine, "gpumarket_default", reservation, 8)
     cost = ledger.settle(engine, "gpumarket_default", instance_id=8, now=NOW + 10, ended=5200.0)
     assert cost == pytest.approx(0.36 * 200 / 3600, abs=1e-4)
 
 
 def test_a_credit_below_zero_is_a_refusal_not_a_malformed_request(engine):
-    body = {**ask(limits=None).to_json(), "available": -0.42}
+    body = {**ask(dag_id="no_budget").to_json(), "available": -0.42}
     with pytest.raises(ledger.BudgetRefused, match=r"credit is -\$0.42"):
         ledger.reserve(engine, ledger.Request.from_json(body), now=NOW)
+
+
+def test_a_retried_reservation_answers_the_first_and_reserves_nothing_more(engine):
+    first = ledger.reserve(engine, ask(worst=0.6), now=NOW)
+    again = ledger.reserve(engine, ask(worst=0.6), now=NOW + 5)  # $1.20 would not fit: it is the same reservation
+    assert again.id == first.id
+    assert len(ledger.entries(engine, since=0)) == 1
+    assert ledger.reserve(engine, ask(worst=0.3, attempt=2), now=NOW).id != first.id  # the try's next rental
+
+
+def test_two_concurrent_identical_reservations_make_one_row(engine):
+    ledger.ensure_tables(engine)
+    answers: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: answers.append(ledger.reserve(engine, ask(), now=NOW).id)) for _ in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == 8 and len(set(answers)) == 1
+    assert len(ledger.entries(engine, since=0)) == 1
+
+
+def test_the_idempotency_key_is_the_connection_task_try_and_rental_attempt():
+    keys = {
+        ask().key,
+        ask(attempt=2).key,
+        ask(map_index=1).key,
+        ask(run_id="r2").key,
+        dataclasses.replace(ask(), try_number=2).key,
+        dataclasses.replace(ask(), conn_id="other").key,
+    }
+    assert len(keys) == 6
+    assert ask(worst=0.5, available=3.0).key == ask().key  # what it reserves is not who asks
+
+
+def test_a_resumed_task_numbers_its_rentals_on_from_the_ledger(engine):
+    task_try = {
+        "conn_id": "gpumarket_default",
+        "dag_id": "fanout",
+        "run_id": "r1",
+        "task_id": "job",
+        "map_index": 0,
+        "try_number": 1,
+    }
+    assert ledger.last_attempt(engine, **task_try) == 0
+    ledger.reserve(engine, ask(attempt=1), now=NOW)
+    ledger.reserve(engine, ask(attempt=2), now=NOW)
+    ledger.reserve(engine, ask(attempt=1, map_index=3), now=NOW)  # another task instance
+    assert ledger.last_attempt(engine, **task_try) == 2
+
+
+def test_the_budgets_are_the_variables_as_the_ledger_reads_them(engine, monkeypatch):
+    set_budgets(monkeypatch, {"fanout": {"day": 0.5}, "*": {"day": 100}})
+    made = ledger.reserve(engine, ask(worst=0.4), now=NOW)
+    assert made.limits == budgets.Limits(day=0.5) and made.warnings == []
+    with pytest.raises(ledger.BudgetRefused, match=r"day budget of DAG 'fanout' is \$0.50"):
+        ledger.reserve(engine, ask(worst=0.4, attempt=2), now=NOW)
+
+
+def test_a_malformed_entry_for_another_dag_is_a_warning_and_this_dag_reserves(engine, monkeypatch):
+    set_budgets(monkeypatch, {"fanout": {"day": 1.0}, "typo_dag": {"day": "10"}})
+    made = ledger.reserve(engine, ask(), now=NOW)
+    assert made.limits == budgets.Limits(day=1.0)
+    (warning,) = made.warnings
+    assert "gpumarket_budgets['typo_dag'].day must be a number" in warning
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ({"fanout": {"day": "10"}}, "gpumarket_budgets['fanout'].day"),
+        ({"*": {"dya": 1}}, "gpumarket_budgets['*'] has unknown key(s) 'dya'"),
+        ('{"fanout": {"day": 1}', "gpumarket_budgets is not valid JSON"),
+    ],
+)
+def test_a_malformed_entry_that_applies_to_the_dag_refuses_before_reserving(engine, monkeypatch, value, named):
+    set_budgets(monkeypatch, value)
+    with pytest.raises(ledger.BudgetRefused, match="Nothing was rented") as caught:
+        ledger.reserve(engine, ask(), now=NOW)
+    assert named in str(caught.value)
+    assert ledger.entries(engine, since=0) == []
+
+
+def test_a_repeated_settle_answers_the_same_cost_and_changes_nothing(engine):
+    reservation = ledger.reserve(engine, ask(worst=0.9), now=NOW).id
+    ledger.attach(engine, "gpumarket_default", reservation, 42)
+    ledger.attach(engine, "gpumarket_default", reservation, 42)
+    first = ledger.settle(engine, "gpumarket_default", reservation_id=reservation, now=NOW + 600)
+    assert ledger.settle(engine, "gpumarket_default", reservation_id=reservation, now=NOW + 900) == first
+    assert ledger.settle(engine, "gpumarket_default", instance_id=42, now=NOW + 900) == first
+    (entry,) = ledger.entries(engine, since=0)
+    assert (entry["instance_id"], entry["cost"], entry["settled_at"]) == (42, first, NOW + 600)
+
+
+def test_a_nonce_is_accepted_once_within_the_signatures_window_and_purged_after(engine):
+    window = budgets.SIGNATURE_MAX_AGE_SECONDS
+    assert ledger.first_use(engine, "a" * 32, stamp=NOW, now=NOW)
+    assert not ledger.first_use(engine, "a" * 32, stamp=NOW, now=NOW + window)
+    assert ledger.first_use(engine, "b" * 32, stamp=NOW + window + 1, now=NOW + window + 1)  # purges "a"
+    with engine.begin() as conn:
+        assert [row.nonce for row in conn.execute(ledger.NONCES.select())] == ["b" * 32]
+
+
+def test_a_reservations_table_of_the_previous_version_gets_the_idempotency_key(engine):
+    old = MetaData()
+    columns = [
+        Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+        for c in ledger.RESERVATIONS.columns
+        if c.name not in ("attempt", "idempotency_key")
+    ]
+    table = Table(ledger.RESERVATIONS.name, old, *columns)
+    old.create_all(engine)
+    row = {"conn_id": "gpumarket_default", "dag_id": "fanout", "run_id": "r0", "task_id": "job", "map_index": 0}
+    with engine.begin() as conn:
+        conn.execute(table.insert().values(**row, try_number=1, reserved=0.2, hourly=0.36, created_at=0, until=0))
+    ledger.ensure_tables(engine)
+    assert {"attempt", "idempotency_key"} <= {c["name"] for c in inspect(engine).get_columns(table.name)}
+    made = ledger.reserve(engine, ask(), now=NOW)
+    assert ledger.reserve(engine, ask(), now=NOW).id == made.id != 1
+    assert len(ledger.entries(engine, since=0)) == 2

@@ -2,12 +2,14 @@
 
 The ledger lives in the Airflow metadata database (``ledger.py``). A task reaches it directly where Airflow lets task
 code use that database (Airflow 2, ``dag.test()``), else through the api-server, where the provider's plugin runs the
-same transaction (``ui/ledger_api.py``); each request is signed with the connection's API key.
+same transaction (``ui/ledger_api.py``); each request is signed with the connection's API key and a nonce. The
+ledger reads the DAG's budgets from the Variable itself; the task reads it only when the ledger cannot be reached.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from typing import Any
 
@@ -20,6 +22,8 @@ from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
 LEDGER_PATH = "/gpumarket/ledger"
 #: Seconds a ledger request to the api-server may take.
 LEDGER_TIMEOUT_SECONDS = 30.0
+#: Sends of one ledger request whose answer did not come: each route is idempotent, so a lost answer is asked again.
+LEDGER_TRIES = 3
 #: A prefix of the database URL that Airflow 3 gives task processes instead of the real one.
 _BLOCKED_DB = "airflow-db-not-allowed"
 
@@ -30,8 +34,11 @@ class _Direct:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    def reserve(self, request: ledger.Request) -> int:
+    def reserve(self, request: ledger.Request) -> ledger.Reservation:
         return ledger.reserve(self.engine, request, now=time.time())
+
+    def last_attempt(self, **task_try: Any) -> int:
+        return ledger.last_attempt(self.engine, **task_try)
 
     def attach(self, conn_id: str, reservation_id: int, instance_id: int) -> None:
         ledger.attach(self.engine, conn_id, reservation_id, instance_id)
@@ -55,30 +62,34 @@ class _ApiServer:
         self._api_key = api_key
 
     def _post(self, route: str, body: dict[str, Any]) -> Any:
-        import requests
-
-        data = json.dumps(body, sort_keys=True).encode()
-        stamp = str(int(time.time()))
-        headers = {
-            "Content-Type": "application/json",
-            "X-GpuMarket-Timestamp": stamp,
-            "X-GpuMarket-Signature": budgets.signature(self._api_key, stamp, data),
-        }
-        try:
-            reply = requests.post(f"{self.url}/{route}", data=data, headers=headers, timeout=LEDGER_TIMEOUT_SECONDS)
-        except requests.RequestException as exc:
-            raise AirflowException(
-                f"The budget ledger at {self.url} did not answer ({type(exc).__name__}). Install the provider on the "
-                "api-server, and set [gpumarket] ledger_url when the api-server is not the execution API's host."
-            ) from None
+        reply = self._send(route, body)
         if reply.status_code == 409:
             raise ledger.BudgetRefused(_detail(reply))
         if reply.status_code >= 400:
             raise AirflowException(f"The budget ledger at {self.url} refused the request: {_detail(reply)}")
         return reply.json()
 
-    def reserve(self, request: ledger.Request) -> int:
-        return int(self._post("reserve", request.to_json())["id"])
+    def _send(self, route: str, body: dict[str, Any]) -> Any:
+        """The answer to a signed POST of ``body``, sent again (a new nonce, the same body) when none came."""
+        import requests
+
+        failure = ""
+        for _ in range(LEDGER_TRIES):
+            data, headers = signed_request(self._api_key, body)
+            try:
+                return requests.post(f"{self.url}/{route}", data=data, headers=headers, timeout=LEDGER_TIMEOUT_SECONDS)
+            except requests.RequestException as exc:
+                failure = type(exc).__name__
+        raise AirflowException(
+            f"The budget ledger at {self.url} did not answer ({failure}). Install the provider on the api-server, and "
+            "set [gpumarket] ledger_url when the api-server is not the execution API's host."
+        )
+
+    def reserve(self, request: ledger.Request) -> ledger.Reservation:
+        return ledger.Reservation.from_json(self._post("reserve", request.to_json()))
+
+    def last_attempt(self, **task_try: Any) -> int:
+        return int(self._post("attempts", task_try)["last"])
 
     def attach(self, conn_id: str, reservation_id: int, instance_id: int) -> None:
         self._post("attach", {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id})
@@ -91,6 +102,18 @@ class _ApiServer:
     ) -> Any:
         body = {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id, "ended": ended}
         return self._post("settle", body).get("cost")
+
+
+def signed_request(api_key: str, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+    """A ledger request's bytes and headers, signed with ``api_key`` over the time, a new nonce and the body."""
+    data = json.dumps(body, sort_keys=True).encode()
+    stamp, nonce = str(int(time.time())), secrets.token_hex(16)
+    return data, {
+        "Content-Type": "application/json",
+        "X-GpuMarket-Timestamp": stamp,
+        "X-GpuMarket-Nonce": nonce,
+        "X-GpuMarket-Signature": budgets.signature(api_key, stamp, nonce, data),
+    }
 
 
 def _detail(reply: Any) -> str:
@@ -145,6 +168,8 @@ def settle_ended(hook: Any, conn_id: str, instance_id: int, log: Any) -> None:
 class Budget:
     """The reservations of one try: each rental's worst case reserved before its create, settled when it ends.
 
+    A task resumed after a deferral makes a new one: it reads nothing until it is about to rent again.
+
     :param hook: the task's hook (the account's credit is read through it).
     :param log: the task's logger.
     :param context: the task's context (DAG, run and task instance).
@@ -165,18 +190,9 @@ class Budget:
         self.try_number = try_number if isinstance(try_number, int) else 1
         dag = context.get("dag") if hasattr(context, "get") else None
         self.team = budgets.team_of(getattr(dag, "tags", None))
-        self.limits = self._limits()
         self._client: _Direct | _ApiServer | None = None
+        self._attempt: int | None = None  # the try's last rental attempt, read from the ledger before the first
         self.reservation_id: int | None = None  # the reservation of the create in flight
-
-    def _limits(self) -> budgets.Limits | None:
-        from airflow_gpumarket._compat import Variable
-
-        raw = Variable.get(budgets.VARIABLE, None)  # the default is positional: Airflow 2 and 3 name it differently
-        try:
-            return budgets.limits_for(budgets.parse(raw), self.dag_id)
-        except budgets.BudgetConfigError as exc:
-            raise GpuMarketBudgetExceeded(f"{exc}. Nothing was rented.") from None
 
     @property
     def client(self) -> _Direct | _ApiServer:
@@ -184,43 +200,78 @@ class Budget:
             self._client = ledger_client(self.hook)
         return self._client
 
+    def _next_attempt(self) -> int:
+        """The rental attempt of this create: one more than the try's last, which the ledger is asked once.
+
+        A task resumed after a deferral has a new Budget: asking the ledger keeps it off its earlier rentals' keys.
+        """
+        if self._attempt is None:
+            self._attempt = self.client.last_attempt(
+                conn_id=self.conn_id,
+                dag_id=self.dag_id,
+                run_id=self.run_id,
+                task_id=self.task_id,
+                map_index=self.map_index,
+                try_number=self.try_number,
+            )
+        self._attempt += 1
+        return self._attempt
+
     def reserve(self, worst: budgets.WorstCase, *, started: float) -> None:
         """Reserve ``worst`` before a create at the service's time ``started``; raise ``GpuMarketBudgetExceeded`` when
         it does not fit."""
         available = self.credit()
-        request = ledger.Request(
-            conn_id=self.conn_id,
-            dag_id=self.dag_id,
-            run_id=self.run_id,
-            task_id=self.task_id,
-            map_index=self.map_index,
-            try_number=self.try_number,
-            worst=worst.amount,
-            seconds=worst.seconds,
-            hourly=worst.hourly,
-            limits=self.limits,
-            available=available,
-            team=self.team,
-            started=started,
-        )
         try:
-            self.reservation_id = self.client.reserve(request)
+            request = ledger.Request(
+                conn_id=self.conn_id,
+                dag_id=self.dag_id,
+                run_id=self.run_id,
+                task_id=self.task_id,
+                map_index=self.map_index,
+                try_number=self.try_number,
+                worst=worst.amount,
+                seconds=worst.seconds,
+                hourly=worst.hourly,
+                attempt=self._next_attempt(),
+                available=available,
+                team=self.team,
+                started=started,
+            )
+            reservation = self.client.reserve(request)
         except ledger.BudgetRefused as exc:
             raise GpuMarketBudgetExceeded(str(exc)) from None
         except AirflowException as exc:
-            if self.limits is not None:
-                raise  # a budget that cannot be checked is not kept: nothing is rented
-            self.log.warning("Renting without a ledger entry: %s", exc)
-            why = budgets.refusal(None, {}, worst.amount, dag_id=self.dag_id, available=available)
-            if why is not None:
-                raise GpuMarketBudgetExceeded(why) from None
+            self._without_ledger(exc, worst, available)
             return
+        self.reservation_id = reservation.id
+        for warning in reservation.warnings:
+            self.log.warning("%s", warning)
         self.log.info(
-            "Reserved %s for this rental (reservation %s)%s",
+            "Reserved %s for this rental (reservation %s, attempt %s of try %s)%s",
             worst.describe(),
-            self.reservation_id,
-            "" if self.limits is None else f"; DAG budgets: {self.limits.given()}",
+            reservation.id,
+            request.attempt,
+            self.try_number,
+            "" if reservation.limits is None else f"; DAG budgets: {reservation.limits.given()}",
         )
+
+    def _without_ledger(self, exc: AirflowException, worst: budgets.WorstCase, available: float | None) -> None:
+        """The ledger cannot be reached: fail when a budget applies to the DAG (it cannot be kept), else rent on."""
+        from airflow_gpumarket._compat import Variable
+
+        try:
+            raw = Variable.get(budgets.VARIABLE, None)  # the default is positional: Airflow 2 and 3 name it differently
+            limits, warnings = ledger.dag_budgets(self.dag_id, raw)
+        except ledger.BudgetRefused as refused:
+            raise GpuMarketBudgetExceeded(str(refused)) from None
+        if limits is not None:
+            raise exc
+        for warning in warnings:
+            self.log.warning("%s", warning)
+        self.log.warning("Renting without a ledger entry: %s", exc)
+        why = budgets.refusal(None, {}, worst.amount, dag_id=self.dag_id, available=available)
+        if why is not None:
+            raise GpuMarketBudgetExceeded(why) from None
 
     def credit(self) -> float | None:
         """The account's credit, or None when the service does not tell it."""

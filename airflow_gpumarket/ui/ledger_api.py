@@ -1,14 +1,18 @@
 """The budget ledger's routes in the api-server, for Airflow 3 tasks, which may not use the metadata database.
 
-A task signs each request with its connection's API key (``budgets.signature``); the route reads that connection
-where the api-server sees it and checks the signature, so only a holder of the key that rents can reserve or settle.
-Each route runs one ``ledger`` transaction; a refusal answers 409 with the sentence the task fails with.
+A task signs each request with its connection's API key over a timestamp, a nonce and the body
+(``budgets.signature``); the route reads that connection where the api-server sees it, checks the signature, and
+records the nonce, so only a holder of the key that rents can reserve or settle, and a captured request is refused
+when sent again. The budgets come from the Variable as the api-server reads it, never from the body. Each route runs
+one ``ledger`` transaction; a refusal answers 409 with the sentence the task fails with.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
+import re
 import time
 from typing import Any
 
@@ -17,6 +21,15 @@ from fastapi import APIRouter, HTTPException, Request
 from airflow_gpumarket import budgets, ledger
 
 router = APIRouter(prefix="/ledger")
+log = logging.getLogger(__name__)
+
+#: The one answer to a request whose signature does not verify, whatever the reason: a caller who cannot sign
+#: learns nothing about which connections exist.
+_UNSIGNED = (
+    "X-GpuMarket-Signature does not verify: sign with the API key of the connection named, and define that "
+    "connection where the api-server reads connections"
+)
+_NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 
 def _engine() -> Any:
@@ -26,7 +39,7 @@ def _engine() -> Any:
 
 
 async def _signed_body(request: Request) -> dict[str, Any]:
-    """The request's JSON body once its signature is checked; 400, 401 or 403 naming what is wrong."""
+    """The request's JSON body once its signature is checked and its nonce is new; 400 or 401 naming what is wrong."""
     data = await request.body()
     try:
         body = json.loads(data)
@@ -36,21 +49,31 @@ async def _signed_body(request: Request) -> dict[str, Any]:
     if not isinstance(conn_id, str) or not conn_id:
         raise HTTPException(400, "conn_id must name the task's connection")
     stamp = request.headers.get("X-GpuMarket-Timestamp", "")
+    nonce = request.headers.get("X-GpuMarket-Nonce", "")
     given = request.headers.get("X-GpuMarket-Signature", "")
-    if not stamp.isdigit() or abs(time.time() - int(stamp)) > budgets.SIGNATURE_MAX_AGE_SECONDS:
-        raise HTTPException(401, "X-GpuMarket-Timestamp is missing or more than 5 minutes off the api-server's clock")
+    now = time.time()
+    if not stamp.isdigit() or abs(now - int(stamp)) > budgets.SIGNATURE_MAX_AGE_SECONDS:
+        raise HTTPException(
+            401,
+            f"X-GpuMarket-Timestamp is missing or more than {budgets.SIGNATURE_MAX_AGE_SECONDS} s off the "
+            "api-server's clock; sync the clocks",
+        )
+    if not _NONCE.fullmatch(nonce):
+        raise HTTPException(401, "X-GpuMarket-Nonce must be 16 to 64 letters, digits, '-' or '_', new for each request")
     from airflow_gpumarket.exceptions import GpuMarketError
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
     try:
         api_key = GpuMarketHook(conn_id).settings.api_key
     except Exception as exc:  # noqa: BLE001 - a connection the api-server cannot read, for any reason
+        # The reason goes to the api-server's log only: the caller gets the answer of a bad signature.
         reason = str(exc) if isinstance(exc, GpuMarketError) else type(exc).__name__
-        raise HTTPException(
-            403, f"the api-server cannot read connection {conn_id!r} ({reason}); define it where the api-server sees it"
-        ) from None
-    if not hmac.compare_digest(budgets.signature(api_key, stamp, data), given):
-        raise HTTPException(401, f"X-GpuMarket-Signature does not match connection {conn_id!r}'s API key")
+        log.warning("A ledger request names connection %r, which the api-server cannot read (%s)", conn_id, reason)
+        api_key = None
+    if api_key is None or not hmac.compare_digest(budgets.signature(api_key, stamp, nonce, data), given):
+        raise HTTPException(401, _UNSIGNED)
+    if not ledger.first_use(_engine(), nonce, stamp=int(stamp), now=now):
+        raise HTTPException(401, "this signed request was received before; each request is accepted once")
     return body
 
 
@@ -71,9 +94,24 @@ async def reserve(request: Request) -> dict[str, Any]:
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     try:
-        return {"id": ledger.reserve(_engine(), asked, now=time.time())}
+        return ledger.reserve(_engine(), asked, now=time.time()).to_json()
     except ledger.BudgetRefused as exc:
         raise HTTPException(409, str(exc)) from None
+
+
+@router.post("/attempts")
+async def attempts(request: Request) -> dict[str, Any]:
+    body = await _signed_body(request)
+    asked: dict[str, Any] = {}
+    for name in ("dag_id", "run_id", "task_id"):
+        if not isinstance(body.get(name), str) or not body[name]:
+            raise HTTPException(400, f"{name} must be a non-empty string")
+        asked[name] = body[name]
+    for name in ("map_index", "try_number"):
+        if (value := _int_or_none(body, name)) is None:
+            raise HTTPException(400, f"{name} must be an integer")
+        asked[name] = value
+    return {"last": ledger.last_attempt(_engine(), conn_id=body["conn_id"], **asked)}
 
 
 @router.post("/attach")

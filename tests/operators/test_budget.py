@@ -6,11 +6,14 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+from sqlalchemy import create_engine
 
-from airflow_gpumarket import budgets, ledger
-from airflow_gpumarket._compat import AirflowException
+from airflow_gpumarket import budgets, ledger, lifecycle
+from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.operators import budget as budget_module
 from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
+
+from .renting_fakes import DONE, FakeHook, ctx, fired, job
 
 LOG = logging.getLogger("test")
 WORST = budgets.WorstCase(amount=0.1, hourly=1.0, seconds=360)
@@ -18,18 +21,22 @@ T0 = 1000.0  # the service's time just before the create
 
 
 class Ledger:
-    """A ledger client that records calls; ``refuse`` or ``down`` make reserve fail."""
+    """A ledger client that records calls; ``refuse`` or ``down`` make reserve fail; the try rented ``last`` times."""
 
-    def __init__(self, refuse: str | None = None, down: bool = False) -> None:
-        self.refuse, self.down, self.calls = refuse, down, []
+    def __init__(self, refuse: str | None = None, down: bool = False, last: int = 0) -> None:
+        self.refuse, self.down, self.last, self.calls = refuse, down, last, []
+
+    def last_attempt(self, **task_try):
+        self.calls.append(("last_attempt", task_try))
+        if self.down:
+            raise AirflowException("The budget ledger at http://api/gpumarket/ledger did not answer")
+        return self.last
 
     def reserve(self, request):
         self.calls.append(("reserve", request))
-        if self.down:
-            raise AirflowException("The budget ledger at http://api/gpumarket/ledger did not answer")
         if self.refuse:
             raise ledger.BudgetRefused(self.refuse)
-        return 7
+        return ledger.Reservation(7, budgets.Limits(day=1.0), ["gpumarket_budgets['other'] is skipped"])
 
     def attach(self, conn_id, reservation_id, instance_id):
         self.calls.append(("attach", reservation_id, instance_id))
@@ -54,10 +61,27 @@ def keeper(monkeypatch, client: Ledger, *, variable=None, credit=None) -> budget
     return budget_module.Budget(hook, LOG, context, dag_id="fanout", task_id="job", conn_id="gpumarket_default")
 
 
-def test_a_reservation_carries_the_task_instance_its_team_its_budgets_and_the_credit(monkeypatch):
+@pytest.fixture
+def direct(tmp_path, monkeypatch):
+    """The ledger in a fresh database, reached as Airflow 2 tasks reach it."""
+    engine = create_engine(f"sqlite:///{tmp_path}/airflow.db")
+    monkeypatch.setattr(budget_module, "ledger_client", lambda hook: budget_module._Direct(engine))
+    yield engine
+    engine.dispose()
+
+
+def test_a_reservation_carries_the_task_instance_its_attempt_its_team_and_the_credit(monkeypatch, caplog):
     client = Ledger()
-    keeper(monkeypatch, client, variable='{"fanout": {"day": 1}}', credit=25.0).reserve(WORST, started=T0)
-    ((_, request),) = client.calls
+    keeper(monkeypatch, client, credit=25.0).reserve(WORST, started=T0)
+    ((_, task_try), (_, request)) = client.calls
+    assert task_try == {
+        "conn_id": "gpumarket_default",
+        "dag_id": "fanout",
+        "run_id": "r1",
+        "task_id": "job",
+        "map_index": 0,
+        "try_number": 2,
+    }
     assert (request.dag_id, request.run_id, request.task_id, request.map_index, request.try_number) == (
         "fanout",
         "r1",
@@ -65,8 +89,19 @@ def test_a_reservation_carries_the_task_instance_its_team_its_budgets_and_the_cr
         0,
         2,
     )
-    assert request.team == "nlp" and request.limits == budgets.Limits(day=1.0) and request.available == 25.0
+    assert request.attempt == 1 and request.team == "nlp" and request.available == 25.0
     assert (request.worst, request.hourly, request.seconds) == (0.1, 1.0, 360)
+    # The budgets the ledger applied, and its warnings, are in the task's log.
+    assert "DAG budgets: {'day': 1.0}" in caplog.text and "gpumarket_budgets['other'] is skipped" in caplog.text
+
+
+def test_each_create_of_a_try_reserves_under_an_attempt_of_its_own_counted_on_after_a_resume(monkeypatch):
+    client = Ledger(last=2)  # the try rented twice before it deferred
+    task = keeper(monkeypatch, client)
+    task.reserve(WORST, started=T0)
+    task.reserve(WORST, started=T0)
+    attempts = [call[1].attempt for call in client.calls if call[0] == "reserve"]
+    assert attempts == [3, 4] and [call[0] for call in client.calls].count("last_attempt") == 1
 
 
 def test_a_refused_reservation_fails_the_task_with_the_ledgers_sentence(monkeypatch):
@@ -74,14 +109,42 @@ def test_a_refused_reservation_fails_the_task_with_the_ledgers_sentence(monkeypa
         keeper(monkeypatch, Ledger(refuse="The day budget of DAG 'fanout' is $1.00: ...")).reserve(WORST, started=T0)
 
 
-def test_a_malformed_budgets_variable_fails_before_renting_naming_the_key(monkeypatch):
+def test_a_malformed_budgets_variable_fails_before_renting_naming_the_key(monkeypatch, direct):
+    task = keeper(monkeypatch, budget_module._Direct(direct), variable='{"fanout": {"day": "lots"}}')
     with pytest.raises(GpuMarketBudgetExceeded, match=r"gpumarket_budgets\['fanout'\].day must be a number"):
-        keeper(monkeypatch, Ledger(), variable='{"fanout": {"day": "lots"}}')
+        task.reserve(WORST, started=T0)
+    assert ledger.entries(direct, since=0) == []
+
+
+def test_a_malformed_entry_for_another_dag_is_one_warning_and_this_dag_rents(monkeypatch, direct, caplog):
+    variable = '{"fanout": {"day": 1}, "typo_dag": {"day": "lots"}}'
+    keeper(monkeypatch, budget_module._Direct(direct), variable=variable).reserve(WORST, started=T0)
+    (entry,) = ledger.entries(direct, since=0)
+    assert entry["reserved"] == WORST.amount
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "gpumarket_budgets['typo_dag'].day must be a number" in warning
+
+
+@pytest.mark.parametrize("edited", ['{"*": {"day": "5"}}', "{not json", '{"*": {"day": 0.0001}}'])
+def test_a_resumed_task_keeps_its_reservation_whatever_the_variable_became(monkeypatch, direct, edited):
+    monkeypatch.setenv("AIRFLOW_VAR_GPUMARKET_BUDGETS", '{"*": {"day": 5}}')
+    hook = FakeHook({1: ["running", DONE]})
+    with pytest.raises(TaskDeferred) as deferred:
+        job(hook, deferrable=True).execute(ctx())
+    (reserved,) = ledger.entries(direct, since=0)
+    monkeypatch.setenv("AIRFLOW_VAR_GPUMARKET_BUDGETS", edited)  # while the job runs in the triggerer
+    event = fired(deferred, lifecycle.EventKind.JOB_SUCCEEDED, actual_status="stopped")
+    result = job(hook, deferrable=True).execute_complete(ctx(), event)  # a new Budget: it reads no Variable
+    assert result["job_status"] == "succeeded" and hook.alive() == []
+    (settled,) = ledger.entries(direct, since=0)
+    assert settled["id"] == reserved["id"] and settled["cost"] is not None
 
 
 def test_a_ledger_out_of_reach_fails_the_task_only_when_a_budget_depends_on_it(monkeypatch):
     with pytest.raises(AirflowException, match="did not answer"):
         keeper(monkeypatch, Ledger(down=True), variable='{"fanout": {"day": 1}}').reserve(WORST, started=T0)
+    with pytest.raises(GpuMarketBudgetExceeded, match=r"gpumarket_budgets\['\*'\]"):
+        keeper(monkeypatch, Ledger(down=True), variable='{"*": {"day": "1"}}').reserve(WORST, started=T0)
     keeper(monkeypatch, Ledger(down=True), credit=5.0).reserve(WORST, started=T0)  # no budget: a warning, and rent
     with pytest.raises(GpuMarketBudgetExceeded, match="credit is \\$0.05"):
         keeper(monkeypatch, Ledger(down=True), credit=0.05).reserve(WORST, started=T0)  # the credit, still checked
@@ -94,7 +157,7 @@ def test_the_created_instance_is_attached_and_a_create_that_made_nothing_is_rele
     task.created(41)
     task.reserve(WORST, started=T0)
     task.not_created()
-    assert client.calls[1:] == [("attach", 7, 41), ("reserve", client.calls[2][1]), ("settle", 7, None)]
+    assert client.calls[2:] == [("attach", 7, 41), ("reserve", client.calls[3][1]), ("settle", 7, None)]
 
 
 def test_an_instance_found_by_label_after_an_unanswered_create_settles_the_pending_reservation(monkeypatch):
@@ -102,7 +165,7 @@ def test_an_instance_found_by_label_after_an_unanswered_create_settles_the_pendi
     task = keeper(monkeypatch, client)
     task.reserve(WORST, started=T0)
     task.ended(99)  # the failure path found it by its label and destroyed it
-    assert client.calls[1:] == [("attach", 7, 99), ("settle", None, 99)]
+    assert client.calls[2:] == [("attach", 7, 99), ("settle", None, 99)]
 
 
 def test_settling_never_raises_on_a_failure_path(monkeypatch, caplog):

@@ -148,7 +148,7 @@ def test_rentals_the_ledger_recorded_are_attributed_end_to_end(tmp_path, monkeyp
     for row, (dag_id, team, instance_id) in enumerate([("train_llm", "ml", 11), ("embed", None, 12)]):
         request = ledger.Request(conn_id="gpumarket_default", dag_id=dag_id, run_id="r", task_id="t", map_index=row,
                                  try_number=1, worst=5.0, seconds=3600, hourly=1.0, team=team)  # fmt: skip
-        ledger.attach(engine, "gpumarket_default", ledger.reserve(engine, request, now=JAN_1 - 60), instance_id)
+        ledger.attach(engine, "gpumarket_default", ledger.reserve(engine, request, now=JAN_1 - 60).id, instance_id)
     try:
         result = reporter(Service(charge(1.25, 11), charge(0.75, 12), charge(2.0, 13))).execute(daily())
     finally:

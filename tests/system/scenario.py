@@ -55,7 +55,7 @@ GOALS = {
     "rental each, every component healthy again, 0 alive",
     "budget": f"{BUDGET_JOBS} mapped deferred jobs of $0.10 worst case under a $1 daily budget: at most 10 rented at "
     "once, every other one failed before renting naming the budget, the ledger and the simulator's bill within $1; "
-    "0 alive",
+    "0 alive; a captured reservation replayed: 401, sent anew: the same reservation, limits in its body ignored",
     "durable": "a deferred interruptible job outbid twice (a triggerer killed at the second) resumes from its "
     "checkpoint on its third machine, disks isolated, each epoch once but at most one per preemption; its output in "
     "the integration's bucket before the destroy; 0 alive",

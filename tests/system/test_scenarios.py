@@ -18,6 +18,7 @@ from functools import partial
 
 import psutil
 import pytest
+import requests
 
 from .deployment import HEARTBEAT_TIMEOUT, SPEED
 from .scenario import (
@@ -489,26 +490,64 @@ def _most_alive_at_once(instances: list[dict]) -> int:
     return most
 
 
-def _ledger_entries(s: Scenario) -> list[dict]:
-    """The budget ledger's entries of the default connection, through the api-server's signed route."""
-    import json
+def _ledger_key(s: Scenario) -> str:
+    """The default connection's API key, which a task signs its ledger requests with."""
     from urllib.parse import unquote, urlsplit
 
-    import requests
+    return unquote(urlsplit(s.deployment.env["AIRFLOW_CONN_GPUMARKET_DEFAULT"]).password or "")
 
-    from airflow_gpumarket import budgets
 
-    key = unquote(urlsplit(s.deployment.env["AIRFLOW_CONN_GPUMARKET_DEFAULT"]).password or "")
-    data = json.dumps({"conn_id": "gpumarket_default", "since": 0}).encode()
-    stamp = str(int(time.time()))
-    headers = {
-        "Content-Type": "application/json",
-        "X-GpuMarket-Timestamp": stamp,
-        "X-GpuMarket-Signature": budgets.signature(key, stamp, data),
-    }
-    answer = requests.post(f"{s.api.base}/gpumarket/ledger/entries", data=data, headers=headers, timeout=30)
+def _ledger_post(s: Scenario, route: str, signed: tuple[bytes, dict[str, str]]) -> requests.Response:
+    """POST a signed ledger request, as a task sends it, to the deployment's api-server."""
+    data, headers = signed
+    return requests.post(f"{s.api.base}/gpumarket/ledger/{route}", data=data, headers=headers, timeout=30)
+
+
+def _ledger_entries(s: Scenario) -> list[dict]:
+    """The budget ledger's entries of the default connection, through the api-server's signed route."""
+    from airflow_gpumarket.operators.budget import signed_request
+
+    answer = _ledger_post(s, "entries", signed_request(_ledger_key(s), {"conn_id": "gpumarket_default", "since": 0}))
     answer.raise_for_status()
     return [e for e in answer.json()["entries"] if e["dag_id"] == s.dag_id]
+
+
+def _replay_refused(s: Scenario) -> None:
+    """A captured reservation sent again is refused (401); sent anew after a lost answer, it is the same one; and
+    limits in a body do not raise the DAG's budget. The phantom task's DAG has no budget, and its reservation is
+    released."""
+    from airflow_gpumarket import ledger
+    from airflow_gpumarket.operators.budget import signed_request
+
+    key = _ledger_key(s)
+    phantom = ledger.Request(
+        conn_id="gpumarket_default",
+        dag_id=f"{s.dag_id}_replay",
+        run_id=s.run_id,
+        task_id="replay_probe",
+        map_index=0,
+        try_number=1,
+        worst=0.1,
+        seconds=600,
+        hourly=0.6,
+    )
+    captured = signed_request(key, phantom.to_json())
+    first = _ledger_post(s, "reserve", captured)
+    assert first.status_code == 200, (first.status_code, first.text)
+    replayed = _ledger_post(s, "reserve", captured)  # the same bytes, within the signature's window
+    assert replayed.status_code == 401, (replayed.status_code, replayed.text)
+    retried = _ledger_post(s, "reserve", signed_request(key, phantom.to_json()))  # a new nonce, the same key
+    assert retried.status_code == 200 and retried.json()["id"] == first.json()["id"], retried.text
+    generous = {**phantom.to_json(), "dag_id": s.dag_id, "worst": 5.0, "limits": {"day": 1000.0}}
+    claimed = _ledger_post(s, "reserve", signed_request(key, generous))
+    assert claimed.status_code == 409 and f"is ${BUDGET_PER_DAY:.2f}" in claimed.text, claimed.text
+    release = {"conn_id": "gpumarket_default", "id": first.json()["id"]}
+    released = _ledger_post(s, "settle", signed_request(key, release))
+    assert released.status_code == 200 and released.json()["cost"] == 0.0, released.text
+    s.say(
+        "a captured reservation replayed within the window: 401; sent again with a new nonce: the same reservation; "
+        f"a body claiming a $1000 day budget: refused at the Variable's ${BUDGET_PER_DAY:.2f}"
+    )
 
 
 @pytest.mark.production_shape
@@ -516,7 +555,8 @@ def test_budget(alone, scenario: Scenario):
     """Fifty mapped jobs of $0.10 worst case each, on two Celery workers under two schedulers, and a $1 daily budget.
 
     Each reservation is one transaction in PostgreSQL, made by the api-server for the task: at most ten jobs rent
-    at once, and every other one fails before renting, its log naming the budget.
+    at once, and every other one fails before renting, its log naming the budget. Then a captured reservation
+    request is replayed against the api-server and refused.
     """
     s = scenario
     s.trigger()
@@ -552,3 +592,4 @@ def test_budget(alone, scenario: Scenario):
         f"({len(entries) - len(attached)} reservations released by offers taken meanwhile); "
         f"ledger ${booked:.4f}, simulator billed ${billed:.4f} of ${BUDGET_PER_DAY:.2f}; 0 alive"
     )
+    _replay_refused(s)
