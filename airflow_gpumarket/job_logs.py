@@ -186,8 +186,10 @@ class LogPump:
         key_digest: str | None = None,
         window: int = api.LOG_TAIL_DEFAULT,
         shown: Sequence[str] = (),
+        since: float | None = None,
     ) -> None:
         self.instance_id = instance_id
+        self.since = since
         self.interval = interval
         self.key_digests = (key_digest,) if key_digest else ()
         self.follower = LogFollower(window, shown)
@@ -198,15 +200,17 @@ class LogPump:
         self._began_running: bool | None = None  # whether the first status this wait read was running
         self._said_repeats = bool(shown)  # the lines shown before are known: nothing is repeated
 
-    def began(self, running: bool) -> None:
-        """Take a status this wait read; only the first counts.
+    def began(self, running: bool, now: float | None = None) -> None:
+        """Take a status this wait read at ``now``; only the first counts.
 
         A job already running then (this wait resumed on another triggerer, or a retry took the instance over) has
         printed lines that may have been shown before: nothing records which, so the first read shows only the log's
-        last ``RESUMED_WAIT_LINES`` lines, marked.
+        last ``RESUMED_WAIT_LINES`` lines, marked. Not when this first read comes less than one interval after
+        ``since`` (the rental's creation): no earlier wait can have read the log by then.
         """
         if self._began_running is None:
-            self._began_running = running
+            fresh = self.since is not None and now is not None and now < self.since + self.interval
+            self._began_running = running and not fresh
 
     def due(self, now: float) -> bool:
         """True when a read should be made now.

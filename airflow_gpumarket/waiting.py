@@ -135,7 +135,7 @@ class Wait:
                 "Reading instance %s failed after retries (%s); still polling", self.instance_id, seen.error
             )
         elif not seen.gone:
-            self.pump.began(seen.status == api.STATUS_RUNNING)
+            self.pump.began(seen.status == api.STATUS_RUNNING, now)
             yield from hook.renew_lease_flow(self.instance_id, self.watch, now, self.log)
             yield from self._hold_bid(hook, seen)
         event = self.watch.observe(

@@ -211,3 +211,20 @@ def test_rule_a_wait_after_a_preemption_shows_only_what_follows_the_lines_an_ear
     follower = LogFollower(shown=earlier)
     follower.take(log)
     assert follower.take([*log, "done"]) == ["done"]  # later reads overlap as usual
+
+
+@pytest.mark.parametrize(
+    ("since", "first_read_at", "marked"),
+    [
+        (1000.0, 1005.0, False),  # a fresh rental that booted before the first read: no earlier wait read its log
+        (1000.0, 1030.0, True),  # one log interval after its creation: an earlier wait may have shown lines
+        (None, 1005.0, True),  # when the rental began is not known, the lines may repeat
+    ],
+)
+def test_rule_only_a_wait_that_may_follow_an_unrecorded_one_marks_its_first_lines(since, first_read_at, marked):
+    pump = LogPump(7, 30.0, since=since)
+    pump.began(True, first_read_at)
+    printed = "".join(f"line {i}\n" for i in range(1, 26))
+    lines = pump.read(first_read_at + 30, printed)
+    assert any("found the job already running" in line for line in lines) is marked
+    assert len([line for line in lines if "] line " in line]) == (job_logs.RESUMED_WAIT_LINES if marked else 25)

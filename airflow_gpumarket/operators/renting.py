@@ -836,7 +836,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         """The wait in the worker: read, sleep, and hand each read to a ``waiting.Wait``; log the cost so far."""
         guard, instance_id = self._guard, rental.instance_id
         assert guard is not None
-        pump = job_logs.LogPump(instance_id, self._job_log_interval(), key_digest=rental.key_digest, shown=shown)
+        pump = job_logs.LogPump(
+            instance_id, self._job_log_interval(), key_digest=rental.key_digest, shown=shown, since=rental.created_at
+        )
         wait = waiting.Wait(
             watch,
             pump,

@@ -194,7 +194,14 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
 
     def _wait(self) -> waiting.Wait:
         interval = self.log_interval if self.wait_for == lifecycle.WAIT_JOB else 0.0
-        pump = job_logs.LogPump(self.instance_id, interval, key_digest=self.key_digest, shown=self.shown_lines or ())
+        created = (self.resume or {}).get("created_at")
+        pump = job_logs.LogPump(
+            self.instance_id,
+            interval,
+            key_digest=self.key_digest,
+            shown=self.shown_lines or (),
+            since=created if api.is_positive_number(created) else None,
+        )
         return waiting.Wait(self._watch(), pump, self.log, hold_bid_up_to=self.hold_bid_up_to, hold_final=True)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
