@@ -41,9 +41,9 @@ DISK_GB = 10.0
 BOOT_TIMEOUT_SECONDS = 5 * 60
 JOB_RUNTIME_SECONDS = 2 * 60
 STAGING_TIMEOUT_SECONDS = 3 * 60
-DESTROY_MARGIN_SECONDS = 60
-#: How long the end-of-run sweep waits for destroyed instances to leave the list before counting them as alive.
-SWEEP_WAIT_SECONDS = 120
+#: The destroy's share of the bound: the end-of-run sweep waits this long for destroyed instances to leave the list
+#: before it counts them as alive.
+DESTROY_MARGIN_SECONDS = 2 * 60
 
 #: The Airflow connections the run defines from ``GPUMARKET_LIVE_CONN``: as given, and with a wrong key.
 CONN_ID = "gpumarket_live"
@@ -462,7 +462,7 @@ class Run:
                 hook.destroy_instance(instance_id)
             except GpuMarketError as exc:
                 destroy_failures.append(f"destroy of {instance_id}: {_short(exc)}")
-        deadline = time.time() + SWEEP_WAIT_SECONDS
+        deadline = time.time() + DESTROY_MARGIN_SECONDS
         while True:
             try:
                 listed = hook.list_instances()
