@@ -134,7 +134,7 @@ class Report:
 class Settings:
     """The run's settings, read from the environment."""
 
-    conn: str
+    conn: str = field(repr=False)  # it holds the API key: a traceback shows the settings, never the key
     max_spend: float
     integration: str | None
     filters: Mapping[str, Any]
@@ -155,7 +155,7 @@ class Settings:
             filters = json.loads(env[FILTERS_VARIABLE]) if env.get(FILTERS_VARIABLE) else DEFAULT_FILTERS
         except ValueError as exc:
             raise ValueError(
-                f"{FILTERS_VARIABLE} is not JSON ({exc}); give filters such as {DEFAULT_FILTERS}"
+                f"{FILTERS_VARIABLE} is not JSON ({exc}); give filters such as {json.dumps(DEFAULT_FILTERS)}"
             ) from None
         return cls(
             conn=env[CONN_VARIABLE],
@@ -219,7 +219,10 @@ def airflow_connections(conn: str) -> dict[str, str]:
     """The environment variables that define the run's two connections: as given, and with a wrong key."""
     wrong_key = "live-check-wrong-key-" + secrets.token_hex(8)
     if conn.lstrip().startswith("{"):
-        document = json.loads(conn)
+        try:
+            document = json.loads(conn)
+        except ValueError:
+            raise ValueError(f"{CONN_VARIABLE} starts with '{{' but is not JSON; give a JSON object or a URI") from None
         wrong = json.dumps({**document, "password": wrong_key})
     else:
         parts = urlsplit(conn)

@@ -12,7 +12,7 @@ import pytest
 
 from .acceptance import CONN_VARIABLE, Report, Run, Settings, SpendCapRefused, airflow_connections
 
-#: Exit status of a run refused before renting (no usable spend cap, or a worst case above it).
+#: Exit status of a run refused before renting: no usable spend cap or connection, or a worst case above the cap.
 REFUSED_EXIT = 3
 _REPORT = pytest.StashKey[Report]()
 
@@ -30,13 +30,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def live_report(request: pytest.FixtureRequest) -> Iterator[Report]:
     """The report of the session's one acceptance run (its rentals destroyed and swept before it is read)."""
+    # Refusals are said in one line: a traceback would show the environment, the connection's key with it.
     try:
         settings = Settings.from_env()
-    except SpendCapRefused as exc:
+        connections = airflow_connections(settings.conn)
+    except (SpendCapRefused, ValueError) as exc:
         pytest.exit(f"live-check refused: {exc}", returncode=REFUSED_EXIT)
     request.getfixturevalue("airflow_db")  # the budget ledger's database, once the run may start
     with pytest.MonkeyPatch.context() as env:
-        for name, value in airflow_connections(settings.conn).items():
+        for name, value in connections.items():
             env.setenv(name, value)
         run = Run(settings)
         request.config.stash[_REPORT] = run.report
