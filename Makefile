@@ -112,6 +112,18 @@ test: install
 demo: install
 	$(BIN)/python scripts/demo.py
 
+# The live acceptance suite (tests/live): one short rental on the service GPUMARKET_LIVE_CONN names, refused before
+# renting when its worst case is above GPUMARKET_LIVE_MAX_SPEND (default $0.10); a LIVE line per assumption of
+# docs/reference/live-service.md. Real money: not part of `make test`. live-check-sim runs it against
+# `gpumarket-sim --local` (scripts/live_check_sim.py; about a minute), which a test of `make test` runs faster.
+.PHONY: live-check live-check-sim
+live-check: install
+	@test -n "$${GPUMARKET_LIVE_CONN:-}" || { echo "live-check: set GPUMARKET_LIVE_CONN (JSON or URI)"; exit 2; }
+	$(BIN)/pytest tests/live -m live
+
+live-check-sim: install
+	$(BIN)/python scripts/live_check_sim.py
+
 # The same demo on the newest Airflow 2.11.x (its own Airflow home, .airflow/airflow2).
 demo-airflow2: $(STAMP2)
 	$(VENV2)/bin/python scripts/demo.py
