@@ -232,8 +232,10 @@ def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[
 
     from sqlalchemy import or_, select
 
-    XComModel = _xcom_model()
+    from airflow_gpumarket._compat import is_airflow_2
 
+    XComModel = _xcom_model()
+    loaded = is_airflow_2()  # 2.11's XCom rows deserialize their value as they load
     wanted = [record_key(i) for i in instance_ids]
     since_dt = dt.datetime.fromtimestamp(since, dt.UTC)
     query = select(XComModel).where(
@@ -243,7 +245,7 @@ def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[
     )
     rows = []
     for xcom in session.scalars(query):
-        value = XComModel.deserialize_value(xcom)
+        value = xcom.value if loaded else XComModel.deserialize_value(xcom)
         if isinstance(value, dict) and isinstance(value.get("instance_id"), int):
             rows.append(RecordRow(xcom.dag_id, xcom.run_id, xcom.task_id, xcom.map_index, value))
     return rows
