@@ -2,7 +2,8 @@
 
 ``get_gpumarket_cli_commands`` hands them to Airflow 3's CLI (the provider info's ``cli`` entry); ``build_parser``
 makes the ``python -m airflow_gpumarket`` parser of the Airflow 2.11 fallback. Airflow imports this module every time
-its CLI starts, so it imports nothing but ``argparse`` (and, in ``get_gpumarket_cli_commands``, Airflow's CLI classes).
+its CLI starts, so it imports only the standard library (and, in ``get_gpumarket_cli_commands``, Airflow's CLI
+classes).
 """
 
 from __future__ import annotations
