@@ -1,4 +1,4 @@
-"""``python -m airflow_gpumarket``: the ``airflow gpumarket`` commands where Airflow's CLI does not list them (2.11)."""
+"""``python -m airflow_gpumarket``: the ``airflow gpumarket`` commands, for an Airflow CLI without them (before 3.2)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The commands' names, help and options, written once for both entry points.
 
-``get_gpumarket_cli_commands`` hands them to Airflow 3's CLI (the provider info's ``cli`` entry); ``build_parser``
-makes the ``python -m airflow_gpumarket`` parser of the Airflow 2.11 fallback. Airflow imports this module every time
-its CLI starts, so it imports only the standard library (and, in ``get_gpumarket_cli_commands``, Airflow's CLI
-classes).
+``get_gpumarket_cli_commands`` hands them to Airflow 3.2+'s CLI (the provider info's ``cli`` entry); ``build_parser``
+makes the ``python -m airflow_gpumarket`` parser of the fallback (Airflow 2.11, 3.0, 3.1). Airflow imports this module
+every time its CLI starts, so it imports only the standard library (and, in ``get_gpumarket_cli_commands``, Airflow's
+CLI classes).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _runner(command: Command) -> Any:
 
 
 def get_gpumarket_cli_commands() -> list[Any]:
-    """The ``airflow gpumarket`` group, for Airflow 3's CLI (the provider info's ``cli`` entry)."""
+    """The ``airflow gpumarket`` group, for Airflow 3.2+'s CLI (the provider info's ``cli`` entry)."""
     from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand
 
     subcommands = []
@@ -114,7 +114,7 @@ def get_gpumarket_cli_commands() -> list[Any]:
 
 
 def build_parser(prog: str = "python -m airflow_gpumarket") -> argparse.ArgumentParser:
-    """The same commands as one ``argparse`` parser (the Airflow 2.11 fallback)."""
+    """The same commands as one ``argparse`` parser (the fallback where Airflow's CLI does not list them)."""
     parser = argparse.ArgumentParser(prog=prog, description=GROUP_HELP)
     subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
     for command in COMMANDS:
