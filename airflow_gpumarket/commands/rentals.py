@@ -108,9 +108,10 @@ def rentals(args: Any) -> int:
     if rows:
         print(table(headers, rows))
     per_hour = sum(r.hourly_price or 0.0 for r in mine)
+    orphaned = sum(1 for r in mine if r.orphan_reason)
     print(
         f"{len(mine)} live rental{'' if len(mine) == 1 else 's'}, ${per_hour:.4f}/h together"
-        + (f"; {sum(1 for r in mine if r.orphan_reason)} orphan(s): see airflow gpumarket orphans" if mine else "")
+        + (f"; {orphaned} orphan(s): see airflow gpumarket orphans" if orphaned else "")
     )
     others = len(gathered.live) - len(mine)
     if others:
