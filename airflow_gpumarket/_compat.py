@@ -21,6 +21,7 @@ _WHERE = {
     "PokeReturnValue": _COMMON_COMPAT,
     "AirflowException": _COMMON_COMPAT,
     "AirflowFailException": _COMMON_COMPAT,
+    "AirflowNotFoundException": _COMMON_COMPAT,
     "AirflowTaskTimeout": _COMMON_COMPAT,
     "TaskDeferred": _COMMON_COMPAT,
     "mask_secret": _COMMON_COMPAT,

@@ -141,6 +141,8 @@ def get_provider_info() -> dict:
             }
         ],
         "notifications": ["airflow_gpumarket.notifications.credit.GpuMarketLowCreditNotifier"],
+        # Airflow 3.2+ imports this function whenever its CLI starts: the commands' own modules load when one runs.
+        "cli": ["airflow_gpumarket.commands.definition.get_gpumarket_cli_commands"],
         "task-decorators": [
             {"class-name": "airflow_gpumarket.decorators.gpumarket.gpumarket_task", "name": "gpumarket"},
         ],

@@ -63,6 +63,14 @@ class SharedPacer:
             self._local_next_at = slot + interval
             return slot - now
 
+    def free_in(self) -> float:
+        """Seconds until the next free slot (0: free now), booking nothing; this process's own view without the file."""
+        next_at = self._local_next_at
+        if self.shared:
+            with contextlib.suppress(OSError, ValueError):
+                next_at = float(self.path.read_text() or 0)
+        return max(0.0, next_at - time.time())
+
     def _book_in_file(self, interval: float) -> float:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)

@@ -83,68 +83,25 @@ class _View:
 
 
 def _view(access: _Access, days: int) -> _View:
-    from airflow.utils.session import create_session
-
     now = time.time()
     since = now - days * 86400
-    errors: list[str] = []
-    listed: list[tuple[str, dict[str, Any]]] = []
-    clock_offsets: dict[str, float] = {}
-    with create_session() as session:
-        conn_ids = sources.connection_ids(session)
-    for conn_id in conn_ids:  # no database session held while the service answers
-        try:
-            instances, clock_offsets[conn_id] = sources.listing(conn_id)
-        except GpuMarketError as exc:
-            errors.append(f"Could not list the instances of connection {conn_id!r}: {exc}")
-            continue
-        listed += [(conn_id, i) for i in instances]
-    charges_of, no_charges = _charges(conn_ids, since, now, clock_offsets, errors)
-    charges = spend.merged_charges(charges_of.values())
-    alive = {i["id"] for _, i in listed if isinstance(i.get("id"), int)}
-    with create_session() as session:
-        # From the window's first midnight: the charges of that day are counted, and so are their rentals' owners.
-        rows = sources.records(session, since=spend.day_start(since), instance_ids=alive)
-        starts = [r for r in rows if not r.end_only]
-        by_instance = spend.records_of(listed, starts)
-        keys = {spend.label_key(i.get("label")) for _, i in listed if i.get("id") not in by_instance}
-        keys |= {r.rental_key for r in rows if r.end_only}
-        attributed = sources.label_owners(session, {k for k in keys if k}, since=since)
-        tasks = sources.task_states(session, [r.ti_key for r in starts] + list(attributed.values()))
-    every_live = spend.live_rentals(listed, by_instance, tasks, now, clock_offsets, attributed)
-    spend.charge_live(every_live, charges, since)
-    live = [r for r in every_live if _belongs(r, access)]
-    alive_costs = {r.instance_id: r.cost_so_far for r in every_live}
-    every_span = spend.spans(rows, attributed)
-    seen = [s for s in every_span if s.owner is not None and access.sees(s.owner[0])]
-    view = _View(live, spend.spend(seen, alive_costs, since, now, charges), errors, no_charges=no_charges)
+    seen_all = sources.gather(since, now)
+    charges = seen_all.charges
+    live = [r for r in seen_all.live if _belongs(r, access)]
+    alive_costs = {r.instance_id: r.cost_so_far for r in seen_all.live}
+    seen = [s for s in seen_all.spans if s.owner is not None and access.sees(s.owner[0])]
+    view = _View(
+        live, spend.spend(seen, alive_costs, since, now, charges), seen_all.errors, no_charges=seen_all.no_charges
+    )
+    conn_ids, no_charges = seen_all.conn_ids, seen_all.no_charges
     if no_charges:
         view.notes.append(_no_charges_note(no_charges, every=len(no_charges) == len(conn_ids)))
     if access.reads_all:  # account-wide: only for who may read every DAG
-        owned = {s.instance_id for s in every_span if s.owner} | {r.instance_id for r in every_live if r.owner}
-        view.unowned = spend.unowned(charges, owned, since) if charges_of else None
-        view.balances = [_balance(c, charges_of.get(c), now + clock_offsets.get(c, 0.0)) for c in conn_ids]
+        owned = {s.instance_id for s in seen_all.spans if s.owner} | {r.instance_id for r in seen_all.live if r.owner}
+        view.unowned = spend.unowned(charges, owned, since) if seen_all.charges_of else None
+        offsets = seen_all.clock_offsets
+        view.balances = [_balance(c, seen_all.charges_of.get(c), now + offsets.get(c, 0.0)) for c in conn_ids]
     return view
-
-
-def _charges(
-    conn_ids: list[str], since: float, now: float, clock_offsets: dict[str, float], errors: list[str]
-) -> tuple[dict[str, list[Any]], list[str]]:
-    """Each connection's charges over the page's and the runway's days, and the connections without charges.
-
-    A service with no charges endpoint is noted, not an error: its rentals are estimated.
-    """
-    charges_of: dict[str, list[Any]] = {}
-    no_charges = []
-    for conn_id in conn_ids:
-        start, end = spend.charges_window(since, now + clock_offsets.get(conn_id, 0.0))
-        try:
-            charges_of[conn_id] = sources.charges(conn_id, start, end)
-        except GpuMarketNotFoundError:
-            no_charges.append(conn_id)
-        except GpuMarketError as exc:
-            errors.append(f"Could not read the charges of connection {conn_id!r}, so its figures are estimates: {exc}")
-    return charges_of, no_charges
 
 
 def _no_charges_note(conn_ids: list[str], *, every: bool) -> str:
@@ -274,34 +231,12 @@ def create_app() -> FastAPI:
         except GpuMarketError as exc:
             raise HTTPException(502, f"destroying instance {instance_id} failed: {exc}") from None
         sources.forget_listing(conn_id)
-        _record_end(row, hook, getattr(user, "get_name", lambda: "a user")())
+        sources.record_end(row, hook, f"GPU rentals page ({getattr(user, 'get_name', lambda: 'a user')()})")
         _settle(conn_id, instance_id, hook.service_now())
         # Relative to this route (…/gpumarket/orphans/<conn>/<id>/destroy): back to the page behind any proxy.
         return RedirectResponse("../../../?" + urlencode({"days": days, "destroyed": instance_id}), status_code=303)
 
     return app
-
-
-def _record_end(row: spend.LiveRental, hook: Any, user_name: str) -> None:
-    """The destroyed rental's end, on its owner's XComs, so its cost stays in its DAG's spend."""
-    if row.owner is None:
-        return
-    from airflow.utils.session import create_session
-
-    from airflow_gpumarket.ui import records
-
-    seen = {"label": row.label, "start_date": row.started_at, "dph_total": row.hourly_price, "gpu_name": row.gpu_name}
-    end = records.end_only(
-        instance_id=row.instance_id,
-        ended_at=hook.service_now(),
-        ended_by=f"GPU rentals page ({user_name})",
-        instance={**seen, "offer_id": row.offer_id},
-    )
-    try:
-        with create_session() as session:
-            sources.write_end(session, row.owner, end)
-    except Exception as exc:  # noqa: BLE001 - destroyed all the same; only its spend loses its end
-        log.warning("Could not record the end of instance %s: %s", row.instance_id, exc)
 
 
 def _settle(conn_id: str, instance_id: int, ended: float) -> None:

@@ -1,4 +1,4 @@
-"""Where the GPU rentals page reads from, inside the api-server (Airflow 3.1+).
+"""Where the GPU rentals page reads from, inside the api-server (Airflow 3.1+), and the ``airflow gpumarket`` commands.
 
 It reads the metadata database (the renting tasks' records, task and run states, connections of type ``gpumarket``) and
 the service: one paged listing per connection, through the hook and so through the same per-key budget as every other
@@ -9,13 +9,16 @@ posts charges by the day).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.ui.records import RECORD_KEY_PREFIX, URL_XCOM_KEY, end_key, record_key
+from airflow_gpumarket.ui import spend
+from airflow_gpumarket.ui.records import RECORD_KEY_PREFIX, URL_XCOM_KEY, end_key, end_only, record_key
 from airflow_gpumarket.ui.spend import RecordRow, TaskState, TiKey
 
 if TYPE_CHECKING:
@@ -41,6 +44,92 @@ _charges: dict[tuple[str, float], tuple[float, Any]] = {}
 _accounts: dict[str, tuple[float, Any]] = {}  # conn_id -> (when read, its account or the "no such endpoint" error)
 _owners: dict[str, TiKey] = {}  # label key -> task instance (a key never changes owner)
 _unknown_keys: dict[str, float] = {}  # label key -> when it named no task instance
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Gathered:
+    """Everything the page and the commands read, before any user's access is applied."""
+
+    conn_ids: list[str]
+    #: Every instance the connections list, newest first, with its owner, task state, orphan reason and charges.
+    live: list[spend.LiveRental]
+    #: The rentals of the window's records (``spend.spans``).
+    spans: list[spend.Span]
+    #: Each connection's charges over the window's and the runway's days (``spend.charges_window``).
+    charges_of: dict[str, list[Any]]
+    #: The service's clock minus this host's, per connection that answered.
+    clock_offsets: dict[str, float]
+    #: Connections whose service has no charges endpoint: their rentals are estimated.
+    no_charges: list[str] = field(default_factory=list)
+    #: One sentence per connection that could not be listed or whose charges could not be read.
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def charges(self) -> list[Any]:
+        return spend.merged_charges(self.charges_of.values())
+
+
+def gather(since: float, now: float, conn_ids: list[str] | None = None) -> Gathered:
+    """The live instances, their owners and the window's rentals and charges, of ``conn_ids`` (default: the page's).
+
+    ``since`` and ``now`` are this host's epoch seconds. A connection that cannot be listed, or whose charges cannot be
+    read, is named in ``errors``; no database session is held while the service answers.
+    """
+    from airflow.utils.session import create_session
+
+    from airflow_gpumarket.exceptions import GpuMarketError
+
+    if conn_ids is None:
+        with create_session() as session:
+            conn_ids = connection_ids(session)
+    errors: list[str] = []
+    listed: list[tuple[str, dict[str, Any]]] = []
+    clock_offsets: dict[str, float] = {}
+    for conn_id in conn_ids:
+        try:
+            instances, clock_offsets[conn_id] = listing(conn_id)
+        except GpuMarketError as exc:
+            errors.append(f"Could not list the instances of connection {conn_id!r}: {exc}")
+            continue
+        listed += [(conn_id, i) for i in instances]
+    charges_of, no_charges = _window_charges(conn_ids, since, now, clock_offsets, errors)
+    alive = {i["id"] for _, i in listed if isinstance(i.get("id"), int)}
+    with create_session() as session:
+        # From the window's first midnight: the charges of that day are counted, and so are their rentals' owners.
+        rows = records(session, since=spend.day_start(since), instance_ids=alive)
+        starts = [r for r in rows if not r.end_only]
+        by_instance = spend.records_of(listed, starts)
+        keys = {spend.label_key(i.get("label")) for _, i in listed if i.get("id") not in by_instance}
+        keys |= {r.rental_key for r in rows if r.end_only}
+        attributed = label_owners(session, {k for k in keys if k}, since=since)
+        tasks = task_states(session, [r.ti_key for r in starts] + list(attributed.values()))
+    live = spend.live_rentals(listed, by_instance, tasks, now, clock_offsets, attributed)
+    gathered = Gathered(conn_ids, live, spend.spans(rows, attributed), charges_of, clock_offsets, no_charges, errors)
+    spend.charge_live(live, gathered.charges, since)
+    return gathered
+
+
+def _window_charges(
+    conn_ids: list[str], since: float, now: float, clock_offsets: dict[str, float], errors: list[str]
+) -> tuple[dict[str, list[Any]], list[str]]:
+    """Each connection's charges over the window's and the runway's days, and the connections without charges.
+
+    A service with no charges endpoint is noted, not an error: its rentals are estimated.
+    """
+    from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError
+
+    charges_of: dict[str, list[Any]] = {}
+    no_charges = []
+    for conn_id in conn_ids:
+        start, end = spend.charges_window(since, now + clock_offsets.get(conn_id, 0.0))
+        try:
+            charges_of[conn_id] = charges(conn_id, start, end)
+        except GpuMarketNotFoundError:
+            no_charges.append(conn_id)
+        except GpuMarketError as exc:
+            errors.append(f"Could not read the charges of connection {conn_id!r}, so its figures are estimates: {exc}")
+    return charges_of, no_charges
 
 
 def connection_ids(session: Any) -> list[str]:
@@ -141,9 +230,12 @@ def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[
     """
     import datetime as dt
 
-    from airflow.models.xcom import XComModel
     from sqlalchemy import or_, select
 
+    from airflow_gpumarket._compat import is_airflow_2
+
+    XComModel = _xcom_model()
+    loaded = is_airflow_2()  # 2.11's XCom rows deserialize their value as they load
     wanted = [record_key(i) for i in instance_ids]
     since_dt = dt.datetime.fromtimestamp(since, dt.UTC)
     query = select(XComModel).where(
@@ -153,10 +245,17 @@ def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[
     )
     rows = []
     for xcom in session.scalars(query):
-        value = XComModel.deserialize_value(xcom)
+        value = xcom.value if loaded else XComModel.deserialize_value(xcom)
         if isinstance(value, dict) and isinstance(value.get("instance_id"), int):
             rows.append(RecordRow(xcom.dag_id, xcom.run_id, xcom.task_id, xcom.map_index, value))
     return rows
+
+
+def _xcom_model() -> Any:
+    """The XCom table's model: ``XComModel`` on Airflow 3, ``BaseXCom`` on 2.11 (the commands' fallback there)."""
+    import airflow.models.xcom as xcom
+
+    return getattr(xcom, "XComModel", None) or xcom.BaseXCom
 
 
 def all_dag_ids(session: Any) -> set[str]:
@@ -187,7 +286,7 @@ def label_owners(session: Any, keys: Iterable[str], *, since: float) -> dict[str
         query = (
             select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index)
             .join(DagRun, (DagRun.dag_id == TaskInstance.dag_id) & (DagRun.run_id == TaskInstance.run_id))
-            .where(DagRun.run_after >= dt.datetime.fromtimestamp(since, dt.UTC))
+            .where(_run_after(DagRun) >= dt.datetime.fromtimestamp(since, dt.UTC))
         )
         for dag_id, run_id, task_id, map_index in session.execute(query):
             key = lifecycle.rental_key(dag_id, run_id, task_id, map_index)
@@ -195,6 +294,11 @@ def label_owners(session: Any, keys: Iterable[str], *, since: float) -> dict[str
                 _owners[key] = (dag_id, run_id, task_id, map_index)
         _unknown_keys.update({k: now for k in missing - _owners.keys()})
     return {k: _owners[k] for k in wanted if k in _owners}
+
+
+def _run_after(dag_run: Any) -> Any:
+    """The column a DAG run is dated by: ``run_after`` on Airflow 3, the logical date on 2.11."""
+    return dag_run.run_after if hasattr(dag_run, "run_after") else dag_run.execution_date
 
 
 def write_end(session: Any, owner: TiKey, record: dict[str, Any]) -> None:
@@ -242,3 +346,23 @@ def task_states(session: Any, tis: Iterable[TiKey]) -> dict[TiKey, TaskState]:
             run_state=None if run_state is None else str(getattr(run_state, "value", run_state)),
         )
     return states
+
+
+def record_end(row: spend.LiveRental, hook: Any, ended_by: str) -> None:
+    """A destroyed rental's end, on its owner's XComs, so its cost stays in its DAG's spend. Never raises."""
+    if row.owner is None:
+        return
+    from airflow.utils.session import create_session
+
+    seen = {"label": row.label, "start_date": row.started_at, "dph_total": row.hourly_price, "gpu_name": row.gpu_name}
+    end = end_only(
+        instance_id=row.instance_id,
+        ended_at=hook.service_now(),
+        ended_by=ended_by,
+        instance={**seen, "offer_id": row.offer_id},
+    )
+    try:
+        with create_session() as session:
+            write_end(session, row.owner, end)
+    except Exception as exc:  # noqa: BLE001 - destroyed all the same; only its spend loses its end
+        log.warning("Could not record the end of instance %s: %s", row.instance_id, exc)

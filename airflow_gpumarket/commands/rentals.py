@@ -1,0 +1,180 @@
+"""``airflow gpumarket rentals`` and ``orphans``: the live instances as the GPU rentals page reads them.
+
+Both read through ``ui.sources.gather``: the instances each connection lists, their owners from the renting tasks'
+records (else from their labels), and those tasks' states. An orphan is what the page calls one
+(``ui.spend.orphan_reason``); ``orphans --destroy`` destroys through the hook, so a destroy is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+from airflow_gpumarket import credit, lifecycle
+from airflow_gpumarket.commands.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    CommandError,
+    command,
+    explain,
+    hook,
+    table,
+)
+from airflow_gpumarket.exceptions import GpuMarketError
+
+#: Days of DAG runs and records looked through for owners (the GPU rentals page's default window).
+LOOKBACK_DAYS = 7
+#: What ends an instance's record when ``orphans --destroy`` destroyed it.
+ENDED_BY = "airflow gpumarket orphans"
+#: The answers that confirm a destroy.
+YES = frozenset({"y", "yes"})
+
+log = logging.getLogger(__name__)
+
+
+def gather(conn_id: str | None) -> Any:
+    """What the page reads, of ``conn_id`` or else of the page's connections.
+
+    An unusable connection is bad input; one that cannot be listed (a wrong key, the service down) fails the command
+    before anything else is read. Charges that cannot be read leave the costs estimated, with a warning.
+    """
+    from airflow.utils.session import create_session
+
+    from airflow_gpumarket.ui import sources
+
+    if conn_id is None:
+        with create_session() as session:
+            conn_ids = sources.connection_ids(session)
+        if not conn_ids:
+            raise CommandError(
+                "no connection of type gpumarket is defined. Fix: add one, or name it with --conn-id.", EXIT_BAD_INPUT
+            )
+    else:
+        conn_ids = [conn_id]
+    for each in conn_ids:
+        hook(each)
+        sources.forget_listing(each)  # decide on a fresh listing, which ``sources.gather`` then reuses
+        try:
+            sources.listing(each)
+        except GpuMarketError as exc:
+            raise CommandError(explain(exc, each)) from None
+    now = time.time()
+    gathered = sources.gather(now - LOOKBACK_DAYS * credit.DAY_SECONDS, now, conn_ids)
+    for error in gathered.errors:
+        print(f"warning: {error}", file=sys.stderr)
+    return gathered
+
+
+def cost_text(row: Any) -> str:
+    """The rental's cost so far, saying what it is: the service's charges, or an estimate (price x uptime)."""
+    figure = row.figure
+    if figure.amount is None:
+        return "unknown"
+    kind = "estimate" if figure.charged is None else "charged" + (" (partly)" if figure.partial else "")
+    return f"${figure.amount:.4f} {kind}"
+
+
+def price_text(row: Any) -> str | None:
+    return None if row.hourly_price is None else f"{row.hourly_price:.4f}"
+
+
+def uptime_text(seconds: float | None) -> str:
+    return "-" if seconds is None else lifecycle.format_duration(seconds)
+
+
+def _owner_cells(row: Any) -> list[Any]:
+    dag_id, run_id, task_id, map_index = row.owner or (None, None, None, -1)
+    task = None if task_id is None else f"{task_id}{'' if map_index < 0 else f'[{map_index}]'}"
+    return [dag_id, run_id, task]
+
+
+@command
+def rentals(args: Any) -> int:
+    """Print this deployment's live rentals: instance, status, price, uptime, cost so far, DAG, run, task."""
+    gathered = gather(args.conn_id)
+    mine = [r for r in gathered.live if r.owner is not None or r.orphan_reason is not None]
+    several = len(gathered.conn_ids) > 1
+    headers = ["INSTANCE", *(["CONN"] if several else []), "STATUS", "GPU", "$/H", "UPTIME", "COST SO FAR"]
+    headers += ["DAG", "RUN", "TASK", "TASK STATE"]
+    rows = []
+    for row in mine:
+        price = price_text(row)
+        state = "ORPHAN" if row.orphan_reason else row.task_state
+        cells = [row.instance_id, *([row.conn_id] if several else []), row.status, row.gpu_name, price]
+        rows.append([*cells, uptime_text(row.uptime_seconds), cost_text(row), *_owner_cells(row), state])
+    if rows:
+        print(table(headers, rows))
+    per_hour = sum(r.hourly_price or 0.0 for r in mine)
+    orphaned = sum(1 for r in mine if r.orphan_reason)
+    print(
+        f"{len(mine)} live rental{'' if len(mine) == 1 else 's'}, ${per_hour:.4f}/h together"
+        + (f"; {orphaned} orphan(s): see airflow gpumarket orphans" if orphaned else "")
+    )
+    others = len(gathered.live) - len(mine)
+    if others:
+        print(f"{others} other instance(s) of the account carry no label of this provider (rented by hand): not shown.")
+    return EXIT_OK
+
+
+@command
+def orphans(args: Any) -> int:
+    """Print the instances no running task owns; with ``--destroy``, destroy them after a confirmation."""
+    gathered = gather(args.conn_id)
+    found = [r for r in gathered.live if r.orphan_reason]
+    if not found:
+        print("No orphans: every instance with this provider's label belongs to a task that still runs.")
+        return EXIT_OK
+    headers = ["INSTANCE", "CONN", "STATUS", "$/H", "UPTIME", "COST SO FAR", "DAG", "RUN", "TASK", "WHY AN ORPHAN"]
+    rows = [
+        [r.instance_id, r.conn_id, r.status, price_text(r), uptime_text(r.uptime_seconds), cost_text(r)]
+        + [*_owner_cells(r), r.orphan_reason]
+        for r in found
+    ]
+    print(table(headers, rows))
+    per_hour = sum(r.hourly_price or 0.0 for r in found)
+    print(f"{len(found)} orphan(s), billing ${per_hour:.4f}/h together.")
+    if not args.destroy:
+        print("To destroy them: airflow gpumarket orphans --destroy")
+        return EXIT_OK
+    if not args.yes and not confirmed(found, per_hour):
+        print("Nothing destroyed.")
+        return EXIT_FAILED
+    return destroy({(r.conn_id, r.instance_id) for r in found}, args.conn_id)
+
+
+def confirmed(found: list[Any], per_hour: float) -> bool:
+    """Whether the person at the terminal types yes; no answer (no terminal, end of input) is no."""
+    ids = ", ".join(str(r.instance_id) for r in found)
+    try:
+        answer = input(f"Destroy {len(found)} instance(s) ({ids}), billing ${per_hour:.4f}/h? [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in YES
+
+
+def destroy(chosen: set[tuple[str, int]], conn_id: str | None) -> int:
+    """Destroy the chosen instances that are still orphans on a fresh listing; non-zero when a destroy failed."""
+    from airflow_gpumarket.operators.budget import settle_ended
+    from airflow_gpumarket.ui import sources
+
+    fresh = {(r.conn_id, r.instance_id): r for r in gather(conn_id).live if r.orphan_reason}
+    failed = 0
+    for conn, instance_id in sorted(chosen):
+        row = fresh.get((conn, instance_id))
+        if row is None:
+            print(f"{instance_id}: no longer an orphan (or gone): left alone")
+            continue
+        destroyer = hook(conn)
+        try:
+            answer = destroyer.destroy_instance(instance_id)
+        except GpuMarketError as exc:
+            failed += 1
+            print(f"error: instance {instance_id} was not destroyed: {exc}. Fix: run this again.", file=sys.stderr)
+            continue
+        sources.record_end(row, destroyer, ENDED_BY)
+        settle_ended(destroyer, conn, instance_id, log)
+        print(f"{instance_id}: {'already gone' if answer.get('already_gone') else 'destroyed'}")
+    return EXIT_FAILED if failed else EXIT_OK

@@ -1,0 +1,231 @@
+"""``doctor``, ``rentals``, ``orphans`` and ``spend`` against the simulator, and their answers to bad input.
+
+Each runs as ``python -m airflow_gpumarket`` runs it (in this process, for speed); ``test_entry_points.py`` runs them
+through Airflow's own CLI and the fallback's interpreter.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from integration.conftest import alive, task_states
+
+from airflow_gpumarket import lifecycle
+
+COMMANDS = ("doctor", "rentals", "orphans", "spend")
+
+
+def rented_and_handed_over(example_dag, *, run_running: bool):
+    """A run whose task rented an instance and handed it to its run; the run is set back to running, or ended."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    run = example_dag("gpm_ui_handover").test()
+    assert run.state == "success", task_states(run)
+    if run_running:
+        with create_session() as session:
+            session.query(DagRun).filter_by(dag_id=run.dag_id, run_id=run.run_id).update({"state": "running"})
+    return run
+
+
+def one_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+# --- doctor ----------------------------------------------------------------------------------------------------
+def test_doctor_checks_the_connection_end_to_end_one_line_each_and_exits_0(sim, run):
+    code, out, err = run("doctor")
+    assert code == 0, out + err
+    lines = out.splitlines()
+    assert lines[0] == "GPU Market doctor: connection 'gpumarket_default'"
+    checks = {line.split()[1]: line for line in lines[1:-1]}
+    assert list(checks) == ["connection", "service", "key", "credit", "integrations", "clock", "rate", "versions"]
+    assert checks["connection"].startswith("ok") and sim.url in checks["connection"]
+    assert f"the key …{sim.api_key[-4:]} is accepted" in checks["service"]
+    assert "default (api), ci-readonly (scoped, team ml-platform)" in checks["key"]
+    assert "$100.00 left" in checks["credit"]
+    assert "training-data (s3, id 1)" in checks["integrations"]
+    assert "ahead of this host's" in checks["clock"]  # the simulator's clock runs 600x
+    assert "a list every" in checks["rate"] and "next list slot" in checks["rate"]
+    assert "provider 0.1.0, Airflow " in checks["versions"]
+    assert lines[-1].startswith("8 checks: 0 failed")
+    assert sim.api_key not in out + err
+
+
+def test_doctor_fails_on_a_wrong_key_with_its_fix_and_skips_what_needs_the_service(connection, run):
+    code, out, _ = run("doctor", "--conn-id", connection("wrong_key", password="not-the-key-0000000000000000"))
+    assert code == 1
+    (service,) = [line for line in out.splitlines() if line.split()[1:2] == ["service"]]
+    assert service.startswith("FAIL") and "the key …0000 was refused" in service and "Fix:" in service
+    assert "key, credit, integrations, clock: they need the service" in out
+    assert out.splitlines()[-1].endswith("1 failed, 1 warning: service")
+
+
+def test_doctor_fails_on_a_service_down_with_its_fix(connection, run):
+    code, out, _ = run("doctor", "--conn-id", connection("down", host="http://127.0.0.1:9"))
+    assert code == 1
+    (service,) = [line for line in out.splitlines() if line.split()[1:2] == ["service"]]
+    assert service.startswith("FAIL  service      not reachable") and "is gpumarket-sim running?" in service
+
+
+def test_doctor_fails_when_the_credit_is_spent(sim, run):
+    sim.set_credit(0)
+    code, out, _ = run("doctor")
+    assert code == 1
+    (line,) = [line for line in out.splitlines() if line.split()[1:2] == ["credit"]]
+    assert line.startswith("FAIL") and "$0.00 left" in line and "add credit in the web console" in line
+
+
+# --- bad input, every command -------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_unknown_connection_is_one_line_and_exit_2(command, sim, run):
+    code, out, err = run(command, "--conn-id", "no_such_connection")
+    assert (code, out) == (2, "")
+    assert one_line(err).startswith("error: connection 'no_such_connection' is not defined. Fix: add it")
+
+
+@pytest.mark.parametrize("command", ("rentals", "orphans", "spend"))
+def test_a_wrong_key_is_one_line_and_exit_1(command, connection, run, sim):
+    code, out, err = run(command, "--conn-id", connection("wrong_key", password="not-the-key-0000000000000000"))
+    assert (code, out) == (1, "")
+    line = one_line(err)
+    assert (
+        line.startswith("error: connection 'wrong_key': ") and "Check the password of the gpumarket connection" in line
+    )
+    assert sim.api_key not in line
+
+
+@pytest.mark.parametrize("command", ("rentals", "orphans", "spend"))
+def test_a_service_down_is_one_line_and_exit_1(command, connection, run):
+    code, out, err = run(command, "--conn-id", connection("down", host="http://127.0.0.1:9"))
+    assert (code, out) == (1, "")
+    assert "the connection could not be opened" in one_line(err) and "Fix: check the connection's host" in err
+
+
+def test_an_unusable_connection_is_one_line_and_exit_2(connection, run):
+    code, _, err = run("doctor", "--conn-id", connection("plain", host="http://example.com"))
+    assert code == 2 and "uses plaintext http to a non-loopback host" in one_line(err)
+
+
+def test_spend_takes_day_or_month_not_both(sim, run):
+    code, _, err = run("spend", "--day", "--month")
+    assert code == 2 and one_line(err) == "error: give --day or --month, not both."
+
+
+# --- rentals and orphans --------------------------------------------------------------------------------------
+def test_rentals_lists_a_live_rental_with_its_dag_run_task_and_cost(example_dag, sim, run):
+    handed = rented_and_handed_over(example_dag, run_running=True)
+    (instance,) = alive(sim)
+    code, out, err = run("rentals")
+    assert code == 0, err
+    header, row = out.splitlines()[:2]
+    assert header.split()[:3] == ["INSTANCE", "STATUS", "GPU"] and "COST SO FAR" in header
+    assert row.split()[0] == str(instance["id"]) and "gpm_ui_handover" in row and handed.run_id in row
+    assert " rent " in row and ("estimate" in row or "charged" in row)
+    assert "1 live rental, " in out and "orphan" not in out
+    code, out, _ = run("orphans")
+    assert code == 0 and out.startswith("No orphans")
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    GpuMarketHook().destroy_instance(instance["id"])
+
+
+def test_rentals_leaves_out_instances_rented_by_hand_but_counts_them(sim, run):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    hook = GpuMarketHook()
+    offer = hook.search_offers({"num_gpus": {"gte": 1}})[0]
+    made = hook.create_instance(offer["id"], image="img")["new_contract"]
+    code, out, _ = run("rentals")
+    assert code == 0 and out.splitlines()[0] == "0 live rentals, $0.0000/h together"
+    assert "1 other instance(s) of the account carry no label of this provider" in out
+    code, out, _ = run("orphans", "--destroy", "--yes")
+    assert code == 0 and out.startswith("No orphans") and [i["id"] for i in alive(sim)] == [made]
+    hook.destroy_instance(made)
+
+
+def test_orphans_are_listed_with_why_and_destroyed_only_after_a_yes(example_dag, sim, run, monkeypatch):
+    rented_and_handed_over(example_dag, run_running=False)
+    (instance,) = alive(sim)
+    code, out, _ = run("orphans")
+    assert code == 0 and "it was handed to its DAG run, which is success" in out
+    assert out.splitlines()[-1] == "To destroy them: airflow gpumarket orphans --destroy"
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    code, out, _ = run("orphans", "--destroy")
+    assert code == 1 and out.splitlines()[-1] == "Nothing destroyed." and len(alive(sim)) == 1
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "yes")
+    code, out, _ = run("orphans", "--destroy")
+    assert code == 0 and f"{instance['id']}: destroyed" in out and alive(sim) == []
+    assert asked == [f"Destroy 1 instance(s) ({instance['id']}), billing ${instance['dph_total']:.4f}/h? [y/N] "]
+    code, out, _ = run("orphans", "--destroy", "--yes")
+    assert code == 0 and out.startswith("No orphans")
+
+
+def test_orphans_without_a_terminal_to_answer_destroy_nothing(example_dag, sim, run, monkeypatch):
+    rented_and_handed_over(example_dag, run_running=False)
+
+    def no_terminal(prompt):
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", no_terminal)
+    code, out, _ = run("orphans", "--destroy")
+    assert code == 1 and "Nothing destroyed." in out and len(alive(sim)) == 1
+    code, out, _ = run("orphans", "--destroy", "--yes")
+    assert code == 0 and alive(sim) == []
+
+
+def test_orphans_by_an_expired_lease_and_one_gone_before_the_destroy(sim, run, monkeypatch):
+    """An instance gone between the listing and the confirmation is left alone: the destroy decides afresh."""
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    hook = GpuMarketHook()
+    first, second = (o["id"] for o in hook.search_offers({"num_gpus": {"gte": 1}})[:2])
+    label = lifecycle.make_label(lifecycle.rental_key("gone_dag", "run", "task", -1), time.time() - 60)
+    leased = [hook.create_instance(offer, image="img", label=label)["new_contract"] for offer in (first, second)]
+    code, out, _ = run("orphans")
+    assert code == 0 and out.count("its lease expired at") == 2
+
+    def destroy_one_then_yes(prompt):
+        hook.destroy_instance(leased[0])
+        return "y"
+
+    monkeypatch.setattr("builtins.input", destroy_one_then_yes)
+    code, out, _ = run("orphans", "--destroy")
+    assert code == 0 and alive(sim) == []
+    assert f"{leased[0]}: no longer an orphan (or gone): left alone" in out and f"{leased[1]}: destroyed" in out
+
+
+# --- spend --------------------------------------------------------------------------------------------------
+def test_spend_reports_the_days_charges_per_dag_and_what_no_task_recorded(example_dag, sim, run):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    run_ = example_dag("gpm_ui_job").test()
+    assert run_.state == "success", task_states(run_)
+    hook = GpuMarketHook()
+    by_hand = hook.create_instance(hook.search_offers({"num_gpus": {"gte": 1}})[0]["id"], image="img")
+    sim.advance(600)
+    hook.destroy_instance(by_hand["new_contract"])
+    code, out, err = run("spend")
+    assert code == 0, err
+    assert out.startswith("GPU Market spend from ") and " 00:00 UTC to " in out.splitlines()[0]
+    assert f"instance {by_hand['new_contract']}" in out and "Leaked-looking" in out
+    assert "These are the service's charges (actual, not estimates)" in out
+    code, month, _ = run("spend", "--month")
+    assert code == 0 and "-01 00:00 UTC to " in month.splitlines()[0]
+
+
+def test_spend_on_a_service_without_charges_says_so_in_one_line(sim, run, monkeypatch):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    def no_charges(self, start, end, **kwargs):
+        from airflow_gpumarket.exceptions import GpuMarketNotFoundError
+
+        raise GpuMarketNotFoundError("charges: this service has no GET /api/v0/charges/ (HTTP 404).")
+
+    monkeypatch.setattr(GpuMarketHook, "charges", no_charges)
+    code, out, err = run("spend")
+    assert (code, out) == (1, "") and "the service has no charges endpoint" in one_line(err)
