@@ -13,8 +13,8 @@
 - 20 real Airflow task runs (`airflow dags test`) killed with SIGTERM mid-boot or mid-job.
 
 Seeded: the same seed draws the same world, jobs, kill times and fault probabilities (thread timing still
-varies). Prints one line per figure; exits non-zero when an instance leaked, was rented twice, or billed after
-its operator finished.
+varies). Prints one line per figure, and the traceback of every unclear ending; exits non-zero when an instance
+leaked, was rented twice, or billed after its operator finished.
 
     python bench/chaos.py [--seed 7] [--lifecycles 500] [--sigterm-runs 20]
 """
@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -249,24 +250,37 @@ def run_job(op, run_id: str, sim: Simulator, command: str, timer: threading.Time
 
     ctx = {"run_id": run_id, "ti": SimpleNamespace(try_number=1, map_index=-1)}
     key = lc.rental_key(op.dag_id or "", run_id, op.task_id, -1)
+    detail = ""  # for an unclear ending: its traceback, or what the operator returned
     try:
         result = op.execute(ctx)
         outcome = "succeeded" if result.get("job_status") == "succeeded" else "UNCLEAR: returned without success"
+        detail = "" if outcome == "succeeded" else f"the operator returned {result!r}"
     except BaseException as exc:  # noqa: BLE001 - every ending is classified
         outcome = classify(exc)
+        detail = "".join(traceback.format_exception(exc)) if outcome.startswith("UNCLEAR") else ""
     finally:
         if timer is not None:
             timer.cancel()
+    ending = {"key": key, "command": command, "run_id": run_id, "task_id": op.task_id}
     try:
         alive_at_finish = [inst for inst in sim.alive() if (lc.parse_label(inst.get("label")) or ("",))[0] == key]
     except Exception as exc:  # noqa: BLE001 - reported as an unclear ending, with its reason, instead of ending the run
-        return {
-            "outcome": f"UNCLEAR: harness could not read the simulator: {exc!r}"[:200],
-            "key": key,
-            "alive_at_finish": [],
-            "command": command,
-        }
-    return {"outcome": outcome, "key": key, "alive_at_finish": alive_at_finish, "command": command}
+        outcome = f"UNCLEAR: harness could not read the simulator: {exc!r}"[:200]
+        return ending | {"outcome": outcome, "alive_at_finish": [], "detail": "".join(traceback.format_exception(exc))}
+    return ending | {"outcome": outcome, "alive_at_finish": alive_at_finish, "detail": detail}
+
+
+def unclear_details(results: list[dict]) -> list[str]:
+    """The R1 lines that explain the unclear endings: each distinct traceback once, under the lifecycles it ended."""
+    by_detail: dict[str, list[str]] = {}
+    for r in results:
+        if r["outcome"].startswith("UNCLEAR"):
+            by_detail.setdefault(r["detail"] or "(no traceback)", []).append(f"{r['run_id']}/{r['task_id']}")
+    lines = []
+    for detail, runs in by_detail.items():
+        lines.append(f"R1   unclear in {', '.join(runs)}:")
+        lines.extend(f"R1     {line}" for line in detail.rstrip().splitlines())
+    return lines
 
 
 #: The credit the $0-stop phase starts from, and its jobs: eight cheap jobs at 600x spend it in a few real seconds.
@@ -483,6 +497,8 @@ def main() -> int:
         )
         for outcome in (o for o in outcomes if o.startswith("UNCLEAR")):
             print(f"R1   {outcome}")
+        for line in unclear_details(results):
+            print(line)
         print(
             f"R1 $0 stop: {CREDIT_PHASE_JOBS} jobs on ${CREDIT_PHASE_DOLLARS:.2f} of credit, {credit_stops} stop(s) "
             f"at $0 (goal: >= 1); " + ", ".join(f"{k} {v}" for k, v in sorted(credit_outcomes.items()))

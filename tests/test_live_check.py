@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from live.acceptance import ASSUMPTIONS, CAP_VARIABLE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +122,6 @@ def test_the_docs_list_every_assumption_the_live_suite_reports_on():
 )
 def test_the_live_suite_reads_a_connection_in_json_or_uri_form_and_makes_a_wrong_key_of_it(conn):
     from airflow.models.connection import Connection
-
     from live.acceptance import airflow_connections
 
     given, wrong = airflow_connections(conn).values()

@@ -556,6 +556,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         while True:
             if rental is None:
                 rental = self._rent(context, attempts)
+                guard.stop_if_killed(rental.instance_id)  # killed during the create: neither waited for nor handed over
             if event is None:
                 if not self._should_wait():
                     return self._complete(context, rental, None)
@@ -670,11 +671,13 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             if exc.status_code is not None and 400 <= exc.status_code < 500:
                 budget.not_created()  # refused as asked: nothing was made
             raise
-        guard.instance_id = int(result["new_contract"])
-        budget.created(guard.instance_id)
-        self.log.info("Created instance %s on offer %s", guard.instance_id, offer["id"])
+        # The rental takes its id from the answer, not back from the guard: on_kill (SIGTERM's handler, or another
+        # thread) may destroy the instance meanwhile, and the guard then forgets it.
+        instance_id = guard.instance_id = int(result["new_contract"])
+        budget.created(instance_id)
+        self.log.info("Created instance %s on offer %s", instance_id, offer["id"])
         rental = lifecycle.Rental(
-            instance_id=guard.instance_id,
+            instance_id=instance_id,
             offer_id=int(offer["id"]),
             dph_total=offer.get("dph_total"),
             gpu_name=offer.get("gpu_name"),

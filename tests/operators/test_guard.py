@@ -60,6 +60,45 @@ def test_on_kill_during_a_create_whose_answer_never_came_finds_the_instance_by_i
     assert hook.destroyed == [1001]
 
 
+def kill_while_the_create_is_recorded(monkeypatch, op) -> None:
+    """``op.on_kill()`` runs after the create answered and before its rental is built.
+
+    As SIGTERM's handler does in the task's own thread (Airflow 3.3 calls on_kill and lets execute go on), or an
+    on_kill from another thread, while the create's budget reservation is attached to the new instance.
+    """
+    from airflow_gpumarket.operators.budget import Budget
+
+    created, kills = Budget.created, [op.on_kill]
+
+    def killed_meanwhile(budget, instance_id):
+        while kills:  # once: on_kill's own settling attaches the reservation too
+            kills.pop()()  # destroys the instance, and the guard forgets it
+        created(budget, instance_id)
+
+    monkeypatch.setattr(Budget, "created", killed_meanwhile)
+
+
+def test_on_kill_while_a_new_instance_is_recorded_fails_the_task_as_killed(monkeypatch):
+    hook = FakeHook({1: ["running", DONE]})
+    op = job(hook)
+    kill_while_the_create_is_recorded(monkeypatch, op)
+    with pytest.raises(AirflowException, match="killed while waiting for instance 1001"):
+        op.execute(ctx())
+    assert hook.destroyed[0] == 1001 and hook.alive() == []
+
+
+def test_on_kill_while_a_new_instance_is_recorded_hands_nothing_over(monkeypatch):
+    hook = FakeHook({1: ["running"]})
+    op = GpuMarketCreateInstanceOperator(
+        task_id="create", offer_filters={"num_gpus": {"gte": 1}}, image="img", wait_for_running=False
+    )
+    op.__dict__["hook"] = hook
+    kill_while_the_create_is_recorded(monkeypatch, op)
+    with pytest.raises(AirflowException, match="killed while waiting for instance 1001"):
+        op.execute(ctx())  # not the summary of an instance that on_kill destroyed
+    assert hook.destroyed[0] == 1001 and hook.alive() == []
+
+
 def test_a_destroy_that_keeps_failing_fails_loudly_with_the_instance_id():
     hook = FakeHook({1: ["running", "stopped"]}, destroy_fails=True)
     with pytest.raises(AirflowException, match="DESTROY FAILED for instance 1001: it may still be billing"):
