@@ -285,16 +285,23 @@ class Budget:
             return None
 
     def created(self, instance_id: int) -> None:
-        """The create made ``instance_id``: its reservation names it from now on."""
-        if self.reservation_id is not None:
-            self.client.attach(self.conn_id, self.reservation_id, instance_id)
-            self.reservation_id = None
+        """The create made ``instance_id``: its reservation names it from now on.
+
+        The reservation is taken once: on_kill, in another thread, may attach it too (``ended``).
+        """
+        reservation_id, self.reservation_id = self.reservation_id, None
+        if reservation_id is not None:
+            try:
+                self.client.attach(self.conn_id, reservation_id, instance_id)
+            except BaseException:
+                self.reservation_id = reservation_id  # ``ended`` attaches it again
+                raise
 
     def not_created(self) -> None:
         """The create made nothing: its reservation is released."""
-        if self.reservation_id is not None:
-            self.client.settle(self.conn_id, reservation_id=self.reservation_id)
-            self.reservation_id = None
+        reservation_id, self.reservation_id = self.reservation_id, None
+        if reservation_id is not None:
+            self.client.settle(self.conn_id, reservation_id=reservation_id)
 
     def ended(self, instance_id: int) -> None:
         """The instance is gone: its reservation becomes what it cost. Never raises (it runs on failure paths).

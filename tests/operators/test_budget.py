@@ -175,3 +175,22 @@ def test_settling_never_raises_on_a_failure_path(monkeypatch, caplog):
     monkeypatch.setattr(budget_module, "ledger_client", broken)
     budget_module.settle_ended(SimpleNamespace(), "c", 5, LOG)
     assert "Could not settle the budget reservation of instance 5" in caplog.text
+
+
+def test_a_reservation_is_attached_once_when_on_kill_ends_the_rental_during_the_attach():
+    """on_kill (another thread) may end the rental while the task attaches its reservation: one attach, never None."""
+    from airflow_gpumarket.operators.budget import Budget
+
+    attached: list = []
+    budget = Budget.__new__(Budget)
+    budget.conn_id, budget.reservation_id = "c", 41
+
+    class Client:
+        def attach(self, conn_id, reservation_id, instance_id):
+            attached.append(reservation_id)
+            if len(attached) == 1:
+                budget.created(instance_id)  # on_kill's ended(), arriving mid-attach
+
+    budget._client = Client()
+    budget.created(7)
+    assert attached == [41] and budget.reservation_id is None
