@@ -211,3 +211,13 @@ def test_rule_a_wait_after_a_preemption_shows_only_what_follows_the_lines_an_ear
     follower = LogFollower(shown=earlier)
     follower.take(log)
     assert follower.take([*log, "done"]) == ["done"]  # later reads overlap as usual
+
+
+def test_rule_an_exit_status_among_the_lines_an_earlier_wait_showed_is_the_jobs():
+    shown = [
+        "gpumarket: the staged data did not arrive within 5 s; the job does not start",
+        "gpumarket: job exited with status 75",
+    ]
+    pump = LogPump(7, 30.0, shown=shown)
+    assert pump.read(0.0, "\n".join(shown) + "\n", final=True) == []  # nothing shown twice
+    assert pump.summary()["exit_status"] == 75 and pump.summary()["log_tail"] == shown

@@ -576,8 +576,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 continue
             if kind is lifecycle.EventKind.REACHED and stager is not None and self._stages_in(rental):
                 shown = stager.stage_in(rental)
+                # The job's wait reads the wrapper's end from here on (an exit before the job started included).
                 # Preempted or gone before its job started: it holds no checkpoint, and the source stays kept.
-                rental.staged = stager.job_started(shown) or self._still_running(rental)
+                rental.staged = stager.staging_over(shown) or self._still_running(rental)
                 if not self._waits_for_job:
                     return self._complete(context, rental, event)
                 event, watch = None, None

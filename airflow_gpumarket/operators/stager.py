@@ -85,9 +85,9 @@ class Stager:
         )
 
     @staticmethod
-    def job_started(lines: list[str]) -> bool:
-        """Whether the wrapper's lines show the job started."""
-        return STARTED_LINE in lines
+    def staging_over(lines: list[str]) -> bool:
+        """Whether the wrapper's lines show its staging over: the job started, or the wrapper ended without it."""
+        return STARTED_LINE in lines or job_logs.exit_status(lines) is not None
 
     # --- stage in ------------------------------------------------------------------------------------
     def stage_in(self, rental: lifecycle.Rental) -> list[str]:
@@ -104,8 +104,7 @@ class Stager:
             self.log.info("Instance %s stopped (%r) while its data was copied in", rental.instance_id, stopped.status)
             until = time.time()
         shown = self._await_start(rental, until)
-        source = rental.attempts.source_id
-        if source is not None and (STARTED_LINE in shown or job_logs.exit_status(shown) is not None):
+        if rental.attempts.source_id is not None and self.staging_over(shown):
             self.drop_source(rental.attempts, "the next instance took over its checkpoint")
         return shown
 

@@ -17,7 +17,7 @@ from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 from airflow_gpumarket.operators.failures import GpuMarketStagingFailed
 
 from .conftest import AIRFLOW_2, alive, task_states
-from .test_interruptible import Outbidder
+from .test_interruptible import Outbidder, run_to_the_end
 from .test_money_safety import context, healthy_market, job  # noqa: F401 (an autouse fixture)
 
 CKPT = "/workspace/ckpt"
@@ -140,6 +140,39 @@ def test_rule_a_failed_checkpoint_copy_under_restart_starts_from_scratch_and_say
     _, second = outputs_in_order(sim)
     assert "the job starts from scratch (on_restore_failure='restart')" in second
     assert "resumes at epoch 0 from []" in second
+    assert alive(sim) == []
+
+
+RENTAL_TYPES = pytest.mark.parametrize(
+    ("interruptible", "deferrable"),
+    [(False, False), (False, True), (True, False), (True, True)],
+    ids=["on-demand-sync", "on-demand-deferred", "interruptible-sync", "interruptible-deferred"],
+)
+
+
+def put_partial_checkpoint(sim, uri: str) -> None:
+    """A checkpoint in the bucket whose manifest names a file that never arrived there (a save cut short)."""
+    sim.put_bucket_file(1, f"{uri}/epoch", b"4\n")
+    sim.put_bucket_file(1, f"{uri}/.gpumarket-manifest", b"epoch\nweights\n")
+
+
+@RENTAL_TYPES
+def test_rule_a_wrapper_that_gives_up_staging_fails_the_task_and_never_rents_again(sim, interruptible, deferrable):
+    put_partial_checkpoint(sim, "ckpt/partial")
+    op = job(
+        command=EPOCHS,
+        checkpoint_dir=CKPT,
+        checkpoint_uri="ckpt/partial",
+        cloud_integration=INTEGRATION,
+        on_restore_failure="fail",
+        interruptible=interruptible,
+        deferrable=deferrable,
+    )
+    with pytest.raises(GpuMarketStagingFailed, match="did not start"):
+        run_to_the_end(op)
+    (instance,) = sim.state()["instances"]  # one rental: a wrapper's exit 75 is neither a preemption nor a host
+    output = (sim.onstart_result(instance["id"]) or {}).get("output", "")
+    assert "the job does not start" in output and "resumes at epoch" not in output
     assert alive(sim) == []
 
 
