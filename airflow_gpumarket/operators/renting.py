@@ -576,9 +576,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 continue
             if kind is lifecycle.EventKind.REACHED and stager is not None and self._stages_in(rental):
                 shown = stager.stage_in(rental)
-                # The job's wait reads the wrapper's end from here on (an exit before the job started included).
-                # Preempted or gone before its job started: it holds no checkpoint, and the source stays kept.
-                rental.staged = stager.staging_over(shown) or self._still_running(rental)
                 if not self._waits_for_job:
                     return self._complete(context, rental, event)
                 event, watch = None, None
@@ -763,13 +760,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     def _hourly_of(self, rental: lifecycle.Rental) -> float | None:
         """What the rental bills per hour: as reserved (disk included), else its price."""
         return self._hourly.get(rental.instance_id, rental.hourly_price)
-
-    def _still_running(self, rental: lifecycle.Rental) -> bool:
-        try:
-            instance = self.hook.find_instance(rental.instance_id)
-        except GpuMarketError:
-            return True  # the wait that follows reads it again
-        return instance is not None and instance.get("actual_status") == api.STATUS_RUNNING
 
     def _drop_source(self, rental: lifecycle.Rental) -> None:
         """The job ended: a checkpoint source still kept is destroyed (after its save)."""

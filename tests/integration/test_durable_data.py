@@ -176,6 +176,78 @@ def test_rule_a_wrapper_that_gives_up_staging_fails_the_task_and_never_rents_aga
     assert alive(sim) == []
 
 
+#: The simulator's clock in these tests (see conftest): service seconds per real second.
+SPEED = 600
+#: A test's staging_timeout: the wrapper's own bound is 30 s more, 21 000 service seconds at this clock.
+BOUND = 5
+
+
+@RENTAL_TYPES
+def test_rule_a_gate_lost_to_a_storage_outage_fails_the_task_before_the_wrapper_gives_up(
+    sim, interruptible, deferrable
+):
+    sim.put_bucket_file(1, "datasets/d/train.csv", b"1,2\n")
+    # the outage begins after the input's copy: the gate's way out to the cloud fails, and every retry of it
+    sim.set_copy_faults([{"times": 9, "after_fraction": 0.0, "kind": "rclone", "direction": "Instance To Cloud"}])
+    op = job(
+        command="echo ran",
+        cloud_integration=INTEGRATION,
+        inputs={"/data": "datasets/d"},
+        staging_timeout=BOUND,
+        interruptible=interruptible,
+        deferrable=deferrable,
+    )
+    with pytest.raises(GpuMarketStagingFailed, match="gate"):
+        run_to_the_end(op)
+    (instance,) = sim.state()["instances"]
+    output = (sim.onstart_result(instance["id"]) or {}).get("output", "")
+    assert "did not arrive" not in output and "\nran\n" not in output  # destroyed while the wrapper still waited
+    assert alive(sim) == []
+
+
+def test_rule_a_copy_failure_worded_without_fail_or_error_fails_at_once(sim):
+    sim.put_bucket_file(1, "datasets/d/train.csv", b"1,2\n")
+    aborted = "Cloud Copy Operation Aborted: the bucket is unreachable"
+    sim.set_copy_faults([{"times": 1, "after_fraction": 0.0, "kind": "rclone", "status_msg": aborted}])
+    op = job(command="echo ran", cloud_integration=INTEGRATION, inputs={"/data": "datasets/d"}, staging_timeout=60)
+    with pytest.raises(GpuMarketStagingFailed, match="Aborted: the bucket is unreachable"):
+        op.execute(context())
+    assert alive(sim) == []
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferred"])
+def test_rule_a_restore_reported_done_that_moved_nothing_fails_under_fail_without_a_third_rental(sim, deferrable):
+    sim.set_copy_faults([{"times": 1, "after_fraction": 0.0, "kind": "copy_direct", "ends": "finished"}])
+    op = job(
+        command=EPOCHS,
+        interruptible=True,
+        checkpoint_dir=CKPT,
+        on_restore_failure="fail",
+        staging_timeout=BOUND,
+        deferrable=deferrable,
+    )
+    with Outbidder(sim, times=1, marker=" done"), pytest.raises(GpuMarketStagingFailed, match="did not start"):
+        run_to_the_end(op)
+    source, successor = sorted(sim.state()["instances"], key=lambda i: i["id"])
+    (restore,) = [c for c in sim.copies() if c["kind"] == "copy_direct" and c["src"].endswith("ckpt/")]
+    assert restore["state"] == "finished" and restore["files_done"] == 0
+    # destroyed seconds after the service showed the copy's end, not at the wrapper's own bound
+    assert successor["destroyed_at"] - restore["ended_at"] < (BOUND + 30) * SPEED / 4
+    assert alive(sim) == []
+
+
+def test_rule_a_complete_cloud_restore_starts_the_job_without_the_gate(sim):
+    sim.put_bucket_file(1, "ckpt/full/epoch", b"7\n")
+    sim.put_bucket_file(1, "ckpt/full/.gpumarket-manifest", b"epoch\n")
+    op = job(command=EPOCHS, checkpoint_dir=CKPT, checkpoint_uri="ckpt/full", cloud_integration=INTEGRATION)
+    assert op.execute(context())["job_status"] == "succeeded"
+    (output,) = outputs_in_order(sim)
+    assert "resumes at epoch 7 from [cloud]" in output
+    restores = [c for c in sim.copies() if c["direction"] == "Cloud To Instance"]
+    assert [c["src"] for c in restores] == ["cloud.1:/ckpt/full"], restores  # no gate: the manifest sufficed
+    assert alive(sim) == []
+
+
 def test_rule_checkpoint_uri_keeps_the_checkpoint_across_task_runs(sim):
     uri = "ckpt/run-a"
     first = job(command=EPOCHS, checkpoint_dir=CKPT, checkpoint_uri=uri, cloud_integration=INTEGRATION)
