@@ -173,6 +173,8 @@ def test_rule_a_wrapper_that_gives_up_staging_fails_the_task_and_never_rents_aga
     (instance,) = sim.state()["instances"]  # one rental: a wrapper's exit 75 is neither a preemption nor a host
     output = (sim.onstart_result(instance["id"]) or {}).get("output", "")
     assert "the job does not start" in output and "resumes at epoch" not in output
+    saves = [c for c in sim.copies() if c["direction"] == "Instance To Cloud" and "ckpt/partial" in c["dst"]]
+    assert saves == []  # a job that never started has no checkpoint to save over the one there
     assert alive(sim) == []
 
 
