@@ -739,6 +739,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             keepalive=self.keepalive,
             lease_cap=rental.lease_cap,
             cost_deadline=cost_deadline,
+            running_since=time.time() if rental.staged else None,  # it ran: a stop is its job's end, not a boot's
         )
 
     @staticmethod
@@ -800,6 +801,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 boot_deadline=watch.boot_deadline,
                 deadline=deadline,
                 max_runtime=watch.max_runtime,
+                running_since=watch.running_since,
                 label=watch.label,
                 keepalive=watch.keepalive,
                 lease_cap=watch.lease_cap,

@@ -17,7 +17,7 @@ from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 from airflow_gpumarket.operators.failures import GpuMarketStagingFailed
 
 from .conftest import AIRFLOW_2, alive, task_states
-from .test_interruptible import Outbidder, run_to_the_end
+from .test_interruptible import MarketPlayer, Outbidder, run_to_the_end
 from .test_money_safety import context, healthy_market, job  # noqa: F401 (an autouse fixture)
 
 CKPT = "/workspace/ckpt"
@@ -175,6 +175,42 @@ def test_rule_a_wrapper_that_gives_up_staging_fails_the_task_and_never_rents_aga
     assert "the job does not start" in output and "resumes at epoch" not in output
     saves = [c for c in sim.copies() if c["direction"] == "Instance To Cloud" and "ckpt/partial" in c["dst"]]
     assert saves == []  # a job that never started has no checkpoint to save over the one there
+    assert alive(sim) == []
+
+
+class ExitedOnceStopped(MarketPlayer):
+    """Shows an instance its job wrapper stopped as "exited", as the live service is reported to show it."""
+
+    def __init__(self, sim) -> None:
+        self.sim = sim
+        super().__init__()
+
+    def _run(self) -> None:
+        shown: set[int] = set()
+        while not self._stop.wait(0.005):
+            for instance in self.sim.alive_instances():
+                iid = instance["id"]
+                output = (self.sim.onstart_result(iid) or {}).get("output", "")
+                if iid not in shown and instance["actual_status"] == "stopped" and "job exited with status" in output:
+                    self.sim.force_status(iid, "exited")
+                    shown.add(iid)
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferred"])
+def test_rule_a_wrapper_that_gave_up_staging_and_shows_exited_is_not_a_failed_host(sim, deferrable):
+    put_partial_checkpoint(sim, "ckpt/partial")
+    op = job(
+        command=EPOCHS,
+        checkpoint_dir=CKPT,
+        checkpoint_uri="ckpt/partial",
+        cloud_integration=INTEGRATION,
+        on_restore_failure="fail",
+        deferrable=deferrable,
+    )
+    with ExitedOnceStopped(sim), pytest.raises(GpuMarketStagingFailed, match="did not start"):
+        run_to_the_end(op)
+    (instance,) = sim.state()["instances"]
+    assert instance["actual_status"] == "exited"
     assert alive(sim) == []
 
 
