@@ -146,10 +146,10 @@ class Stager:
         return self._shown
 
     def _copy_in(self, rental: lifecycle.Rental, deadline: float) -> _Copy | None:
-        """Start the restore and the input copies, and the gate after inputs; the restore to watch, if any.
+        """Start the restore and the input copies, and the gate after inputs; the copy ``_await_start`` watches.
 
-        A restore is not waited for here: the wrapper starts the job once its files arrived, and ``_await_start``
-        acts when the service shows its copy ended without that.
+        That is the restore, else the gate's way back, if any. A restore is not waited for here: the wrapper starts
+        the job once its files arrived, and ``_await_start`` acts when the service shows its copy ended without that.
         """
         plan, attempts, instance_id = self.plan, rental.attempts, rental.instance_id
         source = attempts.source_id
