@@ -80,7 +80,8 @@ class LogFollower:
     never fetched: ``skipped`` is then True for that read.
 
     ``shown``: the last lines an earlier wait on the same log showed (as its event carries them: ``log_tail``).
-    The first read returns only what follows their first occurrence, when it has them all.
+    The first read returns only what follows their first occurrence, when it has them all. An exit status among
+    them is the job's: the wrapper prints it once, and a wait that showed it may end before the instance stops.
     """
 
     def __init__(self, window: int = api.LOG_TAIL_DEFAULT, shown: Sequence[str] = ()) -> None:
@@ -88,7 +89,7 @@ class LogFollower:
         self._seen: deque[str] = deque(maxlen=window)
         self._shown_before = [line[:EVENT_LINE_CHARS] for line in shown]
         self.skipped = False
-        self.exit_status: int | None = None
+        self.exit_status: int | None = exit_status(self._shown_before)
 
     def take(self, lines: Sequence[str]) -> list[str]:
         if self._shown_before:  # the first read after an earlier wait's

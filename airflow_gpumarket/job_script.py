@@ -88,6 +88,8 @@ rc=$?
 
 # Staging (see ``airflow_gpumarket.staging``): before the command, wait for what the provider copies in; keep a
 # manifest of the checkpoint directory (its files but hidden and *.tmp ones) while the command runs and at its end.
+# A restore is ready once every file its manifest names arrived; inputs (GPM_GATED), and a cloud restore that
+# brought no complete manifest, once the gate arrived.
 _STAGED_RUN = """GPM_ROOT="${{GPUMARKET_INSTANCE_ROOT:-}}"
 GPM_S="$GPM_ROOT{state_dir}"
 mkdir -p "$GPM_S/gate" && echo gpumarket > "$GPM_S/gate/gate"
@@ -104,20 +106,20 @@ gpm_complete() {{
   [ -f "$GPM_S/restore/{manifest}" ] || return 1
   while IFS= read -r f; do [ -f "$GPM_S/restore/$f" ] || return 1; done < "$GPM_S/restore/{manifest}"
 }}
+gpm_ready() {{
+  if [ -f "$GPM_S/go/gate" ]; then
+    case "$GPM_FROM" in ""|cloud) return 0 ;; esac
+  elif [ -n "$GPM_GATED" ]; then
+    return 1
+  fi
+  gpm_complete || [ -f "$GPM_S/abandon/gate" ]
+}}
 gpm_rc=
 if [ -n "$GPM_FROM$GPM_GATED" ]; then
   echo "gpumarket: waiting up to {timeout} s for the staged data${{GPM_FROM:+ (checkpoint from $GPM_FROM)}}"
   gpm_end=$(($(date +%s) + {timeout}))
-  while :; do
-    if [ -z "$GPM_GATED" ] || [ -f "$GPM_S/go/gate" ]; then
-      case "$GPM_FROM" in ""|cloud) [ -n "$GPM_GATED" ] && break ;; esac
-      gpm_complete && break
-      [ -f "$GPM_S/abandon/gate" ] && break
-    fi
-    [ "$(date +%s)" -ge "$gpm_end" ] && break
-    sleep 0.2 2>/dev/null || sleep 1
-  done
-  if [ -n "$GPM_GATED" ] && [ ! -f "$GPM_S/go/gate" ]; then
+  until gpm_ready || [ "$(date +%s)" -ge "$gpm_end" ]; do sleep 0.2 2>/dev/null || sleep 1; done
+  if [ ! -f "$GPM_S/go/gate" ] && {{ [ -n "$GPM_GATED" ] || {{ [ "$GPM_FROM" = cloud ] && ! gpm_complete; }}; }}; then
     echo "gpumarket: the staged data did not arrive within {timeout} s{not_started}"; gpm_rc={failed}
   elif [ -n "$GPM_FROM" ]; then
     if gpm_complete; then

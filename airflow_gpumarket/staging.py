@@ -5,8 +5,11 @@ instance, whose disk the service keeps) and between an instance and the user's c
 whose credentials stay with the service. Nothing here sends a request; the renting operator does, in this order:
 
 - **stage in**, once the rental runs and before its job starts: the checkpoint (from the preempted instance, else
-  from ``checkpoint_uri``), then each input; then, when anything came from the cloud, the *gate*: a tiny file the
-  job wrapper waits for, copied last, which tells it that the provider saw every copy end;
+  from ``checkpoint_uri``), then each input; then, when inputs came from the cloud, the *gate*: a tiny file the job
+  wrapper waits for, copied last, which tells it that the provider saw every copy end. A restore needs no gate
+  while it brings a complete checkpoint (the wrapper checks its manifest): only when the provider saw its copy end
+  without the job starting (nothing saved there yet, or a copy that failed) does it send the gate (from the
+  cloud) or abandon the restore (from an instance), and the wrapper applies ``on_restore_failure``;
 - **save** the checkpoint to ``checkpoint_uri`` after a preemption (from the paused instance) and after the job
   ended, before the destroy;
 - **stage out** each output after exit 0, before the destroy.
@@ -46,6 +49,9 @@ STAGING_FAILED_STATUS = 75
 STATUS_MSG_LAG_SECONDS = 30.0
 #: The wrapper waits this much longer than the provider's bound, so that the provider decides first.
 WRAPPER_MARGIN_SECONDS = 30.0
+#: The wrapper looks for its staged files at least this often: a copy that finished this long ago without the
+#: job starting brought no complete checkpoint.
+WRAPPER_NOTICE_SECONDS = 2.0
 
 RESTORE_POLICIES = ("restart", "fail")
 _QUOTABLE = re.compile(r"^/[A-Za-z0-9._/@+=,:-]*$")
@@ -80,8 +86,8 @@ class DataPlan:
         return source_id is not None or self.restores_from_cloud(source_id) or bool(self.inputs)
 
     def gated(self, source_id: int | None) -> bool:
-        """Whether the job waits for the gate: anything comes from the cloud."""
-        return self.restores_from_cloud(source_id) or bool(self.inputs)
+        """Whether the job waits for the gate whatever else arrived: its inputs have no manifest to check."""
+        return bool(self.inputs)
 
     def wrapper_timeout(self) -> float:
         return self.staging_timeout + WRAPPER_MARGIN_SECONDS

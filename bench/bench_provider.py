@@ -1,13 +1,14 @@
-"""P2-P5 and P10: API calls per lifecycle, GPU seconds billed after the job, DAG parse time, hook overhead, and
-what an interruptible job costs against on-demand.
+"""P2-P5, P10 and P11: API calls per lifecycle, GPU seconds billed after the job, DAG parse time, hook overhead,
+what an interruptible job costs against on-demand, and how soon a restored checkpoint reaches the job.
 
 Every figure is measured against the embedded simulator, side by side with its baseline in one run, and printed
 as ``NAME: value (goal: ...)``; timings are medians of repeated runs.
 
     python bench/bench_provider.py [--quick]
 
-``--quick`` is a smoke run (about 25 s): the same code paths with tiny sizes (one run of each, a faster clock in
-P2, a 1 s poke in P3, 100 calls in P5) and the same lines; it fails on an error, never on a missed goal.
+``--quick`` is a smoke run (about 25 s, P11 30 s more): the same code paths with tiny sizes (one run of each, a
+faster clock in P2, a 1 s poke in P3, 100 calls in P5) and the same lines; it fails on an error, never on a missed
+goal.
 
 Stdout carries the figure lines only. Airflow 3 prints every operator's and hook's log line on stdout, so those
 lines, the in-process simulators' and P5's ``gpumarket-sim`` go to ``bench_provider.log`` in ``$AIRFLOW_HOME``
@@ -640,11 +641,148 @@ def p10_bid_strategies(*, seeds: int, steps: int, step_seconds: float) -> None:
         )
 
 
+# --- P11 ---------------------------------------------------------------------------------------------------
+#: P11's checkpoint: one file, small (0.2 s at the simulator's 50 MB/s), named by the wrapper's manifest.
+P11_CHECKPOINT_BYTES = 10_000_000
+P11_CHECKPOINT_DIR = "/workspace/ckpt"
+P11_URI = "ckpt/p11"
+#: The job prints when it started (the host's clock); a first run writes the checkpoint and waits to be outbid.
+P11_JOB = (
+    "python3 -c 'import time; print(\"P11_START\", repr(time.time()))'; "
+    'c="$GPUMARKET_CHECKPOINT_DIR"; if [ ! -f "$c/weights" ]; then '
+    f'head -c {P11_CHECKPOINT_BYTES} /dev/zero > "$c/weights.tmp" && mv "$c/weights.tmp" "$c/weights"; sleep 600; fi; '
+    "echo done"
+)
+#: Boots (and what follows the job's start) run this fast; the clock is at 1x from a rental running to its job's
+#: start, so P11 is measured in real seconds.
+P11_BOOT_SPEED = 60.0
+#: The task's poll_interval: it sees the rental run (and starts its copy) at most this long after.
+P11_POLL = 1.0
+
+
+def _p11_clock(sim: MarketSimulator, offsets: dict[int, float], stop: threading.Event) -> threading.Thread:
+    """Boot at ``P11_BOOT_SPEED``, stage at 1x: the clock slows as soon as a rental is running (its offset sim - real
+    then is kept by instance id), and speeds up again once its job started (or it was outbid)."""
+
+    def watch() -> None:
+        started: set[int] = set()
+        while not stop.wait(0.002):
+            for instance in sim.state()["instances"]:
+                iid = instance["id"]
+                if iid not in offsets and instance["first_running_at"] is not None:
+                    sim.set_speed(1.0)
+                    offsets[iid] = sim.now() - time.time()
+                elif iid in offsets and iid not in started and "P11_START" in _output(sim, iid):
+                    started.add(iid)
+                    sim.set_speed(P11_BOOT_SPEED)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _output(sim: MarketSimulator, instance_id: int) -> str:
+    return (sim.onstart_result(instance_id) or {}).get("output", "")
+
+
+def _p11_started(sim: MarketSimulator, instance: dict, offsets: dict[int, float]) -> float:
+    """Service seconds from the rental's first running to its job's start (with its data: the job needs it)."""
+    output = _output(sim, instance["id"])
+    started = float(next(line.split()[1] for line in output.splitlines() if line.startswith("P11_START")))
+    return started + offsets[instance["id"]] - instance["first_running_at"]
+
+
+def _p11_run(kind: str, seed: int) -> tuple[float, float]:
+    """(rental running -> job started, the copy's own transfer time), service seconds, for one restore of ``kind``:
+    ``cloud`` from ``checkpoint_uri``, ``copy_direct`` from a preempted instance."""
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+
+    with MarketSimulator(speed=P11_BOOT_SPEED, seed=seed, execute_onstart=True, **SIM_PROFILE) as sim:
+        connect(sim)
+        for offer in GpuMarketHook().search_offers(P10_FILTERS, limit=50):
+            sim.set_offer_fate(offer["id"], "running")
+        options: dict[str, Any] = {"interruptible": True}
+        if kind == "cloud":
+            sim.put_bucket_file(1, f"{P11_URI}/weights", b"\0" * P11_CHECKPOINT_BYTES)
+            sim.put_bucket_file(1, f"{P11_URI}/.gpumarket-manifest", b"weights\n")
+            options = {"checkpoint_uri": P11_URI, "cloud_integration": "training-data"}
+        op = GpuMarketRunJobOperator(
+            task_id="p11",
+            offer_filters=P10_FILTERS,
+            image="bench",
+            checkpoint_dir=P11_CHECKPOINT_DIR,
+            command=P11_JOB,
+            poll_interval=P11_POLL,
+            log_interval=P11_POLL,
+            max_runtime=3600,
+            **options,
+        )
+        stop, offsets = threading.Event(), {}
+        clock = _p11_clock(sim, offsets, stop)
+
+        def outbid_once_checkpointed() -> None:
+            while not stop.wait(0.01):
+                for instance in sim.alive_instances():
+                    if instance["actual_status"] == "running" and _manifest_names(sim, instance["id"], "weights"):
+                        sim.set_speed(P11_BOOT_SPEED)
+                        sim.outbid(instance["id"])
+                        return
+
+        market = threading.Thread(target=outbid_once_checkpointed, daemon=True)
+        if kind == "copy_direct":
+            market.start()
+        try:
+            result = op.execute(context(f"p11-{kind}-{seed}"))
+        finally:
+            stop.set()
+            clock.join(timeout=5)
+            if market.is_alive():
+                market.join(timeout=5)
+        instances = sorted(sim.state()["instances"], key=lambda i: i["id"])
+        if result["job_status"] != "succeeded" or sim.alive_instances():
+            raise RuntimeError(f"P11 {kind}: the job did not end well: {result} {instances}")
+        restored = instances[-1]
+        output = _output(sim, restored["id"])
+        if "gpumarket: restored the checkpoint" not in output:
+            raise RuntimeError(f"P11 {kind}: the job started without its checkpoint: {output}")
+        (restore,) = [c for c in sim.copies() if c["dst_instance_id"] == restored["id"] and "ckpt" in c["src"]]
+        rate = sim.set_copy_settings()["bytes_per_second"]
+        return _p11_started(sim, restored, offsets), restore["bytes_total"] / rate
+
+
+def _manifest_names(sim: Any, instance_id: int, name: str) -> bool:
+    try:
+        manifest = sim.read_disk_file(instance_id, f"{P11_CHECKPOINT_DIR}/.gpumarket-manifest")
+    except Exception:  # noqa: BLE001 - not written yet
+        return False
+    return name in manifest.decode().split()
+
+
+def p11_staging_latency(runs: int) -> None:
+    """P11: rental running -> job started with its data, for a restore by ``copy_direct`` and from the cloud."""
+    cells = []
+    for kind in ("copy_direct", "cloud"):
+        measured = [_p11_run(kind, seed=20 + run) for run in range(runs)]
+        latency = statistics.median(m[0] for m in measured)
+        transfer = statistics.median(m[1] for m in measured)
+        cells.append(
+            f"{kind} {latency:.1f} s (runs {', '.join(f'{m[0]:.1f}' for m in measured)}; transfer {transfer:.1f} s; "
+            f"{'under' if latency < 10 + transfer else 'OVER'} 10 s + transfer)"
+        )
+    print(
+        f"P11 rental running -> job started with its checkpoint ({P11_CHECKPOINT_BYTES / 1e6:g} MB, poll_interval "
+        f"{P11_POLL:g} s, medians of {runs}): " + "; ".join(cells) + " (goal: < 10 s + the copy's transfer time)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, the same lines")
     parser.add_argument("--peers-python", help="P4: an interpreter that also has the peer providers installed")
-    parser.add_argument("--only", help="run only these figures, comma-separated (p2, p3, p4, p5, p10, p10-strategies)")
+    parser.add_argument(
+        "--only", help="run only these figures, comma-separated (p2, p3, p4, p5, p10, p10-strategies, p11)"
+    )
     args = parser.parse_args()
     home = os.environ.get("AIRFLOW_HOME") or tempfile.mkdtemp(prefix="gpm-bench-")
     log_path = Path(home) / "bench_provider.log"
@@ -657,6 +795,7 @@ def main() -> int:
         "p5": lambda: p5_hook_overhead(calls=100, runs=1, sim_log=log_stream),
         "p10": lambda: p10_interruptible(steps=6, step_seconds=0.5, outbid_after=0.6),
         "p10-strategies": lambda: p10_bid_strategies(seeds=1, steps=2, step_seconds=0.5),
+        "p11": lambda: p11_staging_latency(runs=1),
     }
     full = {
         "p2": lambda: p2_calls_per_lifecycle(runs=5),
@@ -665,6 +804,7 @@ def main() -> int:
         "p5": lambda: p5_hook_overhead(calls=1000, runs=5, sim_log=log_stream),
         "p10": lambda: p10_interruptible(steps=12, step_seconds=1.0, outbid_after=5.5),
         "p10-strategies": lambda: p10_bid_strategies(seeds=5, steps=12, step_seconds=1.0),
+        "p11": lambda: p11_staging_latency(runs=3),
     }
     figures = quick if args.quick else full
     only = [name.strip().lower() for name in args.only.split(",")] if args.only else list(figures)

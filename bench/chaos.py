@@ -151,6 +151,9 @@ COPY_FAULTS = [
     {"times": 4, "kind": "copy_direct", "after_fraction": 0.5, "msg": "chaos: the source host went away"},
     {"times": 4, "kind": "rclone", "direction": "Cloud To Instance", "after_fraction": 0.0, "msg": "chaos: 403"},
     {"times": 4, "kind": "rclone", "direction": "Instance To Cloud", "after_fraction": 0.5, "msg": "chaos: 503"},
+    # restores reported done that moved nothing; a storage outage mid-staging, its end worded without "fail"
+    {"times": 4, "kind": "copy_direct", "after_fraction": 0.0, "ends": "finished"},
+    {"times": 4, "kind": "rclone", "after_fraction": 0.0, "status_msg": "Cloud Copy Operation Aborted: chaos outage"},
 ]
 COPY_SETTINGS = {"start_latency_seconds": 60.0}
 #: A checkpointing job: steps of 0.1 s, a checkpoint after each (written whole, then renamed), resumed from the last.

@@ -228,3 +228,13 @@ def test_rule_only_a_wait_that_may_follow_an_unrecorded_one_marks_its_first_line
     lines = pump.read(first_read_at + 30, printed)
     assert any("found the job already running" in line for line in lines) is marked
     assert len([line for line in lines if "] line " in line]) == (job_logs.RESUMED_WAIT_LINES if marked else 25)
+
+
+def test_rule_an_exit_status_among_the_lines_an_earlier_wait_showed_is_the_jobs():
+    shown = [
+        "gpumarket: the staged data did not arrive within 5 s; the job does not start",
+        "gpumarket: job exited with status 75",
+    ]
+    pump = LogPump(7, 30.0, shown=shown)
+    assert pump.read(0.0, "\n".join(shown) + "\n", final=True) == []  # nothing shown twice
+    assert pump.summary()["exit_status"] == 75 and pump.summary()["log_tail"] == shown

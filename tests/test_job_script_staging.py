@@ -128,6 +128,29 @@ def test_a_cloud_restore_is_complete_when_the_gate_and_every_named_file_arrived(
     assert "9" in done.stdout.splitlines()
 
 
+def test_a_complete_cloud_restore_starts_the_job_without_waiting_for_the_gate(disk):
+    staged_restore(disk, {"epoch": "9\n"}, ["epoch"])
+    done = run_wrapper(disk, WrapperStaging(CKPT, restore_from="cloud", timeout=5))
+    assert done.returncode == 0
+    assert "gpumarket: restored the checkpoint from cloud (1 files)" in done.stdout
+    assert "from=[cloud] " in done.stdout and "9" in done.stdout.splitlines()
+
+
+def test_a_partial_cloud_restore_waits_for_the_gate_then_applies_on_restore_failure(disk):
+    staged_restore(disk, {"epoch": "3\n"}, ["epoch", "weights.pt"])
+    open_gate(disk)
+    staged = WrapperStaging(CKPT, restore_from="cloud", timeout=5, on_restore_failure="fail")
+    done = run_wrapper(disk, staged, command="echo ran")
+    assert done.returncode == staging.STAGING_FAILED_STATUS and "ran" not in done.stdout.splitlines()
+    assert "did not complete; the job does not start (on_restore_failure='fail')" in done.stdout
+
+
+def test_a_cloud_restore_that_never_arrived_does_not_start_the_job_from_scratch(disk):
+    done = run_wrapper(disk, WrapperStaging(CKPT, restore_from="cloud", timeout=1), command="echo ran")
+    assert done.returncode == staging.STAGING_FAILED_STATUS
+    assert "gpumarket: the staged data did not arrive within 1 s; the job does not start" in done.stdout
+
+
 def test_without_the_gate_the_job_never_starts_and_the_wrapper_gives_up_within_its_bound(disk):
     staged_restore(disk, {"epoch": "9\n"}, ["epoch"])
     done = run_wrapper(disk, WrapperStaging(None, gated=True, timeout=1), command="echo ran")

@@ -31,8 +31,8 @@ def test_a_checkpoint_dir_alone_restores_only_from_a_preempted_instance():
 
 def test_checkpoint_uri_restores_from_the_cloud_unless_a_preempted_instance_holds_a_newer_one():
     p = plan(checkpoint_dir="/ckpt", checkpoint_uri="bucket/ckpt", cloud_integration="s3")
-    assert p.restores_from_cloud(None) and p.gated(None)
-    assert not p.restores_from_cloud(1001) and not p.gated(1001)
+    assert p.restores_from_cloud(None) and not p.restores_from_cloud(1001)
+    assert not p.gated(None) and not p.gated(1001)  # the restore's manifest tells the wrapper it arrived
 
 
 def test_inputs_are_gated_on_every_rental():

@@ -143,8 +143,12 @@ class CopyProgress(str, enum.Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2
 #: Patterns, compiled on first use (``re`` caches them) rather than when a DAG file imports the package.
 #: "No errors" and "0 errors" (rclone's summary words) do not mean a failure.
 _NO_ERRORS = r"\b(?:no|0)\s+errors?\b"
-_FAILED = r"fail|error"
+_FAILED = r"fail|error|abort|unable|cannot|could not|denied|not found|no such|does not exist|timed out"
 _CANCELLED = r"cancel"
+#: The live service names a cloud copy's news after the operation, then its state: "Finished" is published. A
+#: state that is neither that, nor a copy under way, is an end that is no success, whatever its wording.
+_CLOUD_OPERATION = CLOUD_COPY_FINISHED.lower().rsplit(" ", 1)[0]
+_UNDER_WAY = r"\d\s*%|start|progress|running|queued|pending|waiting|transferr|copying|sending|receiving"
 _COPY = r"\bcop(?:y|ying|ied)\b|rclone|rsync|transfer|receiving|sending"
 _ENDED = r"finish|complete|\bdone\b"
 #: A share under 100 % ("40% done") is a copy under way, whatever word follows it.
@@ -154,12 +158,14 @@ _PARTIAL = r"(?<![\d.])(?:\d|[1-9]\d)(?:\.\d+)?\s*%"
 def copy_progress(status_msg: str | None) -> CopyProgress:
     """A best-effort reading of a copy's state from an instance's ``status_msg``.
 
-    Read in this order, case ignored: ``FINISHED`` for ``CLOUD_COPY_FINISHED``; ``FAILED`` for "fail" or "error"
-    (not "no errors"); ``CANCELLED`` for "cancel"; ``FINISHED`` for words of a copy that ended ("copy" with
-    "finished", "complete" or "done", and no share under 100 %); ``RUNNING`` for other words of a copy;
-    ``UNKNOWN`` otherwise (nothing about a copy, or no message). The service publishes only the cloud copy's end
-    wording, and the message is about 30 s late and overwritten by other news: callers must bound their waits and
-    confirm the files arrived another way (a listing, a checksum, a marker file).
+    Read in this order, case ignored: ``FINISHED`` for ``CLOUD_COPY_FINISHED``; ``FAILED`` for words of a failure
+    ("fail", "error" but not "no errors", "abort", "unable", "denied", "not found", "timed out", ...);
+    ``CANCELLED`` for "cancel"; ``FAILED`` for "Cloud Copy Operation" followed by any other state that neither
+    ended well nor is under way (a share, "started", "in progress", ...); ``FINISHED`` for words of a copy that
+    ended ("copy" with "finished", "complete" or "done", and no share under 100 %); ``RUNNING`` for other words of a
+    copy; ``UNKNOWN`` otherwise (nothing about a copy, or no message). The service publishes only the cloud copy's
+    end wording, and the message is about 30 s late and overwritten by other news: callers must bound their waits
+    and confirm the files arrived another way (a listing, a checksum, a marker file).
     """
     text = (status_msg or "").lower()
     if CLOUD_COPY_FINISHED.lower() in text:
@@ -168,6 +174,11 @@ def copy_progress(status_msg: str | None) -> CopyProgress:
         return CopyProgress.FAILED
     if re.search(_CANCELLED, text):
         return CopyProgress.CANCELLED
+    state = (
+        text.strip().removeprefix(_CLOUD_OPERATION).strip(" :.") if text.strip().startswith(_CLOUD_OPERATION) else ""
+    )
+    if state and not re.search(_UNDER_WAY, state) and not re.search(_ENDED, state):
+        return CopyProgress.FAILED
     if re.search(_COPY, text):
         ended = re.search(_ENDED, text) and not re.search(_PARTIAL, text)
         return CopyProgress.FINISHED if ended else CopyProgress.RUNNING

@@ -581,8 +581,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 continue
             if kind is lifecycle.EventKind.REACHED and stager is not None and self._stages_in(rental):
                 shown = stager.stage_in(rental)
-                # Preempted or gone before its job started: it holds no checkpoint, and the source stays kept.
-                rental.staged = stager.job_started(shown) or self._still_running(rental)
                 if not self._waits_for_job:
                     return self._complete(context, rental, event)
                 event, watch = None, None
@@ -756,6 +754,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             keepalive=self.keepalive,
             lease_cap=rental.lease_cap,
             cost_deadline=cost_deadline,
+            running_since=time.time() if rental.staged else None,  # it ran: a stop is its job's end, not a boot's
         )
 
     @staticmethod
@@ -774,12 +773,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         available = None if self._budget is None else self._budget.credit()
         return available if available is not None and available <= 0 else None
 
-    def _still_running(self, rental: lifecycle.Rental) -> bool:
-        try:
-            instance = self.hook.find_instance(rental.instance_id)
-        except GpuMarketError:
-            return True  # the wait that follows reads it again
-        return instance is not None and instance.get("actual_status") == api.STATUS_RUNNING
 
     def _drop_source(self, rental: lifecycle.Rental) -> None:
         """The job ended: a checkpoint source still kept is destroyed (after its save)."""
@@ -820,6 +813,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 boot_deadline=watch.boot_deadline,
                 deadline=deadline,
                 max_runtime=watch.max_runtime,
+                running_since=watch.running_since,
                 label=watch.label,
                 keepalive=watch.keepalive,
                 lease_cap=watch.lease_cap,

@@ -64,13 +64,17 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                 "between two reads. Make it longer, or None for one lease covering the whole job",
             )
 
-    def _end(self, rental: lifecycle.Rental, *, succeeded: bool) -> None:
-        """Save the checkpoint, copy the outputs after exit 0, then destroy; fail naming any output lost."""
+    def _end(self, rental: lifecycle.Rental, *, succeeded: bool, started: bool = True) -> None:
+        """Save the checkpoint (of a job that started), copy the outputs after exit 0, then destroy.
+
+        Fails naming any output lost.
+        """
         assert self._guard is not None
         self._drop_source(rental)
         lost: dict[str, str] = {}
         if self._stager is not None:
-            self._stager.save(rental.instance_id)
+            if started:
+                self._stager.save(rental.instance_id)
             if succeeded:
                 lost = self._stager.stage_out(rental.instance_id)
         if lost and self.keep_on_output_failure:
@@ -100,6 +104,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
     def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
         assert event is not None and self._guard is not None  # a job is always waited for
         succeeded = lifecycle.event_kind(event) is lifecycle.EventKind.JOB_SUCCEEDED
+        not_started = self._staging_gave_up(event)
         if succeeded and lifecycle.destroyed_itself(event):
             self._guard.forget(rental.instance_id)  # a 404 proved it: billing has ended
             if self._stops_on_success():  # the wrapper stops after exit 0 here: somebody else destroyed it
@@ -108,7 +113,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                     "or by the reaper after its lease ran out): the job's outcome and its last output are unknown"
                 )
         else:
-            self._end(rental, succeeded=succeeded)
+            self._end(rental, succeeded=succeeded, started=not not_started)
         summary = self._summary(rental, event.get("actual_status"))
         summary["job_status"] = "succeeded" if succeeded else "failed"
         self.log.info(
@@ -133,9 +138,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                     f"this job's too ({sentence}). The instance is destroyed; add credit before running it again."
                 )
             if lifecycle.event_kind(event) is lifecycle.EventKind.JOB_FAILED:
-                from airflow_gpumarket.job_script import NOT_STARTED
-
-                if self._stager is not None and any(NOT_STARTED in line for line in event.get("log_tail") or ()):
+                if not_started:
                     raise GpuMarketStagingFailed(
                         f"The job on instance {rental.instance_id} did not start: its staged data did not arrive (see "
                         "the wrapper's lines above; on_restore_failure, staging_timeout). The instance is destroyed."
@@ -143,3 +146,11 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                 raise GpuMarketJobFailed(sentence, exit_status=event.get("exit_status"))
             raise AirflowException(sentence)
         return summary
+
+    def _staging_gave_up(self, event: dict[str, Any]) -> bool:
+        """Whether the job wrapper ended without starting the job: its staged data did not arrive."""
+        from airflow_gpumarket.job_script import NOT_STARTED
+
+        if self._stager is None or lifecycle.event_kind(event) is not lifecycle.EventKind.JOB_FAILED:
+            return False
+        return any(NOT_STARTED in line for line in event.get("log_tail") or ())

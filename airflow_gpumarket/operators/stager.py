@@ -32,6 +32,38 @@ class _StoppedRunning(Exception):
         self.status = status
 
 
+#: What a copy watched through ``status_msg`` is for (``_Copy.role``).
+_WATCHED = "watched to its end"
+_RESTORE_FROM_INSTANCE = "restore from an instance"
+_RESTORE_FROM_CLOUD = "restore from checkpoint_uri"
+_GATE = "the gate's way back"
+
+
+class _Copy:
+    """One copy as its instance's ``status_msg`` tells: started at ``started`` (service time), over ``before``."""
+
+    def __init__(self, role: str, started: float, before: Any) -> None:
+        self.role = role
+        self.started = started
+        self.before = before
+        self.seen_new = False
+        self.finished_seen_at: float | None = None  # epoch second of the first reading that it finished
+
+    def reading(self, message: Any, now: float) -> api.CopyProgress | None:
+        """What ``message``, read at service time ``now``, says of this copy; None while it may tell an older one.
+
+        The service shows a copy's news late; a reading that has not changed since the copy started may still
+        describe the copy before it, until that lag has passed twice.
+        """
+        elapsed = now - self.started
+        if elapsed < staging.STATUS_MSG_LAG_SECONDS:
+            return None
+        self.seen_new = self.seen_new or message != self.before
+        if not self.seen_new and elapsed < 2 * staging.STATUS_MSG_LAG_SECONDS:
+            return None
+        return staging.copy_reading(message)
+
+
 class Stager:
     """Copies one task instance's data in and out of its rentals, within ``plan.staging_timeout`` per step.
 
@@ -60,6 +92,8 @@ class Stager:
         self.poll_interval = poll_interval
         self.source_lease = source_lease
         self._integration: int | None = None
+        self._shown: list[str] = []  # the wrapper's lines read while a rental's data is staged
+        self._running = True  # whether the rental ran at the read before the last read of those lines
 
     # --- before renting ------------------------------------------------------------------------------
     def resolve(self) -> None:
@@ -85,34 +119,41 @@ class Stager:
         )
 
     @staticmethod
-    def job_started(lines: list[str]) -> bool:
-        """Whether the wrapper's lines show the job started."""
-        return STARTED_LINE in lines
+    def staging_over(lines: list[str]) -> bool:
+        """Whether the wrapper's lines show its staging over: the job started, or the wrapper ended without it."""
+        return STARTED_LINE in lines or job_logs.exit_status(lines) is not None
 
     # --- stage in ------------------------------------------------------------------------------------
     def stage_in(self, rental: lifecycle.Rental) -> list[str]:
         """Copy the checkpoint and the inputs to a running rental, until its job started (or will not).
 
-        Returns the job's log lines read (and logged) meanwhile; none when the rental stopped running first (a
-        preemption: the wait that follows tells, and a kept source stays kept).
+        Returns the job's log lines read (and logged) meanwhile. The rental is ``staged`` when the job's wait follows:
+        its wrapper started the job or ended, or it still ran at the last read before its log was read (the wrapper
+        prints its end before it stops). Otherwise it stopped before its job started (a preemption, or its host):
+        it holds no checkpoint, and a kept source stays kept.
         """
         deadline = time.time() + self.plan.staging_timeout
+        self._shown = []
         try:
-            self._copy_in(rental, deadline)
-            until = deadline + staging.WRAPPER_MARGIN_SECONDS
+            pending = self._copy_in(rental, deadline)
+            self._await_start(rental, deadline + staging.WRAPPER_MARGIN_SECONDS, pending)
         except _StoppedRunning as stopped:  # its job may have run and ended meanwhile: one read of its log tells
             self.log.info("Instance %s stopped (%r) while its data was copied in", rental.instance_id, stopped.status)
-            until = time.time()
-        shown = self._await_start(rental, until)
-        source = rental.attempts.source_id
-        if source is not None and (STARTED_LINE in shown or job_logs.exit_status(shown) is not None):
+            self._await_start(rental, time.time(), None)
+        if rental.attempts.source_id is not None and self.staging_over(self._shown):
             self.drop_source(rental.attempts, "the next instance took over its checkpoint")
-        return shown
+        rental.staged = self.staging_over(self._shown) or self._running
+        return self._shown
 
-    def _copy_in(self, rental: lifecycle.Rental, deadline: float) -> None:
-        """Start the restore and the input copies, and the gate when anything came from the cloud."""
+    def _copy_in(self, rental: lifecycle.Rental, deadline: float) -> _Copy | None:
+        """Start the restore and the input copies, and the gate after inputs; the copy ``_await_start`` watches.
+
+        That is the restore, else the gate's way back, if any. A restore is not waited for here: the wrapper starts
+        the job once its files arrived, and ``_await_start`` acts when the service shows its copy ended without that.
+        """
         plan, attempts, instance_id = self.plan, rental.attempts, rental.instance_id
         source = attempts.source_id
+        restore: _Copy | None = None
         if source is not None:
             self.finish_source_save(attempts, deadline)
             self.log.info(
@@ -121,6 +162,7 @@ class Stager:
                 source,
                 instance_id,
             )
+            restore = self._copy_of(instance_id, _RESTORE_FROM_INSTANCE)
             try:
                 self.hook.start_instance_copy(
                     source, instance_id, staging.as_dir(plan.checkpoint_dir or "/"), staging.as_dir(staging.RESTORE_DIR)
@@ -128,6 +170,16 @@ class Stager:
             except GpuMarketError as exc:
                 self._restore_failed(f"the copy from instance {source} was refused ({exc})")
                 self._abandon_restore(source, instance_id)
+                restore = None
+        elif plan.restores_from_cloud(source) and not plan.inputs:
+            restore = self._copy_of(instance_id, _RESTORE_FROM_CLOUD)
+            problem = self._start_cloud_copy(
+                instance_id, api.TRANSFER_FROM_CLOUD, plan.checkpoint_uri or "", staging.RESTORE_DIR
+            )
+            if problem is not None:
+                self.log.warning("Restoring checkpoint_uri %r: %s", plan.checkpoint_uri, problem)
+                return self._open_gate(instance_id, deadline)
+            return restore
         copies: list[tuple[str, str, str]] = []
         if plan.restores_from_cloud(source):
             copies.append(("checkpoint_uri", plan.checkpoint_uri or "", staging.RESTORE_DIR))
@@ -143,8 +195,10 @@ class Stager:
                 )
             else:  # nothing saved there yet reads the same: the wrapper tells an empty restore from a partial one
                 self.log.warning("Restoring checkpoint_uri %r: %s", uri, problem)
-        if copies:
-            self._open_gate(instance_id, deadline)
+        if copies:  # status_msg tells one copy's news at a time: a restore from an instance is the one watched
+            gate = self._open_gate(instance_id, deadline)
+            return gate if restore is None else restore
+        return restore
 
     def _restore_failed(self, problem: str) -> None:
         if self.plan.on_restore_failure == "fail":
@@ -167,26 +221,36 @@ class Stager:
                 "Could not tell instance %s to give up the restore (%s); it waits out its bound", instance_id, exc
             )
 
-    def _open_gate(self, instance_id: int, deadline: float) -> None:
-        """Copy the gate out to the cloud and back in: its arrival tells the wrapper every copy before it ended."""
-        for transfer, src, dst in (
-            (api.TRANSFER_TO_CLOUD, staging.as_dir(staging.GATE_SOURCE_DIR), staging.CLOUD_GATE_DIR),
-            (api.TRANSFER_FROM_CLOUD, staging.CLOUD_GATE_DIR, staging.as_dir(staging.GATE_DIR)),
-        ):
-            problem = self._cloud_copy(instance_id, transfer, src, dst, deadline, quiet=True)
-            if problem is not None:
-                self.log.warning(
-                    "The gate copy (%s -> %s) failed: %s; the job wrapper waits out its own bound", src, dst, problem
-                )
-                return
+    def _open_gate(self, instance_id: int, deadline: float) -> _Copy:
+        """Copy the gate out to the cloud and back in: its arrival tells the wrapper every copy before it ended.
 
-    def _await_start(self, rental: lifecycle.Rental, deadline: float) -> list[str]:
+        The way back is not waited for (the wrapper's start shows it arrived): it is returned, to be watched for a
+        failure. A gate that cannot arrive fails the task at once: the wrapper would wait out its bound for it.
+        """
+        out = (api.TRANSFER_TO_CLOUD, staging.as_dir(staging.GATE_SOURCE_DIR), staging.CLOUD_GATE_DIR)
+        problem = self._cloud_copy(instance_id, *out, deadline, quiet=True)
+        back = self._copy_of(instance_id, _GATE)
+        if problem is None:
+            problem = self._start_cloud_copy(
+                instance_id, api.TRANSFER_FROM_CLOUD, staging.CLOUD_GATE_DIR, staging.as_dir(staging.GATE_DIR)
+            )
+        if problem is not None:
+            self._gate_failed(instance_id, problem)
+        return back
+
+    def _gate_failed(self, instance_id: int, problem: str) -> None:
+        raise GpuMarketStagingFailed(
+            f"The staged data did not arrive on instance {instance_id}: the gate that tells its job wrapper so could "
+            f"not be copied through the cloud integration ({problem}). The job did not start; check the integration."
+        )
+
+    def _await_start(self, rental: lifecycle.Rental, deadline: float, pending: _Copy | None) -> None:
         """Wait, in the worker, until the wrapper started the job or gave up; the normal wait then takes over.
 
-        The job's lines read meanwhile are logged, and returned.
+        The job's lines read meanwhile are logged, and kept in ``_shown``. ``pending``: a copy the wrapper waits for,
+        whose end without the job starting needs the provider (``_copy_ended``).
         """
-        instance_id, shown = rental.instance_id, list[str]()
-        failure_seen = False
+        instance_id = rental.instance_id
         while True:
             self.guard.stop_if_killed(instance_id)
             try:
@@ -195,35 +259,85 @@ class Stager:
             except GpuMarketError as exc:
                 self.log.info("Reading instance %s while its data is staged: %s", instance_id, exc)
                 text, instance = "", {"actual_status": api.STATUS_RUNNING}
+            self._running = instance is not None and instance.get("actual_status") == api.STATUS_RUNNING
             lines = job_logs.split_lines(text, complete_only=True)
             started = STARTED_LINE in lines
             if started:  # the job's own lines are the wait's to show, with its exit status
                 lines = lines[: lines.index(STARTED_LINE) + 1]
-            for line in lines[len(shown) :]:
+            for line in lines[len(self._shown) :]:
                 self.log.info("[instance %s] %s", instance_id, line)
-            shown = lines
-            if started or job_logs.exit_status(lines) is not None:
-                return shown
-            if instance is None or instance.get("actual_status") != api.STATUS_RUNNING:
-                return shown  # gone or preempted while staging: the wait that follows tells which
+            self._shown = lines
+            if self.staging_over(lines):
+                return
+            if instance is None or not self._running:
+                return  # gone or preempted while staging: the wait that follows tells which
             message = instance.get("status_msg")
-            if (
-                not failure_seen
-                and rental.attempts.source_id is not None
-                and staging.copy_reading(message) is api.CopyProgress.FAILED
-            ):
-                failure_seen = True
-                self._restore_failed(f"the service says {message!r}")
-                self._abandon_restore(rental.attempts.source_id, instance_id)
+            if pending is not None and (reading := pending.reading(message, self.hook.service_now())):
+                pending = self._copy_ended(rental, pending, reading, message, deadline)
             if time.time() >= deadline:
                 break
             time.sleep(self.poll_interval)
         self.log.warning(
             "Instance %s: the job had not started within the staging bound; watching it anyway", instance_id
         )
-        return shown
+
+    def _copy_ended(
+        self, rental: lifecycle.Rental, copy: _Copy, reading: api.CopyProgress, message: Any, deadline: float
+    ) -> _Copy | None:
+        """A copy the wrapper waits for may have ended, and the job has not started: what to watch next, if anything.
+
+        A restore that ended without a complete checkpoint (else the wrapper would have started the job) is given
+        up, and the wrapper applies ``on_restore_failure``: from an instance, by the abandon gate (unless the job
+        waits for the gate of its inputs too); from ``checkpoint_uri``, by the gate (the wrapper tells a
+        ``checkpoint_uri`` that holds nothing yet from a partial restore). A gate that failed fails the task.
+        """
+        if reading in (api.CopyProgress.RUNNING, api.CopyProgress.UNKNOWN):
+            return copy
+        if reading is api.CopyProgress.FINISHED:  # the wrapper may not have looked at the files since
+            copy.finished_seen_at = copy.finished_seen_at or time.time()
+            if time.time() - copy.finished_seen_at < staging.WRAPPER_NOTICE_SECONDS:
+                return copy
+        instance_id, source = rental.instance_id, rental.attempts.source_id
+        if copy.role == _GATE:
+            if reading is not api.CopyProgress.FINISHED:
+                self._gate_failed(instance_id, f"the service says {message!r}")
+            return None
+        if copy.role == _RESTORE_FROM_CLOUD:
+            if reading is not api.CopyProgress.FINISHED:
+                self.log.warning("Restoring checkpoint_uri %r: the service says %r", self.plan.checkpoint_uri, message)
+            return self._open_gate(instance_id, deadline)
+        if source is None:
+            return None
+        if reading is not api.CopyProgress.FINISHED:
+            self._restore_failed(f"the service says {message!r}")
+        elif self.plan.inputs:
+            return None
+        else:
+            self.log.warning(
+                "The copy from instance %s ended without a complete checkpoint (the service says %r)", source, message
+            )
+        self._abandon_restore(source, instance_id)
+        return None
 
     # --- copies to and from the cloud ----------------------------------------------------------------
+    def _copy_of(self, instance_id: int, role: str) -> _Copy:
+        """A copy about to start on ``instance_id``, as its ``status_msg`` will tell."""
+        before = self._status_msg(instance_id)
+        return _Copy(role, self.hook.service_now(), before)
+
+    def _start_cloud_copy(
+        self, instance_id: int, transfer: str, src: str, dst: str, *, quiet: bool = False
+    ) -> str | None:
+        """Start one cloud copy; None when the service took it, else why not."""
+        assert self._integration is not None
+        if not quiet:
+            self.log.info("Cloud copy (%s): %s -> %s on instance %s", transfer, src, dst, instance_id)
+        try:
+            self.hook.start_cloud_copy(instance_id, self._integration, src=src, dst=dst, transfer=transfer)
+        except GpuMarketError as exc:
+            return f"the service refused it ({exc})"
+        return None
+
     def _cloud_copy(
         self,
         instance_id: int,
@@ -239,26 +353,16 @@ class Stager:
 
         ``running``: the instance runs its job's staging, so a stop (a preemption) ends the wait at once.
         """
-        assert self._integration is not None
-        before = self._status_msg(instance_id)
-        started = self.hook.service_now()
-        if not quiet:
-            self.log.info("Cloud copy (%s): %s -> %s on instance %s", transfer, src, dst, instance_id)
-        try:
-            self.hook.start_cloud_copy(instance_id, self._integration, src=src, dst=dst, transfer=transfer)
-        except GpuMarketError as exc:
-            return f"the service refused it ({exc})"
-        return self._watch(instance_id, started, before, deadline, cancel=True, running=running)
+        copy = self._copy_of(instance_id, _WATCHED)
+        problem = self._start_cloud_copy(instance_id, transfer, src, dst, quiet=quiet)
+        if problem is not None:
+            return problem
+        return self._watch(instance_id, copy, deadline, cancel=True, running=running)
 
     def _watch(
-        self, instance_id: int, started: float, before: Any, deadline: float, *, cancel: bool, running: bool = False
+        self, instance_id: int, copy: _Copy, deadline: float, *, cancel: bool, running: bool = False
     ) -> str | None:
-        """Read ``status_msg`` until the copy started at ``started`` (service time) ended, within ``deadline``.
-
-        A reading that has not changed since the copy started may still describe the copy before it, until the
-        service's lag has passed twice.
-        """
-        seen_new = False
+        """Read ``status_msg`` until ``copy`` ended, within ``deadline``; None when it finished, else the problem."""
         while True:
             if time.time() >= deadline:
                 if cancel:
@@ -279,13 +383,7 @@ class Stager:
             if running and instance.get("actual_status") != api.STATUS_RUNNING:
                 raise _StoppedRunning(instance.get("actual_status"))
             message = instance.get("status_msg")
-            elapsed = self.hook.service_now() - started
-            if elapsed < staging.STATUS_MSG_LAG_SECONDS:
-                continue
-            seen_new = seen_new or message != before
-            if not seen_new and elapsed < 2 * staging.STATUS_MSG_LAG_SECONDS:
-                continue
-            reading = staging.copy_reading(message)
+            reading = copy.reading(message, self.hook.service_now())
             if reading is api.CopyProgress.FINISHED:
                 return None
             if reading in (api.CopyProgress.FAILED, api.CopyProgress.CANCELLED):
@@ -336,8 +434,7 @@ class Stager:
     def _start_save(self, instance_id: int) -> list[Any] | None:
         """Start saving checkpoint_dir to checkpoint_uri; what ``finish_source_save`` needs to watch it."""
         assert self._integration is not None
-        before = self._status_msg(instance_id)
-        started = self.hook.service_now()
+        copy = self._copy_of(instance_id, _WATCHED)
         self.log.info(
             "Saving checkpoint_dir of instance %s to checkpoint_uri %r", instance_id, self.plan.checkpoint_uri
         )
@@ -354,14 +451,14 @@ class Stager:
                 "The checkpoint of instance %s was NOT saved: the service refused the copy (%s)", instance_id, exc
             )
             return None
-        return [started, before]
+        return [copy.started, copy.before]
 
     def finish_source_save(self, attempts: lifecycle.Attempts, deadline: float) -> None:
         """Wait for a save from the kept source that is still in flight, within ``deadline``."""
         save, attempts.source_save = attempts.source_save, None
         if not save or attempts.source_id is None:
             return
-        problem = self._watch(attempts.source_id, save[0], save[1], deadline, cancel=True)
+        problem = self._watch(attempts.source_id, _Copy(_WATCHED, save[0], save[1]), deadline, cancel=True)
         self._report_save(attempts.source_id, problem)
 
     def _report_save(self, instance_id: int, problem: str | None) -> None:
@@ -384,7 +481,8 @@ class Stager:
         started = self._start_save(instance_id)
         if started is None:
             return
-        problem = self._watch(instance_id, started[0], started[1], time.time() + self.plan.staging_timeout, cancel=True)
+        copy = _Copy(_WATCHED, started[0], started[1])
+        problem = self._watch(instance_id, copy, time.time() + self.plan.staging_timeout, cancel=True)
         self._report_save(instance_id, problem)
 
     def drop_source(self, attempts: lifecycle.Attempts, why: str) -> None:

@@ -30,6 +30,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     :param deadline: epoch seconds after which waiting stops whatever the status.
     :param max_runtime: seconds the job may run, counted from when this trigger first sees the instance running
         (a restarted trigger counts again; ``deadline`` stays the absolute bound).
+    :param running_since: epoch seconds since which the instance is known to run (its data was staged before its job
+        started): ``max_runtime`` counts from then, and a status that never runs ends its job, not its boot.
     :param destroy_on_kill: destroy the instance when a user marks the deferred task failed or clears it
         (Airflow 3.3+ calls ``on_kill``; before 3.3 ``cleanup`` finds it out, see there); True for operators
         that rented the instance, False for sensors.
@@ -78,6 +80,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         boot_deadline: float | None = None,
         deadline: float | None = None,
         max_runtime: float | None = None,
+        running_since: float | None = None,
         destroy_on_kill: bool = False,
         dph_total: float | None = None,
         label: str | None = None,
@@ -101,6 +104,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.boot_deadline = boot_deadline
         self.deadline = deadline
         self.max_runtime = max_runtime
+        self.running_since = running_since
         self.destroy_on_kill = destroy_on_kill
         self.dph_total = dph_total
         self.label = label
@@ -129,6 +133,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 "boot_deadline": self.boot_deadline,
                 "deadline": self.deadline,
                 "max_runtime": self.max_runtime,
+                "running_since": self.running_since,
                 "destroy_on_kill": self.destroy_on_kill,
                 "dph_total": self.dph_total,
                 "label": self.label,
@@ -176,6 +181,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             boot_deadline=self.boot_deadline,
             deadline=self.deadline,
             max_runtime=self.max_runtime,
+            running_since=self.running_since,
             label=self.label,
             keepalive=self.keepalive,
             lease_cap=self.lease_cap,

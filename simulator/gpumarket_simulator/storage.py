@@ -90,15 +90,25 @@ def _clean(value: str, field_name: str) -> str:
     return "/".join(parts) + ("/" if value.endswith("/") and parts else "")
 
 
+#: How a faulty copy ends: ``failed``, or ``finished`` as reported although it moved only part of its files.
+FAULT_ENDS = ("failed", "finished")
+
+
 @dataclass
 class CopyFault:
-    """Make the next ``times`` matching copies fail once ``after_fraction`` of their files are done."""
+    """Make the next ``times`` matching copies end once ``after_fraction`` of their files are done.
+
+    ``ends``: ``failed`` (with ``msg`` as the reason) or ``finished`` (reported done, the rest never moved).
+    ``status_msg``: the whole status message of that end instead of the simulator's wording (another service's).
+    """
 
     times: int
     after_fraction: float
     kind: str | None = None
     direction: str | None = None
     msg: str = "injected failure"
+    ends: str = "failed"
+    status_msg: str | None = None
 
     def view(self) -> dict[str, Any]:
         return {
@@ -107,6 +117,8 @@ class CopyFault:
             "kind": self.kind,
             "direction": self.direction,
             "msg": self.msg,
+            "ends": self.ends,
+            "status_msg": self.status_msg,
         }
 
 
@@ -118,7 +130,7 @@ def parse_copy_faults(rules: Any) -> list[CopyFault]:
         where = f"rule {i}"
         if not isinstance(spec, dict):
             raise ValueError(f"{where}: must be an object")
-        unknown = set(spec) - {"times", "after_fraction", "kind", "direction", "msg"}
+        unknown = set(spec) - {"times", "after_fraction", "kind", "direction", "msg", "ends", "status_msg"}
         if unknown:
             raise ValueError(f"{where}: unknown fields {', '.join(sorted(unknown))}")
         times = spec.get("times", 1)
@@ -138,7 +150,13 @@ def parse_copy_faults(rules: Any) -> list[CopyFault]:
         msg = spec.get("msg", "injected failure")
         if not isinstance(msg, str):
             raise ValueError(f"{where}: msg must be a string")
-        parsed.append(CopyFault(times, float(fraction), kind, direction, msg))
+        ends = spec.get("ends", "failed")
+        if ends not in FAULT_ENDS:
+            raise ValueError(f"{where}: ends must be one of {', '.join(FAULT_ENDS)}")
+        status_msg = spec.get("status_msg")
+        if status_msg is not None and not isinstance(status_msg, str):
+            raise ValueError(f"{where}: status_msg must be a string or null")
+        parsed.append(CopyFault(times, float(fraction), kind, direction, msg, ends, status_msg))
     return parsed
 
 
@@ -395,8 +413,7 @@ class Storage:
         rate = self.bytes_per_second
         while copy.active and copy.files_done < len(copy.files):
             if self._fault_due(copy):
-                assert copy.fault is not None
-                self._end(copy, "failed", t, copy.fault.msg, world)
+                self._end_by_fault(world, copy, t)
                 return
             src, dst, size = copy.files[copy.files_done]
             done_before = sum(s for _, _, s in copy.files[: copy.files_done])
@@ -418,10 +435,14 @@ class Storage:
             self._bill(world, copy, t)
             self._note(copy, t, self._progress_text(copy))
         if copy.active and self._fault_due(copy):
-            assert copy.fault is not None
-            self._end(copy, "failed", t, copy.fault.msg, world)
+            self._end_by_fault(world, copy, t)
         elif copy.active:
             self._end(copy, "finished", t, None, world)
+
+    def _end_by_fault(self, world: World, copy: Copy, at: float) -> None:
+        fault = copy.fault
+        assert fault is not None
+        self._end(copy, fault.ends, at, fault.msg if fault.ends == "failed" else None, world, words=fault.status_msg)
 
     @staticmethod
     def _fault_due(copy: Copy) -> bool:
@@ -459,7 +480,15 @@ class Storage:
         percent = int(100 * copy.bytes_done / total) if total else int(100 * copy.files_done / max(1, len(copy.files)))
         return f"{words['progress']}: {percent}% ({copy.files_done} of {len(copy.files)} files)"
 
-    def _end(self, copy: Copy, state: str, at: float, reason: str | None, world: World | None = None) -> None:
+    def _end(
+        self,
+        copy: Copy,
+        state: str,
+        at: float,
+        reason: str | None,
+        world: World | None = None,
+        words: str | None = None,
+    ) -> None:
         copy.state = state
         copy.ended_at = at
         copy.error = reason
@@ -468,8 +497,10 @@ class Storage:
             copy.current_temp = None
         if world is not None:
             self._bill(world, copy, at)
-        words = CLOUD_WORDS if copy.kind == RCLONE else DIRECT_WORDS
-        self._note(copy, at, f"{words[state]}: {reason}" if state == "failed" else words[state])
+        if words is None:
+            wording = CLOUD_WORDS if copy.kind == RCLONE else DIRECT_WORDS
+            words = f"{wording[state]}: {reason}" if state == "failed" else wording[state]
+        self._note(copy, at, words)
 
     def _bill(self, world: World, copy: Copy, at: float) -> None:
         """Bill the bytes moved since the last bill, at ``at``: the source's upload and the destination's download."""

@@ -17,7 +17,7 @@ from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 from airflow_gpumarket.operators.failures import GpuMarketStagingFailed
 
 from .conftest import AIRFLOW_2, alive, task_states
-from .test_interruptible import Outbidder
+from .test_interruptible import MarketPlayer, Outbidder, run_to_the_end
 from .test_money_safety import context, healthy_market, job  # noqa: F401 (an autouse fixture)
 
 CKPT = "/workspace/ckpt"
@@ -140,6 +140,149 @@ def test_rule_a_failed_checkpoint_copy_under_restart_starts_from_scratch_and_say
     _, second = outputs_in_order(sim)
     assert "the job starts from scratch (on_restore_failure='restart')" in second
     assert "resumes at epoch 0 from []" in second
+    assert alive(sim) == []
+
+
+RENTAL_TYPES = pytest.mark.parametrize(
+    ("interruptible", "deferrable"),
+    [(False, False), (False, True), (True, False), (True, True)],
+    ids=["on-demand-sync", "on-demand-deferred", "interruptible-sync", "interruptible-deferred"],
+)
+
+
+def put_partial_checkpoint(sim, uri: str) -> None:
+    """A checkpoint in the bucket whose manifest names a file that never arrived there (a save cut short)."""
+    sim.put_bucket_file(1, f"{uri}/epoch", b"4\n")
+    sim.put_bucket_file(1, f"{uri}/.gpumarket-manifest", b"epoch\nweights\n")
+
+
+@RENTAL_TYPES
+def test_rule_a_wrapper_that_gives_up_staging_fails_the_task_and_never_rents_again(sim, interruptible, deferrable):
+    put_partial_checkpoint(sim, "ckpt/partial")
+    op = job(
+        command=EPOCHS,
+        checkpoint_dir=CKPT,
+        checkpoint_uri="ckpt/partial",
+        cloud_integration=INTEGRATION,
+        on_restore_failure="fail",
+        interruptible=interruptible,
+        deferrable=deferrable,
+    )
+    with pytest.raises(GpuMarketStagingFailed, match="did not start"):
+        run_to_the_end(op)
+    (instance,) = sim.state()["instances"]  # one rental: a wrapper's exit 75 is neither a preemption nor a host
+    output = (sim.onstart_result(instance["id"]) or {}).get("output", "")
+    assert "the job does not start" in output and "resumes at epoch" not in output
+    saves = [c for c in sim.copies() if c["direction"] == "Instance To Cloud" and "ckpt/partial" in c["dst"]]
+    assert saves == []  # a job that never started has no checkpoint to save over the one there
+    assert alive(sim) == []
+
+
+class ExitedOnceStopped(MarketPlayer):
+    """Shows an instance its job wrapper stopped as "exited", as the live service is reported to show it."""
+
+    def __init__(self, sim) -> None:
+        self.sim = sim
+        super().__init__()
+
+    def _run(self) -> None:
+        shown: set[int] = set()
+        while not self._stop.wait(0.005):
+            for instance in self.sim.alive_instances():
+                iid = instance["id"]
+                output = (self.sim.onstart_result(iid) or {}).get("output", "")
+                if iid not in shown and instance["actual_status"] == "stopped" and "job exited with status" in output:
+                    self.sim.force_status(iid, "exited")
+                    shown.add(iid)
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferred"])
+def test_rule_a_wrapper_that_gave_up_staging_and_shows_exited_is_not_a_failed_host(sim, deferrable):
+    put_partial_checkpoint(sim, "ckpt/partial")
+    op = job(
+        command=EPOCHS,
+        checkpoint_dir=CKPT,
+        checkpoint_uri="ckpt/partial",
+        cloud_integration=INTEGRATION,
+        on_restore_failure="fail",
+        deferrable=deferrable,
+    )
+    with ExitedOnceStopped(sim), pytest.raises(GpuMarketStagingFailed, match="did not start"):
+        run_to_the_end(op)
+    (instance,) = sim.state()["instances"]
+    assert instance["actual_status"] == "exited"
+    assert alive(sim) == []
+
+
+#: The simulator's clock in these tests (see conftest): service seconds per real second.
+SPEED = 600
+#: A test's staging_timeout: the wrapper's own bound is 30 s more, 21 000 service seconds at this clock.
+BOUND = 5
+
+
+@RENTAL_TYPES
+def test_rule_a_gate_lost_to_a_storage_outage_fails_the_task_before_the_wrapper_gives_up(
+    sim, interruptible, deferrable
+):
+    sim.put_bucket_file(1, "datasets/d/train.csv", b"1,2\n")
+    # the outage begins after the input's copy: the gate's way out to the cloud fails, and every retry of it
+    sim.set_copy_faults([{"times": 9, "after_fraction": 0.0, "kind": "rclone", "direction": "Instance To Cloud"}])
+    op = job(
+        command="echo ran",
+        cloud_integration=INTEGRATION,
+        inputs={"/data": "datasets/d"},
+        staging_timeout=BOUND,
+        interruptible=interruptible,
+        deferrable=deferrable,
+    )
+    with pytest.raises(GpuMarketStagingFailed, match="gate"):
+        run_to_the_end(op)
+    (instance,) = sim.state()["instances"]
+    output = (sim.onstart_result(instance["id"]) or {}).get("output", "")
+    assert "did not arrive" not in output and "\nran\n" not in output  # destroyed while the wrapper still waited
+    assert alive(sim) == []
+
+
+def test_rule_a_copy_failure_worded_without_fail_or_error_fails_at_once(sim):
+    sim.put_bucket_file(1, "datasets/d/train.csv", b"1,2\n")
+    aborted = "Cloud Copy Operation Aborted: the bucket is unreachable"
+    sim.set_copy_faults([{"times": 1, "after_fraction": 0.0, "kind": "rclone", "status_msg": aborted}])
+    op = job(command="echo ran", cloud_integration=INTEGRATION, inputs={"/data": "datasets/d"}, staging_timeout=60)
+    with pytest.raises(GpuMarketStagingFailed, match="Aborted: the bucket is unreachable"):
+        op.execute(context())
+    assert alive(sim) == []
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferred"])
+def test_rule_a_restore_reported_done_that_moved_nothing_fails_under_fail_without_a_third_rental(sim, deferrable):
+    sim.set_copy_faults([{"times": 1, "after_fraction": 0.0, "kind": "copy_direct", "ends": "finished"}])
+    op = job(
+        command=EPOCHS,
+        interruptible=True,
+        checkpoint_dir=CKPT,
+        on_restore_failure="fail",
+        staging_timeout=BOUND,
+        deferrable=deferrable,
+    )
+    with Outbidder(sim, times=1, marker=" done"), pytest.raises(GpuMarketStagingFailed, match="did not start"):
+        run_to_the_end(op)
+    source, successor = sorted(sim.state()["instances"], key=lambda i: i["id"])
+    (restore,) = [c for c in sim.copies() if c["kind"] == "copy_direct" and c["src"].endswith("ckpt/")]
+    assert restore["state"] == "finished" and restore["files_done"] == 0
+    # destroyed seconds after the service showed the copy's end, not at the wrapper's own bound
+    assert successor["destroyed_at"] - restore["ended_at"] < (BOUND + 30) * SPEED / 4
+    assert alive(sim) == []
+
+
+def test_rule_a_complete_cloud_restore_starts_the_job_without_the_gate(sim):
+    sim.put_bucket_file(1, "ckpt/full/epoch", b"7\n")
+    sim.put_bucket_file(1, "ckpt/full/.gpumarket-manifest", b"epoch\n")
+    op = job(command=EPOCHS, checkpoint_dir=CKPT, checkpoint_uri="ckpt/full", cloud_integration=INTEGRATION)
+    assert op.execute(context())["job_status"] == "succeeded"
+    (output,) = outputs_in_order(sim)
+    assert "resumes at epoch 7 from [cloud]" in output
+    restores = [c for c in sim.copies() if c["direction"] == "Cloud To Instance"]
+    assert [c["src"] for c in restores] == ["cloud.1:/ckpt/full"], restores  # no gate: the manifest sufficed
     assert alive(sim) == []
 
 

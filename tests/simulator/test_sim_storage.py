@@ -250,6 +250,28 @@ def test_copy_faults_filter_by_kind_and_direction(sim, api):
     assert [c["state"] for c in sim.copies()] == ["finished", "failed"]
 
 
+def test_a_copy_fault_may_report_done_a_copy_that_moved_nothing(sim, api):
+    a, b = two_instances(api, sim)
+    sim.put_disk_file(a, "d/1", b"x")
+    sim.set_copy_faults([{"kind": "copy_direct", "after_fraction": 0, "ends": "finished"}])
+    copy(api, a, b, "/d", "/d")
+    sim.advance(LATENCY + DELAY + 1)
+    (done,) = sim.copies()
+    assert (done["state"], done["files_done"], done["error"]) == ("finished", 0, None)
+    assert sim.disk_files(b) == []
+    assert sim.state()["instances"][1]["status_msg"] == "Remote copy finished"
+
+
+def test_a_copy_fault_may_word_its_end_as_another_service_would(sim, api):
+    a, _ = two_instances(api, sim)
+    sim.put_bucket_file(BUCKET, "in/g", b"g")
+    sim.set_copy_faults([{"kind": "rclone", "after_fraction": 0, "status_msg": "Cloud Copy Operation Aborted"}])
+    cloud(api, "in/g", "/g", a, "Cloud To Instance")
+    sim.advance(LATENCY + DELAY + 1)
+    assert only_copy(sim)["state"] == "failed"
+    assert sim.state()["instances"][0]["status_msg"] == "Cloud Copy Operation Aborted"
+
+
 # --- cloud copies -----------------------------------------------------------------------------------------------
 def test_instance_to_cloud_copy_lands_in_the_integrations_bucket(sim, api):
     a, _ = two_instances(api, sim)
@@ -386,6 +408,10 @@ def test_admin_copy_settings_and_faults_refuse_bad_values(sim):
         sim.set_copy_faults([{"after_fraction": 2}])
     with pytest.raises(ValueError):
         sim.set_copy_faults([{"kind": "scp"}])
+    with pytest.raises(ValueError, match="ends"):
+        sim.set_copy_faults([{"ends": "lost"}])
+    with pytest.raises(ValueError, match="status_msg"):
+        sim.set_copy_faults([{"status_msg": 3}])
 
 
 # --- money and secrets ------------------------------------------------------------------------------------------
