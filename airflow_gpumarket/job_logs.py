@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketRateLimitError
-from airflow_gpumarket.job_script import EXIT_STATUS_LINE, STARTED_LINE
+from airflow_gpumarket.job_script import EXIT_STATUS_LINE, STARTED_LINE, WRAPPER_LINE_PREFIX
 from airflow_gpumarket.python_job import is_marker_line
 
 #: After a rate-limited read the interval doubles, up to this; a read that works brings it back.
@@ -200,6 +200,9 @@ class LogPump:
         self._warned = False
         self._began_running: bool | None = None  # whether the first status this wait read was running
         self._said_repeats = bool(shown)  # the lines shown before are known: nothing is repeated
+        self.wrapper_seen = any(line.startswith(WRAPPER_LINE_PREFIX) for line in shown)
+        #: The last read held the whole log, some of it, and no line of the job wrapper: its onstart did not run yet.
+        self.without_wrapper = False
 
     def began(self, running: bool, now: float | None = None) -> None:
         """Take a status this wait read at ``now``; only the first counts.
@@ -228,7 +231,10 @@ class LogPump:
         """The task-log lines a read adds: each line of the job's output once, prefixed with the instance id."""
         self._wait = self.interval
         self._next_at = now + self._wait
-        new = self.follower.take(split_lines(text, complete_only=not final))
+        lines = split_lines(text, complete_only=not final)
+        self.wrapper_seen = self.wrapper_seen or any(line.startswith(WRAPPER_LINE_PREFIX) for line in lines)
+        self.without_wrapper = not self.wrapper_seen and 0 < len(lines) < self.follower.window
+        new = self.follower.take(lines)
         prefix = f"[instance {self.instance_id}]"
         if new and self._began_running and not self._said_repeats:
             # Nothing records what the previous wait showed: show only the log's last few lines, marked.

@@ -38,6 +38,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXIT_STATUS_LINE = "gpumarket: job exited with status {rc}"
 #: The line the wrapper prints before it runs the command.
 STARTED_LINE = "gpumarket: job started"
+#: How every line the wrapper itself prints begins: a log without one holds nothing of the wrapper.
+WRAPPER_LINE_PREFIX = "gpumarket: "
 # {url}, {delimiter}, {command}, {export_env}, {run}, {kill_writer}, {exit_line}, {tries} and {timeout} are filled
 # in; everything else is literal shell.
 #: Tries of the wrapper's own call that ends billing, and seconds each waits for an answer.

@@ -460,6 +460,32 @@ def ended_while_waiting(watch: Watch, pump: job_logs.LogPump) -> dict[str, Any] 
     return {"status": EventKind.JOB_FAILED.value, "actual_status": watch.status}
 
 
+#: Seconds (on the service's clock) a running instance's log may hold no line of the job wrapper before its onstart
+#: is taken never to run: the wrapper prints its first line as soon as the service's entrypoint starts it.
+WRAPPER_START_SECONDS = 300.0
+
+
+def never_started(
+    watch: Watch, pump: job_logs.LogPump, running_at: float | None, at: float | None
+) -> dict[str, Any] | None:
+    """The event failing over an instance whose job wrapper never started, else None.
+
+    That is a running instance whose whole log, read ``WRAPPER_START_SECONDS`` after it began running, holds lines and
+    none of the wrapper's: its onstart script did not run (a host that does not run it, or a simulator that does not
+    execute onstart scripts), and the job never will.
+    """
+    if not pump.without_wrapper or watch.status != api.STATUS_RUNNING or running_at is None or at is None:
+        return None
+    if at - running_at < WRAPPER_START_SECONDS:
+        return None
+    return {
+        "status": EventKind.NEVER_RUNS.value,
+        "actual_status": watch.status,
+        "never_started": round(at - running_at),
+        "log_tail": pump.summary()["log_tail"],
+    }
+
+
 def end_of_wait(event: dict[str, Any], pump: job_logs.LogPump) -> dict[str, Any]:
     """``event`` as every wait ends it.
 
@@ -547,8 +573,14 @@ def _sentence(kind: EventKind, event: Mapping[str, Any], instance_id: int) -> st
     status = event.get("actual_status")
     return {
         EventKind.REACHED: f"instance {instance_id} reached status {status!r}",
-        EventKind.NEVER_RUNS: f"instance {instance_id} ended in status {status!r}, which never becomes running "
-        "(the host failed); it must be destroyed and another offer tried",
+        EventKind.NEVER_RUNS: (
+            f"the job on instance {instance_id} never started: the instance ran {event['never_started'] / 60:.0f} min "
+            "and its log holds no line of the provider's job wrapper, so its onstart script did not run; it must be "
+            "destroyed and another offer tried"
+            if api.is_positive_number(event.get("never_started"))
+            else f"instance {instance_id} ended in status {status!r}, which never becomes running "
+            "(the host failed); it must be destroyed and another offer tried"
+        ),
         EventKind.GONE: f"instance {instance_id} no longer exists (destroyed)",
         EventKind.JOB_SUCCEEDED: (
             f"the job on instance {instance_id} exited 0 and the instance destroyed itself"

@@ -154,7 +154,9 @@ class Wait:
             self.log.info("Instance %s: status %s", self.instance_id, self.watch.shown)
         if event is None and self.watch.reads_log() and self.pump.due(now):
             yield from job_logs.forward_flow(hook, self.pump, self.log)
-            event = lifecycle.ended_while_waiting(self.watch, self.pump)
+            event = lifecycle.ended_while_waiting(self.watch, self.pump) or lifecycle.never_started(
+                self.watch, self.pump, self.running_at, seen.at if seen.error is None else None
+            )
         if event is None:
             return None
         if lifecycle.needs_final_read(event, self.pump):

@@ -283,3 +283,39 @@ def test_max_cost_ends_the_wait_on_the_services_clock():
     assert event == {"status": "timeout", "actual_status": "running", "limit": lifecycle.MAX_COST}
     described = lifecycle.describe_event(event, 7)
     assert "reached max_cost" in described and "destroyed" in described
+
+
+@pytest.mark.parametrize(
+    ("log", "ran_for", "fails_over"),
+    [
+        ("container started\nsimulator: onstart is not executed\n", 300.0, True),
+        ("container started\n", 299.0, False),  # the wrapper may still be on its way
+        ("container started\ngpumarket: job started\n", 3600.0, False),  # the wrapper ran
+        ("", 3600.0, False),  # an empty log proves nothing
+        ("x\n" * 1000, 3600.0, False),  # a log longer than a read: its first lines were not seen
+    ],
+)
+def test_rule_a_running_instance_whose_whole_log_holds_no_wrapper_line_never_starts_its_job(log, ran_for, fails_over):
+    from airflow_gpumarket.job_logs import LogPump
+
+    pump = LogPump(7, 30.0)
+    pump.read(0.0, log)
+    watch = lc.Watch(wait_for=lc.WAIT_JOB)
+    watch.status = "running"
+    event = lc.never_started(watch, pump, running_at=1000.0, at=1000.0 + ran_for)
+    assert (event is not None) is fails_over
+    if fails_over:
+        assert event["status"] == lc.EventKind.NEVER_RUNS.value and event["log_tail"][-1].startswith("simulator")
+        assert "never started" in lc.describe_event(event, 7) and "onstart is not executed" in lc.describe_event(
+            event, 7
+        )
+
+
+def test_a_wrapper_line_shown_by_an_earlier_wait_counts_as_the_wrapper_running():
+    from airflow_gpumarket.job_logs import LogPump
+
+    pump = LogPump(7, 30.0, shown=["gpumarket: waiting up to 1800 s for the staged data"])
+    pump.read(0.0, "unrelated\n")
+    watch = lc.Watch(wait_for=lc.WAIT_JOB)
+    watch.status = "running"
+    assert lc.never_started(watch, pump, running_at=0.0, at=3600.0) is None

@@ -773,7 +773,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         available = None if self._budget is None else self._budget.credit()
         return available if available is not None and available <= 0 else None
 
-
     def _drop_source(self, rental: lifecycle.Rental) -> None:
         """The job ended: a checkpoint source still kept is destroyed (after its save)."""
         if self._stager is not None:
