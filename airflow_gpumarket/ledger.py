@@ -235,7 +235,8 @@ def reserve(engine: Any, request: Request, *, now: float) -> Reservation:
     ensure_tables(engine)
     r = RESERVATIONS
     key = request.key
-    made = _reservation_of(engine, key)
+    with engine.begin() as conn:
+        made = _reservation_of(conn, key)
     if made is not None:
         return Reservation(made)
     limits, warnings = dag_budgets(request.dag_id, _variable())  # read before the lock: a secrets backend may be slow
@@ -243,9 +244,9 @@ def reserve(engine: Any, request: Request, *, now: float) -> Reservation:
     try:
         with engine.begin() as conn:
             conn.execute(LOCKS.update().where(LOCKS.c.name == LOCK_NAME).values(version=LOCKS.c.version + 1))
-            made = conn.execute(select(r.c.id).where(r.c.idempotency_key == key)).scalar()
+            made = _reservation_of(conn, key)
             if made is not None:  # the same request, answered while this one waited for the lock
-                return Reservation(int(made))
+                return Reservation(made)
             rows = conn.execute(
                 select(r.c.dag_id, r.c.run_id, r.c.created_at, r.c.reserved, r.c.cost, r.c.conn_id, r.c.until).where(
                     or_(
@@ -286,15 +287,16 @@ def reserve(engine: Any, request: Request, *, now: float) -> Reservation:
             )
             return Reservation(int(result.inserted_primary_key[0]), limits, warnings)
     except IntegrityError:
-        made = _reservation_of(engine, key)  # the unique index caught a twin the lock did not serialise
+        with engine.begin() as conn:
+            made = _reservation_of(conn, key)  # the unique index caught a twin the lock did not serialise
         if made is None:
             raise
         return Reservation(made)
 
 
-def _reservation_of(engine: Any, key: str) -> int | None:
-    with engine.begin() as conn:
-        made = conn.execute(select(RESERVATIONS.c.id).where(RESERVATIONS.c.idempotency_key == key)).scalar()
+def _reservation_of(conn: Any, key: str) -> int | None:
+    """The id of the reservation the idempotency key made, or None."""
+    made = conn.execute(select(RESERVATIONS.c.id).where(RESERVATIONS.c.idempotency_key == key)).scalar()
     return None if made is None else int(made)
 
 

@@ -206,16 +206,20 @@ class Budget:
         A task resumed after a deferral has a new Budget: asking the ledger keeps it off its earlier rentals' keys.
         """
         if self._attempt is None:
-            self._attempt = self.client.last_attempt(
-                conn_id=self.conn_id,
-                dag_id=self.dag_id,
-                run_id=self.run_id,
-                task_id=self.task_id,
-                map_index=self.map_index,
-                try_number=self.try_number,
-            )
+            self._attempt = self.client.last_attempt(**self._task_try())
         self._attempt += 1
         return self._attempt
+
+    def _task_try(self) -> dict[str, Any]:
+        """The connection and task try every reservation of this Budget names."""
+        return {
+            "conn_id": self.conn_id,
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "task_id": self.task_id,
+            "map_index": self.map_index,
+            "try_number": self.try_number,
+        }
 
     def reserve(self, worst: budgets.WorstCase, *, started: float) -> None:
         """Reserve ``worst`` before a create at the service's time ``started``; raise ``GpuMarketBudgetExceeded`` when
@@ -223,12 +227,7 @@ class Budget:
         available = self.credit()
         try:
             request = ledger.Request(
-                conn_id=self.conn_id,
-                dag_id=self.dag_id,
-                run_id=self.run_id,
-                task_id=self.task_id,
-                map_index=self.map_index,
-                try_number=self.try_number,
+                **self._task_try(),
                 worst=worst.amount,
                 seconds=worst.seconds,
                 hourly=worst.hourly,
