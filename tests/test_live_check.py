@@ -22,17 +22,15 @@ REFUSED_EXIT = 3
 LIVE_DOC = ROOT / "docs" / "reference" / "live-service.md"
 
 
-def live_check_sim(**variables: str) -> subprocess.CompletedProcess[str]:
+def run(command: list[str], variables: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``command`` run in the checkout, in this environment less its live-run variables, plus ``variables``."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMARKET_LIVE_")}
-    env.update(variables)
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "live_check_sim.py"), "--speed", "60", "--poll-interval", "0.2"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return subprocess.run(command, cwd=ROOT, env=env | variables, capture_output=True, text=True, timeout=300)
+
+
+def live_check_sim(**variables: str) -> subprocess.CompletedProcess[str]:
+    script = str(ROOT / "scripts" / "live_check_sim.py")
+    return run([sys.executable, script, "--speed", "60", "--poll-interval", "0.2"], variables)
 
 
 def test_the_live_suite_passes_against_the_simulator_and_leaves_nothing_alive():
@@ -65,16 +63,8 @@ def live_suite(sim, **variables: str) -> subprocess.CompletedProcess[str]:
     """The suite run against an in-process simulator, with retries that wait milliseconds."""
     conn = json.loads(sim.connection_env()["AIRFLOW_CONN_GPUMARKET_DEFAULT"])
     conn["extra"] |= {"retry_min_wait": 0.01, "retry_max_wait": 0.05, "max_retries": 2}
-    env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMARKET_LIVE_")}
-    env |= {"GPUMARKET_LIVE_CONN": json.dumps(conn), "GPUMARKET_LIVE_POLL_INTERVAL": "0.2", **variables}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/live", "-m", "live", "-p", "no:cacheprovider"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    variables = {"GPUMARKET_LIVE_CONN": json.dumps(conn), "GPUMARKET_LIVE_POLL_INTERVAL": "0.2", **variables}
+    return run([sys.executable, "-m", "pytest", "tests/live", "-m", "live", "-p", "no:cacheprovider"], variables)
 
 
 def test_findings_are_reported_and_do_not_fail_the_run():

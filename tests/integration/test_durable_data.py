@@ -150,30 +150,33 @@ RENTAL_TYPES = pytest.mark.parametrize(
 )
 
 
-def put_partial_checkpoint(sim, uri: str) -> None:
-    """A checkpoint in the bucket whose manifest names a file that never arrived there (a save cut short)."""
-    sim.put_bucket_file(1, f"{uri}/epoch", b"4\n")
-    sim.put_bucket_file(1, f"{uri}/.gpumarket-manifest", b"epoch\nweights\n")
+PARTIAL = "ckpt/partial"
+
+
+def job_restoring_a_partial_checkpoint(sim, **kwargs):
+    """A job under on_restore_failure="fail" whose checkpoint_uri holds a manifest naming a file that never arrived
+    there (a save cut short): its wrapper gives up staging."""
+    sim.put_bucket_file(1, f"{PARTIAL}/epoch", b"4\n")
+    sim.put_bucket_file(1, f"{PARTIAL}/.gpumarket-manifest", b"epoch\nweights\n")
+    return job(
+        command=EPOCHS,
+        checkpoint_dir=CKPT,
+        checkpoint_uri=PARTIAL,
+        cloud_integration=INTEGRATION,
+        on_restore_failure="fail",
+        **kwargs,
+    )
 
 
 @RENTAL_TYPES
 def test_rule_a_wrapper_that_gives_up_staging_fails_the_task_and_never_rents_again(sim, interruptible, deferrable):
-    put_partial_checkpoint(sim, "ckpt/partial")
-    op = job(
-        command=EPOCHS,
-        checkpoint_dir=CKPT,
-        checkpoint_uri="ckpt/partial",
-        cloud_integration=INTEGRATION,
-        on_restore_failure="fail",
-        interruptible=interruptible,
-        deferrable=deferrable,
-    )
+    op = job_restoring_a_partial_checkpoint(sim, interruptible=interruptible, deferrable=deferrable)
     with pytest.raises(GpuMarketStagingFailed, match="did not start"):
         run_to_the_end(op)
     (instance,) = sim.state()["instances"]  # one rental: a wrapper's exit 75 is neither a preemption nor a host
     output = (sim.onstart_result(instance["id"]) or {}).get("output", "")
     assert "the job does not start" in output and "resumes at epoch" not in output
-    saves = [c for c in sim.copies() if c["direction"] == "Instance To Cloud" and "ckpt/partial" in c["dst"]]
+    saves = [c for c in sim.copies() if c["direction"] == "Instance To Cloud" and PARTIAL in c["dst"]]
     assert saves == []  # a job that never started has no checkpoint to save over the one there
     assert alive(sim) == []
 
@@ -198,15 +201,7 @@ class ExitedOnceStopped(MarketPlayer):
 
 @pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferred"])
 def test_rule_a_wrapper_that_gave_up_staging_and_shows_exited_is_not_a_failed_host(sim, deferrable):
-    put_partial_checkpoint(sim, "ckpt/partial")
-    op = job(
-        command=EPOCHS,
-        checkpoint_dir=CKPT,
-        checkpoint_uri="ckpt/partial",
-        cloud_integration=INTEGRATION,
-        on_restore_failure="fail",
-        deferrable=deferrable,
-    )
+    op = job_restoring_a_partial_checkpoint(sim, deferrable=deferrable)
     with ExitedOnceStopped(sim), pytest.raises(GpuMarketStagingFailed, match="did not start"):
         run_to_the_end(op)
     (instance,) = sim.state()["instances"]
