@@ -131,6 +131,10 @@ class BidPolicy(NamedTuple):
     def holds(self) -> bool:
         return self.bid_strategy == "hold"
 
+    def hold_cap(self, bid: float | None, on_demand: Any) -> float | None:
+        """The most a rental bidding ``bid`` may raise it to, or None when it does not hold its bid."""
+        return bid_cap(self.max_bid, on_demand) if self.holds() and bid is not None else None
+
     def may_wait(self, preemptions: int, *, waited: bool) -> bool:
         """Whether the stopped instance may wait to win its machine back after preemption ``preemptions``.
 

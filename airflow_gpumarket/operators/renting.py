@@ -711,8 +711,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         """The compute price a rental is reserved and capped at: its price, or the cap a held bid may rise to."""
         if bid is None:
             return float(dph_total) if api.is_positive_number(dph_total) else None
-        cap = bidding.bid_cap(self.bidding.max_bid, dph_total)
-        return max(float(bid), cap) if self.bidding.holds() and cap is not None else float(bid)
+        cap = self.bidding.hold_cap(bid, dph_total)
+        return float(bid) if cap is None else max(float(bid), cap)
 
     def _disk_gb(self) -> float | None:
         return disk if api.is_positive_number(disk := self.instance.get("disk")) else None
@@ -788,9 +788,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     def _hold_cap(self, rental: lifecycle.Rental) -> float | None:
         """The most this rental's bid may be raised to, or None when it does not hold its bid."""
-        if not self.bidding.holds() or rental.bid is None:
-            return None
-        return bidding.bid_cap(self.bidding.max_bid, rental.dph_total)
+        return self.bidding.hold_cap(rental.bid, rental.dph_total)
 
     def _defer(self, context: Any, rental: lifecycle.Rental, watch: lifecycle.Watch, shown: Sequence[str]) -> None:
         from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
