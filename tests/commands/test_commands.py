@@ -9,24 +9,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from integration.conftest import alive, task_states
+from integration.conftest import alive, handed_over_run, task_states
 
 from airflow_gpumarket import lifecycle
 
 COMMANDS = ("doctor", "rentals", "orphans", "spend")
-
-
-def rented_and_handed_over(example_dag, *, run_running: bool):
-    """A run whose task rented an instance and handed it to its run; the run is set back to running, or ended."""
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-
-    run = example_dag("gpm_ui_handover").test()
-    assert run.state == "success", task_states(run)
-    if run_running:
-        with create_session() as session:
-            session.query(DagRun).filter_by(dag_id=run.dag_id, run_id=run.run_id).update({"state": "running"})
-    return run
 
 
 def one_line(text: str) -> str:
@@ -117,7 +104,7 @@ def test_spend_takes_day_or_month_not_both(sim, run):
 
 # --- rentals and orphans --------------------------------------------------------------------------------------
 def test_rentals_lists_a_live_rental_with_its_dag_run_task_and_cost(example_dag, sim, run):
-    handed = rented_and_handed_over(example_dag, run_running=True)
+    handed = handed_over_run(example_dag, run_still_running=True)
     (instance,) = alive(sim)
     code, out, err = run("rentals")
     assert code == 0, err
@@ -148,7 +135,7 @@ def test_rentals_leaves_out_instances_rented_by_hand_but_counts_them(sim, run):
 
 
 def test_orphans_are_listed_with_why_and_destroyed_only_after_a_yes(example_dag, sim, run, monkeypatch):
-    rented_and_handed_over(example_dag, run_running=False)
+    handed_over_run(example_dag, run_still_running=False)
     (instance,) = alive(sim)
     code, out, _ = run("orphans")
     assert code == 0 and "it was handed to its DAG run, which is success" in out
@@ -166,7 +153,7 @@ def test_orphans_are_listed_with_why_and_destroyed_only_after_a_yes(example_dag,
 
 
 def test_orphans_without_a_terminal_to_answer_destroy_nothing(example_dag, sim, run, monkeypatch):
-    rented_and_handed_over(example_dag, run_running=False)
+    handed_over_run(example_dag, run_still_running=False)
 
     def no_terminal(prompt):
         raise EOFError

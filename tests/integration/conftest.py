@@ -139,3 +139,16 @@ def leaks(texts: list[str], secrets: set[str], *, account_key: str) -> list[str]
         if secret and any(secret in text for text in texts)
     }
     return sorted(found)
+
+
+def handed_over_run(example_dag, *, run_still_running: bool):
+    """A run whose CreateInstance task handed its instance over; the run ended (or is set back to running)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    run = example_dag("gpm_ui_handover").test()
+    assert run.state == "success", task_states(run)
+    if run_still_running:
+        with create_session() as session:
+            session.query(DagRun).filter_by(dag_id=run.dag_id, run_id=run.run_id).update({"state": "running"})
+    return run

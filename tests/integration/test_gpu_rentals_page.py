@@ -16,7 +16,7 @@ import pytest
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.ui import records
 
-from .conftest import AIRFLOW_2, alive, task_states
+from .conftest import AIRFLOW_2, alive, handed_over_run, task_states
 
 #: The page's tests; the records and the link work on every supported Airflow.
 page = pytest.mark.skipif(AIRFLOW_2, reason="the page is an Airflow 3.1+ UI plugin")
@@ -94,19 +94,6 @@ def test_anonymous_requests_get_nothing(api_client):
         api_client(None).post("/gpumarket/orphans/gpumarket_default/1/destroy", data={"confirm": "1"}).status_code
         == 401
     )
-
-
-def handed_over_run(example_dag, *, run_still_running: bool):
-    """A run whose CreateInstance task handed its instance over; the run ended (or is set back to running)."""
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-
-    run = example_dag("gpm_ui_handover").test()
-    assert run.state == "success", task_states(run)
-    if run_still_running:
-        with create_session() as session:
-            session.query(DagRun).filter_by(dag_id=run.dag_id, run_id=run.run_id).update({"state": "running"})
-    return run
 
 
 @page
