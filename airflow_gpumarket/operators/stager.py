@@ -433,23 +433,14 @@ class Stager:
 
     def _start_save(self, instance_id: int) -> list[Any] | None:
         """Start saving checkpoint_dir to checkpoint_uri; what ``finish_source_save`` needs to watch it."""
-        assert self._integration is not None
         copy = self._copy_of(instance_id, _WATCHED)
         self.log.info(
             "Saving checkpoint_dir of instance %s to checkpoint_uri %r", instance_id, self.plan.checkpoint_uri
         )
-        try:
-            self.hook.start_cloud_copy(
-                instance_id,
-                self._integration,
-                src=staging.as_dir(self.plan.checkpoint_dir or "/"),
-                dst=staging.as_dir(self.plan.checkpoint_uri or ""),
-                transfer=api.TRANSFER_TO_CLOUD,
-            )
-        except GpuMarketError as exc:
-            self.log.warning(
-                "The checkpoint of instance %s was NOT saved: the service refused the copy (%s)", instance_id, exc
-            )
+        src, dst = staging.as_dir(self.plan.checkpoint_dir or "/"), staging.as_dir(self.plan.checkpoint_uri or "")
+        problem = self._start_cloud_copy(instance_id, api.TRANSFER_TO_CLOUD, src, dst, quiet=True)
+        if problem is not None:
+            self.log.warning("The checkpoint of instance %s was NOT saved: %s", instance_id, problem)
             return None
         return [copy.started, copy.before]
 
