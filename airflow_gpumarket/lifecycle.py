@@ -633,5 +633,5 @@ def format_duration(seconds: float) -> str:
 
 
 def estimated_cost(dph_total: float | None, seconds: float, *, digits: int = 4) -> float | None:
-    """Compute cost so far at the offer's hourly price (disk charges, whose price is not shown, not included)."""
+    """The cost of ``seconds`` at an hourly rate: with the disk (the task log), or compute alone (the page)."""
     return None if dph_total is None else round(dph_total * max(0.0, seconds) / 3600.0, digits)
