@@ -90,8 +90,9 @@ def _view(access: _Access, days: int) -> _View:
     live = [r for r in seen_all.live if _belongs(r, access)]
     alive_costs = {r.instance_id: r.cost_so_far for r in seen_all.live}
     seen = [s for s in seen_all.spans if s.owner is not None and access.sees(s.owner[0])]
+    shown_at = now + max(seen_all.clock_offsets.values(), default=0.0)  # the rows' clock: the service's
     view = _View(
-        live, spend.spend(seen, alive_costs, since, now, charges), seen_all.errors, no_charges=seen_all.no_charges
+        live, spend.spend(seen, alive_costs, since, shown_at, charges), seen_all.errors, no_charges=seen_all.no_charges
     )
     conn_ids, no_charges = seen_all.conn_ids, seen_all.no_charges
     if no_charges:

@@ -329,9 +329,9 @@ def render(
             f'its charges per instance and day) where it charged the rental; <span class="est">{ESTIMATE_LEGEND}'
             "</span> marks an estimate where it did not: the offer's price or the bid, from when the renting task "
             "first saw the instance running (else from its start) until it saw it stopped or it was destroyed, on the "
-            "service's clock; live rentals from their start. Estimates leave out disk storage and bandwidth, which "
-            "charges include. Actual − estimate compares the two where both exist. The service posts charges some "
-            "time after they accrue, so a live or just-ended rental's actual can be short of what it will cost. "
-            f"Shown at {utc_text(spend.window_end)}.</p></body></html>",
+            "service's clock, plus its disk from its start; live rentals from their start. Estimates leave out "
+            "bandwidth, which charges include. Actual − estimate compares the two where both exist. The service posts "
+            "charges some time after they accrue, so a live or just-ended rental's actual can be short of what it "
+            f"will cost. Shown at {utc_text(spend.window_end)}, on the service's clock.</p></body></html>",
         ]
     )

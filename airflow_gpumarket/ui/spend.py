@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import credit, lifecycle, spend_report
-from airflow_gpumarket.ui.records import COST_DIGITS, number, price_of, rental_cost
+from airflow_gpumarket import budgets, credit, lifecycle, spend_report
+from airflow_gpumarket.ui.records import COST_DIGITS, number, price_of
 
 if TYPE_CHECKING:
     from airflow_gpumarket.api import Charge
@@ -423,6 +423,9 @@ class Span:
     ended_at: float | None
     running_at: float | None = None  # first seen running: compute billing started by then
     stopped_at: float | None = None  # first seen stopped after its job: compute billing ended by then
+    disk_hourly: float = 0.0  # what its disk bills per hour
+    cost: float | None = None  # what its renter recorded at its end: ``cost_kind`` says whether charged or estimated
+    cost_kind: str | None = None
 
 
 def spans(rows: Iterable[RecordRow], attributed: Mapping[str, TiKey] | None = None) -> list[Span]:
@@ -452,6 +455,9 @@ def spans(rows: Iterable[RecordRow], attributed: Mapping[str, TiKey] | None = No
                 stopped_at=min(
                     (t for r in group if (t := number(r.record.get("stopped_at"))) is not None), default=None
                 ),
+                disk_hourly=next((d for r in ordered if (d := number(r.record.get("disk_hourly")))), 0.0),
+                cost=number(starts[0].record.get("cost")) if starts else None,
+                cost_kind=starts[0].record.get("cost_kind") if starts else None,
             )
         )
     return result
@@ -480,7 +486,8 @@ def spend(
         if span.owner is None or span.created_at is None or span.created_at < window_start:
             continue
         estimate = span_cost(span, alive_costs)
-        its_charges = charged.get(span.instance_id) if latest[span.instance_id] is span else None
+        listed = charged.get(span.instance_id) if latest[span.instance_id] is span else None
+        its_charges = listed or recorded_charge(span)
         if estimate is None and its_charges is None:
             result.unknown_cost += 1
             continue
@@ -489,7 +496,7 @@ def spend(
         result.rows.append(RentalSpend(span, figure))
         result.dags.setdefault(dag_id, Total()).add(figure)
         result.runs.setdefault((dag_id, run_id), Total()).add(figure)
-        if its_charges is None:
+        if listed is None:
             per_day[spend_report.utc_day(span.created_at)][dag_id] += figure.amount or ZERO
         else:
             took[span.instance_id] = span
@@ -503,6 +510,13 @@ def spend(
         per_day[day][taker.owner[0]] += dollars(charge.amount) or ZERO
     result.per_day = {day: {d: float(v) for d, v in dags.items()} for day, dags in sorted(per_day.items())}
     return result
+
+
+def recorded_charge(span: Span) -> Charged | None:
+    """The service's charge its renter read at the rental's end, when the window's charges do not list it."""
+    if span.cost is None or span.cost_kind != budgets.CHARGED:
+        return None
+    return Charged(dollars(span.cost) or ZERO, span.ended_at)
 
 
 def charge_live(rows: Iterable[LiveRental], charges: Iterable[Charge], window_start: float) -> None:
@@ -591,16 +605,20 @@ class Balance:
 def span_cost(span: Span, alive_costs: Mapping[int, float | None]) -> float | None:
     """A span's cost, or None when unknown.
 
-    Ended: ``records.rental_cost``. Still listed: its live row's cost so far. Gone with no end recorded: unknown (None),
-    never guessed from its task's end.
+    Ended: its renter's recorded estimate, else ``budgets.rental_cost``. Still listed: its live row's cost so far.
+    Gone with no end recorded: unknown (None), never guessed from its task's end.
     """
+    if span.ended_at is not None and span.cost is not None and span.cost_kind == budgets.ESTIMATED:
+        return span.cost  # its renter's estimate, the one its task log and its budget settled at
     if span.ended_at is not None:
-        return rental_cost(
+        return budgets.rental_cost(
             span.hourly_price,
             created_at=span.created_at,
             running_at=span.running_at,
             stopped_at=span.stopped_at,
             ended_at=span.ended_at,
+            disk_hourly=span.disk_hourly,
+            digits=COST_DIGITS,
         )
     return alive_costs.get(span.instance_id)
 
