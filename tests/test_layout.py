@@ -1,4 +1,4 @@
-"""The layout's limits (docs/contributing/layout.md): modules a reader can hold, classes of one role each."""
+"""Limits that keep one role per file: modules a reader can hold, Airflow-facing classes of one role each."""
 
 from __future__ import annotations
 
