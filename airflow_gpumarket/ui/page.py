@@ -15,19 +15,8 @@ from html import escape
 from urllib.parse import quote
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.ui.spend import (
-    LONGEST_RUNWAY_DAYS,
-    RUNWAY_DAYS,
-    Balance,
-    Figure,
-    LiveRental,
-    Spend,
-    Total,
-    Unowned,
-    dollars,
-    ti_text,
-    utc_text,
-)
+from airflow_gpumarket.ui.account_charges import LONGEST_RUNWAY_DAYS, RUNWAY_DAYS, Balance, Unowned, dollars
+from airflow_gpumarket.ui.spend import Figure, LiveRental, Spend, Total, ti_text, utc_text
 
 #: Bar colours of the chart, one per DAG in turn.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
