@@ -100,6 +100,10 @@ class _ApiServer:
     def reserve(self, request: ledger.Request) -> ledger.Reservation:
         return ledger.Reservation.from_json(self._post("reserve", request.to_json()))
 
+    def versions(self, conn_id: str) -> dict[str, Any]:
+        """The provider's and Airflow's versions in the api-server that answers."""
+        return dict(self._post("version", {"conn_id": conn_id}))
+
     def last_attempt(self, **task_try: Any) -> int:
         return int(self._post("attempts", task_try)["last"])
 
@@ -147,6 +151,11 @@ def ledger_client(hook: Any) -> _Direct | _ApiServer:
     engine = _usable_engine()
     if engine is not None:
         return _Direct(engine)
+    return api_server_ledger(hook)
+
+
+def api_server_ledger(hook: Any) -> _ApiServer:
+    """The ledger's routes in the api-server, as a task process reaches them, signed with ``hook``'s API key."""
     from airflow.configuration import conf
 
     base = conf.get("gpumarket", "ledger_url", fallback="") or ""

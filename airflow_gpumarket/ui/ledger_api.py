@@ -148,6 +148,17 @@ async def settle(request: Request) -> dict[str, Any]:
     return {"cost": settled}
 
 
+@router.post("/version")
+async def version(request: Request) -> dict[str, Any]:
+    """The provider's and Airflow's versions in this api-server (``airflow gpumarket doctor`` compares them)."""
+    await _signed_body(request)
+    from airflow import __version__ as airflow_version
+
+    from airflow_gpumarket import __version__
+
+    return {"provider": __version__, "airflow": airflow_version}
+
+
 @router.post("/entries")
 async def entries(request: Request) -> dict[str, Any]:
     body = await _signed_body(request)
