@@ -277,7 +277,7 @@ class Budget:
         for warning in reservation.warnings:
             self.log.warning("%s", warning)
         self.log.info(
-            "Reserved %s for this rental (reservation %s, attempt %s of try %s)%s",
+            "Reserved its worst case, %s, for this rental (reservation %s, attempt %s of try %s)%s",
             worst.describe(),
             reservation.id,
             request.attempt,
