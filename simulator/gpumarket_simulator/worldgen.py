@@ -13,9 +13,10 @@ from typing import Any
 from gpumarket_simulator.bidding import parse_drift
 from gpumarket_simulator.billing import DEFAULT_CREDIT
 from gpumarket_simulator.errors import ApiError
+from gpumarket_simulator.hosts import GPU_CHECKS, HostProfile, draw_host, draw_inet_down, parse_profile
 from gpumarket_simulator.instance_rules import parse_template_env
 from gpumarket_simulator.instances import FATES
-from gpumarket_simulator.offers import DEFAULT_INET_COST_PER_GB, Machine, Offer
+from gpumarket_simulator.offers import DEFAULT_INET_COST_PER_GB, DEFAULT_INET_DOWN_MBPS, Machine, Offer
 from gpumarket_simulator.rules import is_number
 from gpumarket_simulator.serverless import ENDPOINT_DEFAULTS
 from gpumarket_simulator.world import World
@@ -42,6 +43,7 @@ WORLD_FILE_KEYS = frozenset(
         "disk_price_per_gb_month",
         "list_limit",
         "bid_drift",
+        "market",
         "credit",
         "machines",
         "offers",
@@ -108,6 +110,8 @@ def build_world(seed: int, start_time: float, overrides: dict[str, Any] | None =
         for offer in parts["offers"]:
             machines.setdefault(offer.machine_id, Machine(id=offer.machine_id, host_id=offer.host_id))
         parts["machines"] = list(machines.values())
+        if parts["market"] is not None and "offers" not in changes:
+            _add_hosts(parts, seed, parts["market"])
     return World(seed=seed, **parts)
 
 
@@ -175,6 +179,9 @@ def _generate(seed: int, start_time: float) -> dict[str, Any]:
     for offer in offers:
         offer.inet_up_cost = round(inet.uniform(0.001, 0.02), 4)
         offer.inet_down_cost = round(inet.uniform(0.001, 0.02), 4)
+    speeds = random.Random(f"gpumarket-inet-down-{seed}")
+    for offer in offers:
+        offer.inet_down = draw_inet_down(speeds, *HostProfile().inet_down_mbps)
     parts: dict[str, Any] = {
         "start_time": start_time,
         "user_id": user_id,
@@ -184,6 +191,7 @@ def _generate(seed: int, start_time: float) -> dict[str, Any]:
         "list_limit": DEFAULT_LIST_LIMIT,
         "disk_price_per_gb_month": DEFAULT_DISK_PRICE_PER_GB_MONTH,
         "bid_drift": None,
+        "market": None,
         "credit": DEFAULT_CREDIT,
         "api_keys": [
             _api_key(1, user_id, "api", "default", None, None, None),
@@ -199,6 +207,47 @@ def _generate(seed: int, start_time: float) -> dict[str, Any]:
     parts["deployments"], parts["endpoints"] = _default_serverless(start_time)
     parts["pending_price_increases"] = _default_pending(rng, start_time, hosts)
     return parts
+
+
+#: Where the offers a market profile adds begin: machine ids, offer ids.
+EXTRA_MACHINE_BASE, EXTRA_OFFER_BASE = 20_000, 3_500_000
+
+
+def _add_hosts(parts: dict[str, Any], seed: int, profile: HostProfile) -> None:
+    """Give the generated market the profile's download speeds, and add its hosts of every kind to each GPU type."""
+    rng = random.Random(f"gpumarket-market-{seed}")
+    for offer in parts["offers"]:
+        offer.inet_down = draw_inet_down(rng, *profile.inet_down_mbps)
+    hosts = [60_000 + rng.randint(0, 9_999) for _ in range(16)]
+    for type_index, (gpu_name, gpu_ram, price, dlperf) in enumerate(GPU_TYPES):
+        for slot in range(profile.extra_offers_per_gpu_type):
+            i = type_index * 1000 + slot
+            kind = draw_host(rng, profile)
+            # Hosts that fail are priced lower, as a market's unreliable hosts are (the simulator's choice).
+            factor = rng.uniform(0.75, 1.1) if kind.flaky or kind.gpu_check == "fail" else rng.uniform(0.85, 1.4)
+            num_gpus = rng.choice((1, 1, 1, 2, 4))
+            dph = round(price * factor * num_gpus, 4)
+            machine = Machine(id=EXTRA_MACHINE_BASE + i, host_id=rng.choice(hosts), disk_gb=2000.0)
+            parts["machines"].append(machine)
+            parts["offers"].append(
+                Offer(
+                    id=EXTRA_OFFER_BASE + i,
+                    machine_id=machine.id,
+                    host_id=machine.host_id,
+                    num_gpus=num_gpus,
+                    gpu_name=gpu_name,
+                    gpu_ram=float(gpu_ram),
+                    dph_total=dph,
+                    reliability=kind.reliability,
+                    verified=rng.random() < 0.7,
+                    direct_port_count=rng.choice((0, 8, 32, 100)),
+                    dlperf_per_dphtotal=round(dlperf * num_gpus / dph, 2),
+                    inet_up_cost=round(rng.uniform(0.001, 0.02), 4),
+                    inet_down_cost=round(rng.uniform(0.001, 0.02), 4),
+                    inet_down=draw_inet_down(rng, *profile.inet_down_mbps),
+                    gpu_check=kind.gpu_check,
+                )
+            )
 
 
 def _slot(rng: random.Random, slot: int, type_index: int) -> tuple[int, float, float, bool, bool, str]:
@@ -399,6 +448,8 @@ def _convert(data: dict[str, Any], start_time: float) -> dict[str, Any]:
             out[key] = int(data[key])
     if "bid_drift" in data:
         out["bid_drift"] = parse_drift(data["bid_drift"])
+    if "market" in data:
+        out["market"] = parse_profile(data["market"])
     if "credit" in data:
         if not is_number(data["credit"]):
             raise ValueError(f"credit must be a finite number of dollars, got {data['credit']!r}")
@@ -422,6 +473,12 @@ def _convert(data: dict[str, Any], start_time: float) -> dict[str, Any]:
             fate = o.get("fate", "running")
             if fate not in FATES:
                 raise ValueError(f"offer {o.get('id')}: fate must be one of {', '.join(FATES)}")
+            gpu_check = o.get("gpu_check", "ok")
+            if gpu_check not in GPU_CHECKS:
+                raise ValueError(f"offer {o.get('id')}: gpu_check must be one of {', '.join(GPU_CHECKS)}")
+            inet_down = o.get("inet_down", DEFAULT_INET_DOWN_MBPS)
+            if not is_number(inet_down) or inet_down <= 0:
+                raise ValueError(f"offer {o.get('id')}: inet_down must be a number of Mbps > 0, got {inet_down!r}")
             offer_id = int(o["id"])
             machine_id = int(o.get("machine_id", offer_id))
             offers.append(
@@ -443,6 +500,8 @@ def _convert(data: dict[str, Any], start_time: float) -> dict[str, Any]:
                     competing_bid=_competing_bid(o),
                     inet_up_cost=float(o.get("inet_up_cost", DEFAULT_INET_COST_PER_GB)),
                     inet_down_cost=float(o.get("inet_down_cost", DEFAULT_INET_COST_PER_GB)),
+                    inet_down=float(inet_down),
+                    gpu_check=gpu_check,
                 )
             )
         out["offers"] = offers
