@@ -21,13 +21,17 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from gpumarket_simulator.instances import FAILED_STATUSES
+from gpumarket_simulator.instances import FAILED_STATUSES, Instance
+from gpumarket_simulator.offers import Machine, Offer
 from gpumarket_simulator.rules import is_number
 
 GPU_CHECKS = ("ok", "fail")
+#: A step of a bid instance's schedule: the market's outbid rate takes its machine.
+OUTBID = "outbid"
 #: What ``nvidia-smi`` prints on a host whose driver does not answer (the real tool's message, exit status 9).
 NVIDIA_SMI_NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -66,12 +70,22 @@ class HostProfile:
     def image_gb(self, image: str | None) -> float:
         return self.image_sizes_gb.get(image or "", self.default_image_gb)
 
-    def boot_seconds(self, rng: random.Random, image: str | None, inet_down: float) -> tuple[float, float]:
-        """(provisioning, total) seconds of a first boot on a host that downloads at ``inet_down`` Mbps."""
+    def boot_seconds(self, rng: random.Random, image: str | None, offer: Offer) -> tuple[float, float]:
+        """(provisioning, total) seconds of a first boot of ``image`` on the offer's host (its ``inet_down``, Mbps)."""
         provisioning = rng.uniform(*self.provision_seconds)
         gb = self.image_gb(image)
-        pull = gb * 8000.0 / max(inet_down * self.pull_efficiency, 1e-3)
+        pull = gb * 8000.0 / max(offer.inet_down * self.pull_efficiency, 1e-3)
         return provisioning, provisioning + pull + gb * self.extract_seconds_per_gb
+
+    def add_losses(self, rng: random.Random, inst: Instance, now: float, final: str | None) -> None:
+        """Add to a boot's schedule the loss of a job mid-way, and a bid's outbid, when they come."""
+        if final == "running" and inst.lost_after is not None:
+            inst.schedule.append((inst.schedule[-1][0] + inst.lost_after, inst.lost_status))
+        price = inst.config.get("price")
+        rate = 0.0 if price is None else self.outbid_rate_per_hour(price, inst.offer.dph_total, inst.offer.floor_bid)
+        if rate > 0:
+            inst.schedule.append((now + rng.expovariate(rate / 3600.0), OUTBID))
+            inst.schedule.sort(key=lambda step: step[0])
 
     def outbid_rate_per_hour(self, bid: float, dph_total: float, floor: float) -> float:
         if bid >= dph_total or dph_total <= floor:
@@ -205,6 +219,56 @@ def draw_attempt(rng: random.Random, profile: HostProfile, reliability: float) -
     if rng.random() < profile.lost_mid_job_share:
         return Attempt("running", rng.expovariate(1.0 / profile.lost_after_seconds), status)
     return Attempt(status)
+
+
+#: Where the offers a market profile adds begin: machine ids, offer ids.
+EXTRA_MACHINE_BASE, EXTRA_OFFER_BASE = 20_000, 3_500_000
+
+
+def add_hosts(
+    machines: list[Machine],
+    offers: list[Offer],
+    gpu_types: Sequence[tuple[str, int, float, float]],
+    seed: int,
+    profile: HostProfile,
+) -> None:
+    """Give a generated market the profile's download speeds, and add its hosts of every kind to each GPU type.
+
+    ``gpu_types``: (name, gpu_ram in MB, base price per GPU-hour, deep-learning performance per GPU).
+    """
+    rng = random.Random(f"gpumarket-market-{seed}")
+    for offer in offers:
+        offer.inet_down = draw_inet_down(rng, *profile.inet_down_mbps)
+    hosts = [60_000 + rng.randint(0, 9_999) for _ in range(16)]
+    for type_index, (gpu_name, gpu_ram, price, dlperf) in enumerate(gpu_types):
+        for slot in range(profile.extra_offers_per_gpu_type):
+            i = type_index * 1000 + slot
+            kind = draw_host(rng, profile)
+            # Hosts that fail are priced lower, as a market's unreliable hosts are (the simulator's choice).
+            factor = rng.uniform(0.75, 1.1) if kind.flaky or kind.gpu_check == "fail" else rng.uniform(0.85, 1.4)
+            num_gpus = rng.choice((1, 1, 1, 2, 4))
+            dph = round(price * factor * num_gpus, 4)
+            machine = Machine(id=EXTRA_MACHINE_BASE + i, host_id=rng.choice(hosts), disk_gb=2000.0)
+            machines.append(machine)
+            offers.append(
+                Offer(
+                    id=EXTRA_OFFER_BASE + i,
+                    machine_id=machine.id,
+                    host_id=machine.host_id,
+                    num_gpus=num_gpus,
+                    gpu_name=gpu_name,
+                    gpu_ram=float(gpu_ram),
+                    dph_total=dph,
+                    reliability=kind.reliability,
+                    verified=rng.random() < 0.7,
+                    direct_port_count=rng.choice((0, 8, 32, 100)),
+                    dlperf_per_dphtotal=round(dlperf * num_gpus / dph, 2),
+                    inet_up_cost=round(rng.uniform(0.001, 0.02), 4),
+                    inet_down_cost=round(rng.uniform(0.001, 0.02), 4),
+                    inet_down=draw_inet_down(rng, *profile.inet_down_mbps),
+                    gpu_check=kind.gpu_check,
+                )
+            )
 
 
 def nvidia_smi_script(gpu_name: str, num_gpus: int, works: bool) -> str:

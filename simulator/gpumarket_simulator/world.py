@@ -24,13 +24,14 @@ from gpumarket_simulator.billing import (
     dollars,
 )
 from gpumarket_simulator.errors import ApiError
-from gpumarket_simulator.hosts import HostProfile, draw_attempt, profile_view
+from gpumarket_simulator.hosts import OUTBID, HostProfile, draw_attempt
 from gpumarket_simulator.instance_rules import DIRECT_RUNTYPES
 from gpumarket_simulator.instances import FAILED_STATUSES, FATES, FORCEABLE_STATUSES, Instance, bid_loses
 from gpumarket_simulator.offers import Machine, Offer
 from gpumarket_simulator.price_increases import PendingPriceIncreases
 from gpumarket_simulator.rules import SearchQuery, is_number, offer_matches
 from gpumarket_simulator.serverless import Serverless
+from gpumarket_simulator.snapshot import world_state
 from gpumarket_simulator.templates import configure
 from gpumarket_simulator.two_factor import TwoFactor
 from gpumarket_simulator.volume_listings import VolumeListings
@@ -40,8 +41,6 @@ SECONDS_PER_MONTH = 30 * 86400
 BOOT_SECONDS = (60.0, 300.0)
 #: A step of an instance's schedule that is no status: an outbid instance's bid wins again (see ``World.outbid``).
 RESUME = "resume"
-#: A step of a bid instance's schedule: the market's outbid rate takes its machine (see hosts.py).
-OUTBID = "outbid"
 #: A restart finds the image already on the host, so it only goes through a (shorter) loading phase.
 RESTART_LOADING_SECONDS = (20.0, 120.0)
 
@@ -289,31 +288,19 @@ class World:
 
     def _schedule_boot(self, inst: Instance, now: float, *, full: bool) -> None:
         final = self._final_status(inst)
-        if full and self.profile is not None:
-            provisioning, total = self.profile.boot_seconds(
-                self.host_rng, inst.config.get("image"), inst.offer.inet_down
-            )
-            self._set_status(inst, None, now)
-            inst.schedule = [(now + provisioning, "loading"), (now + total, final)]
-        elif full:
-            total = self.rng.uniform(*BOOT_SECONDS)
-            provisioning = total * self.rng.uniform(0.2, 0.4)
+        if full:
+            if self.profile is not None:
+                provisioning, total = self.profile.boot_seconds(self.host_rng, inst.config.get("image"), inst.offer)
+            else:
+                total = self.rng.uniform(*BOOT_SECONDS)
+                provisioning = total * self.rng.uniform(0.2, 0.4)
             self._set_status(inst, None, now)
             inst.schedule = [(now + provisioning, "loading"), (now + total, final)]
         else:
             self._set_status(inst, "loading", now)
             inst.schedule = [(now + self.rng.uniform(*RESTART_LOADING_SECONDS), final)]
-        if self.profile is None:
-            return
-        running_at = inst.schedule[-1][0]
-        if final == "running" and inst.lost_after is not None:
-            inst.schedule.append((running_at + inst.lost_after, inst.lost_status))
-        price = inst.config.get("price")
-        if price is not None:
-            rate = self.profile.outbid_rate_per_hour(price, inst.offer.dph_total, inst.offer.floor_bid)
-            if rate > 0:
-                inst.schedule.append((now + self.host_rng.expovariate(rate / 3600.0), OUTBID))
-                inst.schedule.sort(key=lambda step: step[0])
+        if self.profile is not None:
+            self.profile.add_losses(self.host_rng, inst, now, final)
 
     # --- offers ---------------------------------------------------------------------------------------------
     def offer_view(self, offer: Offer) -> dict[str, Any]:
@@ -553,33 +540,4 @@ class World:
                     self._set_status(inst, "offline", now)
 
     def state(self, now: float) -> dict[str, Any]:
-        return {
-            "now": now,
-            "seed": self.seed,
-            "start_time": self.start_time,
-            "user_id": self.user_id,
-            "disk_price_per_gb_month": self.disk_price_per_gb_month,
-            "list_limit": self.list_limit,
-            "account": self.account.view(),
-            "machines": [m.view() for m in self.machines.values()],
-            "offers": [
-                {
-                    **self.offer_view(o),
-                    "fate": o.fate,
-                    "rented_by": o.rented_by,
-                    "competing_bid": o.competing_bid,
-                    "gpu_check": o.gpu_check,
-                }
-                for o in self.offers.values()
-            ],
-            "bid_drift": None if self.bids.drift is None else self.bids.drift.view(),
-            "market": profile_view(self.profile),
-            "templates": [dict(t) for t in self.templates.values()],
-            "instances": [i.admin_view() for i in self.instances.values()],
-            "volume_asks": self.volume_listings.view(),
-            **self.serverless.view(),
-            "pending_price_increases": [dict(p) for p in self.price_increases.records],
-            "api_keys": [dict(k) for k in self.api_keys],
-            "cloud_integrations": [dict(c) for c in self.cloud_integrations],
-            "tfa": self.two_factor.view(now),
-        }
+        return world_state(self, now)

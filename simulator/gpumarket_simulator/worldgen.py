@@ -13,7 +13,7 @@ from typing import Any
 from gpumarket_simulator.bidding import parse_drift
 from gpumarket_simulator.billing import DEFAULT_CREDIT
 from gpumarket_simulator.errors import ApiError
-from gpumarket_simulator.hosts import GPU_CHECKS, HostProfile, draw_host, draw_inet_down, parse_profile
+from gpumarket_simulator.hosts import GPU_CHECKS, HostProfile, add_hosts, draw_inet_down, parse_profile
 from gpumarket_simulator.instance_rules import parse_template_env
 from gpumarket_simulator.instances import FATES
 from gpumarket_simulator.offers import DEFAULT_INET_COST_PER_GB, DEFAULT_INET_DOWN_MBPS, Machine, Offer
@@ -111,7 +111,7 @@ def build_world(seed: int, start_time: float, overrides: dict[str, Any] | None =
             machines.setdefault(offer.machine_id, Machine(id=offer.machine_id, host_id=offer.host_id))
         parts["machines"] = list(machines.values())
         if parts["market"] is not None and "offers" not in changes:
-            _add_hosts(parts, seed, parts["market"])
+            add_hosts(parts["machines"], parts["offers"], GPU_TYPES, seed, parts["market"])
     return World(seed=seed, **parts)
 
 
@@ -207,47 +207,6 @@ def _generate(seed: int, start_time: float) -> dict[str, Any]:
     parts["deployments"], parts["endpoints"] = _default_serverless(start_time)
     parts["pending_price_increases"] = _default_pending(rng, start_time, hosts)
     return parts
-
-
-#: Where the offers a market profile adds begin: machine ids, offer ids.
-EXTRA_MACHINE_BASE, EXTRA_OFFER_BASE = 20_000, 3_500_000
-
-
-def _add_hosts(parts: dict[str, Any], seed: int, profile: HostProfile) -> None:
-    """Give the generated market the profile's download speeds, and add its hosts of every kind to each GPU type."""
-    rng = random.Random(f"gpumarket-market-{seed}")
-    for offer in parts["offers"]:
-        offer.inet_down = draw_inet_down(rng, *profile.inet_down_mbps)
-    hosts = [60_000 + rng.randint(0, 9_999) for _ in range(16)]
-    for type_index, (gpu_name, gpu_ram, price, dlperf) in enumerate(GPU_TYPES):
-        for slot in range(profile.extra_offers_per_gpu_type):
-            i = type_index * 1000 + slot
-            kind = draw_host(rng, profile)
-            # Hosts that fail are priced lower, as a market's unreliable hosts are (the simulator's choice).
-            factor = rng.uniform(0.75, 1.1) if kind.flaky or kind.gpu_check == "fail" else rng.uniform(0.85, 1.4)
-            num_gpus = rng.choice((1, 1, 1, 2, 4))
-            dph = round(price * factor * num_gpus, 4)
-            machine = Machine(id=EXTRA_MACHINE_BASE + i, host_id=rng.choice(hosts), disk_gb=2000.0)
-            parts["machines"].append(machine)
-            parts["offers"].append(
-                Offer(
-                    id=EXTRA_OFFER_BASE + i,
-                    machine_id=machine.id,
-                    host_id=machine.host_id,
-                    num_gpus=num_gpus,
-                    gpu_name=gpu_name,
-                    gpu_ram=float(gpu_ram),
-                    dph_total=dph,
-                    reliability=kind.reliability,
-                    verified=rng.random() < 0.7,
-                    direct_port_count=rng.choice((0, 8, 32, 100)),
-                    dlperf_per_dphtotal=round(dlperf * num_gpus / dph, 2),
-                    inet_up_cost=round(rng.uniform(0.001, 0.02), 4),
-                    inet_down_cost=round(rng.uniform(0.001, 0.02), 4),
-                    inet_down=draw_inet_down(rng, *profile.inet_down_mbps),
-                    gpu_check=kind.gpu_check,
-                )
-            )
 
 
 def _slot(rng: random.Random, slot: int, type_index: int) -> tuple[int, float, float, bool, bool, str]:
