@@ -5,8 +5,9 @@ Each run rents N jobs of mixed lengths (10 minutes to 3 hours, log-uniform; one 
 a minute at a time (search, choose, create, one instance list per minute, destroy; no Airflow operator). Two ways
 to rent are compared on the same market and the same jobs:
 
-- ``cheapest``: today's provider: the cheapest matching offer; a host that fails is rented again if it is the
-  cheapest; a job on a host whose GPU check fails starts, crashes (``CRASH_SECONDS`` in) and is rented again.
+- ``cheapest``: today's provider: the cheapest matching offer but the machines this job already lost (a try's
+  ``lost_machines``); other jobs rent a failed host again; a job on a host whose GPU check fails starts, crashes
+  (``CRASH_SECONDS`` in) and is rented again.
 - ``expected``: ``offer_cost.rank_offers`` with host memory (``host_memory``, on an SQLite file, on the
   simulator's clock) and the wrapper's GPU preflight: a host that fails its GPU check is destroyed at once
   (``PREFLIGHT_SECONDS``) and remembered, as is every host that fails to boot within ``BOOT_TIMEOUT`` or loses
@@ -55,6 +56,7 @@ class Job:
     created_at: float = 0.0
     running_at: float | None = None
     done_at: float | None = None
+    lost: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -94,6 +96,8 @@ def run(preset: str, strategy: str, n: int, seed: int) -> Outcome:
             hook.destroy_instance(job.instance)
             outcome.failed += 1
             outcome.failed_instances.add(job.instance)
+            if job.machine is not None:
+                job.lost.add(job.machine)
             if strategy == "expected" and reason is not None and job.machine is not None:
                 memory.remember(job.machine, reason)
             job.instance, job.machine, job.running_at = None, None, None
@@ -104,11 +108,14 @@ def run(preset: str, strategy: str, n: int, seed: int) -> Outcome:
                 job = queue[0]
                 offers = hook.search_offers({"gpu_name": {"eq": GPU}, "num_gpus": {"eq": 1}}, limit=100)
                 if strategy == "cheapest":
-                    chosen = min(offers, key=lambda o: o["dph_total"], default=None)
+                    fresh = [o for o in offers if o["machine_id"] not in job.lost]
+                    chosen = min(fresh, key=lambda o: o["dph_total"], default=None)
                 else:
                     model = offer_cost.CostModel(job.runtime, image_size_gb=IMAGE_GB, disk_gb=DISK_GB)
                     ranked = offer_cost.rank_offers(offers, model, memory.avoided())
                     chosen = ranked[0].offer if ranked and not math.isinf(ranked[0].expected) else None
+                if chosen is None and not any(j.instance for j in active):
+                    job.lost.clear()  # nothing else will free up: the job's try starts over
                 if chosen is None:
                     break  # every offer is taken or avoided: wait a minute
                 made = hook.create_instance(chosen["id"], image=IMAGE, disk=DISK_GB, label=f"bench-{job.index}")

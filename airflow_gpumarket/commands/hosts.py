@@ -29,8 +29,7 @@ def hosts(args: Any) -> int:
         print("No machine is avoided: no rental of this account failed on a host lately.")
         return EXIT_OK
     rows = [
-        (m.machine_id, m.reason, m.failures, _when(m.remembered_at), _when(m.expires_at), m.detail[:80])
-        for m in found
+        (m.machine_id, m.reason, m.failures, _when(m.remembered_at), _when(m.expires_at), m.detail[:80]) for m in found
     ]
     print(table(("MACHINE", "REASON", "FAILURES", "SINCE", "UNTIL", "DETAIL"), rows))
     return EXIT_OK
