@@ -20,10 +20,13 @@ from airflow_gpumarket._compat import AirflowException, DecoratedOperator, task_
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
-from airflow_gpumarket.utils import is_templated, resolved_at_run_time
+from airflow_gpumarket.utils import RunTimeModule, is_templated, resolved_at_run_time
 
 if TYPE_CHECKING:
+    from airflow_gpumarket import assets, metrics
     from airflow_gpumarket.job_script import WrapperStaging
+else:  # what only a running task needs
+    assets, metrics = RunTimeModule("airflow_gpumarket.assets"), RunTimeModule("airflow_gpumarket.metrics")
 
 #: Lines of the job's log read for the return value (the marker line comes after everything the function printed).
 RESULT_TAIL_LINES = 100
@@ -159,6 +162,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             status = event.get("exit_status")  # what the wait's final read saw
         found, value = python_job.read_result(text, self._rental_key(context))
         if status == 0 and found:
+            metrics.rental_ended(metrics.SUCCEEDED)
             self._end(rental, succeeded=True)
             summary = self._summary(rental, event.get("actual_status"))
             self.log.info(
@@ -169,6 +173,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
                 summary["estimated_cost"],
                 rental.hourly,
             )
+            assets.annotate_outlet_events(context, summary)
             return value
         if text:
             shown = [line for line in lines if not python_job.is_marker_line(line)]

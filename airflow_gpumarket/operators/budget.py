@@ -13,7 +13,7 @@ import secrets
 import time
 from typing import Any
 
-from airflow_gpumarket import budgets, ledger
+from airflow_gpumarket import budgets, ledger, metrics
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
@@ -162,6 +162,7 @@ def settle_ended(hook: Any, conn_id: str, instance_id: int, log: Any) -> None:
         log.warning("Could not settle the budget reservation of instance %s: %s", instance_id, exc)
         return
     if cost is not None:
+        metrics.budget_settled(cost)
         log.info("Instance %s ended; its budget reservation is settled at $%.4f", instance_id, cost)
 
 
@@ -243,6 +244,7 @@ class Budget:
             self._without_ledger(exc, worst, available)
             return
         self.reservation_id = reservation.id
+        metrics.budget_reserved(worst.amount)
         for warning in reservation.warnings:
             self.log.warning("%s", warning)
         self.log.info(
