@@ -148,6 +148,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
         kind = lifecycle.event_kind(event)
         if lifecycle.destroyed_itself(event):  # stopped after success, so gone means someone destroyed it
             self._held().forget(rental.instance_id)
+            metrics.rental_ended(metrics.LOST)
             raise AirflowException(
                 f"instance {rental.instance_id} was destroyed before the function's return value was read from its "
                 "log (by hand, or by the reaper after its lease ran out); the value is lost"
@@ -181,6 +182,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
         event.update({"status": lifecycle.EventKind.JOB_FAILED.value, "exit_status": status})
         if status == 0:
             self._held().destroy(rental.instance_id)
+            metrics.rental_ended(metrics.JOB_FAILED)
             raise AirflowException(
                 f"{self._name} returned on instance {rental.instance_id}, but its return value could not be read "
                 "from the instance's log; the instance is destroyed"

@@ -78,6 +78,7 @@ def destroy_rentals_on_failure(context: Any) -> None:
 
     def destroy(instance_id: int) -> None:
         hook.destroy_instance(instance_id)
+        metrics.rental_ended(metrics.TASK_FAILED)
         settle_ended(hook, getattr(hook, "gpumarket_conn_id", ""), instance_id, log)
 
     destroy_rentals(hook, key, log, "The task failed", destroy=destroy)
