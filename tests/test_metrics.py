@@ -117,3 +117,20 @@ def test_a_hook_that_meets_a_429_counts_it_once_per_answer(stats, requests_mock,
     )
     GpuMarketHook().get_instance(7)
     assert stats.names() == ["gpumarket.api.rate_limited.get_instance"] * 2
+
+
+def test_a_triggerer_sends_through_the_copy_of_stats_it_set_up(monkeypatch):
+    """On Airflow 3 the task SDK and the scheduler's side each keep a metrics module; a triggerer sets up only the
+    latter, so a trigger's 429s go there rather than to the SDK's unconfigured copy."""
+    from importlib.metadata import version
+
+    if version("apache-airflow").startswith("2."):
+        pytest.skip("Airflow 2.11 has one metrics module")
+    import airflow._shared.observability.metrics.stats as core
+    import airflow.sdk._shared.observability.metrics.stats as sdk
+
+    monkeypatch.setattr(sdk, "_factory", None)
+    monkeypatch.setattr(core, "_factory", object)
+    assert metrics._stats().incr.__module__ == core.__name__
+    monkeypatch.setattr(sdk, "_factory", object)  # a task process: the SDK's copy
+    assert metrics._stats().incr.__module__ == sdk.__name__
