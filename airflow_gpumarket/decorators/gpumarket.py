@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import job_logs, lifecycle, python_job
 from airflow_gpumarket._compat import AirflowException, DecoratedOperator, task_decorator_factory
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
+from airflow_gpumarket.operators import cost
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.utils import RunTimeModule, is_templated, resolved_at_run_time
@@ -167,11 +168,11 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             self._end(rental, succeeded=True)
             summary = self._summary(rental, event.get("actual_status"))
             self.log.info(
-                "%s returned on instance %s after %s; cost about $%s (at $%s/h, disk included)",
+                "%s returned on instance %s after %s; cost %s (at $%s/h, disk included)",
                 self._name,
                 rental.instance_id,
                 lifecycle.format_duration(summary["elapsed_seconds"]),
-                summary["estimated_cost"],
+                cost.text(summary["cost"], summary["cost_kind"]),
                 rental.hourly,
             )
             assets.annotate_outlet_events(context, summary)

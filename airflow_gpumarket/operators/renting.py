@@ -22,6 +22,7 @@ from airflow_gpumarket.exceptions import (
     GpuMarketOfferUnavailableError,
     GpuMarketValidationError,
 )
+from airflow_gpumarket.operators import cost
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer, GpuMarketPreemptedTooOften
 from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
@@ -495,6 +496,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 raise AirflowException(f"Cannot resume waiting for instance {instance_id}: {exc}") from None
             if rental.instance_id != instance_id:
                 raise AirflowException(f"Unexpected trigger event for instance {rental.instance_id}: {event!r}")
+            guard.resumed(rental)
             rental.relabel(event.get("label"))  # the trigger's renewals came later
             if guard.recorder is not None:
                 guard.recorder.start(rental, write=False, handed_over=self._hands_over_its_instance)
@@ -698,6 +700,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             machine_id=offer.get("machine_id"),
             attempts=attempts,
             disk_hourly=budgets.storage_hourly(self._disk_gb(), offer.get("storage_cost")),
+            recorded_at=cost_start,  # its bill counts from here, on the service's clock, as its reservation's does
         )
         if guard.recorder is not None:
             guard.recorder.start(rental, handed_over=self._hands_over_its_instance)
@@ -753,7 +756,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         price = self._reserved_price(rental.dph_total, rental.bid)
         if self.max_cost is not None and price is not None:
             hourly = price + rental.disk_hourly
-            start = self._billed_from(rental)
+            start = rental.billed_from
             cost_deadline = budgets.cost_deadline(start=start, hourly=hourly, max_cost=self.max_cost)
         return lifecycle.Watch(
             wait_for=lifecycle.WAIT_JOB if job else lifecycle.WAIT_STATUS,
@@ -766,17 +769,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             cost_deadline=cost_deadline,
             running_since=time.time() if rental.staged else None,  # it ran: a stop is its job's end, not a boot's
         )
-
-    @staticmethod
-    def _billed_from(rental: lifecycle.Rental) -> float:
-        """When the rental's bill starts, on the service's clock when the record knows it (as the service bills)."""
-        return rental.recorded_at if rental.recorded_at is not None else rental.created_at
-
-    def _cost_text(self, rental: lifecycle.Rental) -> str:
-        """The rental's cost so far, for a message: what it bills per hour since it began, on the service's clock."""
-        hourly = rental.hourly or 0.0
-        seconds = max(0.0, self.hook.service_now() - self._billed_from(rental))
-        return f"its cost so far is about ${hourly * seconds / 3600:.4f} (${hourly:g}/h for {seconds / 60:.1f} min)"
 
     def _credit_ran_out(self) -> float | None:
         """The account's credit when it is $0 or less (the service then stops every instance), else None."""
@@ -869,12 +861,13 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             rental.running_at, rental.stopped_at, rental.read_at = wait.running_at, wait.stopped_at, wait.read_at
             if first_running and guard.recorder is not None:
                 guard.recorder.running(rental)
+            service_now = self.hook.service_now()
             self.log.info(
-                "Instance %s: %s after %s, cost so far about $%s",
+                "Instance %s: %s after %s, cost so far %s",
                 instance_id,
                 watch.shown,
-                lifecycle.format_duration(rental.elapsed(now)),
-                lifecycle.estimated_cost(rental.hourly, rental.elapsed(now)),
+                lifecycle.format_duration(service_now - rental.billed_from),
+                cost.text(rental.cost_until(service_now), cost.ESTIMATED),
             )
             if event is not None:
                 return event
@@ -1039,7 +1032,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         raise NotImplementedError
 
     def _summary(self, rental: lifecycle.Rental, status: str | None) -> dict[str, Any]:
-        elapsed = rental.elapsed(time.time())
+        """What the task returns of its rental; times and costs on the service's clock, up to its end if it ended."""
+        end = rental.ended_at if rental.ended_at is not None else self.hook.service_now()
+        estimate = rental.cost_until(end, digits=6)
         return {
             "instance_id": rental.instance_id,
             "offer_id": rental.offer_id,
@@ -1049,6 +1044,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             "label": rental.label,
             "actual_status": status,
             "ssh_host": rental.ssh_host,
-            "elapsed_seconds": round(elapsed, 3),
-            "estimated_cost": lifecycle.estimated_cost(rental.hourly, elapsed),
+            "elapsed_seconds": round(max(0.0, end - rental.billed_from), 3),
+            "estimated_cost": estimate,
+            "cost": estimate if rental.cost is None else rental.cost,
+            "cost_kind": rental.cost_kind or cost.ESTIMATED,
         }

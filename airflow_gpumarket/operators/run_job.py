@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.operators import cost
 from airflow_gpumarket.operators.failures import (
     GpuMarketBudgetExceeded,
     GpuMarketJobFailed,
@@ -119,19 +120,19 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         summary = self._summary(rental, event.get("actual_status"))
         summary["job_status"] = "succeeded" if succeeded else "failed"
         self.log.info(
-            "Job on instance %s %s after %s; cost about $%s (at $%s/h, disk included)",
+            "Job on instance %s %s after %s; cost %s (at $%s/h, disk included)",
             rental.instance_id,
             summary["job_status"],
             lifecycle.format_duration(summary["elapsed_seconds"]),
-            summary["estimated_cost"],
+            cost.text(summary["cost"], summary["cost_kind"]),
             rental.hourly,
         )
         if not succeeded:
             if event.get("limit") == lifecycle.MAX_COST:
                 raise GpuMarketBudgetExceeded(
                     f"The job on instance {rental.instance_id} reached max_cost=${self.max_cost:g}: "
-                    f"{self._cost_text(rental)}. Its log was read and the instance destroyed; raise max_cost, or make "
-                    "the job shorter."
+                    f"it cost {cost.text(summary['cost'], summary['cost_kind'])} (at ${rental.hourly:g}/h, disk "
+                    "included). Its log was read and the instance destroyed; raise max_cost, or make the job shorter."
                 )
             sentence = lifecycle.describe_event(event, rental.instance_id)
             if event.get("exit_status") is None and (credit := self._credit_ran_out()) is not None:
