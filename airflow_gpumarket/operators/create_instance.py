@@ -12,9 +12,9 @@ from airflow_gpumarket.operators.renting import GpuMarketRentingBaseOperator
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import lifecycle
+    from airflow_gpumarket import lifecycle, metrics
 else:  # what only a running task needs: not imported when a DAG file is parsed
-    lifecycle = RunTimeModule("airflow_gpumarket.lifecycle")
+    lifecycle, metrics = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.metrics")
 
 
 class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
@@ -59,4 +59,5 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
         self._drop_source(rental)
         if self._guard is not None:
             self._guard.release()  # handed over to the DAG (and its teardown): no longer this task's to destroy
+        metrics.rental_ended(metrics.HANDED_OVER)
         return summary

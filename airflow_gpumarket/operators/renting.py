@@ -36,7 +36,7 @@ from airflow_gpumarket.utils import (
 )
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import budgets, job_logs, lifecycle, staging, waiting
+    from airflow_gpumarket import budgets, job_logs, lifecycle, metrics, staging, waiting
     from airflow_gpumarket.job_script import WrapperStaging
     from airflow_gpumarket.operators.budget import Budget
     from airflow_gpumarket.operators.stager import Stager
@@ -45,6 +45,7 @@ else:  # what only a running task needs: not imported when a DAG file is parsed
     waiting = RunTimeModule("airflow_gpumarket.waiting")
     staging = RunTimeModule("airflow_gpumarket.staging")
     budgets = RunTimeModule("airflow_gpumarket.budgets")
+    metrics = RunTimeModule("airflow_gpumarket.metrics")
 
 #: A job's whole lease runs this long past its boot and run time limits.
 JOB_LEASE_MARGIN_SECONDS = 15 * 60
@@ -511,6 +512,12 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             job_logs.show_held(event, self.log)
             return self._run(context, rental, event)
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Datasets and the rental of this try, for the OpenLineage provider (``airflow_gpumarket.lineage``)."""
+        from airflow_gpumarket.lineage import facets_on_complete
+
+        return facets_on_complete(self, self._guard, self._stager)
+
     def on_kill(self) -> None:
         """SIGTERM or execution_timeout: destroy what this try holds now."""
         if self._guard is not None:
@@ -572,12 +579,14 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             kind = lifecycle.event_kind(event)
             if kind is lifecycle.EventKind.TIMEOUT and self._execution_timeout_is_binding(context, rental, event):
                 guard.destroy(rental.instance_id)
+                metrics.rental_ended(metrics.TIMED_OUT)
                 raise AirflowTaskTimeout(lifecycle.with_job_detail(self._timed_out(rental.instance_id), event))
             if kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT):
                 sentence = lifecycle.describe_event(event, rental.instance_id)
                 self.log.warning("Failover: %s", sentence)
                 self._log_daemon_tail(rental.instance_id)
                 guard.destroy(rental.instance_id)
+                metrics.rental_ended(metrics.NEVER_RAN, failover=True)
                 rental.give_up(sentence)
                 rental, event, watch = None, None, None
                 continue
@@ -675,6 +684,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         # thread) may destroy the instance meanwhile, and the guard then forgets it.
         instance_id = guard.instance_id = int(result["new_contract"])
         budget.created(instance_id)
+        metrics.rental_started(interruptible=bid is not None)
         self.log.info("Created instance %s on offer %s", instance_id, offer["id"])
         rental = lifecycle.Rental(
             instance_id=instance_id,
@@ -893,6 +903,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         waited = bool(event.get("waited"))  # the wait for the bid ran out: that preemption was counted already
         if not waited:
             attempts.count_preemption()
+            metrics.preempted()
         instance = self._read_preempted(rental.instance_id)
         self.log.warning("Preemption %d of at most %d: %s", attempts.preemptions, policy.max_preemptions, sentence)
         won_back = (
@@ -921,6 +932,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         if step is bidding.Next.FAIL or stager is None or not stager.keep_source(rental):
             guard.destroy(rental.instance_id)  # answered, or the task fails here: never two alive at once
         attempts.lose_machine(rental.machine_id, sentence)
+        metrics.rental_ended(metrics.PREEMPTED, failover=step is not bidding.Next.FAIL)
         if step is bidding.Next.FAIL:
             raise GpuMarketPreemptedTooOften(
                 f"The job was preempted {attempts.preemptions} times, more than max_preemptions="

@@ -18,9 +18,10 @@ from airflow_gpumarket.operators.renting import KEEPALIVE_POLLS, GpuMarketRentin
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import lifecycle
+    from airflow_gpumarket import assets, lifecycle, metrics
 else:  # what only a running task needs: not imported when a DAG file is parsed
     lifecycle = RunTimeModule("airflow_gpumarket.lifecycle")
+    assets, metrics = RunTimeModule("airflow_gpumarket.assets"), RunTimeModule("airflow_gpumarket.metrics")
 
 
 class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
@@ -106,6 +107,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         assert event is not None and self._guard is not None  # a job is always waited for
         succeeded = lifecycle.event_kind(event) is lifecycle.EventKind.JOB_SUCCEEDED
         not_started = self._staging_gave_up(event)
+        metrics.rental_ended(metrics.outcome(event))
         if succeeded and lifecycle.destroyed_itself(event):
             self._guard.forget(rental.instance_id)  # a 404 proved it: billing has ended
             if self._stops_on_success():  # the wrapper stops after exit 0 here: somebody else destroyed it
@@ -146,6 +148,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                     )
                 raise GpuMarketJobFailed(sentence, exit_status=event.get("exit_status"))
             raise AirflowException(sentence)
+        assets.annotate_outlet_events(context, summary)
         return summary
 
     def _staging_gave_up(self, event: dict[str, Any]) -> bool:
