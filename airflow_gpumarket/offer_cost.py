@@ -6,8 +6,10 @@ For each offer, from the fields a search returns and nothing else:
   extraction (the simulator's market model, ``gpumarket_simulator.hosts``, uses the same terms);
 - one attempt that succeeds: ``dph_total`` × (boot + expected runtime), plus the disk at ``storage_cost``
   ($/GB/month) over that time, plus the data moved in and out at ``inet_down_cost`` and ``inet_up_cost`` ($/GB);
-- the risk of failing: with probability 1 − ``reliability`` the attempt fails, costing what it billed until the
-  failure was noticed (its boot, and for ``mid_job_share`` of failures half the runtime) and then a new attempt.
+  with ``boot_billed=False`` (a market that bills compute from running on) the boot costs only its disk;
+- the risk of failing: with probability 1 − ``reliability`` the attempt fails and what it billed until the
+  failure was noticed is lost (its boot, and for ``mid_job_share`` of failures half the runtime); the attempt that
+  then finishes the job costs about what this one would have (the failed host is in host memory by then).
 
 Machines in host memory (``avoided``) are not chosen. The arguments' checks (``check_*``) are for an operator to
 call when it is built: they raise ``GpuMarketValidationError`` naming the field. This module imports only the
@@ -53,6 +55,7 @@ class CostModel:
     pull_efficiency: float = 0.5
     extract_seconds_per_gb: float = 10.0
     mid_job_share: float = 0.3
+    boot_billed: bool = True
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class OfferCost:
     disk: float
     transfer: float
     failure_probability: float
-    failure: float
+    failure: float  # what a failed attempt bills before it is noticed
     avoided_reason: str | None = None
 
     @property
@@ -112,7 +115,7 @@ def offer_cost(offer: Mapping[str, Any], model: CostModel, avoided_reason: str |
     hourly = _num(offer.get("dph_total"))
     boot = boot_seconds(offer, model)
     billed = boot + model.expected_runtime
-    compute = hourly * billed / 3600.0
+    compute = hourly * (billed if model.boot_billed else model.expected_runtime) / 3600.0
     disk_rate = _num(offer.get("storage_cost")) * model.disk_gb / SECONDS_PER_MONTH
     disk = disk_rate * billed
     transfer = model.transfer_in_gb * _num(offer.get("inet_down_cost")) + model.transfer_out_gb * _num(
@@ -120,8 +123,8 @@ def offer_cost(offer: Mapping[str, Any], model: CostModel, avoided_reason: str |
     )
     attempt = compute + disk + transfer
     p = min(MAX_FAILURE_PROBABILITY, max(0.0, 1.0 - _num(offer.get("reliability"), 1.0)))
-    wasted = boot + model.mid_job_share * model.expected_runtime / 2.0
-    failure = (hourly / 3600.0 + disk_rate) * wasted + attempt
+    mid_job = model.mid_job_share * model.expected_runtime / 2.0
+    failure = hourly / 3600.0 * (mid_job + (boot if model.boot_billed else 0.0)) + disk_rate * (boot + mid_job)
     expected = attempt + p * failure
     if avoided_reason is not None:
         expected = math.inf

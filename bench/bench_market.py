@@ -111,7 +111,10 @@ def run(preset: str, strategy: str, n: int, seed: int) -> Outcome:
                     fresh = [o for o in offers if o["machine_id"] not in job.lost]
                     chosen = min(fresh, key=lambda o: o["dph_total"], default=None)
                 else:
-                    model = offer_cost.CostModel(job.runtime, image_size_gb=IMAGE_GB, disk_gb=DISK_GB)
+                    # The simulator bills compute from running on: a boot costs its disk and the time it takes.
+                    model = offer_cost.CostModel(
+                        job.runtime, image_size_gb=IMAGE_GB, disk_gb=DISK_GB, boot_billed=False
+                    )
                     ranked = offer_cost.rank_offers(offers, model, memory.avoided())
                     chosen = ranked[0].offer if ranked and not math.isinf(ranked[0].expected) else None
                 if chosen is None and not any(j.instance for j in active):

@@ -40,7 +40,9 @@ def offer(offer_id: int, dph: float, reliability: float = 0.99, inet_down: float
         # a 20 GB image on a 20 Mbps host boots for hours: the faster host wins a one-hour job
         ([offer(1, 0.40, inet_down=1000), offer(2, 0.35, inet_down=20)], CostModel(HOUR, image_size_gb=20), 1, "boot"),
         # a flaky host fails half the time
-        ([offer(1, 0.40, 0.99), offer(2, 0.35, 0.5)], CostModel(4 * HOUR), 1, "fails 50.0%"),
+        ([offer(1, 0.40, 0.99), offer(2, 0.38, 0.5)], CostModel(4 * HOUR), 1, "fails 50.0%"),
+        # ... unless it is cheap enough to make up for what its failures waste
+        ([offer(1, 0.40, 0.99), offer(2, 0.30, 0.5)], CostModel(4 * HOUR), 2, "also"),
         # a long job makes the lower price matter more than the boot
         ([offer(1, 0.40, inet_down=1000), offer(2, 0.30, inet_down=200)], CostModel(24 * HOUR), 2, "also"),
         # data moved in at a dear bandwidth price
@@ -67,7 +69,16 @@ def test_the_parts_add_up_to_the_expected_cost():
     assert cost.disk == pytest.approx(0.1 * 30 * (boot + HOUR) / (30 * 86400))
     assert cost.transfer == pytest.approx(2 * 0.01 + 1 * 0.01)
     assert cost.failure_probability == pytest.approx(0.1)
+    wasted = boot + 0.3 * HOUR / 2
+    assert cost.failure == pytest.approx(0.36 * wasted / HOUR + 0.1 * 30 * wasted / (30 * 86400))
     assert cost.expected == pytest.approx(cost.attempt + 0.1 * cost.failure)
+
+
+def test_without_boot_billing_a_slow_host_costs_only_its_disk_while_it_boots():
+    fast, slow = offer(1, 0.40, 1.0, inet_down=2000), offer(2, 0.39, 1.0, inet_down=50)
+    assert rank_offers([fast, slow], CostModel(HOUR, image_size_gb=10))[0].offer_id == 1
+    (cost, _) = rank_offers([fast, slow], CostModel(HOUR, image_size_gb=10, boot_billed=False))
+    assert cost.offer_id == 2 and cost.compute == pytest.approx(0.39)
 
 
 def test_a_machine_in_host_memory_is_never_chosen():
