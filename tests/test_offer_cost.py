@@ -81,14 +81,30 @@ def test_without_boot_billing_a_slow_host_costs_only_its_disk_while_it_boots():
     assert cost.offer_id == 2 and cost.compute == pytest.approx(0.39)
 
 
-def test_a_machine_in_host_memory_is_never_chosen():
-    class Memory:
-        reason = "preflight"
+class Memory:
+    def __init__(self, reason: str, failures: int = 1) -> None:
+        self.reason, self.failures = reason, failures
 
-    ranked = rank_offers([offer(1, 0.10), offer(2, 0.40)], CostModel(HOUR), {101: Memory()})
+
+def test_a_machine_that_failed_its_gpu_preflight_is_never_chosen():
+    ranked = rank_offers([offer(1, 0.10), offer(2, 0.40)], CostModel(HOUR), {101: Memory("preflight")})
     assert ranked[0].offer_id == 2 and math.isinf(ranked[1].expected)
     assert "skipped, its machine is in host memory (preflight)" in ranked[1].explain()
-    assert rank_offers([offer(1, 0.10)], CostModel(HOUR), {101})[0].avoided_reason == "failed before"
+    assert math.isinf(rank_offers([offer(1, 0.10)], CostModel(HOUR), {101})[0].expected)
+
+
+@pytest.mark.parametrize(("failures", "risk"), [(1, 0.5), (2, 0.75), (3, 0.875), (9, 0.95)])
+def test_a_machine_that_failed_otherwise_is_taken_to_fail_again(failures, risk):
+    (cost,) = rank_offers([offer(1, 0.30)], CostModel(HOUR), {101: Memory("offline", failures)})
+    assert cost.failure_probability == pytest.approx(risk) and not math.isinf(cost.expected)
+    assert f"host memory: {failures} failure" in cost.explain()
+
+
+def test_a_reliable_host_that_failed_once_still_wins_when_the_rest_is_much_dearer():
+    offers = [offer(1, 0.30), offer(2, 0.60)]
+    assert rank_offers(offers, CostModel(HOUR), {101: Memory("exited")})[0].offer_id == 1
+    assert rank_offers(offers, CostModel(HOUR), {101: Memory("exited", 5)})[0].offer_id == 1
+    assert rank_offers([offer(1, 0.30), offer(2, 0.31)], CostModel(HOUR), {101: Memory("exited")})[0].offer_id == 2
 
 
 def test_an_offer_without_a_download_speed_is_taken_as_a_slow_host():
