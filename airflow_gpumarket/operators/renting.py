@@ -700,7 +700,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             machine_id=offer.get("machine_id"),
             attempts=attempts,
             disk_hourly=budgets.storage_hourly(self._disk_gb(), offer.get("storage_cost")),
-            recorded_at=cost_start,  # its bill counts from here, on the service's clock, as its reservation's does
         )
         if guard.recorder is not None:
             guard.recorder.start(rental, handed_over=self._hands_over_its_instance)
