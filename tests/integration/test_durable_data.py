@@ -372,7 +372,9 @@ def test_the_interruptible_example_resumes_from_its_last_checkpoint_after_each_f
     starts = [int(re.search(r"resumes at epoch (\d+)", o).group(1)) for o in outputs]
     assert starts[0] == 0 and starts[1] > 0 and starts[2] > starts[1]
     done = [n for o in outputs for n in epochs_done(o)]
-    assert sorted(set(done)) == list(range(1, 11))
+    # An outbid may land between an epoch's checkpoint and its "done" line: the next rental resumes after it.
+    checkpointed = {n for start in starts for n in range(1, start + 1)}
+    assert set(done) | checkpointed == set(range(1, 11)), (done, starts)
     assert len(done) - len(set(done)) <= 2, f"more than one epoch lost per preemption: {done}"
     assert alive(sim) == []
 
