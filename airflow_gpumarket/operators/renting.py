@@ -551,7 +551,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             )
             guard.source_id = attempts.source_id
             stager.resolve()
-        watch: lifecycle.Watch | None = None
+        watch: waiting.Watch | None = None
         shown: Sequence[str] = ()  # the log lines the wait before a preemption showed last
         while True:
             if rental is None:
@@ -736,7 +736,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         )
 
     # --- the wait --------------------------------------------------------------------------------------
-    def _watch(self, rental: lifecycle.Rental) -> lifecycle.Watch:
+    def _watch(self, rental: lifecycle.Rental) -> waiting.Watch:
         deadline, max_runtime = self._limits(rental)
         job = self._waits_for_job and not self._stages_in(rental)
         cost_deadline = None
@@ -745,7 +745,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             hourly = price + rental.disk_hourly
             start = self._billed_from(rental)
             cost_deadline = budgets.cost_deadline(start=start, hourly=hourly, max_cost=self.max_cost)
-        return lifecycle.Watch(
+        return waiting.Watch(
             wait_for=lifecycle.WAIT_JOB if job else lifecycle.WAIT_STATUS,
             boot_deadline=rental.created_at + self.boot_timeout,
             deadline=deadline,
@@ -790,7 +790,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         """The most this rental's bid may be raised to, or None when it does not hold its bid."""
         return self.bidding.hold_cap(rental.bid, rental.dph_total)
 
-    def _defer(self, context: Any, rental: lifecycle.Rental, watch: lifecycle.Watch, shown: Sequence[str]) -> None:
+    def _defer(self, context: Any, rental: lifecycle.Rental, watch: waiting.Watch, shown: Sequence[str]) -> None:
         from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
         deadline, timeout = watch.deadline, None
@@ -799,45 +799,33 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             if left <= 0:
                 raise AirflowTaskTimeout(self._timed_out(rental.instance_id))
             deadline, timeout = limit if deadline is None else min(deadline, limit), timedelta(seconds=left)
+        watch.deadline, watch.hold_bid_up_to, watch.shown_lines = deadline, self._hold_cap(rental), list(shown)
         self.defer(
             trigger=GpuMarketInstanceStatusTrigger(
                 instance_id=rental.instance_id,
                 gpumarket_conn_id=self.gpumarket_conn_id,
-                wait_for=watch.wait_for,
+                watch=watch.to_dict(),
+                rental=rental.to_resume(),
                 poll_interval=self.poll_interval,
-                destroy_on_kill=True,
-                dph_total=rental.hourly,
-                boot_deadline=watch.boot_deadline,
-                deadline=deadline,
-                max_runtime=watch.max_runtime,
-                running_since=watch.running_since,
-                label=watch.label,
-                keepalive=watch.keepalive,
-                lease_cap=watch.lease_cap,
                 log_interval=self._job_log_interval(),
-                key_digest=rental.key_digest,
-                outbid_wait_until=watch.outbid_wait_until,
-                cost_deadline=watch.cost_deadline,
-                hold_bid_up_to=self._hold_cap(rental),
-                shown_lines=list(shown),
-                resume=rental.to_resume(),
+                destroy_on_kill=True,
             ),
             method_name="execute_complete",
             timeout=timeout,
         )
 
-    def _poll(self, rental: lifecycle.Rental, watch: lifecycle.Watch, shown: Sequence[str]) -> dict[str, Any]:
+    def _poll(self, rental: lifecycle.Rental, watch: waiting.Watch, shown: Sequence[str]) -> dict[str, Any]:
         """The wait in the worker: read, sleep, and hand each read to a ``waiting.Wait``; log the cost so far."""
         guard, instance_id = self._guard, rental.instance_id
         assert guard is not None
         pump = job_logs.LogPump(
             instance_id, self._job_log_interval(), key_digest=rental.key_digest, shown=shown, since=rental.created_at
         )
+        watch.hold_bid_up_to = self._hold_cap(rental)
         wait = waiting.Wait(
             watch,
             pump,
             self.log,
-            hold_bid_up_to=self._hold_cap(rental),
             bid=rental.bid,
             read_at=rental.read_at if rental.read_at is not None else rental.recorded_at,
         )
@@ -886,7 +874,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             self.log.warning("[instance %s daemon] %s", instance_id, line)
 
     # --- preemptions -----------------------------------------------------------------------------------
-    def _after_preemption(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> lifecycle.Watch | None:
+    def _after_preemption(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> waiting.Watch | None:
         """Handle a preempted bid instance of this job.
 
         Returns the watch of the wait for it to win its machine back, or None once it is destroyed and another is to be

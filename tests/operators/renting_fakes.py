@@ -121,7 +121,7 @@ def earlier_try_left(hook: FakeHook, op, status: str, log_text: str) -> None:
 def fired(deferred: pytest.ExceptionInfo, kind: lifecycle.EventKind, **facts) -> dict:
     """The event the deferred task's trigger would send (it carries the rental back, as the trigger does)."""
     trigger = deferred.value.trigger
-    return {"status": kind.value, "instance_id": trigger.instance_id, "resume": trigger.resume, **facts}
+    return {"status": kind.value, "instance_id": trigger.instance_id, "resume": trigger.rental, **facts}
 
 
 class BidMarketHook(FakeHook):
