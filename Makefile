@@ -42,10 +42,10 @@ $(STAMP2): pyproject.toml simulator/pyproject.toml Makefile
 	$(VENV2)/bin/python -m pip install $(PIP_QUIET) -e '.[dev]' $(SIM) "apache-airflow==$(AIRFLOW2)"
 	@touch $@
 
-# Lint also fails on a merge-conflict marker left in any tracked text file.
+# The hooks of .pre-commit-config.yaml on every tracked file: ruff (check and format), merge-conflict markers,
+# trailing whitespace, end of file, large files. Their tools are the dev extra's, found on PATH (.venv/bin first).
 lint: install
-	$(BIN)/ruff check airflow_gpumarket simulator tests example_dags bench scripts
-	@if git grep -n -I -E '^(<<<<<<<|>>>>>>>)( |$$)'; then echo "lint: merge-conflict markers above; resolve them"; exit 1; fi
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pre-commit run --all-files --show-diff-on-failure
 
 typecheck: install
 	$(BIN)/mypy airflow_gpumarket

@@ -163,6 +163,34 @@ def worst_case(
     return WorstCase(round_up(amount), round(hourly, 6), seconds, capped)
 
 
+#: What a rental's cost is, as a record and a message say: the service's charge, or an estimate (``rental_cost``).
+CHARGED, ESTIMATED = "charged", "estimated"
+
+
+def rental_cost(
+    hourly_price: float | None,
+    *,
+    created_at: float | None,
+    running_at: float | None,
+    stopped_at: float | None,
+    ended_at: float,
+    disk_hourly: float = 0.0,
+    digits: int = 6,
+) -> float | None:
+    """A rental's estimated cost by ``ended_at``, every time on the service's clock; None without a price or a start.
+
+    Compute bills at ``hourly_price`` from when the rental was first seen running (else from its creation) until it
+    was seen stopped or ended; its disk bills at ``disk_hourly`` from its creation to its end, as the service bills.
+    """
+    start = running_at if running_at is not None else created_at
+    if hourly_price is None or start is None:
+        return None
+    end = ended_at if stopped_at is None else min(stopped_at, ended_at)
+    compute = hourly_price * max(0.0, end - start)
+    disk = disk_hourly * max(0.0, ended_at - (created_at if created_at is not None else start))
+    return round((compute + disk) / 3600.0, digits)
+
+
 def cost_deadline(*, start: float, hourly: float, max_cost: float) -> float:
     """The epoch second at which a rental billing ``hourly`` dollars from ``start`` has cost ``max_cost``."""
     return start + max_cost / hourly * 3600.0 if hourly > 0 else math.inf

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from airflow_gpumarket.api import Charge, require_non_negative_number, require_positive_number
+from airflow_gpumarket.api import SECONDS_PER_DAY, Charge, require_non_negative_number, require_positive_number
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.spend_report import dollars
 
 #: The burn is the average of this many full days of charges.
 BURN_DAYS = 7
-DAY_SECONDS = 86400.0
+DAY_SECONDS = float(SECONDS_PER_DAY)
 
 
 @dataclass(frozen=True)

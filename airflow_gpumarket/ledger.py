@@ -336,12 +336,14 @@ def settle(
     reservation_id: int | None = None,
     instance_id: int | None = None,
     ended: float | None = None,
+    cost: float | None = None,
 ) -> float | None:
     """The rental ended now: its open reservation becomes what it cost (nothing when no instance was made).
 
-    The cost is its hourly price, disk included, from just before the create to its end, on the service's clock when
-    both ends are known (``started``, ``ended``), else on this one's. Returns it (the cost it was settled at, when it
-    was already), or None when no reservation matched.
+    The cost is ``cost`` when its task knows it (the service's charge, else its estimate: ``operators.cost``); else
+    its hourly price, disk included, from just before the create to its end, on the service's clock when both ends
+    are known (``started``, ``ended``), else on this one's. Returns it (the cost it was settled at, when it was
+    already), or None when no reservation matched.
     """
     ensure_tables(engine)
     r = RESERVATIONS
@@ -356,8 +358,11 @@ def settle(
             return None
         if row.cost is not None:
             return float(row.cost)  # settled once: a repeated settle changes nothing
-        seconds = ended - row.started if ended is not None and row.started is not None else now - row.created_at
-        cost = 0.0 if row.instance_id is None else row.hourly * max(0.0, seconds) / 3600.0
+        if row.instance_id is None:
+            cost = 0.0
+        elif cost is None:
+            seconds = ended - row.started if ended is not None and row.started is not None else now - row.created_at
+            cost = row.hourly * max(0.0, seconds) / 3600.0
         cost = budgets.round_up(cost)
         conn.execute(r.update().where(r.c.id == row.id, r.c.cost.is_(None)).values(cost=cost, settled_at=now))
     return cost

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-from airflow_gpumarket import api, job_logs
+from airflow_gpumarket import api, budgets, job_logs
 
 LABEL_PREFIX = "afgm-"
 _LABEL = re.compile(r"^afgm-([0-9a-f]{12})-(\d{1,12})$")
@@ -190,6 +190,9 @@ class Rental:
     read_at: float | None = None  # its watcher's last read, on that clock
     staged: bool = False  # its staged data arrived and its job started (``operators.stager``)
     disk_hourly: float = 0.0  # what its disk bills per hour, at the offer's storage_cost
+    ended_at: float | None = None  # when its instance was gone, on the service's clock
+    cost: float | None = None  # then: what it cost, as ``cost_kind`` says (``operators.cost``)
+    cost_kind: str | None = None
 
     def note_billing(self, status: str | None, at: float) -> bool:
         """Take one read's status at the service's time ``at`` (see ``billing_marks``).
@@ -204,6 +207,23 @@ class Rental:
 
     def elapsed(self, now: float) -> float:
         return now - self.created_at
+
+    @property
+    def billed_from(self) -> float:
+        """When its bill starts: the service's time just before its create, or its start_date, when known."""
+        return self.recorded_at if self.recorded_at is not None else self.created_at
+
+    def cost_until(self, now: float, *, digits: int = 4) -> float | None:
+        """Its estimated cost by ``now``, the service's time (``budgets.rental_cost``)."""
+        return budgets.rental_cost(
+            self.hourly_price,
+            created_at=self.billed_from,
+            running_at=self.running_at,
+            stopped_at=self.stopped_at,
+            ended_at=now,
+            disk_hourly=self.disk_hourly,
+            digits=digits,
+        )
 
     @property
     def hourly_price(self) -> float | None:

@@ -94,7 +94,8 @@ def connect(sim: MarketSimulator) -> None:
 # --- P2 ----------------------------------------------------------------------------------------------------
 def p2_calls_per_lifecycle(runs: int, speed: float = 60.0, job_seconds: float = 3.0) -> None:
     """Requests made with the account key by one GpuMarketRunJobOperator, vs the minimum any client needs:
-    1 search + 1 create + ceil(boot / interval) + ceil(job / interval) polls + 1 read of the final log + 1 destroy.
+    1 search + 1 create + ceil(boot / interval) + ceil(job / interval) polls + 1 read of the final log + 1 destroy
+    + 1 read of the instance's charge (what the task says the rental cost: no other answer carries it).
 
     The job runs from the instance's first ``running`` to the wrapper's stop: the ledger's compute seconds. The
     log read is the one that gives the exit status (the job's output and its status line come from the log)."""
@@ -124,7 +125,7 @@ def p2_calls_per_lifecycle(runs: int, speed: float = 60.0, job_seconds: float = 
                 account_calls = [r for r in sim.requests() if r["key"] == "account"]
                 boot = (instance["first_running_at"] - instance["created_at"]) / speed
                 job = instance["compute_seconds"] / speed
-                minimum = 4 + math.ceil(boot / interval) + math.ceil(job / interval)
+                minimum = 5 + math.ceil(boot / interval) + math.ceil(job / interval)
                 calls.append(len(account_calls))
                 ratios.append(len(account_calls) / minimum)
         mode = "deferrable" if deferrable else "sync"

@@ -141,3 +141,11 @@ def test_the_ledger_signature_depends_on_the_key_the_time_the_nonce_and_the_body
 def test_a_worst_case_without_a_known_price_is_refused_rather_than_reserved_at_zero(price):
     with pytest.raises(ValueError, match=r"needs its price in \$/h, above \$0"):
         budgets.worst_case(hourly_price=price, seconds=3600)
+
+
+def test_rule_a_rentals_estimate_bills_compute_while_it_ran_and_its_disk_from_creation_to_end():
+    # Created at 0, first seen running at 600, stopped at 4200, destroyed at 7200: 1 h of compute, 2 h of disk.
+    marks = {"created_at": 0.0, "running_at": 600.0, "stopped_at": 4200.0, "ended_at": 7200.0}
+    assert budgets.rental_cost(0.5, **marks, disk_hourly=0.1) == pytest.approx(0.7)
+    assert budgets.rental_cost(0.5, **{**marks, "running_at": None}) == pytest.approx(0.5 * 4200 / 3600, abs=1e-6)
+    assert budgets.rental_cost(None, **marks) is None

@@ -83,6 +83,12 @@ def test_a_settled_reservation_counts_what_the_rental_cost(engine):
     ledger.reserve(engine, ask(worst=0.9, attempt=2), now=NOW + 600)  # 0.06 + 0.9 fits in $1 now
 
 
+def test_a_settled_reservation_takes_the_cost_its_task_read_from_the_service(engine):
+    first = ledger.reserve(engine, ask(worst=0.9), now=NOW).id
+    ledger.attach(engine, "gpumarket_default", first, 43)
+    assert ledger.settle(engine, "gpumarket_default", instance_id=43, now=NOW + 600, cost=0.01231) == 0.0124
+
+
 def test_a_create_that_made_nothing_releases_its_reservation(engine):
     reservation = ledger.reserve(engine, ask(worst=1.0), now=NOW).id
     assert ledger.settle(engine, "gpumarket_default", reservation_id=reservation, now=NOW) == 0.0

@@ -114,6 +114,7 @@ from airflow_gpumarket.api.paths import (
     POLL_INTERVAL_SECONDS,
     REQUEST_TIMEOUT_SECONDS,
     RUNTYPES,
+    SECONDS_PER_DAY,
     STATUS_LOADING,
     STATUS_RUNNING,
     STATUS_STOPPED,

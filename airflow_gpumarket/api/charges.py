@@ -15,7 +15,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, TypeVar
 
-from airflow_gpumarket.api.paths import BILLING_PAGE_LIMIT, BODY_EXCERPT_CHARS, CHARGE_TYPES, INVOICE_SERVICES
+from airflow_gpumarket.api.paths import (
+    BILLING_PAGE_LIMIT,
+    BODY_EXCERPT_CHARS,
+    CHARGE_TYPES,
+    INVOICE_SERVICES,
+    SECONDS_PER_DAY,
+)
 from airflow_gpumarket.api.responses import expect_list
 from airflow_gpumarket.api.validation import require_choice, require_non_negative_number, require_positive_int
 from airflow_gpumarket.exceptions import (
@@ -139,7 +145,8 @@ def build_charges_query(
     :param types: charge types (``CHARGE_TYPES``: instance, volume, serverless); None for all.
     :param limit: charges per page, clamped to ``BILLING_PAGE_LIMIT``.
     """
-    filters: dict[str, Any] = {"day": _window(start, end)}
+    require_non_negative_number("start", start)
+    filters: dict[str, Any] = {"day": _window(start - start % SECONDS_PER_DAY, end)}  # a charge's day is its midnight
     if (by_type := _one_of("types", types, CHARGE_TYPES)) is not None:
         filters["type"] = by_type
     return encode_query({"select_filters": filters, "latest_first": latest_first, "limit": page_limit(limit)})

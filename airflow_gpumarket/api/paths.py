@@ -80,6 +80,8 @@ ONSTART_MAX_CHARS = 4048
 #: An offer's ``storage_cost`` is dollars per GB and month of 30 days, as the official client converts the service's
 #: per-second disk rates (``_SEC_PER_MONTH`` in its ``price_increase`` command).
 STORAGE_MONTH_HOURS = 30 * 24
+#: A charge is the service's for one UTC day: its ``day`` is that day's midnight, in epoch seconds.
+SECONDS_PER_DAY = 86_400
 POLL_INTERVAL_SECONDS = 10
 #: Seconds between reads of a running job's log, by default. Each read is one logs request (a PUT, whose live
 #: budget is not published; changing an instance is allowed 1/s per key) and one download from storage, so 30 s

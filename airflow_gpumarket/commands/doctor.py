@@ -90,6 +90,7 @@ def checks_of(checked: Any, connection: Check) -> Iterator[Check]:
         yield clock_check(checked)
     yield rate_limit_check(checked.settings)
     yield versions_check()
+    yield api_server_check(checked)
 
 
 def connection_check(settings: Any) -> Check:
@@ -253,3 +254,35 @@ def versions_check() -> Check:
         "every Airflow process that runs, waits for or shows GPU tasks needs the same provider version)"
     )
     return Check("versions", OK, detail)
+
+
+def api_server_check(checked: Any) -> Check:
+    """The api-server's provider and Airflow versions, read through the budget ledger's signed route (Airflow 3)."""
+    from airflow_gpumarket._compat import is_airflow_2
+
+    if is_airflow_2():
+        return Check("api-server", OK, "Airflow 2: tasks keep the budget ledger in the metadata database", needed=False)
+    from airflow_gpumarket.operators.budget import api_server_ledger
+
+    server = api_server_ledger(checked)
+    try:
+        seen = server.versions(checked.gpumarket_conn_id)
+    except Exception as exc:  # noqa: BLE001 - any failure is the finding
+        return Check(
+            "api-server",
+            WARN,
+            f"not reached at {server.url}: {exc}",
+            "install the provider on the api-server, and set [gpumarket] ledger_url when tasks reach it elsewhere",
+            needed=False,
+        )
+    provider, airflow = seen.get("provider"), seen.get("airflow")
+    detail = f"provider {provider}, Airflow {airflow} (at {server.url})"
+    if provider != __version__:
+        return Check(
+            "api-server",
+            WARN,
+            f"{detail}: not this process's provider {__version__}",
+            "install the same provider version on the api-server, workers, triggerers and schedulers",
+            needed=False,
+        )
+    return Check("api-server", OK, detail, needed=False)

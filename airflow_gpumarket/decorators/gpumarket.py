@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import job_logs, lifecycle, python_job
 from airflow_gpumarket._compat import AirflowException, DecoratedOperator, task_decorator_factory
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
+from airflow_gpumarket.operators import cost
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.spec import Terms
@@ -171,13 +172,13 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
         found, value = python_job.read_result(text, session.key)
         if status == 0 and found:
             session.end(rental, Outcome.SUCCEEDED)
-            done = summary(rental, result.status)
+            done = summary(rental, result.status, self.hook.service_now)
             self.log.info(
-                "%s returned on instance %s after %s; cost about $%s (at $%s/h, disk included)",
+                "%s returned on instance %s after %s; cost %s (at $%s/h, disk included)",
                 self._name,
                 rental.instance_id,
                 lifecycle.format_duration(done["elapsed_seconds"]),
-                done["estimated_cost"],
+                cost.text(done["cost"], done["cost_kind"]),
                 rental.hourly,
             )
             return value

@@ -1,12 +1,8 @@
 """What the sync and async hooks share, written once: settings, pacing, retry decisions and API calls.
 
-Every call of the API that both hooks make is written as a *flow*.
-
-A flow is a generator that yields what it needs from the outside and gets the answer back: a ``Request`` (the
-driver sends it and returns a ``Response``, or throws a ``GpuMarketTransportError`` in), a ``Sleep`` (the
-driver sleeps, blocking or awaiting) or a ``FetchLog`` (the driver reads an uploaded log without the API key).
-Building requests, pacing, mapping answers, retrying, walking the instance list and fetching logs happen in the
-flow; ``GpuMarketHook`` (requests) and ``GpuMarketAsyncHook`` (httpx) differ only in their drivers.
+Every call of the API that both hooks make is written as a *flow* (``hooks.flow``). Building requests, pacing,
+mapping answers, retrying, walking the instance list and fetching logs happen in the flow; ``GpuMarketHook``
+(requests) and ``GpuMarketAsyncHook`` (httpx) differ only in their drivers.
 """
 
 from __future__ import annotations
@@ -15,8 +11,7 @@ import contextlib
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from functools import cached_property
 from typing import Any, NoReturn, TypeVar
@@ -32,73 +27,11 @@ from airflow_gpumarket.exceptions import (
     GpuMarketError,
     GpuMarketNotFoundError,
     GpuMarketRateLimitError,
-    GpuMarketTransportError,
 )
 from airflow_gpumarket.hooks.connection import ConnectionSettings, settings_from_connection
+from airflow_gpumarket.hooks.flow import FetchLog, Flow, Request, Sleep
 
-T = TypeVar("T")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class Request:
-    """One exchange with the API: the driver sends it with the account's key and answers a ``Response``."""
-
-    operation: str
-    method: str
-    path: str
-    body: Any = None
-    params: Mapping[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class Response:
-    status_code: int
-    content: bytes
-    headers: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class Sleep:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class FetchLog:
-    """Read an uploaded log from its result URL, without the API key (the storage host must never see it)."""
-
-    url: str
-
-
-@dataclass(frozen=True)
-class FetchedLog:
-    """The log's end (at most ``LOG_MAX_BYTES``, from a whole line), or why it was not there yet."""
-
-    text: str | None = None
-    failure: str = "nothing"
-
-
-#: What a flow yields; what it gets back is the ``Response`` or ``FetchedLog`` (None after a ``Sleep``).
-Flow = Generator[Request | Sleep | FetchLog, Any, T]
-
-
-@dataclass(frozen=True)
-class Done:
-    """A flow's end, with what it returned."""
-
-    value: Any
-
-
-def resume(flow: Flow[Any], reply: Any) -> Request | Sleep | FetchLog | Done:
-    """The flow's next need after giving it ``reply``; ``Done`` once it returned.
-
-    A ``GpuMarketTransportError`` reply is thrown in, at the request that failed. The flow's own exceptions go to the
-    driver's caller.
-    """
-    try:
-        return flow.throw(reply) if isinstance(reply, GpuMarketTransportError) else flow.send(reply)
-    except StopIteration as done:
-        return Done(done.value)
 
 
 #: Upper bound on the tries of a patient call, so a clock that does not move cannot make it loop forever.
@@ -125,24 +58,6 @@ def slot_seconds(operation: str, rate_limit_scale: float = 1.0) -> float:
 
 #: The pacer of each (server, key, operation) this process uses: one each, whatever the number of hooks.
 _PACERS: dict[tuple[str, str, str], pacing.SharedPacer] = {}
-
-
-class LogBuffer:
-    """The end of an uploaded log as it is read: at most ``LOG_MAX_BYTES``, starting at a whole line."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.cut = False
-
-    def add(self, chunk: bytes) -> None:
-        self.data += chunk
-        if len(self.data) > api.paths.LOG_MAX_BYTES:
-            del self.data[: len(self.data) - api.paths.LOG_MAX_BYTES]
-            self.cut = True
-
-    def text(self) -> str:
-        data = self.data[self.data.find(b"\n") + 1 :] if self.cut else self.data
-        return data.decode("utf-8", "replace")
 
 
 class _GpuMarketHookBase(BaseHook):

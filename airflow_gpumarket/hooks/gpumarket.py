@@ -21,7 +21,8 @@ from airflow_gpumarket.exceptions import (
 )
 from airflow_gpumarket.hooks import transport
 from airflow_gpumarket.hooks.connection import ConnectionSettings
-from airflow_gpumarket.hooks.core import Done, FetchLog, Flow, Request, Response, Sleep, T, _GpuMarketHookBase, resume
+from airflow_gpumarket.hooks.core import _GpuMarketHookBase
+from airflow_gpumarket.hooks.flow import Done, FetchLog, Flow, Request, Response, Sleep, T, resume
 
 if TYPE_CHECKING:
     import httpx

@@ -2,7 +2,7 @@
 
 ``send``/``asend`` make one exchange and answer the ``Response``, or the ``GpuMarketTransportError`` that the
 driver throws into the flow; ``fetch_log``/``afetch_log`` read an uploaded log without the API key. Nothing here
-decides anything: that is ``hooks.core``'s.
+decides anything: that is ``hooks.core``'s; the messages are ``hooks.flow``'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketTransportError
 from airflow_gpumarket.hooks.connection import ConnectionSettings
-from airflow_gpumarket.hooks.core import FetchedLog, LogBuffer, Request, Response
+from airflow_gpumarket.hooks.flow import FetchedLog, Request, Response
 
 if TYPE_CHECKING:
     import httpx
@@ -26,6 +26,24 @@ if TYPE_CHECKING:
 CLIENT_KEEPALIVE_SECONDS = 4.0
 #: The connect timeout, at most: a server that does not accept a connection within this is down.
 CONNECT_TIMEOUT_SECONDS = 10.0
+
+
+class LogBuffer:
+    """The end of an uploaded log as it is read: at most ``LOG_MAX_BYTES``, starting at a whole line."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.cut = False
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > api.paths.LOG_MAX_BYTES:
+            del self.data[: len(self.data) - api.paths.LOG_MAX_BYTES]
+            self.cut = True
+
+    def text(self) -> str:
+        data = self.data[self.data.find(b"\n") + 1 :] if self.cut else self.data
+        return data.decode("utf-8", "replace")
 
 
 class _BearerAuth(requests.auth.AuthBase):

@@ -47,10 +47,22 @@ class _Direct:
         return ledger.entries(self.engine, since=since, conn_id=conn_id)
 
     def settle(
-        self, conn_id: str, *, reservation_id: int | None = None, instance_id: int | None = None, ended: Any = None
+        self,
+        conn_id: str,
+        *,
+        reservation_id: int | None = None,
+        instance_id: int | None = None,
+        ended: Any = None,
+        cost: float | None = None,
     ) -> Any:
         return ledger.settle(
-            self.engine, conn_id, now=time.time(), reservation_id=reservation_id, instance_id=instance_id, ended=ended
+            self.engine,
+            conn_id,
+            now=time.time(),
+            reservation_id=reservation_id,
+            instance_id=instance_id,
+            ended=ended,
+            cost=cost,
         )
 
 
@@ -88,6 +100,10 @@ class _ApiServer:
     def reserve(self, request: ledger.Request) -> ledger.Reservation:
         return ledger.Reservation.from_json(self._post("reserve", request.to_json()))
 
+    def versions(self, conn_id: str) -> dict[str, Any]:
+        """The provider's and Airflow's versions in the api-server that answers."""
+        return dict(self._post("version", {"conn_id": conn_id}))
+
     def last_attempt(self, **task_try: Any) -> int:
         return int(self._post("attempts", task_try)["last"])
 
@@ -98,9 +114,15 @@ class _ApiServer:
         return list(self._post("entries", {"conn_id": conn_id, "since": since})["entries"])
 
     def settle(
-        self, conn_id: str, *, reservation_id: int | None = None, instance_id: int | None = None, ended: Any = None
+        self,
+        conn_id: str,
+        *,
+        reservation_id: int | None = None,
+        instance_id: int | None = None,
+        ended: Any = None,
+        cost: float | None = None,
     ) -> Any:
-        body = {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id, "ended": ended}
+        body = {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id, "ended": ended, "cost": cost}
         return self._post("settle", body).get("cost")
 
 
@@ -129,6 +151,11 @@ def ledger_client(hook: Any) -> _Direct | _ApiServer:
     engine = _usable_engine()
     if engine is not None:
         return _Direct(engine)
+    return api_server_ledger(hook)
+
+
+def api_server_ledger(hook: Any) -> _ApiServer:
+    """The ledger's routes in the api-server, as a task process reaches them, signed with ``hook``'s API key."""
     from airflow.configuration import conf
 
     base = conf.get("gpumarket", "ledger_url", fallback="") or ""
@@ -152,17 +179,21 @@ def _usable_engine() -> Any:
     return engine
 
 
-def settle_ended(hook: Any, conn_id: str, instance_id: int, log: Any) -> None:
-    """An instance destroyed by another task than its renter: settle its reservation, if any. Never raises."""
+def settle_ended(hook: Any, conn_id: str, instance_id: int, log: Any, cost: float | None = None) -> None:
+    """An instance is gone: settle its reservation, if any, at ``cost`` when known (see ``ledger.settle``).
+
+    Never raises.
+    """
     try:
         service_now = getattr(hook, "service_now", None)
         ended = service_now() if callable(service_now) else None
-        cost = ledger_client(hook).settle(conn_id, instance_id=instance_id, ended=ended)
+        settled = ledger_client(hook).settle(conn_id, instance_id=instance_id, ended=ended, cost=cost)
     except Exception as exc:  # noqa: BLE001 - the reservation stays at its worst case, which is safe
         log.warning("Could not settle the budget reservation of instance %s: %s", instance_id, exc)
         return
-    if cost is not None:
-        log.info("Instance %s ended; its budget reservation is settled at $%.4f", instance_id, cost)
+    if settled is not None:
+        how = "what it cost" if cost is not None else "its rate over its life, estimated on the service's clock"
+        log.info("Instance %s ended; its budget reservation is settled at $%.4f (%s)", instance_id, settled, how)
 
 
 class Budget:
@@ -302,8 +333,8 @@ class Budget:
         if reservation_id is not None:
             self.client.settle(self.conn_id, reservation_id=reservation_id)
 
-    def ended(self, instance_id: int) -> None:
-        """The instance is gone: its reservation becomes what it cost. Never raises (it runs on failure paths).
+    def ended(self, instance_id: int, cost: float | None = None) -> None:
+        """The instance is gone: its reservation becomes ``cost``, else its estimate. Never raises (failure paths).
 
         A create whose answer never came left its reservation unattached: the instance found by its label is the one.
         """
@@ -312,4 +343,4 @@ class Budget:
                 self.created(instance_id)
             except Exception as exc:  # noqa: BLE001 - the reservation stays at its worst case, which is safe
                 self.log.warning("Could not attach instance %s to its budget reservation: %s", instance_id, exc)
-        settle_ended(self.hook, self.conn_id, instance_id, self.log)
+        settle_ended(self.hook, self.conn_id, instance_id, self.log, cost)

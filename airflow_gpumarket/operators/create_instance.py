@@ -49,7 +49,7 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
             raise AirflowException(lifecycle.describe_event(event, rental.instance_id))
         if event is not None:
             self.log.info("%s", lifecycle.describe_event(event, rental.instance_id))
-        done = summary(rental, result.status)
+        done = summary(rental, result.status, self.hook.service_now)
         if done["actual_status"] == api.STATUS_RUNNING:
             try:
                 instance = self.hook.get_instance(rental.instance_id)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import api
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketError
+from airflow_gpumarket.operators import cost
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.utils import RunTimeModule
 
@@ -118,6 +119,7 @@ class RentalGuard:
         self.creating_label: str | None = None  # a create in flight: its instance is found by this label
         self.attempts: lifecycle.Attempts | None = None  # the task instance's attempts: their kept checkpoint source
         self.killed = False
+        self._rental: lifecycle.Rental | None = None  # the rental held: what it cost is known when it ends
 
     @contextmanager
     def on_failure(self) -> Iterator[None]:
@@ -178,8 +180,12 @@ class RentalGuard:
 
     def hold(self, rental: lifecycle.Rental) -> None:
         """This try holds ``rental`` from now on: recorded, and saved for a retry to reconnect to."""
-        self.instance_id, self.creating_label = rental.instance_id, None
+        self.instance_id, self.creating_label, self._rental = rental.instance_id, None, rental
         self._store_call("set", {"instance_id": rental.instance_id, "label": rental.label, "offer_id": rental.offer_id})
+
+    def resumed(self, rental: lifecycle.Rental) -> None:
+        """After a deferral: this try holds ``rental`` again (saved for a retry when it was first held)."""
+        self.instance_id, self._rental = rental.instance_id, rental
 
     def release(self) -> None:
         """The instance is handed over to the DAG: no longer this try's to destroy."""
@@ -200,11 +206,14 @@ class RentalGuard:
         self.forget(instance_id)
 
     def forget(self, instance_id: int) -> None:
-        """The instance is gone: its record and budget reservation end, and nothing of this try holds it any more."""
+        """The instance is gone: its cost is known, its record and budget reservation end, and nothing holds it."""
+        rental = self._rental if self._rental is not None and self._rental.instance_id == instance_id else None
+        if rental is not None:
+            cost.settle(self.hook, rental, self.hook.service_now(), read_charge=not self.killed)
         if self.recorder is not None:
             self.recorder.end(instance_id)
         if self.budget is not None:
-            self.budget.ended(instance_id)
+            self.budget.ended(instance_id, None if rental is None else rental.cost)
         if self.instance_id == instance_id:
             self.instance_id = None
         if self.attempts is not None and self.attempts.source_id == instance_id:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.operators import cost
 from airflow_gpumarket.operators.failures import (
     GpuMarketBudgetExceeded,
     GpuMarketJobFailed,
@@ -77,28 +78,28 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         else:
             outcome = Outcome.SUCCEEDED if succeeded else Outcome.NOT_STARTED if not_started else Outcome.FAILED
             session.end(rental, outcome)
-        done = summary(rental, result.status)
+        done = summary(rental, result.status, self.hook.service_now)
         done["job_status"] = "succeeded" if succeeded else "failed"
         self.log.info(
-            "Job on instance %s %s after %s; cost about $%s (at $%s/h, disk included)",
+            "Job on instance %s %s after %s; cost %s (at $%s/h, disk included)",
             rental.instance_id,
             done["job_status"],
             lifecycle.format_duration(done["elapsed_seconds"]),
-            done["estimated_cost"],
+            cost.text(done["cost"], done["cost_kind"]),
             rental.hourly,
         )
         if not succeeded:
-            self._fail(result, not_started)
+            self._fail(result, done, not_started)
         return done
 
-    def _fail(self, result: RentalResult, not_started: bool) -> None:
+    def _fail(self, result: RentalResult, done: dict[str, Any], not_started: bool) -> None:
         """Raise the failure a job that did not succeed ends in, each named by its cause."""
         rental, event = result.rental, result.event or {}
         if event.get("limit") == lifecycle.MAX_COST:
             raise GpuMarketBudgetExceeded(
                 f"The job on instance {rental.instance_id} reached max_cost=${self.max_cost:g}: "
-                f"{self._held().cost_text(rental)}. Its log was read and the instance destroyed; raise max_cost, or "
-                "make the job shorter."
+                f"it cost {cost.text(done['cost'], done['cost_kind'])} (at ${rental.hourly:g}/h, disk "
+                "included). Its log was read and the instance destroyed; raise max_cost, or make the job shorter."
             )
         sentence = lifecycle.describe_event(event, rental.instance_id)
         if event.get("exit_status") is None and (credit := self._held().credit_ran_out()) is not None:

@@ -10,7 +10,7 @@ writes the guard's fields.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from airflow_gpumarket import api, budgets, job_logs, lifecycle, waiting
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketError, GpuMarketOfferUnavailableError
-from airflow_gpumarket.operators import offers
+from airflow_gpumarket.operators import cost, offers
 from airflow_gpumarket.operators.budget import Budget
 from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer, GpuMarketStagingFailed
 from airflow_gpumarket.operators.guard import RentalGuard, task_key
 from airflow_gpumarket.operators.preemption import Preemptions
-from airflow_gpumarket.operators.spec import billed_from
 from airflow_gpumarket.ui.records import RentalRecorder
 
 if TYPE_CHECKING:
@@ -133,6 +132,7 @@ class RentalSession:
             raise AirflowException(f"Cannot resume waiting for instance {instance_id}: {exc}") from None
         if rental.instance_id != instance_id:
             raise AirflowException(f"Unexpected trigger event for instance {rental.instance_id}: {event!r}")
+        self._guard.resumed(rental)
         rental.relabel(event.get("label"))  # the trigger's renewals came later
         self._start(rental, write=False)
         if rental.running_at is None and api.is_positive_number(running_at := event.get("running_at")):
@@ -204,7 +204,8 @@ class RentalSession:
             "" if bid is None else f" on demand; bidding ${bid}/h, interruptible, attempt {attempts.preemptions + 1}",
             label,
         )
-        budget.reserve(offers.worst_case(spec, offer, bid), started=self.hook.service_now())  # refused: nothing rented
+        cost_start = self.hook.service_now()
+        budget.reserve(offers.worst_case(spec, offer, bid), started=cost_start)  # refused: nothing is rented
         guard.creating(label)  # until the answer names the instance, a failure (or on_kill) looks for it by this label
         try:
             result = self.hook.create_instance(int(offer["id"]), **body)
@@ -248,6 +249,7 @@ class RentalSession:
             machine_id=offer.get("machine_id"),
             attempts=attempts,
             disk_hourly=budgets.storage_hourly(spec.disk_gb(), offer.get("storage_cost")),
+            recorded_at=cost_start,  # its bill counts from here, on the service's clock, as its reservation's does
         )
         self._start(rental)
         self.check_duplicates(rental)
@@ -309,7 +311,7 @@ class RentalSession:
             rental.running_at, rental.stopped_at, rental.read_at = wait.running_at, wait.stopped_at, wait.read_at
             if first_running:
                 self._recorder.running(rental)
-            log_progress(self.log, rental, watch, now)
+            log_progress(self.log, rental, watch, self.hook.service_now())
             if event is not None:
                 return event
 
@@ -379,12 +381,6 @@ class RentalSession:
         )
 
     # --- what the task reports -----------------------------------------------------------------------------
-    def cost_text(self, rental: lifecycle.Rental) -> str:
-        """The rental's cost so far, for a message: what it bills per hour since it began, on the service's clock."""
-        hourly = rental.hourly or 0.0
-        seconds = max(0.0, self.hook.service_now() - billed_from(rental))
-        return f"its cost so far is about ${hourly * seconds / 3600:.4f} (${hourly:g}/h for {seconds / 60:.1f} min)"
-
     def credit_ran_out(self) -> float | None:
         """The account's credit when it is $0 or less (the service then stops every instance), else None."""
         available = self._budget.credit()
@@ -407,20 +403,21 @@ class RentalSession:
             self.log.warning("[instance %s daemon] %s", instance_id, line)
 
 
-def log_progress(log: Any, rental: lifecycle.Rental, watch: waiting.Watch, now: float) -> None:
-    """The line each read of a wait in the worker logs: the status, and the cost so far."""
+def log_progress(log: Any, rental: lifecycle.Rental, watch: waiting.Watch, service_now: float) -> None:
+    """The line each read of a wait in the worker logs: the status, and the cost so far (the service's clock)."""
     log.info(
-        "Instance %s: %s after %s, cost so far about $%s",
+        "Instance %s: %s after %s, cost so far %s",
         rental.instance_id,
         watch.shown,
-        lifecycle.format_duration(rental.elapsed(now)),
-        lifecycle.estimated_cost(rental.hourly, rental.elapsed(now)),
+        lifecycle.format_duration(service_now - rental.billed_from),
+        cost.text(rental.cost_until(service_now), cost.ESTIMATED),
     )
 
 
-def summary(rental: lifecycle.Rental, status: str | None) -> dict[str, Any]:
-    """What a renting task returns of its rental (and its log quotes): ids, price, time and cost."""
-    elapsed = rental.elapsed(time.time())
+def summary(rental: lifecycle.Rental, status: str | None, service_now: Callable[[], float]) -> dict[str, Any]:
+    """What a renting task returns of its rental; times and costs on the service's clock, up to its end if it ended."""
+    end = rental.ended_at if rental.ended_at is not None else service_now()
+    estimate = rental.cost_until(end, digits=6)
     return {
         "instance_id": rental.instance_id,
         "offer_id": rental.offer_id,
@@ -430,8 +427,10 @@ def summary(rental: lifecycle.Rental, status: str | None) -> dict[str, Any]:
         "label": rental.label,
         "actual_status": status,
         "ssh_host": rental.ssh_host,
-        "elapsed_seconds": round(elapsed, 3),
-        "estimated_cost": lifecycle.estimated_cost(rental.hourly, elapsed),
+        "elapsed_seconds": round(max(0.0, end - rental.billed_from), 3),
+        "estimated_cost": estimate,
+        "cost": estimate if rental.cost is None else rental.cost,
+        "cost_kind": rental.cost_kind or cost.ESTIMATED,
     }
 
 

@@ -300,7 +300,7 @@ class RentalSpec(NamedTuple):
         price = self.reserved_price(rental.dph_total, rental.bid)
         if self.max_cost is not None and price is not None:
             cost_deadline = budgets.cost_deadline(
-                start=billed_from(rental), hourly=price + rental.disk_hourly, max_cost=self.max_cost
+                start=rental.billed_from, hourly=price + rental.disk_hourly, max_cost=self.max_cost
             )
         return waiting.Watch(
             wait_for=lifecycle.WAIT_JOB if self.terms.job and not stages_in else lifecycle.WAIT_STATUS,
@@ -314,11 +314,6 @@ class RentalSpec(NamedTuple):
             running_since=now if rental.staged else None,  # it ran: a stop is its job's end, not a boot's
             hold_bid_up_to=self.bidding.hold_cap(rental.bid, rental.dph_total),
         )
-
-
-def billed_from(rental: lifecycle.Rental) -> float:
-    """When the rental's bill starts, on the service's clock when the record knows it (as the service bills)."""
-    return rental.recorded_at if rental.recorded_at is not None else rental.created_at
 
 
 def execution_deadline(execution_timeout: Any, context: Any, started_at: float) -> float | None:

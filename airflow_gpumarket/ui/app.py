@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError
-from airflow_gpumarket.ui import page, sources, spend
+from airflow_gpumarket.ui import account_charges, page, sources, spend
 
 DEFAULT_DAYS, MAX_DAYS = 7, 90
 log = logging.getLogger(__name__)
@@ -77,9 +77,9 @@ class _View:
     #: Connections whose service gave no charges (no such endpoint): their rentals are estimated.
     no_charges: list[str] = field(default_factory=list)
     #: Each connection's credit and runway; None for a user who may not read every DAG.
-    balances: list[spend.Balance] | None = None
+    balances: list[account_charges.Balance] | None = None
     #: The charges no DAG's rental takes; None for a user who may not read every DAG, or without charges.
-    unowned: spend.Unowned | None = None
+    unowned: account_charges.Unowned | None = None
 
 
 def _view(access: _Access, days: int) -> _View:
@@ -90,15 +90,16 @@ def _view(access: _Access, days: int) -> _View:
     live = [r for r in seen_all.live if _belongs(r, access)]
     alive_costs = {r.instance_id: r.cost_so_far for r in seen_all.live}
     seen = [s for s in seen_all.spans if s.owner is not None and access.sees(s.owner[0])]
+    shown_at = now + max(seen_all.clock_offsets.values(), default=0.0)  # the rows' clock: the service's
     view = _View(
-        live, spend.spend(seen, alive_costs, since, now, charges), seen_all.errors, no_charges=seen_all.no_charges
+        live, spend.spend(seen, alive_costs, since, shown_at, charges), seen_all.errors, no_charges=seen_all.no_charges
     )
     conn_ids, no_charges = seen_all.conn_ids, seen_all.no_charges
     if no_charges:
         view.notes.append(_no_charges_note(no_charges, every=len(no_charges) == len(conn_ids)))
     if access.reads_all:  # account-wide: only for who may read every DAG
         owned = {s.instance_id for s in seen_all.spans if s.owner} | {r.instance_id for r in seen_all.live if r.owner}
-        view.unowned = spend.unowned(charges, owned, since) if seen_all.charges_of else None
+        view.unowned = account_charges.unowned(charges, owned, since) if seen_all.charges_of else None
         offsets = seen_all.clock_offsets
         view.balances = [_balance(c, seen_all.charges_of.get(c), now + offsets.get(c, 0.0)) for c in conn_ids]
     return view
@@ -111,16 +112,18 @@ def _no_charges_note(conn_ids: list[str], *, every: bool) -> str:
     return f"The service gave no charges for {which} (no charges endpoint), so their rentals are estimated."
 
 
-def _balance(conn_id: str, charges: list[Any] | None, service_now: float) -> spend.Balance:
+def _balance(conn_id: str, charges: list[Any] | None, service_now: float) -> account_charges.Balance:
     try:
         available = sources.account(conn_id).available
     except GpuMarketNotFoundError:
-        return spend.Balance(conn_id, None, "the service has no account endpoint")
+        return account_charges.Balance(conn_id, None, "the service has no account endpoint")
     except GpuMarketError as exc:
-        return spend.Balance(conn_id, None, f"could not read the account: {exc}")
+        return account_charges.Balance(conn_id, None, f"could not read the account: {exc}")
     if available is None:
-        return spend.Balance(conn_id, spend.runway(None, charges, service_now), "the service sent no credit")
-    return spend.Balance(conn_id, spend.runway(available, charges, service_now))
+        return account_charges.Balance(
+            conn_id, account_charges.runway(None, charges, service_now), "the service sent no credit"
+        )
+    return account_charges.Balance(conn_id, account_charges.runway(available, charges, service_now))
 
 
 def _listed(live: list[spend.LiveRental], conn_id: str | None, instance_id: int | None) -> spend.LiveRental | None:
@@ -332,7 +335,7 @@ def _rental_json(row: spend.RentalSpend) -> dict[str, Any]:
     }
 
 
-def _unowned_json(unowned: spend.Unowned) -> dict[str, Any]:
+def _unowned_json(unowned: account_charges.Unowned) -> dict[str, Any]:
     return {
         "instances": float(unowned.instances),
         "instance_ids": list(unowned.instance_ids),
@@ -340,12 +343,12 @@ def _unowned_json(unowned: spend.Unowned) -> dict[str, Any]:
     }
 
 
-def _balance_json(balance: spend.Balance) -> dict[str, Any]:
+def _balance_json(balance: account_charges.Balance) -> dict[str, Any]:
     runway = balance.runway
     return {
         "conn_id": balance.conn_id,
         "available": _dollars(runway.available) if runway else None,
-        "burn_days": spend.RUNWAY_DAYS,
+        "burn_days": account_charges.RUNWAY_DAYS,
         "burn": _dollars(runway.burn) if runway else None,
         "burn_per_day": _dollars(runway.daily) if runway else None,
         "runway_days": _dollars(runway.days) if runway else None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import re
 import time
 from typing import Any
@@ -130,13 +131,32 @@ async def settle(request: Request) -> dict[str, Any]:
     reservation_id, instance_id = _int_or_none(body, "id"), _int_or_none(body, "instance_id")
     if reservation_id is None and instance_id is None:
         raise HTTPException(400, "give id (the reservation) or instance_id")
-    ended = body.get("ended")
+    ended, cost = body.get("ended"), body.get("cost")
     if ended is not None and (isinstance(ended, bool) or not isinstance(ended, int | float)):
         raise HTTPException(400, "ended must be the service's epoch seconds, or null")
-    cost = ledger.settle(
-        _engine(), body["conn_id"], now=time.time(), reservation_id=reservation_id, instance_id=instance_id, ended=ended
+    if cost is not None and not (isinstance(cost, int | float) and not isinstance(cost, bool) and 0 <= cost < math.inf):
+        raise HTTPException(400, "cost must be the rental's cost in dollars (0 or more), or null")
+    settled = ledger.settle(
+        _engine(),
+        body["conn_id"],
+        now=time.time(),
+        reservation_id=reservation_id,
+        instance_id=instance_id,
+        ended=ended,
+        cost=cost,
     )
-    return {"cost": cost}
+    return {"cost": settled}
+
+
+@router.post("/version")
+async def version(request: Request) -> dict[str, Any]:
+    """The provider's and Airflow's versions in this api-server (``airflow gpumarket doctor`` compares them)."""
+    await _signed_body(request)
+    from airflow import __version__ as airflow_version
+
+    from airflow_gpumarket import __version__
+
+    return {"provider": __version__, "airflow": airflow_version}
 
 
 @router.post("/entries")

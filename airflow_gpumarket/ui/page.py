@@ -15,19 +15,8 @@ from html import escape
 from urllib.parse import quote
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.ui.spend import (
-    LONGEST_RUNWAY_DAYS,
-    RUNWAY_DAYS,
-    Balance,
-    Figure,
-    LiveRental,
-    Spend,
-    Total,
-    Unowned,
-    dollars,
-    ti_text,
-    utc_text,
-)
+from airflow_gpumarket.ui.account_charges import LONGEST_RUNWAY_DAYS, RUNWAY_DAYS, Balance, Unowned, dollars
+from airflow_gpumarket.ui.spend import Figure, LiveRental, Spend, Total, ti_text, utc_text
 
 #: Bar colours of the chart, one per DAG in turn.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
@@ -329,9 +318,9 @@ def render(
             f'its charges per instance and day) where it charged the rental; <span class="est">{ESTIMATE_LEGEND}'
             "</span> marks an estimate where it did not: the offer's price or the bid, from when the renting task "
             "first saw the instance running (else from its start) until it saw it stopped or it was destroyed, on the "
-            "service's clock; live rentals from their start. Estimates leave out disk storage and bandwidth, which "
-            "charges include. Actual − estimate compares the two where both exist. The service posts charges some "
-            "time after they accrue, so a live or just-ended rental's actual can be short of what it will cost. "
-            f"Shown at {utc_text(spend.window_end)}.</p></body></html>",
+            "service's clock, plus its disk from its start; live rentals from their start. Estimates leave out "
+            "bandwidth, which charges include. Actual − estimate compares the two where both exist. The service posts "
+            "charges some time after they accrue, so a live or just-ended rental's actual can be short of what it "
+            f"will cost. Shown at {utc_text(spend.window_end)}, on the service's clock.</p></body></html>",
         ]
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket import api, budgets
 from airflow_gpumarket._compat import is_airflow_2
 
 #: The XCom keys of a task instance's rental records: this prefix and the instance id.
@@ -52,6 +52,7 @@ def started(
     created_at: float,
     try_number: int | None,
     handed_over: bool = False,
+    disk_hourly: float = 0.0,
 ) -> dict[str, Any]:
     """A rental's record when its instance was created."""
     return {
@@ -60,6 +61,7 @@ def started(
         "offer_id": offer_id,
         "gpu_name": gpu_name,
         "hourly_price": hourly_price,
+        "disk_hourly": round(disk_hourly, 6),
         "interruptible": bid is not None,
         "created_at": round(created_at, 3),
         "try_number": try_number,
@@ -85,34 +87,16 @@ def price_of(record: Mapping[str, Any]) -> float | None:
     return number(record.get("hourly_price"))
 
 
-def rental_cost(
-    price: float | None,
-    *,
-    created_at: float | None,
-    running_at: float | None,
-    stopped_at: float | None,
-    ended_at: float,
-) -> float | None:
-    """A rental's estimated cost, or None without a start.
-
-    Its hourly price counts from when it was first seen running (else from its creation) until it was seen stopped after
-    its job or destroyed, whichever came first.
-    """
-    start = running_at if running_at is not None else created_at
-    if start is None:
-        return None
-    end = ended_at if stopped_at is None else min(stopped_at, ended_at)
-    return lifecycle.estimated_cost(price, max(0.0, end - start), digits=COST_DIGITS)
-
-
 def ended(record: Mapping[str, Any], ended_at: float) -> dict[str, Any]:
-    """The record once its instance is destroyed: when, and its estimated cost (``rental_cost``)."""
-    cost = rental_cost(
+    """The record once its instance is destroyed: when, and its estimated cost (``budgets.rental_cost``)."""
+    cost = budgets.rental_cost(
         price_of(record),
         created_at=number(record.get("created_at")),
         running_at=number(record.get("running_at")),
         stopped_at=number(record.get("stopped_at")),
         ended_at=ended_at,
+        disk_hourly=number(record.get("disk_hourly")) or 0.0,
+        digits=COST_DIGITS,
     )
     return {**record, "ended_at": round(ended_at, 3), "cost": cost}
 
@@ -211,6 +195,7 @@ class RentalRecorder:
             offer_id=rental.offer_id,
             gpu_name=rental.gpu_name,
             hourly_price=rental.hourly_price,
+            disk_hourly=rental.disk_hourly,
             bid=rental.bid,
             created_at=rental.recorded_at,
             try_number=number if isinstance(number, int) else None,
@@ -246,7 +231,10 @@ class RentalRecorder:
         record, rental = opened
         if rental.stopped_at is not None:
             record["stopped_at"] = round(rental.stopped_at, 3)
-        self._push(record_key(instance_id), ended(record, self._clock()))
+        record = ended(record, rental.ended_at if getattr(rental, "ended_at", None) is not None else self._clock())
+        if getattr(rental, "cost", None) is not None:  # its task's figure: the service's charge, else the same estimate
+            record.update(cost=rental.cost, cost_kind=rental.cost_kind)
+        self._push(record_key(instance_id), record)
 
     def _push(self, key: str, value: Any) -> None:
         _push(self._ti, self._log, key, value)

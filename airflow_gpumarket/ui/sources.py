@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import lifecycle
-from airflow_gpumarket.ui import spend
+from airflow_gpumarket.ui import account_charges, spend
 from airflow_gpumarket.ui.records import RECORD_KEY_PREFIX, URL_XCOM_KEY, end_key, end_only, record_key
 from airflow_gpumarket.ui.spend import RecordRow, TaskState, TiKey
 
@@ -56,7 +56,7 @@ class Gathered:
     live: list[spend.LiveRental]
     #: The rentals of the window's records (``spend.spans``).
     spans: list[spend.Span]
-    #: Each connection's charges over the window's and the runway's days (``spend.charges_window``).
+    #: Each connection's charges over the window's and the runway's days (``account_charges.charges_window``).
     charges_of: dict[str, list[Any]]
     #: The service's clock minus this host's, per connection that answered.
     clock_offsets: dict[str, float]
@@ -67,7 +67,7 @@ class Gathered:
 
     @property
     def charges(self) -> list[Any]:
-        return spend.merged_charges(self.charges_of.values())
+        return account_charges.merged_charges(self.charges_of.values())
 
 
 def gather(since: float, now: float, conn_ids: list[str] | None = None) -> Gathered:
@@ -97,7 +97,7 @@ def gather(since: float, now: float, conn_ids: list[str] | None = None) -> Gathe
     alive = {i["id"] for _, i in listed if isinstance(i.get("id"), int)}
     with create_session() as session:
         # From the window's first midnight: the charges of that day are counted, and so are their rentals' owners.
-        rows = records(session, since=spend.day_start(since), instance_ids=alive)
+        rows = records(session, since=account_charges.day_start(since), instance_ids=alive)
         starts = [r for r in rows if not r.end_only]
         by_instance = spend.records_of(listed, starts)
         keys = {spend.label_key(i.get("label")) for _, i in listed if i.get("id") not in by_instance}
@@ -122,7 +122,7 @@ def _window_charges(
     charges_of: dict[str, list[Any]] = {}
     no_charges = []
     for conn_id in conn_ids:
-        start, end = spend.charges_window(since, now + clock_offsets.get(conn_id, 0.0))
+        start, end = account_charges.charges_window(since, now + clock_offsets.get(conn_id, 0.0))
         try:
             charges_of[conn_id] = charges(conn_id, start, end)
         except GpuMarketNotFoundError:

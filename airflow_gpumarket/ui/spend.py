@@ -14,23 +14,22 @@ I/O here (``sources.py`` reads; ``page.py`` renders), so every rule of the page 
   **estimate**: every time is the service's, and a rental costs its hourly price from when its watcher first saw it
   running (else from its start) to the first end any record gives; one still listed costs its live row's figure.
   One with neither (gone with no end recorded and no charge) is counted apart, as of unknown cost.
-- **Charges no DAG takes**: of instances no task recorded nor its label names, and of no instance at all.
-- **Runway**: the credit left over the burn rate of the last ``RUNWAY_DAYS`` full days' charges (UTC, the
-  service's clock).
 
-Money is summed as exact decimals (``dollars``: what the service's JSON said) and rounded only when shown.
+The charges no DAG takes and the runway are ``account_charges.py``'s. Money is summed as exact decimals
+(``dollars``: what the service's JSON said) and rounded only when shown.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import credit, lifecycle, spend_report
-from airflow_gpumarket.ui.records import COST_DIGITS, number, price_of, rental_cost
+from airflow_gpumarket import budgets, lifecycle, spend_report
+from airflow_gpumarket.ui.account_charges import ZERO, Charged, charge_time, day_start, dollars, instance_charges
+from airflow_gpumarket.ui.records import COST_DIGITS, number, price_of
 
 if TYPE_CHECKING:
     from airflow_gpumarket.api import Charge
@@ -45,69 +44,6 @@ ACTIVE_RUN_STATES = frozenset({"queued", "running"})
 
 #: A task instance: dag_id, run_id, task_id, map_index.
 TiKey = tuple[str, str, str, int]
-
-DAY = credit.DAY_SECONDS
-#: The full days (UTC, on the service's clock) whose charges give the runway's burn rate (``credit.burn``).
-RUNWAY_DAYS = credit.BURN_DAYS
-ZERO = Decimal(0)
-#: Beyond this a runway is only "more than": a date that far out is no date at all.
-LONGEST_RUNWAY_DAYS = Decimal(36500)
-
-
-def dollars(value: float | Decimal | None) -> Decimal | None:
-    """A dollar figure as an exact decimal (``spend_report.dollars``), or None."""
-    return None if value is None else spend_report.dollars(value)
-
-
-def day_start(epoch: float) -> float:
-    """The UTC midnight that begins ``epoch``'s day."""
-    return epoch - epoch % DAY
-
-
-def charges_window(since: float, service_now: float) -> tuple[float, float]:
-    """The days one charges read covers: the page's window's (from its first midnight) and the runway's, to now.
-
-    ``service_now``: the service's time (its clock may run apart from this host's).
-    """
-    return min(day_start(since), credit.burn_window(service_now)[0]), service_now
-
-
-charge_time = credit.charge_time
-
-
-def merged_charges(lists: Iterable[Iterable[Charge]]) -> list[Charge]:
-    """The charges of several connections, each as often as one connection gives it.
-
-    Two connections of one account read the same charges; those of two accounts never share a record.
-    """
-    merged: Counter[Charge] = Counter()
-    for charges in lists:
-        merged |= Counter(charges)
-    return list(merged.elements())
-
-
-@dataclass(frozen=True)
-class Charged:
-    """An instance's charges over the window's days, summed exactly."""
-
-    amount: Decimal
-    #: The end of its latest charge: what it cost after that is not posted yet.
-    until: float | None = None
-
-
-def instance_charges(charges: Iterable[Charge], window_start: float) -> dict[int, Charged]:
-    """Each charged instance's charges of the window's days (from the first midnight; one with no time counts)."""
-    first = day_start(window_start)
-    sums: dict[int, Decimal] = defaultdict(Decimal)
-    until: dict[int, float | None] = {}
-    for charge in charges:
-        when = charge_time(charge)
-        if charge.instance_id is None or (when is not None and when < first):
-            continue
-        sums[charge.instance_id] += dollars(charge.amount) or ZERO
-        ends = [t for t in (until.get(charge.instance_id), charge.end) if t is not None]
-        until[charge.instance_id] = max(ends, default=None)
-    return {i: Charged(amount, until[i]) for i, amount in sums.items()}
 
 
 @dataclass(frozen=True)
@@ -423,6 +359,9 @@ class Span:
     ended_at: float | None
     running_at: float | None = None  # first seen running: compute billing started by then
     stopped_at: float | None = None  # first seen stopped after its job: compute billing ended by then
+    disk_hourly: float = 0.0  # what its disk bills per hour
+    cost: float | None = None  # what its renter recorded at its end: ``cost_kind`` says whether charged or estimated
+    cost_kind: str | None = None
 
 
 def spans(rows: Iterable[RecordRow], attributed: Mapping[str, TiKey] | None = None) -> list[Span]:
@@ -452,6 +391,9 @@ def spans(rows: Iterable[RecordRow], attributed: Mapping[str, TiKey] | None = No
                 stopped_at=min(
                     (t for r in group if (t := number(r.record.get("stopped_at"))) is not None), default=None
                 ),
+                disk_hourly=next((d for r in ordered if (d := number(r.record.get("disk_hourly")))), 0.0),
+                cost=number(starts[0].record.get("cost")) if starts else None,
+                cost_kind=starts[0].record.get("cost_kind") if starts else None,
             )
         )
     return result
@@ -480,7 +422,8 @@ def spend(
         if span.owner is None or span.created_at is None or span.created_at < window_start:
             continue
         estimate = span_cost(span, alive_costs)
-        its_charges = charged.get(span.instance_id) if latest[span.instance_id] is span else None
+        listed = charged.get(span.instance_id) if latest[span.instance_id] is span else None
+        its_charges = listed or recorded_charge(span)
         if estimate is None and its_charges is None:
             result.unknown_cost += 1
             continue
@@ -489,7 +432,7 @@ def spend(
         result.rows.append(RentalSpend(span, figure))
         result.dags.setdefault(dag_id, Total()).add(figure)
         result.runs.setdefault((dag_id, run_id), Total()).add(figure)
-        if its_charges is None:
+        if listed is None:
             per_day[spend_report.utc_day(span.created_at)][dag_id] += figure.amount or ZERO
         else:
             took[span.instance_id] = span
@@ -505,6 +448,13 @@ def spend(
     return result
 
 
+def recorded_charge(span: Span) -> Charged | None:
+    """The service's charge its renter read at the rental's end, when the window's charges do not list it."""
+    if span.cost is None or span.cost_kind != budgets.CHARGED:
+        return None
+    return Charged(dollars(span.cost) or ZERO, span.ended_at)
+
+
 def charge_live(rows: Iterable[LiveRental], charges: Iterable[Charge], window_start: float) -> None:
     """Set each live row's charges over the window's days, and whether it started before the window's first day."""
     charged = instance_charges(charges, window_start)
@@ -513,94 +463,23 @@ def charge_live(rows: Iterable[LiveRental], charges: Iterable[Charge], window_st
         row.started_before_window = row.started_at is not None and row.started_at < day_start(window_start)
 
 
-@dataclass(frozen=True)
-class Unowned:
-    """Charges of the window's days that no DAG's rental takes."""
-
-    #: Of instances that no task recorded and whose label names no task instance found.
-    instances: Decimal = ZERO
-    instance_ids: tuple[int, ...] = ()
-    #: Of no instance (volumes, serverless endpoints, ...).
-    other: Decimal = ZERO
-
-
-def unowned(charges: Iterable[Charge], owned: Iterable[int], window_start: float) -> Unowned:
-    """The charges of the window's days of the instances not ``owned`` (of a rental some task instance owns)."""
-    first, mine = day_start(window_start), set(owned)
-    instances, other, ids = ZERO, ZERO, set()
-    for charge in charges:
-        when = charge_time(charge)
-        if when is not None and when < first:
-            continue
-        if charge.instance_id is None:
-            other += dollars(charge.amount) or ZERO
-        elif charge.instance_id not in mine:
-            instances += dollars(charge.amount) or ZERO
-            ids.add(charge.instance_id)
-    return Unowned(instances, tuple(sorted(ids)), other)
-
-
-@dataclass(frozen=True)
-class Runway:
-    """How long the credit left lasts at the account's recent burn rate."""
-
-    available: Decimal | None
-    #: The charges of the last ``RUNWAY_DAYS`` full days; None when the service gave no charges.
-    burn: Decimal | None
-    #: The service's time it was read at.
-    now: float
-
-    @property
-    def daily(self) -> Decimal | None:
-        return None if self.burn is None else self.burn / RUNWAY_DAYS
-
-    @property
-    def days(self) -> Decimal | None:
-        """Days until the credit is spent; None without a credit, without charges, or with no recent spend."""
-        daily = self.daily
-        if self.available is None or not daily or daily <= 0:
-            return None
-        return max(ZERO, self.available / daily)
-
-    @property
-    def runs_out_at(self) -> float | None:
-        """When the credit runs out; None without a runway or beyond ``LONGEST_RUNWAY_DAYS``."""
-        days = self.days
-        return None if days is None or days > LONGEST_RUNWAY_DAYS else self.now + float(days) * DAY
-
-
-def runway(available: float | None, charges: Iterable[Charge] | None, service_now: float) -> Runway:
-    """The runway of ``available`` dollars at the burn rate of the last ``RUNWAY_DAYS`` full UTC days.
-
-    Full days: those before the service's today, whose charges are (mostly) posted. ``charges``: None when the service
-    gave none; one with no time cannot be placed in a day and does not count.
-    """
-    burn = None if charges is None else credit.burn(charges, service_now)
-    return Runway(dollars(available), burn, service_now)
-
-
-@dataclass(frozen=True)
-class Balance:
-    """One connection's account: its runway, or why the page has none."""
-
-    conn_id: str
-    runway: Runway | None
-    problem: str | None = None
-
-
 def span_cost(span: Span, alive_costs: Mapping[int, float | None]) -> float | None:
     """A span's cost, or None when unknown.
 
-    Ended: ``records.rental_cost``. Still listed: its live row's cost so far. Gone with no end recorded: unknown (None),
-    never guessed from its task's end.
+    Ended: its renter's recorded estimate, else ``budgets.rental_cost``. Still listed: its live row's cost so far.
+    Gone with no end recorded: unknown (None), never guessed from its task's end.
     """
+    if span.ended_at is not None and span.cost is not None and span.cost_kind == budgets.ESTIMATED:
+        return span.cost  # its renter's estimate, the one its task log and its budget settled at
     if span.ended_at is not None:
-        return rental_cost(
+        return budgets.rental_cost(
             span.hourly_price,
             created_at=span.created_at,
             running_at=span.running_at,
             stopped_at=span.stopped_at,
             ended_at=span.ended_at,
+            disk_hourly=span.disk_hourly,
+            digits=COST_DIGITS,
         )
     return alive_costs.get(span.instance_id)
 

@@ -15,10 +15,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from gpumarket_simulator import charges, listing, logs, rules
+from gpumarket_simulator import charges, instance_rules, listing, logs, rules
 from gpumarket_simulator.admin import AdminRoutes
 from gpumarket_simulator.copy_routes import CopyRoutes
 from gpumarket_simulator.errors import ApiError
+from gpumarket_simulator.instances import bid_loses
 from gpumarket_simulator.market import Market
 from gpumarket_simulator.paths import (
     PATH_API_KEYS,
@@ -44,7 +45,6 @@ from gpumarket_simulator.paths import (
     PATH_VOLUMES,
 )
 from gpumarket_simulator.wire import AUTH_SCOPE_KEY, WireLayer
-from gpumarket_simulator.world import bid_loses
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class ApiRoutes:
 
     async def create_instance(self, request: Request) -> Any:
         offer_id = _path_int(request, "offer_id", "no_such_ask", "Offer")
-        fields = rules.validate_create(rules.parse_json(await request.body()))
+        fields = instance_rules.validate_create(rules.parse_json(await request.body()))
         market = self.market
         with market.transaction() as (world, now):
             try:
@@ -223,9 +223,9 @@ class ApiRoutes:
         instance_id = _path_int(request, "instance_id", "no_such_instance", "Instance")
         body = rules.parse_json(await request.body())
         if self.live:
-            state, label = rules.validate_instance_change(body)
+            state, label = instance_rules.validate_instance_change(body)
         else:
-            state, label = rules.validate_state_change(body), None
+            state, label = instance_rules.validate_state_change(body), None
         with self.market.transaction() as (world, now):
             inst = world.live_instance(instance_id)
             if state is not None:  # first: a start refused for want of credit changes nothing
@@ -243,7 +243,9 @@ class ApiRoutes:
     async def request_logs(self, request: Request) -> Any:
         """Snapshot the container's (or the host daemon's) log and "upload" it; the live service's answer shape."""
         instance_id = _path_int(request, "instance_id", "invalid_id", "Instance")
-        tail, log_filter, daemon = rules.validate_logs_request(rules.parse_json(await request.body(), required=False))
+        tail, log_filter, daemon = instance_rules.validate_logs_request(
+            rules.parse_json(await request.body(), required=False)
+        )
         market = self.market
         with market.transaction() as (world, now):
             inst = world.live.get(instance_id)
@@ -264,7 +266,7 @@ class ApiRoutes:
     async def change_bid(self, request: Request) -> Any:
         """A new bid for an interruptible instance: the live service's errors for an unknown or on-demand one."""
         instance_id = _path_int(request, "instance_id", "no_such_instance", "Instance")
-        price = rules.validate_change_bid(rules.parse_json(await request.body()))
+        price = instance_rules.validate_change_bid(rules.parse_json(await request.body()))
         with self.market.transaction() as (world, now):
             inst = world.live.get(instance_id)
             if inst is None:
@@ -279,26 +281,26 @@ class ApiRoutes:
         body = rules.parse_json(await request.body())
         machine_ids, hidden = rules.validate_volume_listing(body)
         with self.market.transaction() as (world, _):
-            return world.create_volume_listings(machine_ids, hidden, body)
+            return world.volume_listings.create(machine_ids, hidden, body)
 
     async def create_endpoint(self, request: Request) -> Any:
         fields = rules.validate_endpoint(rules.parse_json(await request.body()))
         with self.market.transaction() as (world, now):
-            return {"success": True, "result": world.create_endpoint(fields, now)}
+            return {"success": True, "result": world.serverless.create_endpoint(fields, now)}
 
     async def delete_deployments(self, request: Request) -> Any:
         name, tag = rules.validate_delete_deployments(rules.parse_json(await request.body()))
         with self.market.transaction() as (world, now):
-            return {"success": True, "count": world.delete_deployments(name, tag, now)}
+            return {"success": True, "count": world.serverless.delete_deployments(name, tag, now)}
 
     async def regenerate_backup_codes(self, request: Request) -> Any:
         fields = rules.validate_tfa(rules.parse_json(await request.body()))
         with self.market.transaction() as (world, now):
-            return world.regen_backup_codes(fields, now)
+            return world.two_factor.regen_backup_codes(fields, now)
 
     async def list_pending_price_increases(self, request: Request) -> Any:
         with self.market.transaction() as (world, _):
-            return world.list_pending_price_increases()
+            return world.price_increases.listing(world.list_limit)
 
     async def list_api_keys(self, request: Request) -> Any:
         with self.market.transaction() as (world, _):

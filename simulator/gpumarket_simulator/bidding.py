@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from gpumarket_simulator.rules import is_number
 
 if TYPE_CHECKING:
-    from gpumarket_simulator.world import Offer
+    from gpumarket_simulator.offers import Offer
 
 #: An offer's floor for an interruptible rental, as a share of its on-demand dph_total (the simulator's choice;
 #: public reports show bid floors well below the on-demand price).

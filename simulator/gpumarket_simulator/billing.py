@@ -22,6 +22,12 @@ CREDIT_STOP_MSG = "Stopped: the account's credit ran out. Add credit, then start
 ITEM_TYPES = ("gpu", "storage", "bandwidth")
 
 
+def dollars(amount: float) -> str:
+    """``$12.50`` or ``-$0.42`` (float dust around zero is ``$0.00``)."""
+    cents = round(amount * 100)
+    return f"-${-cents / 100:,.2f}" if cents < 0 else f"${cents / 100:,.2f}"
+
+
 def day_of(t: float) -> int:
     """The start (epoch seconds) of the UTC day ``t`` falls in."""
     return int(math.floor(t / SECONDS_PER_DAY)) * SECONDS_PER_DAY

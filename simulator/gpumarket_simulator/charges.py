@@ -28,7 +28,8 @@ from gpumarket_simulator.rules import LIST_OPERATORS, OPERATORS, is_number, offe
 
 if TYPE_CHECKING:
     from gpumarket_simulator.billing import DayLedger, Invoice
-    from gpumarket_simulator.world import Instance, World
+    from gpumarket_simulator.instances import Instance
+    from gpumarket_simulator.world import World
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100

@@ -6,7 +6,7 @@ and answered at once; the copy itself runs later on the simulated clock (see sto
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
@@ -23,9 +23,11 @@ from gpumarket_simulator.storage import (
     Endpoint,
     bucket_path,
     instance_path,
-    own_instance,
-    parse_instance_id,
 )
+
+if TYPE_CHECKING:
+    from gpumarket_simulator.instances import Instance
+    from gpumarket_simulator.world import World
 
 COPY_STARTED = "Remote to remote copy started; progress shows in the destination's status_msg (~30 s late)."
 CLOUD_COPY_STARTED = "Cloud copy started; progress shows in the instance's status_msg (~30 s late)."
@@ -111,3 +113,26 @@ class CopyRoutes:
             own_instance(world, dst_id, "dst_id")
             n = self.market.storage.cancel(world, lambda c: c.kind == RCLONE and c.shown_on == dst_id, now)
         return {"success": True, "msg": f"{n} cloud copies of instance {dst_id} cancelled"}
+
+
+def parse_instance_id(value: Any, field_name: str) -> int:
+    """An instance id as an int, a string of digits or ``"C.<id>"`` (the official CLI's ``C.123:/path``)."""
+    raw = value
+    if isinstance(raw, str):
+        raw = raw.strip()
+        if raw[:2] in ("C.", "c."):
+            raw = raw[2:]
+        if raw.isascii() and raw.isdigit():
+            raw = int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
+        raise bad_request(
+            f"{field_name} must be an instance id (an integer, a string of digits or 'C.<id>'), got {value!r}"
+        )
+    return raw
+
+
+def own_instance(world: World, instance_id: int, field_name: str) -> Instance:
+    inst = world.live.get(instance_id)
+    if inst is None:
+        raise ApiError(404, "no_such_instance", f"{field_name}: instance {instance_id} does not exist or was destroyed")
+    return inst

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpumarket_simulator.world import Instance
+    from gpumarket_simulator.instances import Instance
 
 #: Simulated seconds between a logs request and its upload being readable (the official client polls for ~9 s).
 UPLOAD_SECONDS = 2.0

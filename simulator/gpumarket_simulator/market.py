@@ -22,11 +22,12 @@ from typing import Any
 
 from gpumarket_simulator.bidding import parse_drift
 from gpumarket_simulator.clock import SimClock
+from gpumarket_simulator.copy_faults import parse_copy_faults
 from gpumarket_simulator.faults import Faults
 from gpumarket_simulator.logs import LogUploads
 from gpumarket_simulator.onstart import HALT_GRACE_SECONDS, OnstartRunner
 from gpumarket_simulator.ratelimits import RateLimits
-from gpumarket_simulator.storage import INSTANCE_ROOT_ENV, Storage, parse_copy_faults
+from gpumarket_simulator.storage import INSTANCE_ROOT_ENV, Storage
 from gpumarket_simulator.world import World
 from gpumarket_simulator.worldgen import SAMPLE_BUCKET_FILES, build_world
 
@@ -305,7 +306,7 @@ class Market:
 
     def alive_instances(self) -> list[dict[str, Any]]:
         with self.transaction() as (world, _):
-            return [world.instance_admin_view(i) for i in world.live.values()]
+            return [i.admin_view() for i in world.live.values()]
 
     def onstart_result(self, instance_id: int) -> dict[str, Any] | None:
         with self.transaction():
@@ -318,7 +319,8 @@ class Market:
         if contract_id is not None and (isinstance(contract_id, bool) or not isinstance(contract_id, int)):
             raise ValueError("contract_id must be an integer or null")
         with self.transaction() as (world, now):
-            return world.add_pending_price_increases(n, contract_id, now)
+            inst = world.instances.get(contract_id) if contract_id is not None else None
+            return world.price_increases.add(n, contract_id, inst.offer.host_id if inst else None, now)
 
     def account(self) -> dict[str, Any]:
         """The credit, what was put in and billed, the invoices and the $0 stops (``GET /_sim/account``)."""

@@ -1,5 +1,8 @@
 """The simulated server's own rules for request bodies: what it accepts, and the 4xx it answers otherwise.
 
+Here: JSON and the kinds of values every body shares, the offer search, and the account's bodies (volume listings,
+serverless, two-factor); the instance endpoints' bodies are in ``instance_rules.py``.
+
 These are written from the server's side of the published API reference on purpose, independently of the provider's
 validation: if both sides shared one reading of the spec, a misreading would never show up in tests.
 """
@@ -8,17 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpumarket_simulator.errors import ApiError, bad_request
-from gpumarket_simulator.paths import ONSTART_MAX_CHARS
 
-RUNTYPES = frozenset({"ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args"})
-DIRECT_RUNTYPES = frozenset({"ssh_direct", "jupyter_direct"})
-TARGET_STATES = frozenset({"running", "stopped"})
 OFFER_TYPES = frozenset({"ondemand", "on-demand", "bid"})
 ENDPOINT_STATES = frozenset({"active", "suspended", "stopped"})
 TFA_METHODS = frozenset({"sms", "totp", "email"})
@@ -46,12 +43,6 @@ ORDER_OPERATORS = frozenset({"gte", "gt", "lte", "lt"})
 LIST_OPERATORS = frozenset({"in", "notin"})
 OPERATORS = EQUALITY_OPERATORS | ORDER_OPERATORS | LIST_OPERATORS
 SEARCH_CONTROL_KEYS = frozenset({"type", "limit", "order"})
-
-#: A disk this large cannot exist on one host; the cap also keeps the ledger's arithmetic finite.
-MAX_DISK_GB = 100_000
-
-_PORT_KEY = re.compile(r"^-p (\d{1,5}):(\d{1,5})(/(tcp|udp))?$")
-_IMAGE_LOGIN = re.compile(r"^-u (\S+) -p (\S+) (\S+)$")
 
 ENDPOINT_NUMBER_FIELDS = (
     "min_load",
@@ -86,11 +77,11 @@ def parse_json(raw: bytes, *, required: bool = True) -> Any:
 
 def require_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
-        raise bad_request(f"the body must be a JSON object, got {_kind(body)}")
+        raise bad_request(f"the body must be a JSON object, got {kind_of(body)}")
     return body
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -122,207 +113,9 @@ def one_of(value: Any, choices: frozenset[str] | dict[str, Any]) -> bool:
     return isinstance(value, str) and value in choices
 
 
-def _present(body: dict[str, Any], name: str) -> bool:
+def present(body: dict[str, Any], name: str) -> bool:
     """Optional fields sent as null count as not sent."""
     return body.get(name) is not None
-
-
-# --- Create instance ----------------------------------------------------------------------------------------
-def validate_create(body: Any) -> dict[str, Any]:
-    """Check the creation request fields; return only the fields that were given (nulls dropped)."""
-    body = require_object(body)
-    out: dict[str, Any] = {}
-    for name in ("image", "template_hash_id"):
-        if _present(body, name):
-            value = body[name]
-            if not isinstance(value, str) or not value.strip():
-                raise bad_request(f"{name} must be a non-empty string")
-            out[name] = value
-    if "image" not in out and "template_hash_id" not in out:
-        raise bad_request("image is required unless template_hash_id is given", "missing_image")
-    for name in ("label", "args_str", "jupyter_dir", "onstart"):
-        if _present(body, name):
-            if not isinstance(body[name], str):
-                raise bad_request(f"{name} must be a string, got {_kind(body[name])}")
-            out[name] = body[name]
-    if "onstart" in out and len(out["onstart"]) > ONSTART_MAX_CHARS:
-        raise bad_request(
-            f"onstart is {len(out['onstart'])} characters; the limit is {ONSTART_MAX_CHARS}",
-            "onstart_too_long",
-        )
-    if _present(body, "disk"):
-        disk = body["disk"]
-        if not is_number(disk) or disk <= 0 or disk > MAX_DISK_GB:
-            raise bad_request(f"disk must be a number of GB greater than 0 and at most {MAX_DISK_GB}")
-        out["disk"] = disk
-    if _present(body, "price"):
-        if not is_number(body["price"]) or body["price"] <= 0:
-            raise bad_request("price must be a positive number of dollars per hour")
-        out["price"] = body["price"]
-    if _present(body, "runtype"):
-        if not one_of(body["runtype"], RUNTYPES):
-            raise bad_request(f"runtype must be one of {', '.join(sorted(RUNTYPES))}")
-        out["runtype"] = body["runtype"]
-    if _present(body, "target_state"):
-        if not one_of(body["target_state"], TARGET_STATES):
-            raise bad_request("target_state must be running or stopped")
-        out["target_state"] = body["target_state"]
-    for name in ("use_jupyter_lab", "python_utf8", "lang_utf8", "cancel_unavail", "vm"):
-        if _present(body, name):
-            if not isinstance(body[name], bool):
-                raise bad_request(f"{name} must be true or false, got {_kind(body[name])}")
-            out[name] = body[name]
-    if _present(body, "env"):
-        out["env"] = validate_env(body["env"])
-    if _present(body, "image_login"):
-        out["image_login"] = parse_image_login(body["image_login"])
-    if _present(body, "volume_info"):
-        out["volume_info"] = validate_volume_info(body["volume_info"])
-    return out
-
-
-def validate_env(env: Any) -> dict[str, str]:
-    """env is an object of variables plus ``"-p N:N": "1"`` port mappings (rule 1 of the spec)."""
-    if not isinstance(env, dict):
-        raise bad_request(
-            f"env must be a JSON object of NAME: value pairs, got {_kind(env)}; "
-            "the '-e NAME=value -p 8080:8080' flag string is only for templates"
-        )
-    out: dict[str, str] = {}
-    for key, value in env.items():
-        if not key or "=" in key or "\x00" in key:
-            raise bad_request(f"env key {key!r} is not a valid variable name")
-        if key.startswith("-"):
-            match = _PORT_KEY.match(key)
-            if not match or not all(1 <= int(match.group(i)) <= 65535 for i in (1, 2)):
-                raise bad_request(f"env key {key!r} is neither a variable nor a '-p N:N' port mapping")
-            if value != "1":
-                raise bad_request(f'the port mapping {key!r} takes the string value "1"')
-            out[key] = value
-            continue
-        if isinstance(value, str):
-            if "\x00" in value:
-                raise bad_request(f"env value of {key} contains a NUL character")
-            out[key] = value
-        elif is_number(value):
-            out[key] = str(value)
-        else:
-            raise bad_request(f"env value of {key} must be a string, got {_kind(value)}")
-    return out
-
-
-def parse_template_env(env: Any) -> dict[str, str]:
-    """A template's env: the flag-string form templates use (``-e A=1 -p 22:22``) or an object."""
-    if env is None:
-        return {}
-    if isinstance(env, dict):
-        return validate_env(env)
-    if not isinstance(env, str):
-        raise ValueError(f"template env must be a flag string or an object, got {_kind(env)}")
-    out: dict[str, str] = {}
-    words = shlex.split(env)
-    i = 0
-    while i < len(words):
-        flag = words[i]
-        if flag in ("-e", "-p") and i + 1 < len(words):
-            arg = words[i + 1]
-            if flag == "-e":
-                name, _, value = arg.partition("=")
-                out[name] = value
-            else:
-                out[f"-p {arg}"] = "1"
-            i += 2
-        else:
-            raise ValueError(f"cannot read template env flag {flag!r}; use -e NAME=value or -p N:N")
-    return validate_env(out)
-
-
-def parse_image_login(value: Any) -> dict[str, str]:
-    """``-u <user> -p <token> <registry>`` -> the ``docker_login_*`` fields a template would carry."""
-    match = _IMAGE_LOGIN.match(value) if isinstance(value, str) else None
-    if not match:
-        # The value holds a registry token: never echo it.
-        raise bad_request("image_login must have the form '-u <user> -p <access_token> <registry_host>'")
-    return {
-        "docker_login_user": match.group(1),
-        "docker_login_pass": match.group(2),
-        "docker_login_repo": match.group(3),
-    }
-
-
-def validate_volume_info(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise bad_request("volume_info must be an object with volume_id and mount_path")
-    unknown = set(value) - {"volume_id", "mount_path"}
-    if unknown:
-        raise bad_request(f"volume_info has unknown keys: {', '.join(sorted(unknown))}")
-    if not is_int(value.get("volume_id")) or value["volume_id"] <= 0:
-        raise bad_request("volume_info.volume_id must be a positive integer")
-    mount = value.get("mount_path")
-    if not isinstance(mount, str) or not mount.startswith("/"):
-        raise bad_request("volume_info.mount_path must be an absolute path")
-    return {"volume_id": value["volume_id"], "mount_path": mount}
-
-
-def validate_state_change(body: Any) -> str:
-    body = require_object(body)
-    state = body.get("state")
-    if not one_of(state, TARGET_STATES):
-        raise bad_request("state must be stopped or running")
-    return str(state)
-
-
-def validate_instance_change(body: Any) -> tuple[str | None, str | None]:
-    """Live profile: ``PUT /instances/{id}/`` takes ``state``, ``label`` or both; returns (state, label)."""
-    body = require_object(body)
-    state = body.get("state")
-    label = body.get("label")
-    if state is None and label is None:
-        raise bad_request('send "state" (stopped or running), "label" (a string) or both')
-    if state is not None and not one_of(state, TARGET_STATES):
-        raise bad_request("state must be stopped or running")
-    if label is not None and not isinstance(label, str):
-        raise bad_request(f"label must be a string, got {_kind(label)}")
-    return state, label
-
-
-def validate_change_bid(body: Any) -> float:
-    """Validate ``PUT /instances/bid_price/{id}/`` and return the price.
-
-    ``price`` is a number > 0 ($/h); ``client_id`` is "me" or the account's id, as the official client sends it.
-    """
-    body = require_object(body)
-    price = body.get("price")
-    if not is_number(price) or price <= 0:
-        raise bad_request(f"price must be a number of dollars per hour greater than 0, got {price!r}")
-    client = body.get("client_id", "me")
-    if not (client == "me" or (isinstance(client, int) and not isinstance(client, bool))):
-        raise bad_request(f'client_id must be "me" or your user id, got {client!r}')
-    return float(price)
-
-
-def validate_logs_request(body: Any) -> tuple[int | None, str | None, bool]:
-    """Validate ``PUT /instances/request_logs/{id}/`` and return (tail, filter, daemon_logs).
-
-    All are optional: ``tail`` (a number of lines, as a string the way the official client sends it, or a number),
-    ``filter`` (text) and ``daemon_logs`` ("true"/"false" or a boolean).
-    """
-    body = require_object(body)
-    tail = body.get("tail")
-    if tail is not None:
-        text = str(tail).strip() if isinstance(tail, str | int) and not isinstance(tail, bool) else ""
-        if not text.isdigit() or int(text) <= 0:
-            raise bad_request(f'tail must be a positive number of lines such as "1000", got {tail!r}')
-        tail = int(text)
-    log_filter = body.get("filter")
-    if log_filter is not None and not isinstance(log_filter, str):
-        raise bad_request(f"filter must be a string, got {_kind(log_filter)}")
-    daemon = body.get("daemon_logs", False)
-    if isinstance(daemon, str) and daemon.lower() in ("true", "false"):
-        daemon = daemon.lower() == "true"
-    if not isinstance(daemon, bool):
-        raise bad_request(f'daemon_logs must be "true" or "false", got {daemon!r}')
-    return tail, log_filter or None, daemon
 
 
 # --- Search -------------------------------------------------------------------------------------------------
@@ -418,7 +211,7 @@ def _check_operand(name: str, operator: str, operand: Any, kinds: dict[str, str]
             or (kind == "bool" and isinstance(value, bool))
         )
         if not ok:
-            raise bad_request(f"{name} compares with a {kind}, got {_kind(value)}", "invalid_filter")
+            raise bad_request(f"{name} compares with a {kind}, got {kind_of(value)}", "invalid_filter")
 
 
 def _validate_order(order: Any, kinds: dict[str, str] = OFFER_FIELD_KINDS) -> list[tuple[str, bool]]:
@@ -462,12 +255,12 @@ def offer_matches(offer: dict[str, Any], filters: list[tuple[str, str, Any]]) ->
 def validate_volume_listing(body: Any) -> tuple[list[int], bool | None]:
     """Machine ids (``machines`` overrides ``machine``) and hidden_listing, with the spec's 400 and 422."""
     body = require_object(body)
-    if _present(body, "machines"):
+    if present(body, "machines"):
         machines = body["machines"]
         if not isinstance(machines, list) or not machines or not all(_is_id(m) for m in machines):
             raise bad_request("Invalid machine id")
         ids = list(dict.fromkeys(machines))
-    elif _present(body, "machine"):
+    elif present(body, "machine"):
         if not _is_id(body["machine"]):
             raise bad_request("Invalid machine id")
         ids = [body["machine"]]
@@ -489,21 +282,21 @@ def validate_endpoint(body: Any) -> dict[str, Any]:
     body = require_object(body)
     out: dict[str, Any] = {}
     for name in ENDPOINT_NUMBER_FIELDS:
-        if _present(body, name):
+        if present(body, name):
             if not is_number(body[name]) or body[name] < 0:
                 raise bad_request(f"{name} must be a number of at least 0")
             out[name] = body[name]
     for name in ENDPOINT_INT_FIELDS:
-        if _present(body, name):
+        if present(body, name):
             if not is_int(body[name]) or body[name] < 0:
                 raise bad_request(f"{name} must be an integer of at least 0")
             out[name] = body[name]
     for name in ENDPOINT_TEXT_FIELDS:
-        if _present(body, name):
+        if present(body, name):
             if not isinstance(body[name], str) or not body[name].strip():
                 raise bad_request(f"{name} must be a non-empty string")
             out[name] = body[name]
-    if _present(body, "endpoint_state"):
+    if present(body, "endpoint_state"):
         if not one_of(body["endpoint_state"], ENDPOINT_STATES):
             raise bad_request("endpoint_state must be active, suspended or stopped", "invalid_endpoint_state")
         out["endpoint_state"] = body["endpoint_state"]
@@ -532,15 +325,15 @@ def validate_tfa(body: Any) -> dict[str, Any]:
     body = require_object(body)
     out: dict[str, Any] = {}
     for name in ("code", "secret", "backup_code"):
-        if _present(body, name):
+        if present(body, name):
             if not isinstance(body[name], str) or not body[name].strip():
                 raise bad_request(f"{name} must be a non-empty string")
             out[name] = body[name].strip()
-    if _present(body, "tfa_method"):
+    if present(body, "tfa_method"):
         if not one_of(body["tfa_method"], TFA_METHODS):
             raise bad_request("tfa_method must be sms, totp or email")
         out["tfa_method"] = body["tfa_method"]
-    if _present(body, "tfa_method_id"):
+    if present(body, "tfa_method_id"):
         if not _is_id(body["tfa_method_id"]):
             raise bad_request("tfa_method_id must be a positive integer")
         out["tfa_method_id"] = body["tfa_method_id"]

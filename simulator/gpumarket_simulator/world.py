@@ -1,307 +1,46 @@
-"""The simulated market's state and the service rules that change it.
+"""The simulated market's state and the service rules that change it: the clock, instances' lives, bids, credit.
 
-Offers, instances and their lifecycle, the billing ledger and the prepaid credit it draws on (with the $0 stop),
-volume asks, serverless endpoints, deployments, account items and two-factor codes. Every method takes the
-simulated time ``now`` from its caller and must be called with the market lock held (see ``market.py``); nothing
-here reads a clock, sleeps or starts a process. Side effects the outside world must carry out (starting or killing
-an onstart script) are queued in ``events`` for the caller to drain.
+Every method takes the simulated time ``now`` from its caller and must be called with the market lock held (see
+``market.py``); nothing here reads a clock, sleeps or starts a process. Side effects the outside world must carry
+out (starting or killing an onstart script) are queued in ``events`` for the caller to drain. What the world holds
+has modules of its own: ``offers.py`` (machines, offers), ``instances.py``, ``billing.py`` (ledgers, the account),
+``serverless.py``, ``two_factor.py`` and ``price_increases.py``.
 """
 
 from __future__ import annotations
 
-import hmac
 import operator
 import random
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from gpumarket_simulator import totp
-from gpumarket_simulator.bidding import MIN_BID_SHARE, BidMarket
+from gpumarket_simulator.bidding import BidMarket
 from gpumarket_simulator.billing import (
     ADMIN_SERVICE,
     CREDIT_EPSILON,
     CREDIT_STOP_MSG,
     SIGNUP_SERVICE,
     Account,
-    DayLedger,
-    day_of,
+    dollars,
 )
-from gpumarket_simulator.errors import ApiError, bad_request
-from gpumarket_simulator.rules import DIRECT_RUNTYPES, SearchQuery, is_number, offer_matches
+from gpumarket_simulator.errors import ApiError
+from gpumarket_simulator.instance_rules import DIRECT_RUNTYPES
+from gpumarket_simulator.instances import FAILED_STATUSES, FATES, FORCEABLE_STATUSES, Instance, bid_loses
+from gpumarket_simulator.offers import Machine, Offer
+from gpumarket_simulator.price_increases import PendingPriceIncreases
+from gpumarket_simulator.rules import SearchQuery, is_number, offer_matches
+from gpumarket_simulator.serverless import Serverless
+from gpumarket_simulator.templates import configure
+from gpumarket_simulator.two_factor import TwoFactor
+from gpumarket_simulator.volume_listings import VolumeListings
 
-FAILED_STATUSES = ("exited", "unknown", "offline")
-#: What an offer's instances end up as after booting.
-FATES = ("running", *FAILED_STATUSES)
-#: Statuses the admin surface may force an instance into (None is "provisioning").
-FORCEABLE_STATUSES = (None, "loading", "running", "stopped", *FAILED_STATUSES)
 #: The month that an offer's storage_cost ($/GB/month) is spread over: 30 days, as the live service's client counts.
 SECONDS_PER_MONTH = 30 * 86400
-#: Disk in GB an instance gets when its creation names none (the spec does not say; this is the simulator's choice).
-DEFAULT_DISK_GB = 8
 BOOT_SECONDS = (60.0, 300.0)
 #: A step of an instance's schedule that is no status: an outbid instance's bid wins again (see ``World.outbid``).
 RESUME = "resume"
 #: A restart finds the image already on the host, so it only goes through a (shorter) loading phase.
 RESTART_LOADING_SECONDS = (20.0, 120.0)
-BACKUP_CODES_PER_REGENERATION = 10
-#: An offer's upload and download price in $/GB when the world file names none.
-DEFAULT_INET_COST_PER_GB = 0.005
-
-_LOGIN_KEY = re.compile(r"^[a-z0-9]+_login_(repo|user|pass)$")
-#: Template fields that become instance configuration (rule 6: request values override them).
-TEMPLATE_CONFIG_KEYS = (
-    "image",
-    "runtype",
-    "onstart",
-    "disk",
-    "args_str",
-    "jupyter_dir",
-    "use_jupyter_lab",
-    "python_utf8",
-    "lang_utf8",
-    "vm",
-)
-ENDPOINT_DEFAULTS: dict[str, Any] = {
-    "min_load": 0.0,
-    "min_cold_load": 0.0,
-    "target_util": 0.9,
-    "cold_mult": 2.5,
-    "cold_workers": 5,
-    "max_workers": 20,
-    "max_queue_time": 30.0,
-    "target_queue_time": 10.0,
-    "autoscaler_instance": "prod",
-    "endpoint_state": "active",
-    "inactivity_timeout": None,
-    "overrecruit_ratio": 1.0,
-}
-
-
-@dataclass
-class Machine:
-    id: int
-    host_id: int
-    online: bool = True
-    owned: bool = False
-    public_ip: str = "198.51.100.1"
-    disk_gb: float = 1000.0
-
-    def view(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "host_id": self.host_id,
-            "online": self.online,
-            "owned": self.owned,
-            "public_ip": self.public_ip,
-            "disk_gb": self.disk_gb,
-        }
-
-
-@dataclass
-class Offer:
-    id: int
-    machine_id: int
-    host_id: int
-    num_gpus: int
-    gpu_name: str
-    gpu_ram: float
-    dph_total: float
-    reliability: float
-    verified: bool
-    direct_port_count: int
-    dlperf_per_dphtotal: float
-    #: The host accepts rentals. The offer's ``rentable`` field also needs "not rented" and "machine online".
-    listed: bool = True
-    fate: str = "running"
-    #: None, the id of our instance, or "other" (rented by someone else).
-    rented_by: int | str | None = None
-    #: The highest bid of other renters for this machine (None: nobody bids); see bidding.py.
-    competing_bid: float | None = None
-    #: Bandwidth prices in $/GB (1e9 bytes), billed for the bytes a copy moves (see storage.py).
-    inet_up_cost: float = DEFAULT_INET_COST_PER_GB
-    inet_down_cost: float = DEFAULT_INET_COST_PER_GB
-
-    @property
-    def floor_bid(self) -> float:
-        return round(self.dph_total * MIN_BID_SHARE, 4)
-
-    @property
-    def min_bid(self) -> float:
-        """What wins this machine now: the host's floor, or more when someone else bids more."""
-        return max(self.floor_bid, self.competing_bid or 0.0)
-
-    def view(self, machine_online: bool) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "num_gpus": self.num_gpus,
-            "gpu_name": self.gpu_name,
-            "gpu_ram": self.gpu_ram,
-            "dph_total": self.dph_total,
-            "reliability": self.reliability,
-            "verified": self.verified,
-            "rentable": self.listed and self.rented_by is None and machine_online,
-            "direct_port_count": self.direct_port_count,
-            "dlperf_per_dphtotal": self.dlperf_per_dphtotal,
-            "min_bid": self.min_bid,
-            "inet_up_cost": self.inet_up_cost,
-            "inet_down_cost": self.inet_down_cost,
-            "machine_id": self.machine_id,
-            "host_id": self.host_id,
-        }
-
-
-def dollars(amount: float) -> str:
-    """``$12.50`` or ``-$0.42`` (float dust around zero is ``$0.00``)."""
-    cents = round(amount * 100)
-    return f"-${-cents / 100:,.2f}" if cents < 0 else f"${cents / 100:,.2f}"
-
-
-def bid_loses(inst: Instance) -> bool:
-    """Whether a bid instance's bid is below its machine's minimum now.
-
-    At creation the live service still makes it, stopped, and answers ``success: false`` with its ``new_contract``
-    (public reports); later it is outbid.
-    """
-    price = inst.config.get("price")
-    return price is not None and price < inst.offer.min_bid
-
-
-@dataclass
-class Instance:
-    id: int
-    offer: Offer
-    api_key: str
-    config: dict[str, Any]
-    logins: dict[str, str]
-    created_at: float
-    ssh_host: str
-    ssh_port: int
-    ports: dict[str, int]
-    fate: str
-    status: str | None = None
-    #: Future (time, status) steps of a boot, in order.
-    schedule: list[tuple[float, str | None]] = field(default_factory=list)
-    #: Once an instance has failed it never runs again, even if restarted (spec: States, rule 1).
-    doomed: str | None = None
-    provisioned: bool = False
-    first_running_at: float | None = None
-    #: The market's last word on the instance (live: ``status_msg``), e.g. why it was stopped.
-    status_msg: str | None = None
-    outbids: int = 0
-    first_outbid_at: float | None = None  # when a higher bid first took its machine (compute billing stopped)
-    #: Stopped by the market until its bid is again the highest (it then resumes by itself); see ``settle_bid``.
-    awaiting_bid: bool = False
-    #: The next ``running`` starts the onstart script again (a container that comes back after an outbid).
-    rerun_onstart: bool = False
-    destroyed_at: float | None = None
-    accounted_until: float = 0.0
-    #: Dollars per second its disk costs, from creation until destroyed.
-    storage_rate: float = 0.0
-    #: The billing ledger by UTC day (see billing.py): compute each running second at the price of that second
-    #: (a bid may change), storage every second until destroyed, and the bytes its copies moved (storage.py).
-    days: dict[int, DayLedger] = field(default_factory=dict)
-    #: The day ledger the clock is in (saves a lookup on every update).
-    today: DayLedger | None = None
-
-    @property
-    def destroyed(self) -> bool:
-        return self.destroyed_at is not None
-
-    def day_ledger(self, t: float) -> DayLedger:
-        """The ledger of the UTC day ``t`` falls in, begun at ``t`` if nothing was billed that day yet."""
-        today = self.today
-        if today is not None and today.day <= t < today.next_day:
-            return today
-        day = day_of(t)
-        ledger = self.days.get(day)
-        if ledger is None:
-            ledger = self.days[day] = DayLedger(day, t, t)
-        if today is None or ledger.day >= today.day:
-            self.today = ledger
-        return ledger
-
-    # The ledger's totals are the sums of its days, so a day's charge and the totals never disagree.
-    @property
-    def compute_seconds(self) -> float:
-        return sum(d.compute_seconds for d in self.days.values())
-
-    @property
-    def compute_cost(self) -> float:
-        return sum(d.compute_dollars for d in self.days.values())
-
-    @property
-    def storage_seconds(self) -> float:
-        return sum(d.storage_seconds for d in self.days.values())
-
-    @property
-    def storage_cost(self) -> float:
-        return sum(d.storage_dollars for d in self.days.values())
-
-    @property
-    def bandwidth_up_bytes(self) -> int:
-        return sum(d.bandwidth_up_bytes for d in self.days.values())
-
-    @property
-    def bandwidth_down_bytes(self) -> int:
-        return sum(d.bandwidth_down_bytes for d in self.days.values())
-
-    @property
-    def bandwidth_cost(self) -> float:
-        return sum(d.bandwidth_dollars for d in self.days.values())
-
-    def hourly_price(self) -> float:
-        """What an hour of compute costs: the bid for an interruptible instance, else the on-demand price.
-
-        A bid instance pays its bid, public reports say.
-        """
-        price = self.config.get("price")
-        return float(price) if price is not None else self.offer.dph_total
-
-    def api_view(self) -> dict[str, Any]:
-        """The instance object of the public API: never the instance key or registry credentials."""
-        c = self.config
-        return {
-            "id": self.id,
-            "actual_status": self.status,
-            "intended_status": c["target_state"],
-            "cur_state": "running" if self.status in ("loading", "running") else "stopped",
-            "next_state": c["target_state"],
-            "status_msg": self.status_msg,
-            "label": c["label"],
-            "ssh_host": self.ssh_host,
-            "ssh_port": self.ssh_port,
-            "ports": dict(self.ports),
-            "offer_id": self.offer.id,
-            "machine_id": self.offer.machine_id,
-            "host_id": self.offer.host_id,
-            "gpu_name": self.offer.gpu_name,
-            "num_gpus": self.offer.num_gpus,
-            "gpu_ram": self.offer.gpu_ram,
-            "dph_total": self.offer.dph_total,
-            "inet_up_cost": self.offer.inet_up_cost,
-            "inet_down_cost": self.offer.inet_down_cost,
-            "disk_space": c["disk"],
-            "image": c.get("image"),
-            "env": dict(c["env"]),
-            "onstart": c.get("onstart"),
-            "args_str": c.get("args_str"),
-            "runtype": c["runtype"],
-            "template_hash_id": c.get("template_hash_id"),
-            "jupyter_dir": c.get("jupyter_dir"),
-            "use_jupyter_lab": c.get("use_jupyter_lab", False),
-            "python_utf8": c.get("python_utf8", False),
-            "lang_utf8": c.get("lang_utf8", False),
-            "vm": c.get("vm", False),
-            "volume_info": c.get("volume_info"),
-            "bid_price": c.get("price"),
-            "is_bid": c.get("price") is not None,
-            "min_bid": self.offer.min_bid,
-            "start_date": self.created_at,
-            # How the live service shows the environment (the official CLI reads it): [name, value] pairs.
-            "extra_env": [[k, v] for k, v in c["env"].items() if not k.startswith("-p ")],
-        }
 
 
 class World:
@@ -333,23 +72,22 @@ class World:
         self.machines = {m.id: m for m in machines}
         self.offers = {o.id: o for o in offers}
         self.templates = {t["hash_id"]: t for t in templates}
-        self.deployments = {d["id"]: d for d in deployments}
-        self.endpoints = {e["id"]: e for e in endpoints}
-        self.pending_price_increases = pending_price_increases
+        self.serverless = Serverless(endpoints, deployments)
         self.api_keys = api_keys
         self.cloud_integrations = cloud_integrations
-        self.tfa = tfa
         self.list_limit = list_limit
         self.disk_price_per_gb_month = disk_price_per_gb_month
         # Outcomes (boot times, ports, codes) draw from their own stream, so editing the world file does not
         # change them, and the same sequence of requests always gets the same outcomes.
         self.rng = random.Random(f"gpumarket-outcomes-{seed}")
+        self.two_factor = TwoFactor(tfa, self.rng)
+        self.price_increases = PendingPriceIncreases(pending_price_increases, self.rng)
         self.bids = BidMarket(seed)
         self.bids.set_drift(bid_drift, start_time)
         self.instances: dict[int, Instance] = {}
         self.live: dict[int, Instance] = {}
         self.instance_keys: dict[str, int] = {}
-        self.volume_asks: dict[int, dict[str, Any]] = {}
+        self.volume_listings = VolumeListings(self.machines, self.live, user_id)
         self.events: list[tuple[str, int]] = []
         self.account = Account()
         self._rate_bound_cache: float | None = None
@@ -357,9 +95,6 @@ class World:
             self.account.add(credit, start_time, service=SIGNUP_SERVICE, source="signup", description="Starting credit")
         self.settle_credit(start_time)
         self._last_update = start_time
-        self._next_ask_id = 5_000_001
-        self._next_endpoint_id = max(self.endpoints, default=100) + 1
-        self._next_ppi_id = max((p["pending_price_increase_id"] for p in pending_price_increases), default=0) + 1
 
     # --- time -----------------------------------------------------------------------------------------------
     def update(self, now: float) -> None:
@@ -565,18 +300,6 @@ class World:
             views.sort(key=operator.itemgetter(name), reverse=descending)
         return views[: query.limit] if query.limit else views
 
-    def _unavailable_reason(self, offer: Offer) -> str | None:
-        machine = self.machines.get(offer.machine_id)
-        if offer.rented_by == "other":
-            return "it was rented by another user"
-        if offer.rented_by is not None:
-            return f"it is already rented (instance {offer.rented_by})"
-        if not offer.listed:
-            return "the host is not accepting rentals on it"
-        if machine is not None and not machine.online:
-            return "its machine is offline"
-        return None
-
     # --- instances ------------------------------------------------------------------------------------------
     def create_instance(
         self, offer_id: int, request: dict[str, Any], now: float, *, new_id: Callable[[], int], api_key: str
@@ -586,11 +309,11 @@ class World:
         offer = self.offers.get(offer_id)
         if offer is None:
             raise ApiError(404, "no_such_ask", f"No offer (ask) with id {offer_id} exists")
-        reason = self._unavailable_reason(offer)
+        reason = offer.unavailable_reason(self.machines.get(offer.machine_id))
         if reason:
             raise ApiError(409, "offer_unavailable", f"Offer {offer_id} is no longer available: {reason}")
         # Resolve the template before renting, so a bad request does not use the offer up.
-        config, logins = self._configure(request)
+        config, logins = configure(request, self.templates)
         instance_id = new_id()
         machine = self.machines.get(offer.machine_id)
         direct = config["runtype"] in DIRECT_RUNTYPES
@@ -624,32 +347,6 @@ class World:
         else:
             self._schedule_boot(inst, now, full=True)
         return inst
-
-    def _configure(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-        """Apply the template rules 1-6 of the spec: template as base, request values win, env merged."""
-        config: dict[str, Any] = {"env": {}}
-        logins: dict[str, str] = {}
-        hash_id = request.get("template_hash_id")
-        if hash_id is not None:
-            template = self.templates.get(hash_id)
-            if template is None:
-                raise bad_request(f"No template with hash_id {hash_id!r}", "no_such_template")
-            config.update({k: template[k] for k in TEMPLATE_CONFIG_KEYS if template.get(k) is not None})
-            config["env"] = dict(template.get("env") or {})
-            logins = {k: v for k, v in template.items() if _LOGIN_KEY.match(k)}
-            # A template's volume_info is only a hint for the web interface (rule 4): not copied.
-        for key, value in request.items():
-            if key == "env":
-                config["env"] = {**config["env"], **value}
-            elif key == "image_login":
-                logins = dict(value)
-            else:
-                config[key] = value
-        config.setdefault("disk", DEFAULT_DISK_GB)
-        config.setdefault("runtype", "ssh")
-        config.setdefault("target_state", "running")
-        config.setdefault("label", "")
-        return config, logins
 
     def _ports(self, config: dict[str, Any]) -> dict[str, int]:
         wanted = {"ssh_direct": ["22/tcp"], "jupyter_direct": ["22/tcp", "8080/tcp"]}.get(config["runtype"], [])
@@ -819,188 +516,6 @@ class World:
                     inst.schedule = []
                     self._set_status(inst, "offline", now)
 
-    # --- host volume listings -------------------------------------------------------------------------------
-    def create_volume_listings(
-        self, machine_ids: list[int], hidden: bool | None, sent: dict[str, Any]
-    ) -> dict[str, Any]:
-        machines = [self.machines.get(i) for i in machine_ids]
-        if any(m is None or not m.owned for m in machines):
-            raise bad_request("No such machine(s) for your account", "no_such_machine")
-        offline = [m.id for m in machines if m is not None and not m.online]
-        if offline:
-            raise ApiError(
-                402,
-                "machine_offline",
-                f"Asks can only be created for an online machine; offline: {', '.join(map(str, offline))}",
-                extra={"success": False},
-            )
-        results = []
-        for machine in machines:
-            assert machine is not None
-            ask = self.volume_asks.get(machine.id)
-            new_contracts: list[dict[str, Any]] = []
-            upd_contracts: list[int] = []
-            if ask is None:
-                ask = {
-                    "id": self._next_ask_id,
-                    "machine_id": machine.id,
-                    "size": machine.disk_gb,
-                    "hidden": False,
-                }
-                self._next_ask_id += 1
-                self.volume_asks[machine.id] = ask
-                new_contracts.append({"id": ask["id"], "size": ask["size"]})
-            else:
-                upd_contracts.append(ask["id"])
-            if hidden is not None:
-                ask["hidden"] = hidden
-            results.append(
-                {
-                    "machine_id": machine.id,
-                    "user_id": self.user_id,
-                    "extended": sum(1 for i in self.live.values() if i.offer.machine_id == machine.id),
-                    "new_contracts": new_contracts,
-                    "upd_contracts": upd_contracts,
-                }
-            )
-        return {"success": True, "you_sent": sent, "results": results}
-
-    # --- serverless -----------------------------------------------------------------------------------------
-    def create_endpoint(self, fields: dict[str, Any], now: float) -> int:
-        endpoint_id = self._next_endpoint_id
-        self._next_endpoint_id += 1
-        self.endpoints[endpoint_id] = {
-            "id": endpoint_id,
-            **ENDPOINT_DEFAULTS,
-            "endpoint_name": f"endpoint-{endpoint_id}",
-            **fields,
-            "deployment_id": None,
-            "deleted": False,
-            "created_at": now,
-        }
-        return endpoint_id
-
-    def delete_deployments(self, name: str, tag: str | None, now: float) -> int:
-        matches = [
-            d
-            for d in self.deployments.values()
-            if d["name"] == name and (tag is None or d["tag"] == tag) and not d["deleted"]
-        ]
-        for deployment in matches:
-            deployment["deleted"] = True
-            deployment["deleted_at"] = now
-            for endpoint_id in deployment["endpoint_ids"]:
-                if endpoint_id in self.endpoints:
-                    self.endpoints[endpoint_id]["deleted"] = True
-            for worker in deployment["workers"]:
-                worker["deleted"] = True
-        return len(matches)
-
-    def deployment_view(self, deployment: dict[str, Any]) -> dict[str, Any]:
-        view = {k: v for k, v in deployment.items() if k not in ("endpoint_ids", "workers")}
-        view["endpoints"] = [dict(self.endpoints[i]) for i in deployment["endpoint_ids"] if i in self.endpoints]
-        view["workers"] = [dict(w) for w in deployment["workers"]]
-        return view
-
-    # --- two-factor backup codes ----------------------------------------------------------------------------
-    def regen_backup_codes(self, request: dict[str, Any], now: float) -> dict[str, Any]:
-        tfa = self.tfa
-        if "backup_code" in request:
-            if request["backup_code"] not in tfa["backup_codes"]:
-                raise bad_request("The backup code is wrong or was already used", "invalid_backup_code")
-        else:
-            method = request.get("tfa_method")
-            if "tfa_method_id" in request:
-                known = {m["id"]: m["method"] for m in tfa["methods"]}
-                by_id = known.get(request["tfa_method_id"])
-                if by_id is None:
-                    raise bad_request(f"No two-factor method with id {request['tfa_method_id']}", "no_such_method")
-                if method is not None and method != by_id:
-                    raise bad_request(f"tfa_method_id {request['tfa_method_id']} is a {by_id} method, not {method}")
-                method = by_id
-            if method == "totp":
-                if not totp.verify(tfa["totp_secret"], request["code"], now):
-                    raise bad_request("The verification code is wrong or expired", "invalid_code")
-            else:
-                if "secret" not in request:
-                    raise bad_request(f"secret (the tfa_secret from the send step) is required for {method}")
-                if not (
-                    hmac.compare_digest(request["secret"], tfa["tfa_secret"])
-                    and hmac.compare_digest(request["code"], tfa["code"])
-                ):
-                    raise bad_request("The verification code or secret is wrong or expired", "invalid_code")
-                # A sent code works once: the next send step would issue a new one.
-                tfa["code"] = f"{self.rng.randrange(10**6):06d}"
-                tfa["tfa_secret"] = f"{self.rng.getrandbits(128):032x}"
-        codes = [f"{self.rng.getrandbits(40):010x}" for _ in range(BACKUP_CODES_PER_REGENERATION)]
-        tfa["backup_codes"] = codes
-        return {
-            "msg": "New backup codes generated; the previous codes no longer work.",
-            "backup_codes": list(codes),
-        }
-
-    # --- pending price increases ----------------------------------------------------------------------------
-    def list_pending_price_increases(self) -> dict[str, Any]:
-        items = [dict(p) for p in self.pending_price_increases[: self.list_limit]]
-        return {
-            "success": True,
-            "count": len(items),
-            "pending_price_increases": items,
-            "truncated": len(self.pending_price_increases) > self.list_limit,
-        }
-
-    def add_pending_price_increases(self, n: int, contract_id: int | None, now: float) -> list[dict[str, Any]]:
-        added = []
-        for k in range(n):
-            inst = self.instances.get(contract_id) if contract_id is not None else None
-            old_gpu = round(self.rng.uniform(0.00005, 0.0008), 8)
-            old_disk = round(self.rng.uniform(0.0000001, 0.000002), 10)
-            end = now + self.rng.uniform(1, 30) * 86400
-            record = {
-                "pending_price_increase_id": self._next_ppi_id,
-                "contract_id": contract_id if contract_id is not None else 7_000_001 + self._next_ppi_id + k,
-                "host_id": inst.offer.host_id if inst else self.rng.randint(60000, 69999),
-                "new_gpu_costpersec": round(old_gpu * self.rng.uniform(1.05, 1.5), 8),
-                "new_disk_ram_costpersec": round(old_disk * self.rng.uniform(1.0, 1.3), 10),
-                "old_gpu_costpersec": old_gpu,
-                "old_disk_ram_costpersec": old_disk,
-                "contract_end_date": round(end, 3),
-                "ask_end_date": round(end + self.rng.uniform(0, 30) * 86400, 3),
-                "created_at": round(now - self.rng.uniform(0, 86400), 3),
-            }
-            self._next_ppi_id += 1
-            self.pending_price_increases.append(record)
-            added.append(record)
-        return added
-
-    # --- admin views ----------------------------------------------------------------------------------------
-    def instance_admin_view(self, inst: Instance) -> dict[str, Any]:
-        compute_cost, storage_cost, bandwidth_cost = inst.compute_cost, inst.storage_cost, inst.bandwidth_cost
-        return {
-            **inst.api_view(),
-            "destroyed": inst.destroyed,
-            "created_at": inst.created_at,
-            "destroyed_at": inst.destroyed_at,
-            "first_running_at": inst.first_running_at,
-            "outbids": inst.outbids,
-            "first_outbid_at": inst.first_outbid_at,
-            "awaiting_bid": inst.awaiting_bid,
-            "fate": inst.fate,
-            "doomed": inst.doomed,
-            "cancel_unavail": inst.config.get("cancel_unavail", False),
-            "instance_api_key": inst.api_key,
-            **inst.logins,
-            "compute_seconds": inst.compute_seconds,
-            "storage_seconds": inst.storage_seconds,
-            "compute_cost": compute_cost,
-            "storage_cost": storage_cost,
-            "bandwidth_up_bytes": inst.bandwidth_up_bytes,
-            "bandwidth_down_bytes": inst.bandwidth_down_bytes,
-            "bandwidth_cost": bandwidth_cost,
-            "cost": compute_cost + storage_cost + bandwidth_cost,
-            "ledger_days": [d.view() for d in sorted(inst.days.values(), key=lambda d: d.day)],
-        }
-
     def state(self, now: float) -> dict[str, Any]:
         return {
             "now": now,
@@ -1017,16 +532,11 @@ class World:
             ],
             "bid_drift": None if self.bids.drift is None else self.bids.drift.view(),
             "templates": [dict(t) for t in self.templates.values()],
-            "instances": [self.instance_admin_view(i) for i in self.instances.values()],
-            "volume_asks": [dict(a) for a in self.volume_asks.values()],
-            "deployments": [self.deployment_view(d) for d in self.deployments.values()],
-            "endpoints": [dict(e) for e in self.endpoints.values()],
-            "pending_price_increases": [dict(p) for p in self.pending_price_increases],
+            "instances": [i.admin_view() for i in self.instances.values()],
+            "volume_asks": self.volume_listings.view(),
+            **self.serverless.view(),
+            "pending_price_increases": [dict(p) for p in self.price_increases.records],
             "api_keys": [dict(k) for k in self.api_keys],
             "cloud_integrations": [dict(c) for c in self.cloud_integrations],
-            "tfa": {
-                **{k: v for k, v in self.tfa.items() if k != "backup_codes"},
-                "totp_code": totp.totp(self.tfa["totp_secret"], now),
-                "backup_codes": list(self.tfa["backup_codes"]),
-            },
+            "tfa": self.two_factor.view(now),
         }

@@ -13,8 +13,12 @@ from typing import Any
 from gpumarket_simulator.bidding import parse_drift
 from gpumarket_simulator.billing import DEFAULT_CREDIT
 from gpumarket_simulator.errors import ApiError
-from gpumarket_simulator.rules import is_number, parse_template_env
-from gpumarket_simulator.world import DEFAULT_INET_COST_PER_GB, ENDPOINT_DEFAULTS, FATES, Machine, Offer, World
+from gpumarket_simulator.instance_rules import parse_template_env
+from gpumarket_simulator.instances import FATES
+from gpumarket_simulator.offers import DEFAULT_INET_COST_PER_GB, Machine, Offer
+from gpumarket_simulator.rules import is_number
+from gpumarket_simulator.serverless import ENDPOINT_DEFAULTS
+from gpumarket_simulator.world import World
 
 DEFAULT_LIST_LIMIT = 50
 #: Disk price of the simulated market, in dollars per GB per 30-day month.

@@ -383,3 +383,8 @@ def test_the_api_key_never_appears_in_an_accounts_error(odd):
 def test_an_account_answer_that_is_not_an_object_is_an_error_that_quotes_nothing():
     exc = malformed(lambda: api.parse_account(f"api_key={USER_KEY}"), "must be a JSON object, got str")
     assert USER_KEY not in str(exc)
+
+
+def test_rule_a_charges_window_starts_at_its_first_days_midnight_so_that_days_charge_is_included():
+    mid_day = START + 13 * 3600 + 0.5  # a charge's day is its UTC midnight
+    assert json.loads(api.build_charges_query(mid_day, END)["select_filters"]) == {"day": {"gte": START, "lte": END}}

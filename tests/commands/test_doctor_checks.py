@@ -50,3 +50,36 @@ def test_a_line_shows_its_fix_only_when_the_check_did_not_pass():
 def test_a_key_shows_its_last_four_characters_and_nothing_of_a_short_one():
     assert key_hint("0123456789abcdef") == "…cdef"
     assert "abc" not in key_hint("abcdefgh")
+
+
+def test_the_api_servers_provider_version_is_compared_with_this_processs(monkeypatch):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from airflow_gpumarket import __version__
+    from airflow_gpumarket._compat import is_airflow_2
+    from airflow_gpumarket.commands import doctor
+    from airflow_gpumarket.operators import budget
+
+    if is_airflow_2():
+        pytest.skip("Airflow 2's tasks keep the ledger in the metadata database: no api-server route")
+    answers = {}
+
+    def versions(conn_id):
+        if isinstance(answers["seen"], Exception):
+            raise answers["seen"]
+        return answers["seen"]
+
+    server = SimpleNamespace(url="http://api:8080/gpumarket/ledger", versions=versions)
+    monkeypatch.setattr(budget, "api_server_ledger", lambda hook: server)
+    checked = SimpleNamespace(gpumarket_conn_id="c")
+    answers["seen"] = {"provider": __version__, "airflow": "3.3.2"}
+    same = doctor.api_server_check(checked)
+    assert same.status == OK and f"provider {__version__}, Airflow 3.3.2" in same.detail
+    answers["seen"] = {"provider": "0.0.1", "airflow": "3.3.2"}
+    older = doctor.api_server_check(checked)
+    assert older.status == WARN and not older.fails and "same provider version" in older.fix
+    answers["seen"] = OSError("connection refused")
+    down = doctor.api_server_check(checked)
+    assert down.status == WARN and "not reached at http://api:8080" in down.detail and "ledger_url" in down.fix

@@ -141,5 +141,5 @@ def test_rule_max_cost_quotes_the_rate_reserved_after_a_deferral(sim):
     with pytest.raises(AirflowException, match="reached max_cost") as caught:
         run_to_the_end(op)
     (entry,) = reservations()
-    assert f"(${entry['hourly']:g}/h for " in str(caught.value), (entry, str(caught.value))
+    assert f"(at ${entry['hourly']:g}/h, disk included)" in str(caught.value), (entry, str(caught.value))
     assert alive(sim) == []

@@ -53,7 +53,7 @@ def test_rule_a_rental_within_the_budget_is_reserved_then_settled_at_what_it_cos
 def test_rule_a_job_reaching_max_cost_is_destroyed_within_one_poll_interval(sim, monkeypatch, task_log):
     operator = in_dag("capped_dag", command="sleep 100000", max_cost=0.0001)
     started = time.time()
-    with pytest.raises(GpuMarketBudgetExceeded, match=r"reached max_cost=\$0.0001: its cost so far is about \$"):
+    with pytest.raises(GpuMarketBudgetExceeded, match=r"reached max_cost=\$0.0001: it cost "):
         operator.execute(context())
     (entry,) = reservations()
     deadline = entry["created_at"] + 0.0001 / entry["hourly"] * 3600

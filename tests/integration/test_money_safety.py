@@ -313,7 +313,7 @@ def test_adopted_instance_counts_elapsed_time_and_cost_from_its_own_start():
     rental = session.adopt(2)
     assert rental is not None and rental.created_at == started
     assert session.watch(rental).deadline == started + op.boot_timeout + 3600
-    summary = rental_summary(rental, "running")
+    summary = rental_summary(rental, "running", hook.service_now)
     assert summary["elapsed_seconds"] == pytest.approx(480, abs=5)
     assert summary["estimated_cost"] == pytest.approx(0.5 * 480 / 3600, abs=0.001)
 

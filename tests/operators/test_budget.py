@@ -41,7 +41,7 @@ class Ledger:
     def attach(self, conn_id, reservation_id, instance_id):
         self.calls.append(("attach", reservation_id, instance_id))
 
-    def settle(self, conn_id, *, reservation_id=None, instance_id=None, ended=None):
+    def settle(self, conn_id, *, reservation_id=None, instance_id=None, ended=None, cost=None):
         self.calls.append(("settle", reservation_id, instance_id))
         return 0.01
 

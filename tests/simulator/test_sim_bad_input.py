@@ -179,7 +179,7 @@ def test_a_genuine_bug_is_a_500_error_object(sim, api, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(world, "list_pending_price_increases", broken)
+    monkeypatch.setattr(world.price_increases, "listing", broken)
     response = api.get("/api/v0/instances/pending-price-increases")
     assert response.status_code == 500
     assert response.json()["error"] == "internal_error"

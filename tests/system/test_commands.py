@@ -6,6 +6,7 @@ environment its components run with.
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -25,6 +26,7 @@ def test_doctor_rentals_orphans_and_spend_answer_in_the_deployment(deployment: S
     doctor = gpumarket(deployment, "doctor")
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "0 failed" in doctor.stdout and deployment.simulator.url in doctor.stdout
+    assert re.search(r"^ok\s+api-server\s+provider \S+, Airflow 3", doctor.stdout, re.M), doctor.stdout
     rentals = gpumarket(deployment, "rentals")
     assert rentals.returncode == 0 and "live rental" in rentals.stdout, rentals.stdout + rentals.stderr
     orphans = gpumarket(deployment, "orphans")

@@ -1,5 +1,6 @@
-"""The GPU rentals page's money rules (ui/spend.py, ui/page.py): a rental costs what the service charged where it
-charged it, else its estimate, marked; the difference of the two; the charges no DAG takes; the runway."""
+"""The GPU rentals page's money rules (ui/spend.py, ui/account_charges.py, ui/page.py): a rental costs what the
+service charged where it charged it, else its estimate, marked; the difference of the two; the charges no DAG takes;
+the runway."""
 
 from __future__ import annotations
 
@@ -10,18 +11,8 @@ import pytest
 
 from airflow_gpumarket import api
 from airflow_gpumarket.ui import page
-from airflow_gpumarket.ui.spend import (
-    DAY,
-    TaskState,
-    charge_live,
-    day_start,
-    live_rentals,
-    merged_charges,
-    runway,
-    spans,
-    spend,
-    unowned,
-)
+from airflow_gpumarket.ui.account_charges import DAY, day_start, merged_charges, runway, unowned
+from airflow_gpumarket.ui.spend import TaskState, charge_live, live_rentals, spans, spend
 
 from .rows import LABEL, NOW, row
 
@@ -162,7 +153,7 @@ def test_rule_the_runway_is_the_credit_over_the_mean_daily_charges_of_the_last_s
     assert found.runs_out_at == pytest.approx(NOW + float(found.days) * DAY)
     plain = runway(10.0, charges[:7], NOW)
     assert plain.days == Decimal("2.5") and plain.runs_out_at == NOW + 2.5 * DAY
-    from airflow_gpumarket.ui.spend import Balance
+    from airflow_gpumarket.ui.account_charges import Balance
 
     def text(r):
         return page.accounts_html([Balance("c", r)])
@@ -176,7 +167,7 @@ def test_rule_the_runway_is_the_credit_over_the_mean_daily_charges_of_the_last_s
 
 
 def test_a_runway_of_centuries_is_shown_without_a_date():
-    from airflow_gpumarket.ui.spend import Balance
+    from airflow_gpumarket.ui.account_charges import Balance
 
     found = runway(1e9, [charge(1, 0.01, days_ago=1)], NOW)  # a simulator's endless credit
     assert found.runs_out_at is None

@@ -150,6 +150,28 @@ def test_a_malformed_reservation_is_a_400_naming_the_field(server):
     assert "worst" in answer.json()["detail"]
 
 
+@pytest.mark.parametrize("cost", [-0.01, "0.5", True, float("inf")])
+def test_a_settle_with_a_cost_that_is_no_amount_is_a_400_naming_the_field(server, cost):
+    reservation = server.post("/ledger/reserve", **signed(request())).json()["id"]
+    answer = server.post("/ledger/settle", **signed({"conn_id": CONN, "id": reservation, "cost": cost}))
+    assert answer.status_code == 400 and "cost" in answer.json()["detail"]
+
+
+def test_a_settle_with_the_tasks_cost_settles_at_it(server):
+    reservation = server.post("/ledger/reserve", **signed(request())).json()["id"]
+    server.post("/ledger/attach", **signed({"conn_id": CONN, "id": reservation, "instance_id": 78}))
+    settled = server.post("/ledger/settle", **signed({"conn_id": CONN, "instance_id": 78, "cost": 0.01234}))
+    assert settled.json()["cost"] == 0.0124  # rounded up to the ledger's cents of a cent
+
+
+def test_the_api_servers_versions_are_told_to_a_signed_caller_only(server):
+    from airflow_gpumarket import __version__
+
+    answer = server.post("/ledger/version", **signed({"conn_id": CONN}))
+    assert answer.status_code == 200 and answer.json()["provider"] == __version__
+    assert server.post("/ledger/version", json={"conn_id": CONN}).status_code == 401
+
+
 def test_attach_then_settle_by_instance_and_read_the_entries(server):
     reservation = server.post("/ledger/reserve", **signed(request())).json()["id"]
     attach = {"conn_id": CONN, "id": reservation, "instance_id": 77}

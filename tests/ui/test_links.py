@@ -60,7 +60,14 @@ def test_the_link_of_a_try_that_rented_nothing_reads_no_xcom(stored):
     assert stored["asked"] == []
     recorder.start(
         SimpleNamespace(
-            instance_id=41, offer_id=3, gpu_name="g", hourly_price=0.3, bid=None, recorded_at=1.0, running_at=None
+            instance_id=41,
+            offer_id=3,
+            gpu_name="g",
+            hourly_price=0.3,
+            disk_hourly=0.0,
+            bid=None,
+            recorded_at=1.0,
+            running_at=None,
         )
     )
     assert GpuRentalLink().get_link(ran, ti_key=TI_KEY) == "gpumarket/?instance=41#rental-41"

@@ -42,6 +42,17 @@ def rental(instance_id: int = 41) -> lifecycle.Rental:
     )
 
 
+def test_rule_a_rentals_end_record_carries_the_cost_its_task_reported_and_its_kind():
+    ti = PushingTi()
+    recorder = records.RentalRecorder({"ti": ti}, LOG, "c", clock=Clock(start=1000.0, step=7200.0))
+    held = rental()
+    recorder.start(held)
+    held.ended_at, held.cost, held.cost_kind = 2000.0, 0.1234567, "charged"  # what the guard learnt at the destroy
+    recorder.end(41)
+    ended = ti.pushed[records.record_key(41)]
+    assert (ended["ended_at"], ended["cost"], ended["cost_kind"]) == (2000.0, 0.1234567, "charged")
+
+
 def test_a_rental_is_recorded_when_it_starts_with_the_address_its_link_opens_while_the_task_still_runs():
     ti = PushingTi()
     records.RentalRecorder({"ti": ti}, LOG, "gpumarket_default", clock=Clock()).start(rental())

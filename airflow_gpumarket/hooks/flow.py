@@ -1,0 +1,78 @@
+"""What a flow is: a generator that yields what it needs from the outside and gets the answer back.
+
+It yields a ``Request`` (the driver sends it and returns a ``Response``, or throws a ``GpuMarketTransportError``
+in), a ``Sleep`` (the driver sleeps, blocking or awaiting) or a ``FetchLog`` (the driver reads an uploaded log
+without the API key, and returns a ``FetchedLog``). The flows are in ``hooks.core``; their drivers in
+``hooks.gpumarket``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from airflow_gpumarket.exceptions import GpuMarketTransportError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One exchange with the API: the driver sends it with the account's key and answers a ``Response``."""
+
+    operation: str
+    method: str
+    path: str
+    body: Any = None
+    params: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Response:
+    status_code: int
+    content: bytes
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class FetchLog:
+    """Read an uploaded log from its result URL, without the API key (the storage host must never see it)."""
+
+    url: str
+
+
+@dataclass(frozen=True)
+class FetchedLog:
+    """The log's end (at most ``LOG_MAX_BYTES``, from a whole line), or why it was not there yet."""
+
+    text: str | None = None
+    failure: str = "nothing"
+
+
+#: What a flow yields; what it gets back is the ``Response`` or ``FetchedLog`` (None after a ``Sleep``).
+Flow = Generator[Request | Sleep | FetchLog, Any, T]
+
+
+@dataclass(frozen=True)
+class Done:
+    """A flow's end, with what it returned."""
+
+    value: Any
+
+
+def resume(flow: Flow[Any], reply: Any) -> Request | Sleep | FetchLog | Done:
+    """The flow's next need after giving it ``reply``; ``Done`` once it returned.
+
+    A ``GpuMarketTransportError`` reply is thrown in, at the request that failed. The flow's own exceptions go to the
+    driver's caller.
+    """
+    try:
+        return flow.throw(reply) if isinstance(reply, GpuMarketTransportError) else flow.send(reply)
+    except StopIteration as done:
+        return Done(done.value)

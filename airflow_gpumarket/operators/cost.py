@@ -1,0 +1,47 @@
+"""What a rental cost, as its task reports and settles it: the service's charge when it lists one, else an estimate.
+
+Every figure is on the service's clock (the worker's clock says nothing of what the service bills), and every message
+says which kind it is: ``CHARGED`` (read from the service's charges once the instance is gone) or ``ESTIMATED``
+(``budgets.rental_cost`` from the rental's price, disk and billing marks). A budget's reservation is the third kind,
+a worst case (``budgets.worst_case``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpumarket.budgets import CHARGED, ESTIMATED
+
+if TYPE_CHECKING:
+    from airflow_gpumarket import lifecycle
+
+__all__ = ["CHARGED", "ESTIMATED", "charged", "settle", "text"]
+
+
+def charged(hook: Any, instance_id: int, start: float, end: float) -> float | None:
+    """What the service charged for one instance over the days from ``start`` to ``end``; None when it lists none."""
+    try:
+        charges = hook.charges(start, end, types=("instance",))
+    except Exception:  # noqa: BLE001 - no charges endpoint, no answer: the estimate stands (a destroy path never fails here)
+        return None
+    amounts = [c.amount for c in charges if c.instance_id == instance_id]
+    return sum(amounts) if amounts else None
+
+
+def settle(hook: Any, rental: lifecycle.Rental, ended: float, *, read_charge: bool = True) -> None:
+    """The rental's instance is gone at ``ended`` (the service's time): its cost is the charge, else the estimate."""
+    rental.ended_at = ended
+    figure = charged(hook, rental.instance_id, rental.billed_from, ended) if read_charge else None
+    if figure is not None:
+        rental.cost, rental.cost_kind = figure, CHARGED
+    elif (estimate := rental.cost_until(ended, digits=6)) is not None:
+        rental.cost, rental.cost_kind = estimate, ESTIMATED
+
+
+def text(dollars: float | None, kind: str | None) -> str:
+    """A cost for a message, saying which kind it is."""
+    if dollars is None:
+        return "unknown (no price)"
+    if kind == CHARGED:
+        return f"${dollars:.4f}, charged by the service"
+    return f"about ${dollars:.4f}, estimated on the service's clock"

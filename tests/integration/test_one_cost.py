@@ -1,0 +1,67 @@
+"""One cost, one clock: what a task says a rental cost is what its budget settles at, on the service's clock.
+
+With a service that lists charges, the figure is the service's charge for the instance, read once it is gone: the task
+log, the task's return value, the rental's record and the budget's settlement all agree with the simulator's ledger,
+whatever the simulator's speed. Without charges, each says it is an estimate on the service's clock.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_gpumarket import budgets
+
+from .conftest import alive
+from .test_budgets import reservations
+from .test_interruptible import run_to_the_end
+from .test_money_safety import context, job
+
+
+@pytest.fixture
+def service(request, sim, monkeypatch):
+    """The simulator the task rents from: the suite's (600x), or one of its own at another speed or profile."""
+    speed, profile = request.param
+    if (speed, profile) == (600, "live"):
+        yield sim
+        return
+    from gpumarket_simulator import MarketSimulator
+
+    with MarketSimulator(speed=speed, seed=11, execute_onstart=True, profile=profile) as own:
+        for name, value in own.connection_env().items():
+            conn = json.loads(value)
+            conn["extra"] |= {"retry_min_wait": 0.01, "retry_max_wait": 0.05, "max_retries": 6, "timeout": 2}
+            monkeypatch.setenv(name, json.dumps(conn))
+        yield own
+
+
+def ledger_cost(service) -> float:
+    (instance,) = service.state()["instances"]
+    return instance["cost"]
+
+
+@pytest.mark.parametrize("service", [(60, "live"), (600, "live")], indirect=True, ids=["60x", "600x"])
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferred"])
+def test_rule_one_cost_the_task_log_result_and_settlement_are_the_services_charge(service, deferrable, task_log):
+    op = job(command="echo ok", deferrable=deferrable)
+    result = run_to_the_end(op) if deferrable else op.execute(context())
+    charged = ledger_cost(service)
+    assert result["cost_kind"] == "charged" and result["cost"] == pytest.approx(charged, rel=0.05)
+    (entry,) = reservations()
+    assert entry["cost"] == budgets.round_up(result["cost"])
+    log = task_log()
+    assert f"cost ${result['cost']:.4f}, charged by the service" in log
+    assert f"settled at ${entry['cost']:.4f} (what it cost)" in log
+    assert alive(service) == []
+
+
+@pytest.mark.parametrize("service", [(600, "spec")], indirect=True, ids=["spec"])
+def test_rule_without_charges_the_cost_is_an_estimate_on_the_services_clock_and_says_so(service, task_log):
+    result = job(command="echo ok").execute(context())
+    (instance,) = service.state()["instances"]
+    assert result["cost_kind"] == "estimated" and result["cost"] == result["estimated_cost"] > 0
+    (entry,) = reservations()
+    assert entry["cost"] == budgets.round_up(result["cost"])
+    assert "estimated on the service's clock" in task_log()
+    assert alive(service) == []
