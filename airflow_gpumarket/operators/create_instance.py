@@ -36,7 +36,7 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
         self, *, wait_for_running: bool = True, lease: timedelta | float = timedelta(hours=6), **kwargs: Any
     ) -> None:
         lease = duration_seconds("lease", lease)
-        terms = kwargs.pop("terms", Terms())._replace(waits=wait_for_running, hands_over=True, lease=lease)
+        terms = Terms(waits=wait_for_running, hands_over=True, lease=lease)
         super().__init__(terms=terms, **kwargs)
         self.wait_for_running = wait_for_running
         self.lease = lease

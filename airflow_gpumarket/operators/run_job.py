@@ -56,7 +56,8 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
             raise GpuMarketValidationError("command", "is required: the shell commands the job runs")
         max_runtime = duration_seconds("max_runtime", max_runtime)
         keepalive = None if keepalive is None else duration_seconds("keepalive", keepalive)
-        terms = kwargs.pop("terms", Terms())._replace(job=True, max_runtime=max_runtime, keepalive=keepalive)
+        given, terms = kwargs.pop("terms", None), Terms(job=True, max_runtime=max_runtime, keepalive=keepalive)
+        terms = terms if given is None else given._replace(job=True, max_runtime=max_runtime, keepalive=keepalive)
         super().__init__(command=command, terms=terms, **kwargs)
         self.max_runtime = max_runtime
         self.keepalive = keepalive

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api
 from airflow_gpumarket.creation import TYPED_FIELDS, creation_body
@@ -31,7 +31,27 @@ KEEPALIVE_POLLS = 3
 DATA_ARGUMENTS = ("checkpoint_dir", "checkpoint_uri", "cloud_integration", "inputs", "outputs")
 
 
-class Terms(NamedTuple):
+class _Frozen:
+    """A value whose fields its constructor sets once (a plain class: cheaper to define than a NamedTuple at parse)."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __init__(self, **values: Any) -> None:
+        for name in self.__slots__:
+            object.__setattr__(self, name, values[name])
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: make a new one with _replace()")
+
+    def _replace(self, **changes: Any) -> Any:
+        """A copy with ``changes``."""
+        return type(self)(**{name: changes.get(name, getattr(self, name)) for name in self.__slots__})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
+
+
+class Terms(_Frozen):
     """What an operator does with its rental: the values by which the renting operators differ.
 
     ``job``: waits for its job to end (``lifecycle.WAIT_JOB``), else for the instance to run; ``waits``: waits at all;
@@ -40,18 +60,62 @@ class Terms(NamedTuple):
     after exit 0 whatever ``log_interval`` says, so that the result can be read from its log.
     """
 
-    job: bool = False
-    waits: bool = True
-    hands_over: bool = False
-    lease: float | None = None
-    max_runtime: float | None = None
-    keepalive: float | None = None
-    reads_result: bool = False
+    __slots__ = ("job", "waits", "hands_over", "lease", "max_runtime", "keepalive", "reads_result")
+    job: bool
+    waits: bool
+    hands_over: bool
+    lease: float | None
+    max_runtime: float | None
+    keepalive: float | None
+    reads_result: bool
+
+    def __init__(
+        self,
+        *,
+        job: bool = False,
+        waits: bool = True,
+        hands_over: bool = False,
+        lease: float | None = None,
+        max_runtime: float | None = None,
+        keepalive: float | None = None,
+        reads_result: bool = False,
+    ) -> None:
+        super().__init__(
+            job=job,
+            waits=waits,
+            hands_over=hands_over,
+            lease=lease,
+            max_runtime=max_runtime,
+            keepalive=keepalive,
+            reads_result=reads_result,
+        )
 
 
-class RentalSpec(NamedTuple):
+class RentalSpec(_Frozen):
     """A renting task's arguments as values, and the rules they follow (see ``GpuMarketRentingBaseOperator``)."""
 
+    __slots__ = (
+        "terms",
+        "instance",
+        "command",
+        "export_env_to_ssh",
+        "offer_id",
+        "offer_filters",
+        "offer_order",
+        "offer_type",
+        "max_dph",
+        "max_offer_attempts",
+        "boot_timeout",
+        "poll_interval",
+        "log_interval",
+        "interruptible",
+        "bidding",
+        "max_cost",
+        *DATA_ARGUMENTS,
+        "on_restore_failure",
+        "staging_timeout",
+        "keep_on_output_failure",
+    )
     terms: Terms
     instance: Mapping[str, Any]
     command: str | None
@@ -80,7 +144,10 @@ class RentalSpec(NamedTuple):
     @classmethod
     def of(cls, operator: Any) -> RentalSpec:
         """The spec of ``operator``'s arguments as they are now (rendered, once the task runs)."""
-        return cls(*(getattr(operator, name) for name in cls._fields))
+        spec = object.__new__(cls)
+        for name in cls.__slots__:
+            object.__setattr__(spec, name, getattr(operator, name))
+        return spec
 
     # --- the arguments' rules ----------------------------------------------------------------------------
     def validate(self, *, parse_time: bool = False) -> None:
