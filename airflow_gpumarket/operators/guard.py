@@ -15,17 +15,18 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import api
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketError
-from airflow_gpumarket.operators import cost
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.utils import RunTimeModule
 
 if TYPE_CHECKING:
     from airflow_gpumarket import job_logs, lifecycle
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators import cost
     from airflow_gpumarket.operators.budget import Budget
     from airflow_gpumarket.ui.records import RentalRecorder
 else:  # what only a running task needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
+    cost = RunTimeModule("airflow_gpumarket.operators.cost")
 
 #: The task state store's key (Airflow 3.3+) of the rental a task instance holds: a retry reconnects to it.
 STATE_KEY = "gpumarket_rental"

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators import cost
 from airflow_gpumarket.operators.failures import (
     GpuMarketBudgetExceeded,
     GpuMarketJobFailed,
@@ -19,9 +18,10 @@ from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
     from airflow_gpumarket import lifecycle
+    from airflow_gpumarket.operators import cost
     from airflow_gpumarket.operators.session import RentalResult, RentalSession
 else:  # what only a running task needs: not imported when a DAG file is parsed
-    lifecycle = RunTimeModule("airflow_gpumarket.lifecycle")
+    lifecycle, cost = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.operators.cost")
 
 
 class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
