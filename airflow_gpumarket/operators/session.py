@@ -86,6 +86,11 @@ class RentalSession:
         """The task instance's label key: the same for every try (``lifecycle.rental_key``)."""
         return self._guard.key
 
+    @property
+    def recorded(self) -> bool:
+        """Whether this try recorded a rental (and so the address the GPU rental link opens)."""
+        return self._recorder.recorded
+
     # --- failure paths -------------------------------------------------------------------------------------
     def guarded(self) -> AbstractContextManager[None]:
         """Destroy what this try holds when anything fails inside; deferring is not a failure."""

@@ -39,6 +39,7 @@ def test_rent_creates_on_the_first_offer_with_the_tasks_label_and_holds_it():
     hook = FakeHook({1: ["running"], 2: ["running"]})
     session, rental = rented(hook)
     assert (rental.instance_id, rental.offer_id, rental.attempts.tried) == (1001, 1, [1])
+    assert session.recorded and not session_of(hook).recorded  # the GPU rental link reads an address only then
     key, lease = lifecycle.parse_label(hook.instances[1001]["label"])
     assert key == session.key and lease > time.time()
     with pytest.raises(RuntimeError), session.guarded():
