@@ -57,14 +57,19 @@ test-fast: lint typecheck
 	$(MAKE) --no-print-directory -j2 --output-sync=target bench-quick test-airflow3
 	$(MAKE) --no-print-directory test-simulator
 
+# The suites mostly wait (on the simulators' clocks, on subprocesses), so each runs in this many processes
+# (pytest-xdist); each process has an Airflow home, a database and simulators of its own. 1 runs them in one.
+PYTEST_WORKERS ?= 4
+PYTEST_N := $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS))
+
 test-airflow3: install
 	@echo "== tests on Airflow $(AIRFLOW3)"
-	$(BIN)/pytest --ignore=tests/simulator --ignore=tests/cli
+	$(BIN)/pytest $(PYTEST_N) --ignore=tests/simulator --ignore=tests/cli
 
 # The simulator's and the official CLI's suites do not import Airflow: they run once, in the main environment.
 test-simulator: install
 	@echo "== the simulator's and the official CLI's suites"
-	$(BIN)/pytest tests/simulator tests/cli
+	$(BIN)/pytest $(PYTEST_N) tests/simulator tests/cli
 
 # What make test runs beside the 2.11 leg, one after the other: the wheels, then the suites that need no Airflow.
 test-late:
@@ -73,7 +78,7 @@ test-late:
 
 test-airflow2: $(STAMP2)
 	@echo "== tests on Airflow $$($(VENV2)/bin/python -c 'import airflow; print(airflow.__version__)')"
-	$(VENV2)/bin/pytest --ignore=tests/simulator --ignore=tests/cli
+	$(VENV2)/bin/pytest $(PYTEST_N) --ignore=tests/simulator --ignore=tests/cli
 
 # The packages as users get them: both wheels (the provider's and the simulator's) are built, their metadata checked
 # (twine check --strict), each checked to hold only its own package (scripts/check_wheels.py: no simulator code in

@@ -29,6 +29,10 @@ _WHERE = {
     "BaseNotifier": _COMMON_COMPAT,
     "DecoratedOperator": _COMMON_COMPAT,
     "task_decorator_factory": _COMMON_COMPAT,
+    "get_current_context": _COMMON_COMPAT,
+    # Airflow 2.11's Dataset under its Airflow 3 name, and the metrics client (loaded only when a metric is sent).
+    "Asset": _COMMON_COMPAT,
+    "Stats": _COMMON_COMPAT,
     "BaseTrigger": "airflow.triggers.base",
     "TriggerEvent": "airflow.triggers.base",
 }

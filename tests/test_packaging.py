@@ -47,9 +47,11 @@ def test_a_dag_file_with_renting_operators_and_sensors_imports_only_what_parsing
         "    GpuMarketRunJobOperator(task_id='j', command='true', image='i', offer_filters={}, interruptible=True)\n"
         "    GpuMarketCreateInstanceOperator(task_id='c', offer_id=1, image='i')\n"
         "    GpuMarketInstanceStatusSensor(task_id='s', instance_id=3)\n"
-        "runtime = ('lifecycle', 'waiting', 'job_logs', 'python_job', 'hooks.gpumarket', 'triggers.instances')\n"
+        "runtime = ('lifecycle', 'waiting', 'job_logs', 'python_job', 'hooks.gpumarket', 'triggers.instances',\n"
+        "           'metrics', 'lineage', 'assets')\n"
         "loaded = [m for m in runtime if 'airflow_gpumarket.' + m in sys.modules]\n"
-        "print('loaded:', loaded + [m for m in ('gpumarket_simulator', 'fastapi') if m in sys.modules])"
+        "others = ('gpumarket_simulator', 'fastapi', 'openlineage', 'airflow.providers.openlineage.extractors')\n"
+        "print('loaded:', loaded + [m for m in others if m in sys.modules])"
     )
     assert_loads_none(code)
 

@@ -23,10 +23,13 @@ from airflow_gpumarket.operators import cost
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.spec import Terms
-from airflow_gpumarket.utils import is_templated, resolved_at_run_time
+from airflow_gpumarket.utils import RunTimeModule, is_templated, resolved_at_run_time
 
 if TYPE_CHECKING:
+    from airflow_gpumarket import assets, metrics
     from airflow_gpumarket.operators.session import RentalResult
+else:  # what only a running task needs
+    assets, metrics = RunTimeModule("airflow_gpumarket.assets"), RunTimeModule("airflow_gpumarket.metrics")
 
 #: Lines of the job's log read for the return value (the marker line comes after everything the function printed).
 RESULT_TAIL_LINES = 100
@@ -157,6 +160,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
         assert event is not None  # a job is always waited for
         if lifecycle.destroyed_itself(event):  # stopped after success, so gone means someone destroyed it
             session.end(rental, Outcome.GONE)
+            metrics.rental_ended(metrics.LOST)
             raise AirflowException(
                 f"instance {rental.instance_id} was destroyed before the function's return value was read from its "
                 "log (by hand, or by the reaper after its lease ran out); the value is lost"
@@ -171,6 +175,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             status = event.get("exit_status")  # what the wait's final read saw
         found, value = python_job.read_result(text, session.key)
         if status == 0 and found:
+            metrics.rental_ended(metrics.SUCCEEDED)
             session.end(rental, Outcome.SUCCEEDED)
             done = summary(rental, result.status, self.hook.service_now)
             self.log.info(
@@ -181,6 +186,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
                 cost.text(done["cost"], done["cost_kind"]),
                 rental.hourly,
             )
+            assets.annotate_outlet_events(result.context, done)
             return value
         if text:
             shown = [line for line in lines if not python_job.is_marker_line(line)]
@@ -188,6 +194,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
         event.update({"status": lifecycle.EventKind.JOB_FAILED.value, "exit_status": status})
         if status == 0:
             session.destroy(rental.instance_id)
+            metrics.rental_ended(metrics.JOB_FAILED)
             raise AirflowException(
                 f"{self._name} returned on instance {rental.instance_id}, but its return value could not be read "
                 "from the instance's log; the instance is destroyed"

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import tenacity
 
-from airflow_gpumarket import api, job_logs, pacing, types
+from airflow_gpumarket import api, job_logs, metrics, pacing, types
 from airflow_gpumarket._compat import BaseHook, mask_secret
 from airflow_gpumarket.exceptions import (
     GpuMarketAmbiguousCreateError,
@@ -183,6 +183,7 @@ class _GpuMarketHookBase(BaseHook):
         """One try: the request, its answer mapped to a result or a ``GpuMarketError``. No pacing, no retry."""
         response = yield request
         self._note_service_clock(response.headers.get("Date"))
+        metrics.answered(request.operation, response.status_code)
         return api.raise_for_response(
             request.operation,
             response.status_code,

@@ -13,7 +13,7 @@ import secrets
 import time
 from typing import Any
 
-from airflow_gpumarket import budgets, ledger
+from airflow_gpumarket import budgets, ledger, metrics
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
@@ -192,6 +192,7 @@ def settle_ended(hook: Any, conn_id: str, instance_id: int, log: Any, cost: floa
         log.warning("Could not settle the budget reservation of instance %s: %s", instance_id, exc)
         return
     if settled is not None:
+        metrics.budget_settled(settled)
         how = "what it cost" if cost is not None else "its rate over its life, estimated on the service's clock"
         log.info("Instance %s ended; its budget reservation is settled at $%.4f (%s)", instance_id, settled, how)
 
@@ -274,10 +275,11 @@ class Budget:
             self._without_ledger(exc, worst, available)
             return
         self.reservation_id = reservation.id
+        metrics.budget_reserved(worst.amount)
         for warning in reservation.warnings:
             self.log.warning("%s", warning)
         self.log.info(
-            "Reserved %s for this rental (reservation %s, attempt %s of try %s)%s",
+            "Reserved its worst case, %s, for this rental (reservation %s, attempt %s of try %s)%s",
             worst.describe(),
             reservation.id,
             request.attempt,

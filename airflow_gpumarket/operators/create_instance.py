@@ -13,10 +13,10 @@ from airflow_gpumarket.operators.spec import Terms
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import lifecycle
+    from airflow_gpumarket import lifecycle, metrics
     from airflow_gpumarket.operators.session import RentalResult
 else:  # what only a running task needs: not imported when a DAG file is parsed
-    lifecycle = RunTimeModule("airflow_gpumarket.lifecycle")
+    lifecycle, metrics = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.metrics")
 
 
 class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
@@ -58,4 +58,5 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
                 self.log.warning("Could not read the SSH address of instance %s: %s", rental.instance_id, exc)
         assert self.session is not None  # made by execute and execute_complete
         self.session.end(rental, Outcome.HANDED_OVER)  # the DAG's (and its teardown's) from now on
+        metrics.rental_ended(metrics.HANDED_OVER)
         return done

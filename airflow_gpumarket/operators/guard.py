@@ -19,14 +19,14 @@ from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.utils import RunTimeModule
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import job_logs, lifecycle
+    from airflow_gpumarket import job_logs, lifecycle, metrics
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
     from airflow_gpumarket.operators import cost
     from airflow_gpumarket.operators.budget import Budget
     from airflow_gpumarket.ui.records import RentalRecorder
 else:  # what only a running task needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
-    cost = RunTimeModule("airflow_gpumarket.operators.cost")
+    cost, metrics = RunTimeModule("airflow_gpumarket.operators.cost"), RunTimeModule("airflow_gpumarket.metrics")
 
 #: The task state store's key (Airflow 3.3+) of the rental a task instance holds: a retry reconnects to it.
 STATE_KEY = "gpumarket_rental"
@@ -76,6 +76,7 @@ def destroy_rentals_on_failure(context: Any) -> None:
 
     def destroy(instance_id: int) -> None:
         hook.destroy_instance(instance_id)
+        metrics.rental_ended(metrics.TASK_FAILED)
         settle_ended(hook, getattr(hook, "gpumarket_conn_id", ""), instance_id, log)
 
     destroy_rentals(hook, key, log, "The task failed", destroy=destroy)
@@ -132,6 +133,7 @@ class RentalGuard:
         except BaseException as exc:
             for instance_id in self._held(self.instance_id or self.find_in_flight()):
                 self.log.warning("Task failed (%s): destroying instance %s so it stops billing", exc, instance_id)
+                metrics.rental_ended(metrics.TASK_FAILED)
                 self.destroy(instance_id)
             raise
 
@@ -140,6 +142,7 @@ class RentalGuard:
         self.killed = True
         for instance_id in self._held(self.instance_id or self.find_in_flight()):
             try:
+                metrics.rental_ended(metrics.TASK_FAILED)
                 self.destroy(instance_id)
                 self.log.warning("Task killed: destroyed instance %s", instance_id)
             except Exception as exc:  # on_kill must not raise; the message names the instance
@@ -197,6 +200,7 @@ class RentalGuard:
         try:
             result = self.hook.destroy_instance(instance_id)
         except GpuMarketError as exc:
+            metrics.destroy_failed()
             raise AirflowException(
                 f"DESTROY FAILED for instance {instance_id}: it may still be billing. Destroy it by hand "
                 f"(DELETE /api/v0/instances/{instance_id}/) or let the reaper DAG do it. Cause: {exc}"

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, bidding, lifecycle, waiting
+from airflow_gpumarket import api, bidding, lifecycle, metrics, waiting
 from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.operators.failures import GpuMarketPreemptedTooOften
 
@@ -55,6 +55,7 @@ class Preemptions:
         waited = bool(event.get("waited"))  # the wait for the bid ran out: that preemption was counted already
         if not waited:
             attempts.count_preemption()
+            metrics.preempted()
         instance = self._read(rental.instance_id)
         self.log.warning("Preemption %d of at most %d: %s", attempts.preemptions, policy.max_preemptions, sentence)
         won_back = (
@@ -73,6 +74,7 @@ class Preemptions:
         if step is bidding.Next.FAIL or stager is None or not stager.keep_source(rental):
             self.guard.destroy(rental.instance_id)  # answered, or the task fails here: never two alive at once
         attempts.lose_machine(rental.machine_id, sentence)
+        metrics.rental_ended(metrics.PREEMPTED, failover=step is not bidding.Next.FAIL)
         if step is bidding.Next.FAIL:
             raise GpuMarketPreemptedTooOften(
                 f"The job was preempted {attempts.preemptions} times, more than max_preemptions="

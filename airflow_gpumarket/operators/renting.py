@@ -20,15 +20,15 @@ from airflow_gpumarket._compat import AirflowTaskTimeout
 from airflow_gpumarket.creation import creation_fields
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
-from airflow_gpumarket.operators.spec import RentalSpec, Terms, execution_deadline
+from airflow_gpumarket.operators.spec import RentalSpec, Terms, execution_deadline, timed_out
 from airflow_gpumarket.ui.links import GpuRentalLink
 from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import lifecycle, waiting
+    from airflow_gpumarket import lifecycle, metrics, waiting
     from airflow_gpumarket.operators.session import RentalResult, RentalSession
 else:  # what only a running task needs: not imported when a DAG file is parsed
-    lifecycle = RunTimeModule("airflow_gpumarket.lifecycle")
+    lifecycle, metrics = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.metrics")
 
 
 class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
@@ -249,6 +249,12 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         if self.session is not None:
             self.session.kill()
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Datasets and the rental of this try, for the OpenLineage provider (``airflow_gpumarket.lineage``)."""
+        from airflow_gpumarket.lineage import facets_on_complete
+
+        return facets_on_complete(self, *(self.session.lineage_facts() if self.session else (None, None)))
+
     def _session(self, context: Any) -> RentalSession:
         """This try's session, over its arguments as rendered (checked again first)."""
         from airflow_gpumarket.operators.session import RentalSession
@@ -273,7 +279,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 rental = session.rent(attempts)
             if event is None:
                 if not spec.terms.waits:
-                    return self._complete(RentalResult(rental, None))
+                    return self._complete(RentalResult(rental, None, context))
                 watch = watch or session.watch(rental)
                 if self.deferrable:
                     self._defer(context, rental, watch, shown)
@@ -281,9 +287,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             shown = ()
             session.check_duplicates(rental)  # a create delayed past the first sweep may have landed since
             kind = lifecycle.event_kind(event)
-            if kind is lifecycle.EventKind.TIMEOUT and self._execution_timeout_is_binding(context, rental, event):
+            limit = self._execution_deadline(context)
+            if kind is lifecycle.EventKind.TIMEOUT and spec.execution_timeout_binds(limit, rental, event):
                 session.destroy(rental.instance_id)
-                raise AirflowTaskTimeout(lifecycle.with_job_detail(self._timed_out(rental.instance_id), event))
+                metrics.rental_ended(metrics.TIMED_OUT)
+                raise AirflowTaskTimeout(lifecycle.with_job_detail(timed_out(self, rental.instance_id), event))
             if kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT):
                 session.fail_over(rental, event)
                 rental, event, watch = None, None, None
@@ -291,7 +299,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             if kind is lifecycle.EventKind.REACHED and session.stages_in(rental):
                 shown = session.stage_in(rental)
                 if not spec.terms.job:
-                    return self._complete(RentalResult(rental, event))
+                    return self._complete(RentalResult(rental, event, context))
                 event, watch = None, None
                 continue
             if rental.bid is not None and lifecycle.preempted(event):
@@ -300,7 +308,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 rental = None if watch is None else rental
                 event = None
                 continue
-            return self._complete(RentalResult(rental, event))
+            return self._complete(RentalResult(rental, event, context))
 
     def _complete(self, result: RentalResult) -> Any:
         """What the task returns, or the failure it raises, once the wait ended (``result.event`` None: no wait)."""
@@ -315,7 +323,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         if (limit := self._execution_deadline(context)) is not None:
             left = limit - time.time()
             if left <= 0:
-                raise AirflowTaskTimeout(self._timed_out(rental.instance_id))
+                raise AirflowTaskTimeout(timed_out(self, rental.instance_id))
             deadline, timeout = limit if deadline is None else min(deadline, limit), timedelta(seconds=left)
         self.defer(
             trigger=GpuMarketInstanceStatusTrigger(
@@ -335,16 +343,3 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         """The epoch second at which ``execution_timeout`` ends: a deferred wait carries it as its deadline."""
         started = self._started_at if self._started_at is not None else time.time()
         return execution_deadline(self.execution_timeout, context, started)
-
-    def _execution_timeout_is_binding(self, context: Any, rental: lifecycle.Rental, event: Mapping[str, Any]) -> bool:
-        if event.get("limit") in (lifecycle.MAX_RUNTIME, lifecycle.MAX_COST):
-            return False
-        assert self.spec is not None
-        limit, own = self._execution_deadline(context), self.spec.deadline(rental)
-        return limit is not None and (own is None or limit <= own)
-
-    def _timed_out(self, instance_id: int) -> str:
-        return (
-            f"execution_timeout ({self.execution_timeout}) elapsed while waiting for instance {instance_id}; "
-            "the instance is destroyed"
-        )

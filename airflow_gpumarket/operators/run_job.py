@@ -17,11 +17,12 @@ from airflow_gpumarket.operators.spec import Terms
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import lifecycle
+    from airflow_gpumarket import assets, lifecycle, metrics
     from airflow_gpumarket.operators import cost
     from airflow_gpumarket.operators.session import RentalResult, RentalSession
 else:  # what only a running task needs: not imported when a DAG file is parsed
     lifecycle, cost = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.operators.cost")
+    assets, metrics = RunTimeModule("airflow_gpumarket.assets"), RunTimeModule("airflow_gpumarket.metrics")
 
 
 class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
@@ -69,6 +70,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         assert event is not None  # a job is always waited for
         succeeded = result.kind is lifecycle.EventKind.JOB_SUCCEEDED
         not_started = self._staging_gave_up(result)
+        metrics.rental_ended(metrics.outcome(event))
         if succeeded and lifecycle.destroyed_itself(event):
             session.end(rental, Outcome.GONE)
             if self.spec is not None and self.spec.stops_on_success():  # so somebody else destroyed it
@@ -91,6 +93,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         )
         if not succeeded:
             self._fail(result, done, not_started)
+        assets.annotate_outlet_events(result.context, done)
         return done
 
     def _fail(self, result: RentalResult, done: dict[str, Any], not_started: bool) -> None:

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from airflow_gpumarket import api, budgets, job_logs, lifecycle, waiting
+from airflow_gpumarket import api, budgets, job_logs, lifecycle, metrics, waiting
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketError, GpuMarketOfferUnavailableError
 from airflow_gpumarket.operators import cost, offers
@@ -46,6 +46,7 @@ class RentalResult(NamedTuple):
 
     rental: lifecycle.Rental
     event: dict[str, Any] | None
+    context: Any = None  # the task's context (its outlets' asset events)
 
     @property
     def kind(self) -> lifecycle.EventKind | None:
@@ -239,6 +240,7 @@ class RentalSession:
         instance_id = int(result["new_contract"])
         guard.take(instance_id)
         budget.created(instance_id)
+        metrics.rental_started(interruptible=bid is not None)
         self.log.info("Created instance %s on offer %s", instance_id, offer["id"])
         rental = lifecycle.Rental(
             instance_id=instance_id,
@@ -337,6 +339,7 @@ class RentalSession:
         self.log.warning("Failover: %s", sentence)
         self._log_daemon_tail(rental.instance_id)
         self.destroy(rental.instance_id)
+        metrics.rental_ended(metrics.NEVER_RAN, failover=True)
         rental.give_up(sentence)
 
     def destroy(self, instance_id: int) -> None:
@@ -386,6 +389,10 @@ class RentalSession:
         )
 
     # --- what the task reports -----------------------------------------------------------------------------
+    def lineage_facts(self) -> tuple[Any, str | None]:
+        """For OpenLineage: the try's latest rental (its record and ``Rental``), and its cloud integration's type."""
+        return self._recorder.latest, getattr(self._stager, "cloud_type", None)
+
     def credit_ran_out(self) -> float | None:
         """The account's credit when it is $0 or less (the service then stops every instance), else None."""
         available = self._budget.credit()

@@ -361,6 +361,13 @@ class RentalSpec(_Frozen):
         cap = self.bidding.hold_cap(bid, dph_total)
         return float(bid) if cap is None else max(float(bid), cap)
 
+    def execution_timeout_binds(self, limit: float | None, rental: lifecycle.Rental, event: Any) -> bool:
+        """Whether a wait's time limit is ``execution_timeout``'s (its epoch second ``limit``), not the job's own."""
+        if event.get("limit") in (lifecycle.MAX_RUNTIME, lifecycle.MAX_COST):
+            return False
+        own = self.deadline(rental)
+        return limit is not None and (own is None or limit <= own)
+
     def watch(self, rental: lifecycle.Rental, *, stages_in: bool, now: float) -> waiting.Watch:
         """The wait for ``rental``: for its job, or (its data still to be staged, or no job) for it to run."""
         cost_deadline = None
@@ -391,3 +398,11 @@ def execution_deadline(execution_timeout: Any, context: Any, started_at: float) 
     start_date = getattr(ti, "start_date", None)
     started = start_date.timestamp() if isinstance(start_date, datetime) else started_at
     return started + execution_timeout.total_seconds()
+
+
+def timed_out(task: Any, instance_id: int) -> str:
+    """The message of a try that ``execution_timeout`` ended while it waited for ``instance_id``."""
+    return (
+        f"execution_timeout ({task.execution_timeout}) elapsed while waiting for instance {instance_id}; "
+        "the instance is destroyed"
+    )

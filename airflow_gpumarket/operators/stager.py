@@ -101,6 +101,7 @@ class Stager:
         if self.plan.uses_cloud and self._integration is None:
             found = self.hook.cloud_integration(self.plan.cloud_integration)  # type: ignore[arg-type]
             self._integration = int(found["id"])
+            self.cloud_type = found.get("cloud_type")  # names the datasets for lineage (airflow_gpumarket.lineage)
             self.log.info("Cloud integration %r is id %s", self.plan.cloud_integration, self._integration)
 
     def wrapper(self, source_id: int | None) -> WrapperStaging:

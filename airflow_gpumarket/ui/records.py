@@ -17,6 +17,9 @@ from typing import Any
 
 from airflow_gpumarket import api, budgets
 from airflow_gpumarket._compat import is_airflow_2
+from airflow_gpumarket.utils import RunTimeModule
+
+metrics = RunTimeModule("airflow_gpumarket.metrics")
 
 #: The XCom keys of a task instance's rental records: this prefix and the instance id.
 RECORD_KEY_PREFIX = "gpumarket_rental_"
@@ -177,6 +180,7 @@ class RentalRecorder:
         self._clock = clock
         self._open: dict[int, tuple[dict[str, Any], Any]] = {}  # instance id -> (its record, its lifecycle.Rental)
         self.recorded = False  # whether this try holds a rental whose address its XCom has
+        self.latest: tuple[dict[str, Any], Any] | None = None  # the latest rental's record and Rental (lineage)
 
     def start(self, rental: Any, *, write: bool = True, handed_over: bool = False) -> None:
         """Record a rental this try holds, created now or adopted.
@@ -201,7 +205,7 @@ class RentalRecorder:
             try_number=number if isinstance(number, int) else None,
             handed_over=handed_over,
         )
-        self._open[rental.instance_id] = (record, rental)
+        self._open[rental.instance_id] = self.latest = (record, rental)
         if rental.running_at is not None:
             record["running_at"] = round(rental.running_at, 3)
         if write:
@@ -222,6 +226,7 @@ class RentalRecorder:
             record = opened[0]
             record["running_at"] = round(rental.running_at, 3)
             self._push(record_key(rental.instance_id), record)
+            metrics.booted(rental)
 
     def end(self, instance_id: int) -> None:
         """The rental's instance is destroyed (by this task, or by its own job)."""
@@ -234,6 +239,7 @@ class RentalRecorder:
         record = ended(record, rental.ended_at if getattr(rental, "ended_at", None) is not None else self._clock())
         if getattr(rental, "cost", None) is not None:  # its task's figure: the service's charge, else the same estimate
             record.update(cost=rental.cost, cost_kind=rental.cost_kind)
+        self.latest = (record, rental)
         self._push(record_key(instance_id), record)
 
     def _push(self, key: str, value: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -59,7 +60,14 @@ GOALS = {
     "durable": "a deferred interruptible job outbid twice (a triggerer killed at the second) resumes from its "
     "checkpoint on its third machine, disks isolated, each epoch once but at most one per preemption; its output in "
     "the integration's bucket before the destroy; 0 alive",
+    "asset_downstream": "a training job's success emits its model's asset event, extra naming its instance; the "
+    "DAG scheduled on that asset runs and succeeds, reading it; 0 alive",
+    "statsd": "a job whose first offer never runs fails over and succeeds: the StatsD listener counts, for its DAG, "
+    "2 rentals started, 1 ended never_ran, 1 failover, 1 ended succeeded, 1 boot, 2 reservations and 2 settlements "
+    "no larger; 0 alive",
 }
+#: The DAG scheduled on the asset_downstream scenario's model (dags/system_dags.py).
+ASSET_CONSUMER = "system_asset_downstream_evaluate"
 
 
 #: More offers than two: a preempted machine is never rented again; the budget admits ten rentals at once.
@@ -74,6 +82,7 @@ def _offers() -> tuple[dict, ...]:
             "gpu_name": f"sys-{name}",
             "dph_total": 0.5 if name == "budget" else 1.0 + k / 10,  # the budget's jobs: one worst case each
             "reliability": 0.99,
+            **({"fate": "exited"} if name == "statsd" and k == 0 else {}),  # the cheapest never runs: a failover
         }
         for n, name in enumerate(GOALS)
         for k in range(_OFFERS_OF.get(name, 2))
@@ -83,7 +92,7 @@ def _offers() -> tuple[dict, ...]:
 WORKLOAD = Workload(
     "system",
     Path(__file__).resolve().parent / "dags",
-    frozenset(f"system_{name}" for name in GOALS),
+    frozenset({*(f"system_{name}" for name in GOALS), ASSET_CONSUMER}),
     _offers(),
     SPEED,
     WORKER_CONCURRENCY,
@@ -99,11 +108,52 @@ def epoch(iso: str | None) -> float | None:
     return datetime.fromisoformat(iso).timestamp() if iso else None
 
 
+class StatsdListener:
+    """A StatsD server on a loopback UDP port, as an operations team runs one: every line received, kept."""
+
+    def __init__(self) -> None:
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # Airflow's own metrics come too
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.settimeout(1.0)
+        self.lines: list[str] = []
+        self.lock = threading.Lock()
+
+    def airflow_env(self) -> dict[str, str]:
+        """``[metrics]``: StatsD to this listener, tags in the names (InfluxDB's form) so each DAG's are told apart."""
+        settings = {"ON": "True", "HOST": "127.0.0.1", "PORT": str(self.socket.getsockname()[1])}
+        settings["INFLUXDB_ENABLED"] = "True"
+        return {f"AIRFLOW__METRICS__STATSD_{key}": value for key, value in settings.items()}
+
+    def listen(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                packet = self.socket.recv(65536).decode(errors="replace")
+            except OSError:  # the timeout, or the socket closed
+                continue
+            with self.lock:
+                self.lines.extend(packet.splitlines())
+
+    def metrics(self, prefix: str, **tags: str) -> dict[str, list[float]]:
+        """Name -> values received, of the metrics under ``prefix`` that carry every one of ``tags``."""
+        found: dict[str, list[float]] = {}
+        with self.lock:
+            lines = list(self.lines)
+        for line in lines:
+            key, _, value = line.partition(":")
+            name, *pairs = key.split(",")
+            carried = dict(pair.partition("=")[::2] for pair in pairs)
+            if name.startswith(prefix) and all(carried.get(k) == v for k, v in tags.items()):
+                found.setdefault(name, []).append(float(value.split("|")[0]))
+        return found
+
+
 class SystemDeployment(Deployment):
     """The deployment the scenarios share: a fresh copy of the simulator's instances, dead components restarted."""
 
     def __init__(self, shape: Shape, write: Callable[[str], None] = print) -> None:
         super().__init__(shape, WORKLOAD)
+        self.statsd = StatsdListener()
         self._write = write  # one progress line
         self.started = time.time()
         self.stopping = threading.Event()
@@ -121,8 +171,12 @@ class SystemDeployment(Deployment):
         assert self.sim is not None, "the simulator has not started"
         return self.sim
 
+    def airflow_env(self, conn_uri: str) -> dict[str, str]:
+        return {**super().airflow_env(conn_uri), **self.statsd.airflow_env()}
+
     def start_all(self) -> None:
         """Start everything, keep the simulator's state fresh, restart what dies on its own; return once ready."""
+        threading.Thread(target=self.statsd.listen, args=(self.stopping,), daemon=True).start()
         self.start(self.say)
         self.simulator.refresh()
         threading.Thread(target=self.simulator.watch, args=(self.stopping,), daemon=True).start()
@@ -152,6 +206,7 @@ class SystemDeployment(Deployment):
             self.ended = time.time()
         finally:
             self.stop()
+            self.statsd.socket.close()
 
 
 class Scenario:

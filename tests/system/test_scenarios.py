@@ -22,6 +22,7 @@ import requests
 
 from .deployment import HEARTBEAT_TIMEOUT, SPEED
 from .scenario import (
+    ASSET_CONSUMER,
     BUDGET_JOBS,
     BUDGET_PER_DAY,
     EXECUTION_TIMEOUT,
@@ -214,6 +215,59 @@ def interruptible(s: Scenario) -> None:
     )
 
 
+def asset_downstream(s: Scenario) -> None:
+    """The training job's success emits its model's asset event; the DAG scheduled on the asset runs and reads it."""
+    s.trigger()
+    s.expect_state("success", 180)
+    s.wait_all_destroyed()
+    (instance,) = s.instances()
+
+    def consumer_run() -> dict | None:
+        runs = s.api.call("GET", f"/dags/{ASSET_CONSUMER}/dagRuns", limit=10)["dag_runs"]
+        return next((r for r in runs if r["state"] in ("success", "failed")), None)
+
+    run = s.wait(f"a finished run of {ASSET_CONSUMER}", 120, consumer_run)
+    assert run["state"] == "success", f"{ASSET_CONSUMER} run {run['dag_run_id']} ended {run['state']!r}"
+    path = f"/dags/{ASSET_CONSUMER}/dagRuns/{run['dag_run_id']}/taskInstances/evaluate/xcomEntries/return_value"
+    produced = s.api.call("GET", path, deserialize=True)["value"]
+    s.say(f"{ASSET_CONSUMER} ran ({run['run_type']}) after the training; its asset event said {produced}")
+    assert run["run_type"] == "asset_triggered", f"the evaluation run was {run['run_type']}, not asset-triggered"
+    assert f"'instance_id': {instance['id']}" in str(produced), (
+        f"the asset event's extra does not name instance {instance['id']}: {produced}"
+    )
+
+
+def statsd(s: Scenario) -> None:
+    """The metrics a StatsD server on loopback receives for this DAG match what happened: one failover, one success."""
+    s.trigger()
+    s.expect_state("success", 180)
+    s.wait_all_destroyed()
+    never_ran, succeeded = sorted(s.instances(), key=lambda i: i["created_at"])
+    assert never_ran["actual_status"] != "running" and succeeded["destroyed"], s.describe()
+    expected = {
+        "rental.started": 2,
+        "rental.ended.never_ran": 1,
+        "rental.failover.never_ran": 1,
+        "rental.ended.succeeded": 1,
+        "rental.boot": 1,
+        "budget.reserved_dollars": 2,
+        "budget.settled_dollars": 2,
+    }
+    prefix = "airflow.gpumarket."
+
+    def counted() -> dict[str, list[float]] | None:
+        got = s.deployment.statsd.metrics(prefix, dag_id=s.dag_id, task_id="job")
+        return got if {k: len(got.get(prefix + k, [])) for k in expected} == expected else None
+
+    got = s.poll(10, counted) or s.deployment.statsd.metrics(prefix, dag_id=s.dag_id, task_id="job")
+    counts = {name.removeprefix(prefix): len(values) for name, values in got.items()}
+    s.say(f"StatsD received for {s.dag_id}: {counts}")
+    assert got, "no gpumarket metric reached the StatsD listener: is the statsd package installed (make system)?"
+    assert {k: counts.get(k, 0) for k in expected} == expected, f"expected {expected}; received {counts}"
+    reserved, settled = sum(got[prefix + "budget.reserved_dollars"]), sum(got[prefix + "budget.settled_dollars"])
+    assert 0 < settled <= reserved, f"settled ${settled:.4f} against ${reserved:.4f} reserved"
+
+
 #: The scenarios that run side by side, each driven by its function in a thread of its own.
 SIDE_BY_SIDE: dict[str, Callable[[Scenario], None]] = {
     "deferred_happy": deferred_happy,
@@ -228,6 +282,8 @@ SIDE_BY_SIDE: dict[str, Callable[[Scenario], None]] = {
     "execution_timeout_deferred": partial(execution_timeout, deferred=True),
     "execution_timeout_sync": partial(execution_timeout, deferred=False),
     "interruptible": interruptible,
+    "asset_downstream": asset_downstream,
+    "statsd": statsd,
 }
 
 
@@ -300,6 +356,14 @@ def test_execution_timeout_sync(side_by_side):
 
 def test_interruptible(side_by_side):
     side_by_side["interruptible"].result()
+
+
+def test_asset_downstream(side_by_side):
+    side_by_side["asset_downstream"].result()
+
+
+def test_statsd(side_by_side):
+    side_by_side["statsd"].result()
 
 
 # --- alone, in this order ----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, task
 
+from airflow_gpumarket.assets import cloud_asset
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 #: A line nobody can know before the job runs (test_exit3 looks for it in the task log), then exit 3.
@@ -44,6 +45,10 @@ EPOCHS_WITH_OUTPUT = (
 )
 #: Numbered lines over about 30 s: long enough for a triggerer to die mid-job and the other to take over.
 TICKS_30S = "for i in $(seq 1 12); do echo tick $i; sleep 2.5; done"
+#: The model the asset_downstream scenario trains, in the simulator's integration `training-data` (type s3).
+MODEL_PATH = "system/asset_downstream/model"
+MODEL = cloud_asset("s3", MODEL_PATH)
+WRITE_MODEL = 'o="$GPUMARKET_INSTANCE_ROOT/workspace/out"; mkdir -p "$o" && echo weights > "$o/model.txt"; sleep 3'
 
 # name: (deferrable, command, extra operator arguments); scenario.GOALS has the same names.
 SCENARIOS: dict[str, tuple[bool, str, dict]] = {
@@ -64,6 +69,13 @@ SCENARIOS: dict[str, tuple[bool, str, dict]] = {
     "scheduler_kill": (False, "sleep 30", {}),
     "worker_kill": (False, "sleep 100000", {"retries": 0}),
     "postgres_restart": (True, "sleep 40", {}),  # with a second, sync task: see below
+    "asset_downstream": (
+        True,
+        WRITE_MODEL,
+        {"cloud_integration": "training-data", "outputs": {"/workspace/out": MODEL_PATH}, "outlets": [MODEL]},
+    ),
+    # Its cheapest offer never runs (scenario.py): one failover, then success, seen running (its boot timed).
+    "statsd": (False, "sleep 5; echo trained", {}),
     "durable": (
         True,
         EPOCHS_WITH_OUTPUT,
@@ -167,3 +179,21 @@ with scenario_dag("budget", max_active_tasks=64):
         max_offer_attempts=30,  # ten renters at once race for the same cheapest offers: the losers try the next
         retries=0,
     ).expand(command=["sleep 12"] * 50)
+
+
+# Scheduled on the asset_downstream scenario's model: runs after each successful training, and returns what the
+# asset event said of the rental that produced the model.
+with DAG(
+    dag_id="system_asset_downstream_evaluate",
+    start_date=datetime(2026, 1, 1),
+    schedule=[MODEL],
+    catchup=False,
+    tags=["gpumarket-system"],
+):
+
+    @task
+    def evaluate(**context) -> list:
+        events = context["triggering_asset_events"]
+        return [event.extra.get("gpumarket", {}) for queued in events.values() for event in queued]
+
+    evaluate()
