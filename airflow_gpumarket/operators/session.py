@@ -256,7 +256,6 @@ class RentalSession:
             machine_id=offer.get("machine_id"),
             attempts=attempts,
             disk_hourly=budgets.storage_hourly(spec.disk_gb(), offer.get("storage_cost")),
-            recorded_at=cost_start,  # its bill counts from here, on the service's clock, as its reservation's does
         )
         self._start(rental)
         self.check_duplicates(rental)
