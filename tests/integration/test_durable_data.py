@@ -393,7 +393,7 @@ def test_the_staged_data_example_trains_on_its_inputs_and_leaves_its_outputs_in_
 
 def test_rule_keep_on_output_failure_keeps_the_stopped_instance_under_a_lease_of_its_own_key(sim):
     from airflow_gpumarket import lifecycle
-    from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
+    from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
 
     sim.set_copy_faults([{"times": 5, "after_fraction": 0.0, "kind": "rclone", "direction": "Instance To Cloud"}])
     command = 'mkdir -p "$GPUMARKET_INSTANCE_ROOT/out" && echo r > "$GPUMARKET_INSTANCE_ROOT/out/model"'
@@ -410,6 +410,6 @@ def test_rule_keep_on_output_failure_keeps_the_stopped_instance_under_a_lease_of
     (kept,) = alive(sim)
     assert kept["actual_status"] == "stopped"
     key, lease = lifecycle.parse_label(kept["label"])
-    assert key == lifecycle.kept_key(op._rental_key(context())) and lease > time.time() + 3000
+    assert key == lifecycle.kept_key(task_key(op, context())) and lease > time.time() + 3000
     assert sim.read_disk_file(kept["id"], "out/model") == b"r\n"
     GpuMarketHook().destroy_instance(kept["id"])  # what the reaper does once the lease ends
