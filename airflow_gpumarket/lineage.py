@@ -58,9 +58,8 @@ def rental_facts(record: Mapping[str, Any] | None, rental: Any) -> dict[str, Any
     return {key: value for key, value in facts.items() if value is not None}
 
 
-def _cloud_type(task: Any, stager: Any) -> str | None:
-    """The integration's type: as the task's stager resolved it, else read from the service once."""
-    known = getattr(stager, "cloud_type", None)
+def _cloud_type(task: Any, known: str | None) -> str | None:
+    """The integration's type: as the task's stager resolved it (``known``), else read from the service once."""
     if known:
         return str(known)
     name = getattr(task, "cloud_integration", None)
@@ -69,14 +68,17 @@ def _cloud_type(task: Any, stager: Any) -> str | None:
     return str(task.hook.cloud_integration(name).get("cloud_type") or "") or None
 
 
-def facets_on_complete(task: Any, guard: Any, stager: Any) -> Any:
-    """The ``OperatorLineage`` of a renting task's try: its datasets and the ``gpumarket`` run facet."""
+def facets_on_complete(task: Any, latest: Any, cloud_type: str | None) -> Any:
+    """The ``OperatorLineage`` of a renting task's try: its datasets and the ``gpumarket`` run facet.
+
+    ``latest``: the try's latest rental as (its record, its ``Rental``), else None; ``cloud_type``: the integration's
+    type as the try resolved it, else None (``RentalSession.lineage_facts``).
+    """
     from airflow.providers.openlineage.extractors import OperatorLineage
     from openlineage.client.event_v2 import InputDataset, OutputDataset
 
-    inputs, outputs = datasets(task, _cloud_type(task, stager))
-    recorder = getattr(guard, "recorder", None)
-    record, rental = getattr(recorder, "latest", None) or (None, None)
+    inputs, outputs = datasets(task, _cloud_type(task, cloud_type))
+    record, rental = latest or (None, None)
     facts = rental_facts(record, rental)
     return OperatorLineage(
         inputs=[InputDataset(namespace=d.namespace, name=d.name) for d in inputs],

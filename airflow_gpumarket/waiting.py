@@ -1,19 +1,23 @@
 """One wait on one instance, shared by the renting operators, the trigger and the sensor.
 
-Each read of the instance (an ``Observation``) goes to ``Wait.step``, a flow either hook runs (``hook.run_flow``):
-it renews the lease, holds the bid, judges the read (``lifecycle.Watch``), reads the job's log when due, and
-returns the event that ends the wait, or None. The callers differ only in how they read and sleep: the operator
-reads and sleeps in the worker, the trigger gets its reads from the shared poller, the sensor reads once a poke.
+``Watch`` is the wait as a pure state machine (what a read means, its deadlines, the lease's renewals) that
+serialises itself for the trigger (``to_dict``/``from_dict``). Each read of the instance (an ``Observation``) goes
+to ``Wait.step``, a flow either hook runs (``hook.run_flow``): it renews the lease, holds the bid, judges the read
+(``Watch.observe``), reads the job's log when due, and returns the event that ends the wait, or None. The callers
+differ only in how they read and sleep: the operator reads and sleeps in the worker, the trigger gets its reads from
+the shared poller, the sensor reads once a poke.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from airflow_gpumarket import api, bidding, job_logs, lifecycle
 from airflow_gpumarket.exceptions import GpuMarketError
+from airflow_gpumarket.lifecycle import MAX_COST, MAX_RUNTIME, WAIT_JOB, WAIT_STATUS, EventKind, lease_of, renewed_label
 
 
 class Observation:
@@ -87,13 +91,268 @@ def hold_bid_flow(hook: Any, instance_id: int, bid: float, min_bid: Any, cap: fl
     return raised
 
 
+def evaluate(
+    *,
+    wait_for: str,
+    status: str | None,
+    gone: bool,
+    now: float,
+    seen_running: bool,
+    target_status: str = api.STATUS_RUNNING,
+    boot_deadline: float | None = None,
+    deadline: float | None = None,
+    lease_until: float | None = None,
+    max_runtime: float | None = None,
+    running_since: float | None = None,
+    outbid_wait_until: float | None = None,
+    cost_deadline: float | None = None,
+    service_at: float | None = None,
+) -> dict[str, Any] | None:
+    """What one observation means: an event dict when waiting is over, None to keep waiting.
+
+    ``status``: the instance's actual_status (ignored when ``gone``, i.e. the instance answered 404).
+    In job mode, the job wrapper destroys the instance after exit 0 (gone = success) and stops it otherwise; gone
+    after ``lease_until`` (the label's lease as last written) proves nothing, since the reaper may have destroyed it.
+    ``max_runtime`` counts from ``running_since``, when the watcher first saw the instance running (the job starts
+    then); ``deadline`` is absolute. With ``outbid_wait_until`` (a preempted bid instance left to win its machine
+    back), any status but running is waiting for the bid until then, and PREEMPTED after; so is a failed host at
+    once. Either way the log decides (``with_job_end``): the resumed run may have ended between two reads.
+    ``cost_deadline`` is when the rental's estimated cost reaches ``max_cost`` (``budgets.cost_deadline``), on the
+    service's clock, as ``service_at`` (the time of the read) is: the service bills by its own clock.
+    """
+    if wait_for == WAIT_JOB:
+        if gone and lease_until is not None and now > lease_until:
+            return {"status": EventKind.LEASE_EXPIRED.value}
+        if gone:
+            return {"status": EventKind.JOB_SUCCEEDED.value}
+        if status == api.STATUS_RUNNING:
+            pass
+        elif outbid_wait_until is not None:
+            # Booting: the bid won, boot_deadline rules.
+            if status in api.FAILED_STATUSES or (now >= outbid_wait_until and not api.is_booting(status)):
+                return {"status": EventKind.PREEMPTED.value, "actual_status": status, "waited": True}
+        elif status in api.FAILED_STATUSES and not seen_running:
+            return {"status": EventKind.NEVER_RUNS.value, "actual_status": status}
+        elif not api.is_booting(status):
+            return {"status": EventKind.JOB_FAILED.value, "actual_status": status}
+    else:
+        if gone:
+            return {"status": EventKind.GONE.value}
+        if status == target_status:
+            return {"status": EventKind.REACHED.value, "actual_status": status}
+        if status in api.FAILED_STATUSES or (target_status == api.STATUS_RUNNING and api.will_never_run(status)):
+            return {"status": EventKind.NEVER_RUNS.value, "actual_status": status}
+    if boot_deadline is not None and not seen_running and api.is_booting(status) and now >= boot_deadline:
+        return {"status": EventKind.BOOT_TIMEOUT.value, "actual_status": status}
+    if deadline is not None and now >= deadline:
+        return {"status": EventKind.TIMEOUT.value, "actual_status": status}
+    if max_runtime is not None and running_since is not None and now >= running_since + max_runtime:
+        return {"status": EventKind.TIMEOUT.value, "actual_status": status, "limit": MAX_RUNTIME}
+    if cost_deadline is not None and (now if service_at is None else service_at) >= cost_deadline:
+        return {"status": EventKind.TIMEOUT.value, "actual_status": status, "limit": MAX_COST}
+    return None
+
+
+@dataclass
+class Watch:
+    """One wait on one instance, as a state machine fed one read at a time.
+
+    The operator's loop (in the worker), the trigger (in the triggerer) and the sensor (one poke per read) differ
+    only in how they read and sleep; what a read means, when the job started, and when the lease in the label is
+    due for renewal are decided here, the same way for all three. ``observe`` returns the event that ends the wait,
+    or None to keep waiting.
+    """
+
+    wait_for: str = WAIT_STATUS
+    target_status: str = api.STATUS_RUNNING
+    boot_deadline: float | None = None  # epoch seconds
+    deadline: float | None = None  # epoch seconds
+    max_runtime: float | None = None  # seconds from running_since
+    label: str | None = None  # as last written on the instance: its lease is read from it
+    keepalive: float | None = None  # keep the lease this far ahead (None: never renewed)
+    lease_cap: float | None = None  # never move the lease past this epoch second
+    running_since: float | None = None  # when a read first saw the instance running
+    status: str | None = None  # the last status read
+    shown: str = ""  # the last read as the task log shows it ("gone" or the status)
+    changed: bool = False  # the last read differs from the one before it
+    outbid_wait_until: float | None = None  # a preempted bid instance may win its machine back until then
+    cost_deadline: float | None = None  # the service's epoch seconds: the rental's estimated cost reaches max_cost
+    hold_bid_up_to: float | None = None  # raise a bid instance's bid up to this (None: hold nothing)
+    shown_lines: list[str] = field(default_factory=list)  # an earlier wait showed these lines of the job's log last
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a trigger carries of this wait: every field but the last read's (``status``, ``shown``, ``changed``)."""
+        return {name: getattr(self, name) for name in _WATCH_FIELDS if name not in _READ_STATE}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Watch:
+        """ValueError naming what is wrong when ``data`` is not what ``to_dict`` wrote."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"not a watch: {data!r}")
+        unknown = set(data) - set(_WATCH_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown watch fields {sorted(unknown)} in {data!r}")
+        watch = cls(**data)
+        watch.shown_lines = list(watch.shown_lines or ())
+        return watch
+
+    def observe(
+        self,
+        now: float,
+        *,
+        status: str | None = None,
+        gone: bool = False,
+        unread: bool = False,
+        service_at: float | None = None,
+    ) -> dict | None:
+        """Take one read: ``status``, or ``gone`` (the instance answered 404), or ``unread``.
+
+        ``unread``: the read failed after the hook's retries; nothing new was learnt, so the last status read is judged
+        again.
+        """
+        if unread:
+            status = self.status
+        shown = "gone" if gone else repr(status)
+        self.changed, self.status, self.shown = shown != self.shown, status, shown
+        if status == api.STATUS_RUNNING and self.running_since is None:
+            self.running_since = now
+        if not unread and (status == api.STATUS_RUNNING or api.is_booting(status)):
+            self.outbid_wait_until = None  # the bid won again: the job runs again, and its next stop is judged anew
+        return evaluate(
+            wait_for=self.wait_for,
+            status=status,
+            gone=gone,
+            now=now,
+            seen_running=self.running_since is not None,
+            target_status=self.target_status,
+            boot_deadline=self.boot_deadline,
+            deadline=self.deadline,
+            lease_until=lease_of(self.label),
+            max_runtime=self.max_runtime,
+            running_since=self.running_since,
+            outbid_wait_until=self.outbid_wait_until,
+            cost_deadline=self.cost_deadline,
+            service_at=service_at,
+        )
+
+    def reads_log(self) -> bool:
+        """Whether the job's log is read as this wait goes on.
+
+        It is once the job was seen running, or when a preempted bid instance may win its machine back and run the job
+        to its end between two reads (``ended_while_waiting``).
+        """
+        return self.running_since is not None or self.outbid_wait_until is not None
+
+    def lease_renewal(self, now: float) -> str | None:
+        """The label to write now to keep the lease ahead, or None when no renewal is due.
+
+        See ``renewed_label``. Set ``label`` once the service took it.
+        """
+        if self.keepalive is None or self.lease_cap is None:
+            return None
+        return renewed_label(self.label, now=now, keepalive=self.keepalive, lease_cap=self.lease_cap)
+
+
+_WATCH_FIELDS = tuple(f.name for f in fields(Watch))
+_READ_STATE = ("status", "shown", "changed")
+
+
+#: Events after which a job's instance still exists, so the end of its log can be read (and is, in job mode).
+#: A wait for an outbid instance that ran out reads the log too: the instance may have won its machine back, run
+#: the job to its end and stopped again between two reads.
+ENDS_WITH_LOG = (EventKind.JOB_FAILED, EventKind.TIMEOUT, EventKind.PREEMPTED)
+
+
+def ends_with_log(event: Mapping[str, Any]) -> bool:
+    return event.get("status") in {kind.value for kind in ENDS_WITH_LOG}
+
+
+def needs_final_read(event: Mapping[str, Any], pump: job_logs.LogPump) -> bool:
+    """Whether the wait that ``event`` ends reads the job's log once more first.
+
+    It does when the job ended (its last lines and its exit status are in the log) and reads are on. The operator, the
+    sensor and the trigger ask this alike.
+    """
+    return ends_with_log(event) and pump.interval > 0 and not pump.off
+
+
+def ended_while_waiting(watch: Watch, pump: job_logs.LogPump) -> dict[str, Any] | None:
+    """The event ending a preempted bid instance's wait once its log shows the job ended, else None.
+
+    While such an instance is left to win its machine back, a read of its log that found the job wrapper's exit status
+    line means the resumed run ended (and stopped its instance) between two reads of its status. The wait ends there,
+    judged by the log like any job's end. None while no such line was read.
+    """
+    if watch.outbid_wait_until is None or pump.follower.exit_status is None:
+        return None
+    return {"status": EventKind.JOB_FAILED.value, "actual_status": watch.status}
+
+
+#: Seconds (on the service's clock) a running instance's log may hold no line of the job wrapper before its onstart
+#: is taken never to run: the wrapper prints its first line as soon as the service's entrypoint starts it.
+WRAPPER_START_SECONDS = 300.0
+
+
+def never_started(
+    watch: Watch, pump: job_logs.LogPump, running_at: float | None, at: float | None
+) -> dict[str, Any] | None:
+    """The event failing over an instance whose job wrapper never started, else None.
+
+    That is a running instance whose whole log, read ``WRAPPER_START_SECONDS`` after it began running, holds lines and
+    none of the wrapper's: its onstart script did not run (a host that does not run it, or a simulator that does not
+    execute onstart scripts), and the job never will.
+    """
+    if not pump.without_wrapper or watch.status != api.STATUS_RUNNING or running_at is None or at is None:
+        return None
+    if at - running_at < WRAPPER_START_SECONDS:
+        return None
+    return {
+        "status": EventKind.NEVER_RUNS.value,
+        "actual_status": watch.status,
+        "never_started": round(at - running_at),
+        "log_tail": pump.summary()["log_tail"],
+    }
+
+
+def end_of_wait(event: dict[str, Any], pump: job_logs.LogPump) -> dict[str, Any]:
+    """``event`` as every wait ends it.
+
+    A job's end is judged by what the log reads found (``with_job_end``), and the instance is named.
+    """
+    if ends_with_log(event) and pump.interval > 0:
+        with_job_end(event, pump.summary())
+    event["instance_id"] = pump.instance_id
+    return event
+
+
+def with_job_end(event: dict[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
+    """``event`` with what the final read of the job's log found (``job_logs.LogPump.summary``), judged.
+
+    The job wrapper stops its instance whatever the command's exit status when it stops on success (see
+    ``airflow_gpumarket.job_script``), and prints the status first: an instance no longer running whose log
+    ends with exit status 0 is a job that succeeded (whatever the service shows after a stop: the spec does not
+    say, and the live service is reported to show "stopped" or "exited"). Anything else (another status, a host
+    failure or a stop by hand before the command ended, no status line read) stays a failure: an outcome the
+    log does not prove is never reported as a success. A time limit whose wait ends with the log's exit status 0
+    came after the job had ended well: a success too.
+    """
+    event.update(summary)
+    if event.get("status") == EventKind.PREEMPTED.value and event.get("exit_status") is not None:
+        # A preempted run never prints the line: this one is the resumed run's, which ended unseen.
+        event["status"] = EventKind.JOB_FAILED.value
+        event.pop("waited", None)
+    if event.get("status") in (EventKind.JOB_FAILED.value, EventKind.TIMEOUT.value) and event.get("exit_status") == 0:
+        event["status"] = EventKind.JOB_SUCCEEDED.value  # a time limit read after the job had ended well
+        event.pop("limit", None)
+    return event
+
+
 class Wait:
     """The state of one wait: the ``Watch``, the job log's ``LogPump``, the billing marks and the bid held.
 
     :param watch: what the wait waits for, and its deadlines.
     :param pump: the job's log reader (interval 0: no reads).
     :param log: where status changes and the job's lines go.
-    :param hold_bid_up_to: raise a bid instance's bid up to this, or None to hold nothing.
     :param bid: the bid as last placed, when known.
     :param hold_final: return the final read's lines in the event (``final_lines``) instead of logging them.
     :param read_at: the service's time of the last read before this wait, if any (for the billing marks).
@@ -101,11 +360,10 @@ class Wait:
 
     def __init__(
         self,
-        watch: lifecycle.Watch,
+        watch: Watch,
         pump: job_logs.LogPump,
         log: Any,
         *,
-        hold_bid_up_to: float | None = None,
         bid: float | None = None,
         hold_final: bool = False,
         read_at: float | None = None,
@@ -113,7 +371,6 @@ class Wait:
         self.watch = watch
         self.pump = pump
         self.log = log
-        self.hold_bid_up_to = hold_bid_up_to
         self.bid = bid
         self.hold_final = hold_final
         self.read_at = read_at
@@ -154,24 +411,25 @@ class Wait:
             self.log.info("Instance %s: status %s", self.instance_id, self.watch.shown)
         if event is None and self.watch.reads_log() and self.pump.due(now):
             yield from job_logs.forward_flow(hook, self.pump, self.log)
-            event = lifecycle.ended_while_waiting(self.watch, self.pump) or lifecycle.never_started(
+            event = ended_while_waiting(self.watch, self.pump) or never_started(
                 self.watch, self.pump, self.running_at, seen.at if seen.error is None else None
             )
         if event is None:
             return None
-        if lifecycle.needs_final_read(event, self.pump):
+        if needs_final_read(event, self.pump):
             lines = yield from job_logs.forward_flow(hook, self.pump, self.log, final=True, hold_final=self.hold_final)
             if lines:
                 event["final_lines"] = job_logs.held_for_the_task(lines, self.instance_id)
-        return lifecycle.end_of_wait(event, self.pump)
+        return end_of_wait(event, self.pump)
 
     def _hold_bid(self, hook: Any, seen: Observation) -> Any:
-        if self.hold_bid_up_to is None:
+        cap = self.watch.hold_bid_up_to
+        if cap is None:
             return
         known = [float(bid) for bid in (seen.bid, self.bid) if api.is_positive_number(bid)]
         if not known:
             return
         self.bid = max(known)  # a listing may predate this wait's last raise
-        raised = yield from hold_bid_flow(hook, self.instance_id, self.bid, seen.min_bid, self.hold_bid_up_to, self.log)
+        raised = yield from hold_bid_flow(hook, self.instance_id, self.bid, seen.min_bid, cap, self.log)
         if raised is not None:
             self.bid = raised

@@ -1,11 +1,12 @@
-"""Count the file switches a reader makes following a deferrable RunJob to ``defer()``.
+"""Count what a reader follows from a deferrable RunJob to ``defer()``: file switches, files and functions.
 
 The service is mocked (requests-mock: one offer, one create); every call into the provider's own code is recorded,
 and a hop is a call or return that lands in another file than the one before it. Printed for the trace from
-construction and from ``execute``: the hops among all of the provider's files, and among
-``airflow_gpumarket/operators/`` files.
+construction and from ``execute``: the hops among all of the provider's files and among ``airflow_gpumarket/operators/``
+files, and the distinct functions run (``--functions`` lists those of ``execute``, in the order first run). Run it on
+another tree (``PYTHONPATH=<tree>``) for its figures before a change.
 
-    python bench/trace_hops.py
+    python bench/trace_hops.py [--functions]
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 from datetime import UTC, datetime
@@ -31,24 +33,31 @@ def _mock_service(mocker: requests_mock.Mocker) -> None:
     offer = {"id": 7, "dph_total": 0.5, "gpu_name": "RTX 4090", "num_gpus": 1, "machine_id": 70}
     mocker.post(BASE + api.PATH_SEARCH_OFFERS, json={"offers": [offer]})
     mocker.put(BASE + api.PATH_CREATE_INSTANCE.format(offer_id=7), json={"success": True, "new_contract": 1001})
+    mocker.get(BASE + api.PATH_CURRENT_USER, json={"id": 1, "credit": 100.0})  # the budget's credit check
 
 
-def trace(module: str) -> tuple[list[str], int]:
-    """The provider's files, in the order a deferrable RunJob's code runs through them; where ``execute`` starts."""
+def trace(module: str) -> tuple[list[str], list[str], int]:
+    """The provider's files and functions, in the order a deferrable RunJob's code runs through them; where
+    ``execute`` starts (an index of both lists)."""
     os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = json.dumps(
         {"conn_type": "gpumarket", "host": BASE, "password": "trace-key-0123456789"}
     )
     from airflow_gpumarket._compat import TaskDeferred
 
+    logging.disable(logging.CRITICAL)  # the task's log lines (and the ledger's fallback) are not the trace's output
+
     operator_class = importlib.import_module(module).GpuMarketRunJobOperator
 
     files: list[str] = []
+    functions: list[str] = []
     executed = 0
 
     def profile(frame, event, arg):  # noqa: ARG001 - the profiler's signature
         now = frame if event == "call" else frame.f_back if event == "return" else None
         if now is not None and now.f_code.co_filename.startswith(str(PACKAGE)):
-            files.append(os.path.relpath(now.f_code.co_filename, PACKAGE.parent))
+            name = os.path.relpath(now.f_code.co_filename, PACKAGE.parent)
+            files.append(name)
+            functions.append(f"{name}:{getattr(now.f_code, 'co_qualname', now.f_code.co_name)}")
 
     context = {"run_id": "run-1", "ti": SimpleNamespace(try_number=1, map_index=-1, start_date=datetime.now(UTC))}
     with requests_mock.Mocker() as mocker:
@@ -68,7 +77,7 @@ def trace(module: str) -> tuple[list[str], int]:
             pass
         finally:
             sys.setprofile(None)
-    return files, executed
+    return files, functions, executed
 
 
 def _runs(files: list[str]) -> list[str]:
@@ -78,17 +87,29 @@ def _runs(files: list[str]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", default="airflow_gpumarket.operators.run_job", help="where the operator lives")
-    files, executed = trace(parser.parse_args().module)
-    for start, part in (("construction", files), ("execute", files[executed:])):
+    parser.add_argument("--functions", action="store_true", help="list the functions run from execute")
+    args = parser.parse_args()
+    files, functions, executed = trace(args.module)
+    for start, part, called in (
+        ("construction", files, functions),
+        ("execute", files[executed:], functions[executed:]),
+    ):
         path = _runs(part)
         operators = _runs([name for name in path if name.startswith("airflow_gpumarket/operators/")])
         print(
             f"from {start} to defer(): {len(path) - 1} hops among {len(set(path))} provider files; "
-            f"{len(operators) - 1} hops among {len(set(operators))} operator files"
+            f"{len(operators) - 1} hops among {len(set(operators))} operator files; {len(set(called))} functions"
         )
-        print(
-            "  operator files:", ", ".join(sorted({n.removeprefix("airflow_gpumarket/operators/") for n in operators}))
-        )
+        read = {}
+        for name in dict.fromkeys(called):
+            if name.startswith("airflow_gpumarket/operators/") and not name.endswith(">"):
+                file = name.split(":")[0].removeprefix("airflow_gpumarket/operators/")
+                read[file] = read.get(file, 0) + 1
+        print("  functions read per operator file:", ", ".join(f"{file} {n}" for file, n in sorted(read.items())))
+    if args.functions:
+        print("functions run from execute, in the order first run:")
+        for name in dict.fromkeys(functions[executed:]):
+            print("  " + name)
 
 
 if __name__ == "__main__":

@@ -33,23 +33,7 @@ def tracked_modules(*folders: str) -> list[str]:
     return sorted(listed)
 
 
-#: Modules the renting operator's redesign (helper rent45's branch) brings under the limits; the lead removes these
-#: marks when it merges that branch (strict: a module under the limit fails its mark).
-REDESIGNED_IN_RENT45 = ("airflow_gpumarket/lifecycle.py", "airflow_gpumarket/operators/renting.py")
-
-
-def _params(modules: list[str]) -> list[object]:
-    return [
-        pytest.param(
-            module,
-            marks=[pytest.mark.xfail(strict=True, reason="rent45")] if module in REDESIGNED_IN_RENT45 else [],
-            id=module,
-        )
-        for module in modules
-    ]
-
-
-@pytest.mark.parametrize("module", _params(tracked_modules(*PACKAGES)))
+@pytest.mark.parametrize("module", tracked_modules(*PACKAGES))
 def test_no_module_of_either_package_is_longer_than_550_lines(module):
     lines = len((ROOT / module).read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_MODULE_LINES, f"{module} has {lines} lines: split it by role (at most {MAX_MODULE_LINES})"
@@ -64,7 +48,7 @@ def methods_per_class(module: str) -> dict[str, int]:
     }
 
 
-@pytest.mark.parametrize("module", _params(tracked_modules(*FACES)))
+@pytest.mark.parametrize("module", tracked_modules(*FACES))
 def test_no_operator_sensor_or_trigger_class_defines_more_than_25_methods(module):
     too_many = {name: n for name, n in methods_per_class(module).items() if n > MAX_CLASS_METHODS}
     assert not too_many, f"{module}: give a part of these classes its own object: {too_many}"

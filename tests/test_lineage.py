@@ -51,8 +51,7 @@ def test_the_run_facet_tells_the_rental_its_preemptions_and_its_cost():
 
 def test_the_facets_name_the_datasets_from_the_type_the_stager_resolved():
     pytest.importorskip("airflow.providers.openlineage")
-    guard = SimpleNamespace(recorder=SimpleNamespace(latest=({**RECORD, "cost": 0.031}, None)))
-    found = lineage.facets_on_complete(TASK, guard, SimpleNamespace(cloud_type="gcs"))
+    found = lineage.facets_on_complete(TASK, ({**RECORD, "cost": 0.031}, None), "gcs")
     written = [(d.namespace, d.name) for d in found.outputs]
     assert written == [("gs://models", "mnist/v3"), ("gs://checkpoints", "train")]
     facet = found.run_facets[lineage.RUN_FACET_KEY]

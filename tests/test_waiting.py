@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from fake_flows import FlowsOverMethods
 
-from airflow_gpumarket import job_logs, lifecycle
+from airflow_gpumarket import job_logs, lifecycle, waiting
 from airflow_gpumarket.exceptions import GpuMarketServerError
 from airflow_gpumarket.waiting import Observation, Wait, hold_bid_flow
 
@@ -47,7 +48,7 @@ def step(wait: Wait, hook: Service, now: float, **seen) -> dict | None:
 
 def test_a_wait_for_a_status_ends_when_the_status_is_read_and_marks_billing_halfway_between_two_reads():
     hook = Service()
-    wait = Wait(lifecycle.Watch(boot_deadline=1000.0), job_logs.LogPump(7, 0), LOG)
+    wait = Wait(waiting.Watch(boot_deadline=1000.0), job_logs.LogPump(7, 0), LOG)
     assert step(wait, hook, 100.0, status="loading") is None
     event = step(wait, hook, 110.0, status="running")
     assert event["status"] == lifecycle.EventKind.REACHED.value and event["actual_status"] == "running"
@@ -56,7 +57,7 @@ def test_a_wait_for_a_status_ends_when_the_status_is_read_and_marks_billing_half
 
 def test_a_jobs_end_is_judged_by_the_last_read_of_its_log():
     hook = Service(EXIT_0)
-    wait = Wait(lifecycle.Watch(wait_for=lifecycle.WAIT_JOB), job_logs.LogPump(7, 3600), LOG)
+    wait = Wait(waiting.Watch(wait_for=lifecycle.WAIT_JOB), job_logs.LogPump(7, 3600), LOG)
     assert step(wait, hook, 100.0, status="running") is None
     assert hook.log_reads == 0  # the first periodic read is due an interval after the job started
     event = step(wait, hook, 110.0, status="stopped")  # stopped: a failure, unless its log says exit 0
@@ -66,14 +67,14 @@ def test_a_jobs_end_is_judged_by_the_last_read_of_its_log():
 
 def test_a_job_stopped_without_an_exit_status_in_its_log_failed():
     hook = Service("gpumarket: job started\nepoch 1\n")
-    wait = Wait(lifecycle.Watch(wait_for=lifecycle.WAIT_JOB), job_logs.LogPump(7, 3600), LOG)
+    wait = Wait(waiting.Watch(wait_for=lifecycle.WAIT_JOB), job_logs.LogPump(7, 3600), LOG)
     step(wait, hook, 100.0, status="running")
     assert step(wait, hook, 110.0, status="stopped")["status"] == lifecycle.EventKind.JOB_FAILED.value
 
 
 def test_a_failed_read_keeps_the_wait_going_on_the_last_status_read(caplog):
     hook = Service()
-    wait = Wait(lifecycle.Watch(boot_deadline=1000.0), job_logs.LogPump(7, 0), LOG)
+    wait = Wait(waiting.Watch(boot_deadline=1000.0), job_logs.LogPump(7, 0), LOG)
     step(wait, hook, 100.0, status="loading")
     with caplog.at_level(logging.WARNING, logger=LOG.name):
         assert step(wait, hook, 110.0, error=GpuMarketServerError("HTTP 503", status_code=503)) is None
@@ -84,7 +85,7 @@ def test_a_failed_read_keeps_the_wait_going_on_the_last_status_read(caplog):
 def test_a_read_renews_the_lease_in_the_label_when_it_is_due():
     hook = Service()
     key = "0123456789ab"
-    watch = lifecycle.Watch(label=lifecycle.make_label(key, 200), keepalive=90, lease_cap=10_000, boot_deadline=1e9)
+    watch = waiting.Watch(label=lifecycle.make_label(key, 200), keepalive=90, lease_cap=10_000, boot_deadline=1e9)
     wait = Wait(watch, job_logs.LogPump(7, 0), LOG)
     step(wait, hook, 120.0, status="loading")  # 80 of 90 s left: not due
     assert hook.labels == []
@@ -106,9 +107,214 @@ def test_hold_bid_raises_the_bid_when_the_machines_minimum_rose_and_only_reports
 
 def test_a_wait_that_holds_the_bid_raises_it_from_what_the_read_shows():
     hook = Service()
-    wait = Wait(lifecycle.Watch(boot_deadline=1e9), job_logs.LogPump(7, 0), LOG, hold_bid_up_to=0.5)
+    wait = Wait(waiting.Watch(boot_deadline=1e9, hold_bid_up_to=0.5), job_logs.LogPump(7, 0), LOG)
     step(wait, hook, 100.0, status="loading", bid=0.21, min_bid=0.205)
     assert hook.bids and wait.bid == hook.bids[0]
-    nothing_held = Wait(lifecycle.Watch(boot_deadline=1e9), job_logs.LogPump(7, 0), LOG)
+    nothing_held = Wait(waiting.Watch(boot_deadline=1e9), job_logs.LogPump(7, 0), LOG)
     step(nothing_held, hook, 100.0, status="loading", bid=0.21, min_bid=0.3)
     assert len(hook.bids) == 1
+
+
+# --- Watch: what each read means, as a pure state machine ---------------------------------------------------
+KEY = "0123456789ab"
+
+
+def _status(status, **kw):
+    return waiting.evaluate(wait_for=lifecycle.WAIT_STATUS, status=status, gone=False, now=0, seen_running=False, **kw)
+
+
+@pytest.mark.parametrize("status", [None, "loading"])
+def test_provisioning_and_loading_keep_waiting(status):
+    assert _status(status) is None
+
+
+def test_running_is_reached():
+    assert _status("running") == {"status": lifecycle.EventKind.REACHED, "actual_status": "running"}
+
+
+@pytest.mark.parametrize("status", ["exited", "unknown", "offline"])
+def test_rule_exited_unknown_offline_never_become_running(status):
+    assert _status(status) == {"status": lifecycle.EventKind.NEVER_RUNS, "actual_status": status}
+
+
+def test_a_status_the_spec_does_not_name_is_treated_as_not_going_to_run():
+    assert _status("stopped")["status"] == lifecycle.EventKind.NEVER_RUNS
+
+
+def test_other_target_status_is_waited_for():
+    assert _status("running", target_status="stopped") is None
+    assert _status("stopped", target_status="stopped")["status"] == lifecycle.EventKind.REACHED
+
+
+def test_gone_while_waiting_for_a_status_is_reported():
+    event = waiting.evaluate(wait_for=lifecycle.WAIT_STATUS, status=None, gone=True, now=0, seen_running=False)
+    assert event == {"status": lifecycle.EventKind.GONE}
+
+
+def test_boot_deadline_applies_only_while_booting():
+    assert _status("loading", boot_deadline=0)["status"] == lifecycle.EventKind.BOOT_TIMEOUT
+    assert _status("loading", boot_deadline=1) is None
+    assert _status("running", boot_deadline=0)["status"] == lifecycle.EventKind.REACHED
+
+
+def _job(status, *, gone=False, seen_running=False, **kw):
+    return waiting.evaluate(
+        wait_for=lifecycle.WAIT_JOB, status=status, gone=gone, now=0, seen_running=seen_running, **kw
+    )
+
+
+def test_job_gone_means_the_command_exited_zero():
+    assert _job(None, gone=True) == {"status": lifecycle.EventKind.JOB_SUCCEEDED}
+
+
+def test_job_stopped_means_the_command_failed():
+    assert _job("stopped", seen_running=True) == {"status": lifecycle.EventKind.JOB_FAILED, "actual_status": "stopped"}
+
+
+def test_job_running_and_booting_keep_waiting():
+    assert _job("running", seen_running=True) is None
+    assert _job("loading") is None
+
+
+def test_job_host_failure_before_running_fails_over_and_after_running_fails_the_job():
+    assert _job("exited")["status"] == lifecycle.EventKind.NEVER_RUNS
+    assert _job("offline", seen_running=True)["status"] == lifecycle.EventKind.JOB_FAILED
+
+
+def test_job_deadline_stops_waiting():
+    assert _job("running", seen_running=True, deadline=0)["status"] == lifecycle.EventKind.TIMEOUT
+
+
+def test_max_runtime_counts_from_when_the_job_started_not_from_creation():
+    """A slow boot does not eat into the job's time: max_runtime runs from the first time running was seen."""
+    assert _job("loading", max_runtime=10, running_since=None) is None  # still booting: no job time used yet
+    assert _job("running", seen_running=True, max_runtime=10, running_since=-9) is None
+    event = _job("running", seen_running=True, max_runtime=10, running_since=-10)
+    assert event == {"status": lifecycle.EventKind.TIMEOUT, "actual_status": "running", "limit": lifecycle.MAX_RUNTIME}
+    assert "ran longer than max_runtime" in lifecycle.describe_event(event, 42)
+
+
+def test_job_gone_after_its_lease_expired_is_not_a_success():
+    """The reaper may destroy an instance whose lease expired: gone then proves nothing about the job."""
+    assert _job(None, gone=True, lease_until=-1) == {"status": lifecycle.EventKind.LEASE_EXPIRED}
+    assert _job(None, gone=True, lease_until=0) == {
+        "status": lifecycle.EventKind.JOB_SUCCEEDED
+    }  # gone within the lease
+    assert _job("running", seen_running=True, lease_until=-1) is None  # still there: keep watching
+
+
+def test_event_kinds_travel_as_plain_strings():
+    """Trigger events are serialised by Airflow: the kinds put in them are str values, read back as the Enum."""
+    event = waiting.Watch().observe(0, status="running")
+    assert type(event["status"]) is str and lifecycle.event_kind(event) is lifecycle.EventKind.REACHED
+
+
+def test_watch_counts_the_job_from_the_first_running_read_and_judges_a_failed_read_by_the_last_status():
+    watch = waiting.Watch(wait_for=lifecycle.WAIT_JOB, boot_deadline=100, max_runtime=50)
+    assert watch.observe(10, status="loading") is None and watch.running_since is None
+    assert watch.observe(20, status="running") is None and watch.running_since == 20 and watch.changed
+    assert watch.observe(30, unread=True) is None and watch.status == "running" and not watch.changed
+    assert watch.observe(69, status="running") is None
+    assert watch.observe(70, status="running") == {
+        "status": "timeout",
+        "actual_status": "running",
+        "limit": lifecycle.MAX_RUNTIME,
+    }
+
+
+def test_watch_reads_the_lease_from_the_label_it_last_wrote():
+    watch = waiting.Watch(
+        wait_for=lifecycle.WAIT_JOB, label=lifecycle.make_label(KEY, 100), keepalive=90, lease_cap=1000
+    )
+    assert watch.lease_renewal(20) is None  # 80 of 90 s left
+    renewed = watch.lease_renewal(50)
+    assert renewed == lifecycle.make_label(KEY, 140)
+    assert watch.observe(120, gone=True) == {"status": "lease_expired"}  # the renewal was never written
+    watch.label = renewed
+    assert watch.observe(120, gone=True) == {"status": "job_succeeded"}
+
+
+def test_watch_without_keepalive_never_renews():
+    assert waiting.Watch(label=lifecycle.make_label(KEY, 100), lease_cap=1000).lease_renewal(99) is None
+
+
+def test_every_wait_ends_alike_a_final_read_only_for_a_job_that_ended_with_reads_on():
+    from airflow_gpumarket import job_logs
+
+    reading, silent = job_logs.LogPump(7, 30.0), job_logs.LogPump(7, 0.0)
+    failed = {"status": lifecycle.EventKind.JOB_FAILED.value, "actual_status": "stopped"}
+    reached = {"status": lifecycle.EventKind.REACHED.value, "actual_status": "running"}
+    assert waiting.needs_final_read(failed, reading) and not waiting.needs_final_read(failed, silent)
+    assert not waiting.needs_final_read(reached, reading)
+    reading.off = True  # the server has no logs endpoint: no read, yet the end is judged from what was read
+    assert not waiting.needs_final_read(failed, reading)
+    ended = waiting.end_of_wait(dict(failed), reading)
+    assert ended["instance_id"] == 7 and "exit_status" in ended
+    assert waiting.end_of_wait(dict(reached), reading) == {**reached, "instance_id": 7}
+
+
+def test_rule_an_outbid_instance_left_to_wait_is_waited_through_until_max_outbid_wait():
+    watch = waiting.Watch(wait_for=lifecycle.WAIT_JOB, boot_deadline=10.0)
+    assert watch.observe(1.0, status="running") is None
+    watch.outbid_wait_until = 100.0
+    assert watch.observe(50.0, status="stopped") is None  # still outbid
+    assert watch.observe(60.0, status="scheduling") is None
+    assert watch.observe(100.0, status="stopped") == {"status": "preempted", "actual_status": "stopped", "waited": True}
+    assert watch.observe(101.0, status="loading") is None  # the bid won: booting again is not a boot timeout
+    assert watch.outbid_wait_until is None  # back: its next stop is judged anew, even if no read sees it running
+    assert watch.observe(102.0, status="running") is None
+    assert watch.observe(103.0, status="stopped") == {"status": "job_failed", "actual_status": "stopped"}
+    assert watch.observe(104.0, status="offline")["status"] == "job_failed"  # a failed host is never waited for
+
+
+def test_rule_a_wait_for_the_bid_that_ran_out_ends_as_the_log_says_when_the_resumed_run_ended_unseen():
+    ran_out = {"status": "preempted", "actual_status": "stopped", "waited": True}
+    assert waiting.with_job_end(dict(ran_out), {"exit_status": 0, "log_read": True})["status"] == "job_succeeded"
+    assert waiting.with_job_end(dict(ran_out), {"exit_status": 2, "log_read": True})["status"] == "job_failed"
+    still = waiting.with_job_end(dict(ran_out), {"exit_status": None, "log_read": True})
+    assert still["status"] == "preempted" and lifecycle.preempted(still)
+
+
+def test_max_cost_ends_the_wait_on_the_services_clock():
+    watch = waiting.Watch(wait_for=lifecycle.WAIT_JOB, cost_deadline=2000.0)
+    assert watch.observe(10.0, status="running", service_at=1999.0) is None
+    event = watch.observe(11.0, status="running", service_at=2000.0)
+    assert event == {"status": "timeout", "actual_status": "running", "limit": lifecycle.MAX_COST}
+    described = lifecycle.describe_event(event, 7)
+    assert "reached max_cost" in described and "destroyed" in described
+
+
+@pytest.mark.parametrize(
+    ("log", "ran_for", "fails_over"),
+    [
+        ("container started\nsimulator: onstart is not executed\n", 300.0, True),
+        ("container started\n", 299.0, False),  # the wrapper may still be on its way
+        ("container started\ngpumarket: job started\n", 3600.0, False),  # the wrapper ran
+        ("", 3600.0, False),  # an empty log proves nothing
+        ("x\n" * 1000, 3600.0, False),  # a log longer than a read: its first lines were not seen
+    ],
+)
+def test_rule_a_running_instance_whose_whole_log_holds_no_wrapper_line_never_starts_its_job(log, ran_for, fails_over):
+    from airflow_gpumarket.job_logs import LogPump
+
+    pump = LogPump(7, 30.0)
+    pump.read(0.0, log)
+    watch = waiting.Watch(wait_for=lifecycle.WAIT_JOB)
+    watch.status = "running"
+    event = waiting.never_started(watch, pump, running_at=1000.0, at=1000.0 + ran_for)
+    assert (event is not None) is fails_over
+    if fails_over:
+        assert event["status"] == lifecycle.EventKind.NEVER_RUNS.value and event["log_tail"][-1].startswith("simulator")
+        assert "never started" in lifecycle.describe_event(
+            event, 7
+        ) and "onstart is not executed" in lifecycle.describe_event(event, 7)
+
+
+def test_a_wrapper_line_shown_by_an_earlier_wait_counts_as_the_wrapper_running():
+    from airflow_gpumarket.job_logs import LogPump
+
+    pump = LogPump(7, 30.0, shown=["gpumarket: waiting up to 1800 s for the staged data"])
+    pump.read(0.0, "unrelated\n")
+    watch = waiting.Watch(wait_for=lifecycle.WAIT_JOB)
+    watch.status = "running"
+    assert waiting.never_started(watch, pump, running_at=0.0, at=3600.0) is None

@@ -12,20 +12,22 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import job_logs, lifecycle, python_job
 from airflow_gpumarket._compat import AirflowException, DecoratedOperator, task_decorator_factory
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators import cost
-from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
+from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.spec import Terms
 from airflow_gpumarket.utils import RunTimeModule, is_templated, resolved_at_run_time
 
 if TYPE_CHECKING:
     from airflow_gpumarket import assets, metrics
-    from airflow_gpumarket.job_script import WrapperStaging
+    from airflow_gpumarket.operators.session import RentalResult
 else:  # what only a running task needs
     assets, metrics = RunTimeModule("airflow_gpumarket.assets"), RunTimeModule("airflow_gpumarket.metrics")
 
@@ -94,9 +96,15 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
         self._source, self._name = source, name
         _refuse_context_parameters(python_callable, op_kwargs or {})
         command = self._command(_PLACEHOLDER_KEY, list(op_args or ()), dict(op_kwargs or {}), parse_time=True)
-        super().__init__(
-            python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs, command=command, **kwargs
-        )
+        with self._fits():
+            super().__init__(
+                python_callable=python_callable,
+                op_args=op_args,
+                op_kwargs=op_kwargs,
+                command=command,
+                terms=Terms(reads_result=True),  # the return value is read from the log after exit 0
+                **kwargs,
+            )
 
     def _command(self, key: str, args: list[Any], kwargs: dict[str, Any], *, parse_time: bool = False) -> str:
         """The job's command.
@@ -117,12 +125,11 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             python=self.python,
         )
 
-    def _stops_on_success(self) -> bool:
-        return True  # the return value is read from the log after exit 0, whatever log_interval says
-
-    def _job_script(self, base_url: str, staged: WrapperStaging | None = None) -> str | None:
+    @contextmanager
+    def _fits(self) -> Iterator[None]:
+        """A job script too long for onstart is named as the function and its arguments."""
         try:
-            return super()._job_script(base_url, staged)
+            yield
         except GpuMarketValidationError as exc:
             if exc.field not in ("command", "onstart"):
                 raise
@@ -135,64 +142,64 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
     def execute(self, context: Any) -> Any:
         # The arguments are rendered and resolved now: the real command is built, and checked against the
         # onstart limit (by the renting flow's validation), before anything billable is sent.
-        self.command = self._command(self._rental_key(context), list(self.op_args), dict(self.op_kwargs))
-        return super().execute(context)
+        self.command = self._command(task_key(self, context), list(self.op_args), dict(self.op_kwargs))
+        with self._fits():
+            return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any], **kwargs: Any) -> Any:
         # A resumed task is a fresh operator: an interruptible job preempted while deferred rents again from here,
         # with the same command.
-        self.command = self._command(self._rental_key(context), list(self.op_args), dict(self.op_kwargs))
-        return super().execute_complete(context, event, **kwargs)
+        self.command = self._command(task_key(self, context), list(self.op_args), dict(self.op_kwargs))
+        with self._fits():
+            return super().execute_complete(context, event, **kwargs)
 
-    def _complete(self, context: Any, rental: lifecycle.Rental, event: dict[str, Any] | None) -> Any:
+    def _complete(self, result: RentalResult) -> Any:
+        from airflow_gpumarket.operators.session import Outcome, summary
+
+        session, rental, event = self._held(), result.rental, result.event
         assert event is not None  # a job is always waited for
-        kind = lifecycle.event_kind(event)
         if lifecycle.destroyed_itself(event):  # stopped after success, so gone means someone destroyed it
-            self._held().forget(rental.instance_id)
+            session.end(rental, Outcome.GONE)
             metrics.rental_ended(metrics.LOST)
             raise AirflowException(
                 f"instance {rental.instance_id} was destroyed before the function's return value was read from its "
                 "log (by hand, or by the reaper after its lease ran out); the value is lost"
             )
-        if kind not in (lifecycle.EventKind.JOB_FAILED, lifecycle.EventKind.JOB_SUCCEEDED):
-            return super()._complete(context, rental, event)
+        if result.kind not in (lifecycle.EventKind.JOB_FAILED, lifecycle.EventKind.JOB_SUCCEEDED):
+            return super()._complete(result)
         # The wait's final read forwarded the output but keeps no whole marker line: the value is read again.
         text = self._result_log(rental)
         lines = job_logs.split_lines(text, complete_only=False)
         status = job_logs.exit_status(lines)
         if status is None:
             status = event.get("exit_status")  # what the wait's final read saw
-        found, value = python_job.read_result(text, self._rental_key(context))
+        found, value = python_job.read_result(text, session.key)
         if status == 0 and found:
             metrics.rental_ended(metrics.SUCCEEDED)
-            self._end(rental, succeeded=True)
-            summary = self._summary(rental, event.get("actual_status"))
+            session.end(rental, Outcome.SUCCEEDED)
+            done = summary(rental, result.status, self.hook.service_now)
             self.log.info(
                 "%s returned on instance %s after %s; cost %s (at $%s/h, disk included)",
                 self._name,
                 rental.instance_id,
-                lifecycle.format_duration(summary["elapsed_seconds"]),
-                cost.text(summary["cost"], summary["cost_kind"]),
+                lifecycle.format_duration(done["elapsed_seconds"]),
+                cost.text(done["cost"], done["cost_kind"]),
                 rental.hourly,
             )
-            assets.annotate_outlet_events(context, summary)
+            assets.annotate_outlet_events(result.context, done)
             return value
         if text:
             shown = [line for line in lines if not python_job.is_marker_line(line)]
             event.update({"log_tail": shown[-job_logs.FAILURE_TAIL_LINES :]})
         event.update({"status": lifecycle.EventKind.JOB_FAILED.value, "exit_status": status})
         if status == 0:
-            self._held().destroy(rental.instance_id)
+            session.destroy(rental.instance_id)
             metrics.rental_ended(metrics.JOB_FAILED)
             raise AirflowException(
                 f"{self._name} returned on instance {rental.instance_id}, but its return value could not be read "
                 "from the instance's log; the instance is destroyed"
             )
-        return super()._complete(context, rental, event)
-
-    def _held(self) -> RentalGuard:
-        assert self._guard is not None  # set by execute and execute_complete
-        return self._guard
+        return super()._complete(result)
 
     def _result_log(self, rental: lifecycle.Rental) -> str:
         try:

@@ -15,18 +15,18 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import api
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketError
-from airflow_gpumarket.operators import cost
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.utils import RunTimeModule
 
 if TYPE_CHECKING:
     from airflow_gpumarket import job_logs, lifecycle, metrics
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators import cost
     from airflow_gpumarket.operators.budget import Budget
     from airflow_gpumarket.ui.records import RentalRecorder
 else:  # what only a running task needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
-    metrics = RunTimeModule("airflow_gpumarket.metrics")
+    cost, metrics = RunTimeModule("airflow_gpumarket.operators.cost"), RunTimeModule("airflow_gpumarket.metrics")
 
 #: The task state store's key (Airflow 3.3+) of the rental a task instance holds: a retry reconnects to it.
 STATE_KEY = "gpumarket_rental"
@@ -69,10 +69,7 @@ def destroy_rentals_on_failure(context: Any) -> None:
     else:  # a mapped task is never unmapped here: its connection comes from the partial() arguments
         partial_kwargs = getattr(task, "partial_kwargs", None) or {}
         hook = GpuMarketHook(partial_kwargs.get("gpumarket_conn_id", GpuMarketHook.default_conn_name))
-    ti = context.get("ti")
-    key = lifecycle.rental_key(
-        task.dag_id or "", str(context.get("run_id")), task.task_id, getattr(ti, "map_index", -1)
-    )
+    key = task_key(task, context)
     from airflow_gpumarket.operators.budget import settle_ended
 
     log = getattr(task, "log", None) or hook.log
@@ -85,6 +82,14 @@ def destroy_rentals_on_failure(context: Any) -> None:
     destroy_rentals(hook, key, log, "The task failed", destroy=destroy)
 
 
+def task_key(task: Any, context: Any) -> str:
+    """The label key of ``task``'s task instance in ``context``: the same for every try (``lifecycle.rental_key``)."""
+    ti = context.get("ti") if isinstance(context, Mapping) else None
+    run_id = context.get("run_id") if isinstance(context, Mapping) else None
+    map_index = getattr(ti, "map_index", -1) if ti is not None else -1
+    return lifecycle.rental_key(task.dag_id or "", str(run_id), task.task_id, map_index)
+
+
 class RentalGuard:
     """What one try of a renting task rented, and the duty to destroy it whenever the try fails.
 
@@ -93,21 +98,29 @@ class RentalGuard:
     :param key: the task instance's label key (``lifecycle.rental_key``).
     :param store: the task state store (Airflow 3.3+, ``durable=True``), else None.
     :param recorder: the writer of the GPU rentals page's records, else None.
+    :param budget: the try's budget reservations, settled as their instances end, else None.
     """
 
     def __init__(
-        self, hook: GpuMarketHook, log: Any, key: str, *, store: Any = None, recorder: RentalRecorder | None = None
+        self,
+        hook: GpuMarketHook,
+        log: Any,
+        key: str,
+        *,
+        store: Any = None,
+        recorder: RentalRecorder | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self.hook = hook
         self.log = log
         self.key = key
         self.store = store
         self.recorder = recorder
+        self.budget = budget
         self.instance_id: int | None = None  # the instance this try holds and must destroy on failure
         self.creating_label: str | None = None  # a create in flight: its instance is found by this label
-        self.source_id: int | None = None  # a preempted instance kept as the checkpoint's source
+        self.attempts: lifecycle.Attempts | None = None  # the task instance's attempts: their kept checkpoint source
         self.killed = False
-        self.budget: Budget | None = None  # the try's budget reservations: settled as their instances end
         self._rental: lifecycle.Rental | None = None  # the rental held: what it cost is known when it ends
 
     @contextmanager
@@ -137,7 +150,22 @@ class RentalGuard:
 
     def _held(self, instance_id: int | None) -> list[int]:
         """What a failure destroys: the instance held and a kept checkpoint source."""
-        return [i for i in (instance_id, self.source_id) if i is not None]
+        return [i for i in (instance_id, self._source_id()) if i is not None]
+
+    def _source_id(self) -> int | None:
+        return None if self.attempts is None else self.attempts.source_id
+
+    def follow(self, attempts: lifecycle.Attempts) -> None:
+        """Destroy on failure the checkpoint source that ``attempts`` keeps, whenever it keeps one."""
+        self.attempts = attempts
+
+    def take(self, instance_id: int) -> None:
+        """This try holds ``instance_id`` (a resumed task, before it reads anything else of its event)."""
+        self.instance_id = instance_id
+
+    def creating(self, label: str | None) -> None:
+        """A create is in flight (``label``), or ended without making anything (None)."""
+        self.creating_label = label
 
     def stop_if_killed(self, instance_id: int) -> None:
         if self.killed:
@@ -193,8 +221,8 @@ class RentalGuard:
             self.budget.ended(instance_id, None if rental is None else rental.cost)
         if self.instance_id == instance_id:
             self.instance_id = None
-        if self.source_id == instance_id:
-            self.source_id = None
+        if self.attempts is not None and self.attempts.source_id == instance_id:
+            self.attempts.source_id = None
         if self._saved_instance_id() == instance_id:
             self._store_call("delete")
 

@@ -1,6 +1,6 @@
 """Durable data for a renting task: the part that copies checkpoints, inputs and outputs through the service.
 
-A ``Stager`` is held by the renting operator, as the ``RentalGuard`` is. It starts the service's copies, watches
+A ``Stager`` is held by the ``RentalSession``, as the ``RentalGuard`` is. It starts the service's copies, watches
 them, and tells the operator when a rental's job may be watched. It never destroys anything on its own: what must
 go goes through the guard. The rules (what is copied where, the bounds) are in ``airflow_gpumarket.staging``.
 """
@@ -404,16 +404,11 @@ class Stager:
         False when there is nothing worth keeping (no checkpoint_dir, or its job never started).
         """
         attempts = rental.attempts
-        if (
-            not self.plan.checkpoint_dir
-            or rental.running_at is None
-            or not (rental.staged or not self.stages_in(rental))
-        ):
+        if not self.plan.checkpoint_dir or rental.running_at is None or self.stages_in(rental):
             return False
         if attempts.source_id is not None and attempts.source_id != rental.instance_id:
             self.drop_source(attempts, f"instance {rental.instance_id} holds a newer checkpoint")
         attempts.source_id = rental.instance_id
-        self.guard.source_id = rental.instance_id
         try:
             label = lifecycle.make_label(self.guard.key, time.time() + self.source_lease)
             self.hook.label_instance(rental.instance_id, label)
@@ -430,7 +425,8 @@ class Stager:
         return True
 
     def stages_in(self, rental: lifecycle.Rental) -> bool:
-        return self.plan.stages_in(rental.attempts.source_id)
+        """Whether the rental still waits for its data to be copied in before its job is watched."""
+        return not rental.staged and self.plan.stages_in(rental.attempts.source_id)
 
     def _start_save(self, instance_id: int) -> list[Any] | None:
         """Start saving checkpoint_dir to checkpoint_uri; what ``finish_source_save`` needs to watch it."""
@@ -485,7 +481,6 @@ class Stager:
         self.finish_source_save(attempts, time.time() + self.plan.staging_timeout)
         self.log.info("Destroying preempted instance %s: %s", source, why)
         attempts.source_id = None
-        self.guard.source_id = None
         self.guard.destroy(source)
 
     # --- stage out -----------------------------------------------------------------------------------

@@ -85,6 +85,9 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
     def _wait_for(self) -> str:
         return lifecycle.WAIT_JOB if self.wait_for_job else lifecycle.WAIT_STATUS
 
+    def _watch(self, deadline: float | None = None) -> waiting.Watch:
+        return waiting.Watch(wait_for=self._wait_for, target_status=self.target_status, deadline=deadline)
+
     def _instance(self) -> int:
         instance_id = instance_id_from(self.instance_id)
         if instance_id is None:
@@ -100,10 +103,8 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
             trigger=GpuMarketInstanceStatusTrigger(
                 instance_id=self._instance(),
                 gpumarket_conn_id=self.gpumarket_conn_id,
-                wait_for=self._wait_for,
-                target_status=self.target_status,
+                watch=self._watch(deadline=time.time() + float(self.timeout) if self.timeout else None).to_dict(),
                 poll_interval=float(self.poke_interval),  # type: ignore[arg-type]
-                deadline=time.time() + float(self.timeout) if self.timeout else None,  # type: ignore[arg-type]
                 log_interval=self.log_interval,
             ),
             method_name="execute_complete",
@@ -112,8 +113,7 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
     def poke(self, context: Any) -> bool:
         instance_id = self._instance()
         if self._wait is None:  # made at the first poke, once the fields are rendered
-            watch = lifecycle.Watch(wait_for=self._wait_for, target_status=self.target_status)
-            self._wait = waiting.Wait(watch, job_logs.LogPump(instance_id, self.log_interval), self.log)
+            self._wait = waiting.Wait(self._watch(), job_logs.LogPump(instance_id, self.log_interval), self.log)
         seen = self.hook.run_flow(waiting.read_flow(self.hook, instance_id))
         if seen.error is not None and not api.is_retryable(seen.error):
             raise seen.error

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -22,47 +22,28 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
 
     :param instance_id: the instance to watch.
     :param gpumarket_conn_id: connection of type ``gpumarket``.
-    :param wait_for: ``"status"`` (until ``target_status``) or ``"job"`` (through boot and the onstart job:
-        gone = the job succeeded, stopped = it failed; see ``airflow_gpumarket.job_script``).
-    :param target_status: status to wait for in ``"status"`` mode (default running).
+    :param watch: what to wait for and its bounds, as ``waiting.Watch.to_dict`` writes it: ``wait_for``
+        (``"status"`` until ``target_status``, default running; or ``"job"``, through boot and the onstart job),
+        the deadlines, the label whose lease is kept ``keepalive`` ahead (never past ``lease_cap``), the bid held
+        up to ``hold_bid_up_to``, the job log's lines an earlier wait showed. Default: wait until running.
+    :param rental: the renting operator's rental (``lifecycle.Rental.to_resume``), returned unchanged in every
+        event under ``resume`` (Airflow also passes the defer kwargs, but ``dag.test()`` drops them; carrying the
+        state in the event works under both). Its ``key_digest`` masks the instance's key in the job's output,
+        and its ``created_at`` bounds the first log read. None for a sensor.
     :param poll_interval: seconds between reads (the spec recommends 10).
-    :param boot_deadline: epoch seconds after which a still-booting instance is given up.
-    :param deadline: epoch seconds after which waiting stops whatever the status.
-    :param max_runtime: seconds the job may run, counted from when this trigger first sees the instance running
-        (a restarted trigger counts again; ``deadline`` stays the absolute bound).
-    :param running_since: epoch seconds since which the instance is known to run (its data was staged before its job
-        started): ``max_runtime`` counts from then, and a status that never runs ends its job, not its boot.
-    :param destroy_on_kill: destroy the instance when a user marks the deferred task failed or clears it
-        (Airflow 3.3+ calls ``on_kill``; before 3.3 ``cleanup`` finds it out, see there); True for operators
-        that rented the instance, False for sensors.
-    :param dph_total: the rental's rate in $/h, disk included, only to log the cost so far.
-    :param cost_deadline: the service's epoch second at which the rental's estimated cost reaches the task's
-        ``max_cost``: the first read at or after it ends the wait as a timeout whose ``limit`` is ``"max_cost"``.
-    :param label: the instance's label as the operator last wrote it (its lease is read from it).
-    :param keepalive: keep the label's lease this many seconds ahead, renewing it by a label change every third
-        of it, never past ``lease_cap`` (see ``airflow_gpumarket.lifecycle``); None renews nothing.
-    :param lease_cap: epoch seconds past which the lease is never moved.
-    :param shared_poller: share one poller per connection with the other triggers of this triggerer process (one
-        list call per round for all of them, see ``airflow_gpumarket.triggers.poller``); False reads this
-        instance on its own every interval.
     :param log_interval: in ``"job"`` mode, seconds between reads of the job's output through the logs endpoint;
         new lines go to the trigger's log (which Airflow shows in the task log), each once, prefixed with the
         instance id; when the job fails, a last read, whose last lines and the exit status go into the event
         (``log_tail``, ``exit_status``). 0 (the default) reads nothing.
-    :param key_digest: sha256 of the instance's key, so the key is masked in its output although the triggerer
-        never holds it.
-    :param outbid_wait_until: epoch seconds until which a preempted bid instance is left to win its machine
-        back: any status but running is waited through until then, a failed host ends the wait at once, and the
-        job's log is read meanwhile (see ``airflow_gpumarket.bidding``).
-    :param hold_bid_up_to: for a bid instance under ``bid_strategy="hold"``, the most its bid may be raised to:
-        the bid is raised (``airflow_gpumarket.bidding.held_bid``) whenever a read shows its machine's
-        ``min_bid`` rising toward it or past it, and the event carries the bid as last read or placed (``bid``).
-        None holds nothing.
-    :param shown_lines: the last lines of the job's log an earlier wait showed (after a preemption): this wait's
-        first read shows what follows them.
-    :param resume: state the deferring operator needs back, returned unchanged in every event under ``resume``
-        (Airflow also passes the defer kwargs, but ``dag.test()`` drops them; carrying the state in the event
-        works under both).
+    :param destroy_on_kill: destroy the instance when a user marks the deferred task failed or clears it
+        (Airflow 3.3+ calls ``on_kill``; before 3.3 ``cleanup`` finds it out, see there); True for operators
+        that rented the instance, False for sensors.
+    :param shared_poller: share one poller per connection with the other triggers of this triggerer process (one
+        list call per round for all of them, see ``airflow_gpumarket.triggers.poller``); False reads this
+        instance on its own every interval.
+    :param legacy: the keyword arguments of a trigger row written by an earlier version of the provider (the
+        watch's fields one by one, ``resume``); read into ``watch`` and ``rental``, so that a task deferred during
+        an upgrade resumes.
 
     Events carry ``status`` (one of the ``airflow_gpumarket.lifecycle`` event kinds), ``instance_id`` and, when
     known, ``actual_status``. 429 answers are retried by the hook, honouring Retry-After; transient failures
@@ -74,50 +55,25 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         *,
         instance_id: int,
         gpumarket_conn_id: str = "gpumarket_default",
-        wait_for: str = lifecycle.WAIT_STATUS,
-        target_status: str = api.STATUS_RUNNING,
+        watch: Mapping[str, Any] | None = None,
+        rental: Mapping[str, Any] | None = None,
         poll_interval: float = api.POLL_INTERVAL_SECONDS,
-        boot_deadline: float | None = None,
-        deadline: float | None = None,
-        max_runtime: float | None = None,
-        running_since: float | None = None,
-        destroy_on_kill: bool = False,
-        dph_total: float | None = None,
-        label: str | None = None,
-        keepalive: float | None = None,
-        lease_cap: float | None = None,
-        shared_poller: bool = True,
         log_interval: float = 0.0,
-        key_digest: str | None = None,
-        outbid_wait_until: float | None = None,
-        cost_deadline: float | None = None,
-        hold_bid_up_to: float | None = None,
-        shown_lines: list[str] | None = None,
-        resume: dict[str, Any] | None = None,
+        destroy_on_kill: bool = False,
+        shared_poller: bool = True,
+        **legacy: Any,
     ) -> None:
         super().__init__()
+        if legacy:
+            watch, rental = _from_legacy(legacy, watch, rental)
         self.instance_id = instance_id
         self.gpumarket_conn_id = gpumarket_conn_id
-        self.wait_for = wait_for
-        self.target_status = target_status
+        self.watch = waiting.Watch.from_dict(watch or {}).to_dict()  # a bad watch fails here, before any wait
+        self.rental = None if rental is None else dict(rental)
         self.poll_interval = poll_interval
-        self.boot_deadline = boot_deadline
-        self.deadline = deadline
-        self.max_runtime = max_runtime
-        self.running_since = running_since
-        self.destroy_on_kill = destroy_on_kill
-        self.dph_total = dph_total
-        self.label = label
-        self.keepalive = keepalive
-        self.lease_cap = lease_cap
-        self.shared_poller = shared_poller
         self.log_interval = log_interval
-        self.key_digest = key_digest
-        self.outbid_wait_until = outbid_wait_until
-        self.cost_deadline = cost_deadline
-        self.hold_bid_up_to = hold_bid_up_to
-        self.shown_lines = shown_lines
-        self.resume = resume
+        self.destroy_on_kill = destroy_on_kill
+        self.shared_poller = shared_poller
         self._fired = False  # an event was handed to Airflow: the task resumes and owns the instance again
         self._current: waiting.Wait | None = None  # the wait under way: its billing marks go into on_kill's record
 
@@ -127,26 +83,12 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             {
                 "instance_id": self.instance_id,
                 "gpumarket_conn_id": self.gpumarket_conn_id,
-                "wait_for": self.wait_for,
-                "target_status": self.target_status,
+                "watch": self.watch,
+                "rental": self.rental,
                 "poll_interval": self.poll_interval,
-                "boot_deadline": self.boot_deadline,
-                "deadline": self.deadline,
-                "max_runtime": self.max_runtime,
-                "running_since": self.running_since,
-                "destroy_on_kill": self.destroy_on_kill,
-                "dph_total": self.dph_total,
-                "label": self.label,
-                "keepalive": self.keepalive,
-                "lease_cap": self.lease_cap,
-                "shared_poller": self.shared_poller,
                 "log_interval": self.log_interval,
-                "key_digest": self.key_digest,
-                "outbid_wait_until": self.outbid_wait_until,
-                "cost_deadline": self.cost_deadline,
-                "hold_bid_up_to": self.hold_bid_up_to,
-                "shown_lines": self.shown_lines,
-                "resume": self.resume,
+                "destroy_on_kill": self.destroy_on_kill,
+                "shared_poller": self.shared_poller,
             },
         )
 
@@ -170,25 +112,6 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             return poller_for(self.gpumarket_conn_id, self._hook).watch(self.instance_id, self.poll_interval)
         return self._own_reads()
 
-    def _watch(self) -> lifecycle.Watch:
-        """The watch of this run, started from the label the trigger was given.
-
-        A restarted trigger starts again from that label; renewals since then are read back as soon as it renews again.
-        """
-        return lifecycle.Watch(
-            wait_for=self.wait_for,
-            target_status=self.target_status,
-            boot_deadline=self.boot_deadline,
-            deadline=self.deadline,
-            max_runtime=self.max_runtime,
-            running_since=self.running_since,
-            label=self.label,
-            keepalive=self.keepalive,
-            lease_cap=self.lease_cap,
-            outbid_wait_until=self.outbid_wait_until,
-            cost_deadline=self.cost_deadline,
-        )
-
     @cached_property
     def _flow_hook(self) -> Any:
         """The hook this run's flows (each read's lease renewal, bid and log read) go through.
@@ -199,16 +122,18 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         return self._hook()
 
     def _wait(self) -> waiting.Wait:
-        interval = self.log_interval if self.wait_for == lifecycle.WAIT_JOB else 0.0
-        created = (self.resume or {}).get("created_at")
+        """This run's wait, from the watch the trigger was given (a restarted trigger starts again from it)."""
+        watch = waiting.Watch.from_dict(self.watch)
+        rental = self.rental or {}
+        created = rental.get("created_at")
         pump = job_logs.LogPump(
             self.instance_id,
-            interval,
-            key_digest=self.key_digest,
-            shown=self.shown_lines or (),
+            self.log_interval if watch.wait_for == lifecycle.WAIT_JOB else 0.0,
+            key_digest=rental.get("key_digest"),
+            shown=watch.shown_lines,
             since=created if api.is_positive_number(created) else None,
         )
-        return waiting.Wait(self._watch(), pump, self.log, hold_bid_up_to=self.hold_bid_up_to, hold_final=True)
+        return waiting.Wait(watch, pump, self.log, hold_final=True)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         wait = self._current = self._wait()
@@ -245,12 +170,12 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             event["running_at"] = wait.running_at
         if wait.stopped_at is not None:
             event["stopped_at"] = wait.stopped_at
-        if self.hold_bid_up_to is not None and wait.bid is not None:
+        if wait.watch.hold_bid_up_to is not None and wait.bid is not None:
             event["bid"] = wait.bid
         if wait.watch.label is not None:
             event["label"] = wait.watch.label  # as renewed: the resumed operator's copy is older
-        if self.resume is not None:
-            event["resume"] = self.resume
+        if self.rental is not None:
+            event["resume"] = self.rental
         self.log.info("%s", lifecycle.describe_event(event, self.instance_id))
         return TriggerEvent(event)
 
@@ -325,6 +250,29 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             return
         self.log.warning("The task left the deferred state under its trigger (%s)", now)
         await self.on_kill()
+
+
+#: Keyword arguments of the earlier trigger that no longer travel: the rental carries its rate and its key's digest.
+_LEGACY_DROPPED = ("dph_total", "key_digest")
+
+
+def _from_legacy(
+    legacy: dict[str, Any], watch: Mapping[str, Any] | None, rental: Mapping[str, Any] | None
+) -> tuple[dict[str, Any], Mapping[str, Any] | None]:
+    """The watch and the rental of a trigger row written before they travelled as one value each.
+
+    Raises TypeError naming an argument neither version knows, as a wrong keyword would.
+    """
+    legacy = dict(legacy)
+    rental = legacy.pop("resume", None) if rental is None else rental
+    for name in _LEGACY_DROPPED:
+        legacy.pop(name, None)
+    unknown = set(legacy) - set(waiting.Watch().to_dict())
+    if unknown:
+        raise TypeError(f"GpuMarketInstanceStatusTrigger got unexpected keyword argument(s) {sorted(unknown)}")
+    if legacy.get("shown_lines") is None:
+        legacy.pop("shown_lines", None)
+    return {**legacy, **(watch or {})}, rental
 
 
 #: Cleanups under way (see ``cleanup``), so that none is garbage-collected before it ends.

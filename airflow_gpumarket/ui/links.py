@@ -26,8 +26,8 @@ class GpuRentalLink(BaseOperatorLink):
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
         if is_airflow_2():  # no page to open there (the rental is still recorded in the task's XComs)
             return ""
-        guard = getattr(operator, "_guard", None)  # set on the operator that ran this try, in its worker
-        if guard is not None and guard.recorder is not None and not guard.recorder.recorded:
+        session = getattr(operator, "session", None)  # set on the operator that ran this try, in its worker
+        if session is not None and not session.recorded:
             return ""  # this try rented nothing (a budget refusal, say): no address to read, no "not found" logged
         # Imported here: every DAG file with a renting operator imports this module when it is parsed.
         from airflow.providers.common.compat.sdk import XCom

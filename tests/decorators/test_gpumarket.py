@@ -9,7 +9,7 @@ from fake_flows import FlowsOverMethods
 
 from airflow_gpumarket.decorators.gpumarket import _GpuMarketDecoratedOperator, gpumarket_task
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.guard import RentalGuard, destroy_rentals_on_failure
+from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
 
 COMMON = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img"}
 
@@ -100,6 +100,7 @@ class LogHook(FlowsOverMethods):
 
 
 def _ended(text: str, **event):
+    """A deferred @task.gpumarket resumed by its trigger's event: its job ended (exit 0 by default)."""
     from types import SimpleNamespace
 
     from airflow_gpumarket import lifecycle
@@ -110,9 +111,8 @@ def _ended(text: str, **event):
     op.__dict__["hook"] = hook
     context = {"run_id": "run-1", "ti": SimpleNamespace(try_number=1, map_index=-1)}
     rental = lifecycle.Rental(instance_id=1001, offer_id=1, dph_total=0.5, gpu_name="x", label=None, created_at=0.0)
-    event = {"status": "job_succeeded", "actual_status": "stopped", "exit_status": 0, **event}
-    op._guard = RentalGuard(hook, op.log, op._rental_key(context))  # what execute sets up
-    return op, hook, context, rental, event
+    event = {"status": "job_succeeded", "actual_status": "stopped", "exit_status": 0, "instance_id": 1001, **event}
+    return op, hook, context, {**event, "resume": rental.to_resume()}
 
 
 def _result_line(op, context, value) -> str:
@@ -122,29 +122,29 @@ def _result_line(op, context, value) -> str:
     from airflow_gpumarket import python_job
 
     payload = base64.b64encode(json.dumps(value).encode()).decode()
-    return f"{python_job.marker(op._rental_key(context))} {payload}"
+    return f"{python_job.marker(task_key(op, context))} {payload}"
 
 
 def test_a_returned_value_is_read_from_the_stopped_instance_which_is_then_destroyed():
-    op, hook, context, rental, event = _ended("")
+    op, hook, context, event = _ended("")
     hook.text = f"{_result_line(op, context, {'rows': 1})}\ngpumarket: job exited with status 0\n"
-    assert op._complete(context, rental, event) == {"rows": 1}
+    assert op.execute_complete(context, event) == {"rows": 1}
     assert hook.destroyed == [1001]
 
 
 def test_exit_zero_without_a_readable_return_value_destroys_and_fails():
     from airflow_gpumarket._compat import AirflowException
 
-    op, hook, context, rental, event = _ended("gpumarket: job exited with status 0\n")
+    op, hook, context, event = _ended("gpumarket: job exited with status 0\n")
     with pytest.raises(AirflowException, match="return value could not be read"):
-        op._complete(context, rental, event)
+        op.execute_complete(context, event)
     assert hook.destroyed == [1001]
 
 
 def test_an_unreadable_log_after_the_wait_saw_exit_zero_is_still_not_a_return_value():
     from airflow_gpumarket._compat import AirflowException
 
-    op, hook, context, rental, event = _ended("")  # the wait's final read saw status 0; this read gets nothing
+    op, hook, context, event = _ended("")  # the wait's final read saw status 0; this read gets nothing
     with pytest.raises(AirflowException, match="return value could not be read"):
-        op._complete(context, rental, event)
+        op.execute_complete(context, event)
     assert hook.destroyed == [1001]

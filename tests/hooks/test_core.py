@@ -675,10 +675,10 @@ def test_label_instance_puts_the_label_as_the_live_service_does(requests_mock, h
 
 
 def test_a_lease_renewal_writes_the_renewed_label_and_a_refused_one_is_only_reported(requests_mock, hook, caplog):
-    from airflow_gpumarket import lifecycle
+    from airflow_gpumarket import lifecycle, waiting
 
     key = "0" * 12
-    watch = lifecycle.Watch(label=lifecycle.make_label(key, 100), keepalive=90, lease_cap=1000)
+    watch = waiting.Watch(label=lifecycle.make_label(key, 100), keepalive=90, lease_cap=1000)
     log = logging.getLogger("test.renewal")
     requests_mock.put(INSTANCE_7, [{"status_code": 400, "json": {"error": "invalid_args", "msg": "no"}}, {"json": {}}])
 

@@ -12,6 +12,8 @@ from airflow.providers.common.compat.sdk import DAG
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.decorators.gpumarket import gpumarket_task
+from airflow_gpumarket.operators.guard import task_key
+from airflow_gpumarket.operators.spec import RentalSpec
 
 from .conftest import alive, offers_rented_twice_at_once, task_states
 from .test_money_safety import cheapest_offers, wait_until
@@ -82,10 +84,11 @@ def test_a_retry_returns_the_value_of_a_function_whose_run_ended_after_the_worke
     with DAG(dag_id="direct", start_date=datetime(2026, 1, 1), schedule=None):
         op = gpumarket_task(**COMMON, deferrable=False)(double)(21).operator
     retry = {"run_id": "r1", "ti": SimpleNamespace(try_number=2, map_index=-1, start_date=None)}
-    key = op._rental_key(retry)
+    key = task_key(op, retry)
     op.command = op._command(key, list(op.op_args), dict(op.op_kwargs))  # try 1's command (execute builds it)
     label = lifecycle.make_label(key, time.time() + 3600)
-    body = op._creation_body(label=label, base_url=op.hook.settings.base_url)  # try 1's rental, then its worker died
+    # Try 1's rental, then its worker died.
+    body = RentalSpec.of(op).creation_body(label=label, base_url=op.hook.settings.base_url)
     made = op.hook.create_instance(cheapest_offers(1)[0]["id"], **body)["new_contract"]
     wait_until(lambda: sim.state()["instances"][0]["actual_status"] == "stopped")  # the function returned
     assert op.execute(retry) == 42

@@ -372,7 +372,9 @@ def test_the_interruptible_example_resumes_from_its_last_checkpoint_after_each_f
     starts = [int(re.search(r"resumes at epoch (\d+)", o).group(1)) for o in outputs]
     assert starts[0] == 0 and starts[1] > 0 and starts[2] > starts[1]
     done = [n for o in outputs for n in epochs_done(o)]
-    assert sorted(set(done)) == list(range(1, 11))
+    # An outbid may land between an epoch's checkpoint and its "done" line: the next rental resumes after it.
+    checkpointed = {n for start in starts for n in range(1, start + 1)}
+    assert set(done) | checkpointed == set(range(1, 11)), (done, starts)
     assert len(done) - len(set(done)) <= 2, f"more than one epoch lost per preemption: {done}"
     assert alive(sim) == []
 
@@ -391,7 +393,7 @@ def test_the_staged_data_example_trains_on_its_inputs_and_leaves_its_outputs_in_
 
 def test_rule_keep_on_output_failure_keeps_the_stopped_instance_under_a_lease_of_its_own_key(sim):
     from airflow_gpumarket import lifecycle
-    from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
+    from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
 
     sim.set_copy_faults([{"times": 5, "after_fraction": 0.0, "kind": "rclone", "direction": "Instance To Cloud"}])
     command = 'mkdir -p "$GPUMARKET_INSTANCE_ROOT/out" && echo r > "$GPUMARKET_INSTANCE_ROOT/out/model"'
@@ -408,6 +410,6 @@ def test_rule_keep_on_output_failure_keeps_the_stopped_instance_under_a_lease_of
     (kept,) = alive(sim)
     assert kept["actual_status"] == "stopped"
     key, lease = lifecycle.parse_label(kept["label"])
-    assert key == lifecycle.kept_key(op._rental_key(context())) and lease > time.time() + 3000
+    assert key == lifecycle.kept_key(task_key(op, context())) and lease > time.time() + 3000
     assert sim.read_disk_file(kept["id"], "out/model") == b"r\n"
     GpuMarketHook().destroy_instance(kept["id"])  # what the reaper does once the lease ends

@@ -155,8 +155,11 @@ def test_rule_an_orphan_is_destroyed_by_an_admin_after_confirming_and_never_by_a
 
 
 @page
-def test_rule_an_instance_whose_lease_expired_is_an_orphan_even_unrecorded(sim, api_client):
+def test_rule_an_instance_whose_lease_expired_is_an_orphan_even_unrecorded(example_dag, sim, api_client):
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    # An instance no DAG is found for is shown to who may read every DAG: with no DAG at all, to nobody.
+    assert example_dag("gpm_ui_job").test().state == "success"
 
     hook = GpuMarketHook()
     offer = hook.search_offers({"num_gpus": {"gte": 1}}, limit=1)[0]

@@ -134,10 +134,10 @@ def test_the_trigger_masks_an_instance_key_it_only_knows_by_digest(sim, monkeypa
     monkeypatch.setattr(core, "_INSTANCE_KEYS", type(core._INSTANCE_KEYS)())  # as in another process
     trigger = GpuMarketInstanceStatusTrigger(
         instance_id=made["new_contract"],
-        wait_for="job",
+        watch={"wait_for": "job"},
+        rental={"key_digest": job_logs.key_digest(key)},
         poll_interval=POLL,
         log_interval=POLL,
-        key_digest=job_logs.key_digest(key),
         shared_poller=False,
     )
 

@@ -18,8 +18,11 @@ from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
-from airflow_gpumarket.operators.guard import RentalGuard
+from airflow_gpumarket.operators.guard import task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.session import RentalSession
+from airflow_gpumarket.operators.session import summary as rental_summary
+from airflow_gpumarket.operators.spec import RentalSpec
 
 from .conftest import AIRFLOW_2, POLL, alive, task_states
 
@@ -266,8 +269,8 @@ def test_on_kill_mid_job_destroys_the_instance_and_stops_the_job(sim):
 def rented_by_a_dead_try(ctx: dict, command: str) -> int:
     """What try 1 made before its worker vanished: same label key, same job script."""
     first = job(command=command)
-    label = lifecycle.make_label(first._rental_key(ctx), time.time() + 3600)
-    body = first._creation_body(label=label, base_url=first.hook.settings.base_url)
+    label = lifecycle.make_label(task_key(first, ctx), time.time() + 3600)
+    body = RentalSpec.of(first).creation_body(label=label, base_url=first.hook.settings.base_url)
     return first.hook.create_instance(cheapest_offers(1)[0]["id"], **body)["new_contract"]
 
 
@@ -299,18 +302,18 @@ def test_adopted_instance_counts_elapsed_time_and_cost_from_its_own_start():
     started = time.time() - 480
     earlier = {
         "id": 5,
-        "label": lifecycle.make_label(op._rental_key(ctx), time.time() + 3600),
+        "label": lifecycle.make_label(task_key(op, ctx), time.time() + 3600),
         "actual_status": "running",
         "start_date": started,
         "dph_total": 0.5,
         "offer_id": 3,
     }
-    hook = SimpleNamespace(list_instances=lambda **_: [earlier])
-    adopted = RentalGuard(hook, op.log, op._rental_key(ctx)).adopt(2, waits_for_job=True)
-    rental = op._rental_of(adopted)
-    assert rental.created_at == started
-    assert op._watch(rental).deadline == started + op.boot_timeout + 3600
-    summary = op._summary(rental, "running")
+    hook = SimpleNamespace(list_instances=lambda **_: [earlier], service_now=time.time)
+    session = RentalSession(hook, op.log, RentalSpec.of(op), ctx, task=op)
+    rental = session.adopt(2)
+    assert rental is not None and rental.created_at == started
+    assert session.watch(rental).deadline == started + op.boot_timeout + 3600
+    summary = rental_summary(rental, "running", hook.service_now)
     assert summary["elapsed_seconds"] == pytest.approx(480, abs=5)
     assert summary["estimated_cost"] == pytest.approx(0.5 * 480 / 3600, abs=0.001)
 
@@ -320,7 +323,7 @@ def test_retry_destroys_an_earlier_instance_that_will_never_run_and_rents_anew(s
     op = job()
     first_offer, _ = cheapest_offers(2)
     sim.set_offer_fate(first_offer["id"], "offline")
-    label = lifecycle.make_label(op._rental_key(ctx), time.time() + 3600)
+    label = lifecycle.make_label(task_key(op, ctx), time.time() + 3600)
     made = op.hook.create_instance(first_offer["id"], image="img", label=label)["new_contract"]
     sim.advance(600)  # the earlier instance has ended offline by now
     result = job().execute(ctx)
@@ -394,7 +397,8 @@ def test_execution_timeout_while_deferred_fails_the_task_and_destroys_the_instan
     assert list(task_states(run).values()) == ["failed"], task_states(run)
     assert time.monotonic() - started < 60  # the job sleeps 120 s: it did not run to its end
     (instance,) = sim.state()["instances"]
-    assert instance["destroyed"] and sim.onstart_result(instance["id"])["exit_code"] is None
+    # Its job was stopped by the destroy (no exit status yet, or SIGTERM's 143), never ran to exit 0.
+    assert instance["destroyed"] and sim.onstart_result(instance["id"])["exit_code"] in (None, 143)
     assert alive(sim) == []
 
 
@@ -411,8 +415,8 @@ def test_deferring_passes_what_is_left_of_execution_timeout_as_timeout_and_trigg
         op.execute(ctx)
     assert deferred.value.timeout.total_seconds() == pytest.approx(50, abs=5)
     # The trigger's own deadline is the earlier of max_runtime's and execution_timeout's.
-    assert deferred.value.trigger.deadline == pytest.approx(start.timestamp() + 60, abs=1)
-    op._guard.destroy(deferred.value.trigger.instance_id)
+    assert deferred.value.trigger.watch["deadline"] == pytest.approx(start.timestamp() + 60, abs=1)
+    op.session.destroy(deferred.value.trigger.instance_id)
     assert alive(sim) == []
 
 
@@ -424,7 +428,7 @@ def test_failure_callback_destroys_what_the_task_rented_when_airflow_fails_it_el
     seen = []
     ctx = context()
     dead = job(command="sleep 60")
-    label = lifecycle.make_label(dead._rental_key(ctx), time.time() + 3600)
+    label = lifecycle.make_label(task_key(dead, ctx), time.time() + 3600)
     made = dead.hook.create_instance(cheapest_offers(1)[0]["id"], image="img", label=label)["new_contract"]
     other = dead.hook.create_instance(cheapest_offers(2)[1]["id"], image="img", label="someone-else")["new_contract"]
 

@@ -16,6 +16,7 @@ from fake_flows import FlowsOverMethods
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketServerError
+from airflow_gpumarket.operators.guard import task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 GONE = "gone"
@@ -111,9 +112,19 @@ class Clock:
         self.now += seconds
 
 
+def use_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """The renting modules' clock (the operator's, its session's, its preemptions'): their sleeps move it at once."""
+    from airflow_gpumarket.operators import preemption, renting, session
+
+    clock = Clock()
+    for module in (renting, session, preemption):
+        monkeypatch.setattr(module, "time", clock)
+    return clock
+
+
 def earlier_try_left(hook: FakeHook, op, status: str, log_text: str) -> None:
     """Instance 1001, of try 1 whose worker died, on the last offer: in ``status``, its log ``log_text``."""
-    hook.create_instance(max(hook.scripts), label=lifecycle.make_label(op._rental_key(ctx()), time.time() + 600))
+    hook.create_instance(max(hook.scripts), label=lifecycle.make_label(task_key(op, ctx()), time.time() + 600))
     hook.instances[1001]["actual_status"] = status
     hook.log_text = log_text
 
@@ -121,7 +132,7 @@ def earlier_try_left(hook: FakeHook, op, status: str, log_text: str) -> None:
 def fired(deferred: pytest.ExceptionInfo, kind: lifecycle.EventKind, **facts) -> dict:
     """The event the deferred task's trigger would send (it carries the rental back, as the trigger does)."""
     trigger = deferred.value.trigger
-    return {"status": kind.value, "instance_id": trigger.instance_id, "resume": trigger.resume, **facts}
+    return {"status": kind.value, "instance_id": trigger.instance_id, "resume": trigger.rental, **facts}
 
 
 class BidMarketHook(FakeHook):

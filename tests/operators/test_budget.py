@@ -178,13 +178,13 @@ def test_settling_never_raises_on_a_failure_path(monkeypatch, caplog):
     assert "Could not settle the budget reservation of instance 5" in caplog.text
 
 
-def test_a_reservation_is_attached_once_when_on_kill_ends_the_rental_during_the_attach():
+def test_a_reservation_is_attached_once_when_on_kill_ends_the_rental_during_the_attach(monkeypatch):
     """on_kill (another thread) may end the rental while the task attaches its reservation: one attach, never None."""
     from airflow_gpumarket.operators.budget import Budget
 
     attached: list = []
-    budget = Budget.__new__(Budget)
-    budget.conn_id, budget.reservation_id = "c", 41
+    budget = Budget(None, logging.getLogger("test"), {}, dag_id="d", task_id="t", conn_id="c")
+    budget.reservation_id = 41  # reserved before the create
 
     class Client:
         def attach(self, conn_id, reservation_id, instance_id):
@@ -192,6 +192,6 @@ def test_a_reservation_is_attached_once_when_on_kill_ends_the_rental_during_the_
             if len(attached) == 1:
                 budget.created(instance_id)  # on_kill's ended(), arriving mid-attach
 
-    budget._client = Client()
+    monkeypatch.setattr(budget_module, "ledger_client", lambda hook: Client())
     budget.created(7)
     assert attached == [41] and budget.reservation_id is None

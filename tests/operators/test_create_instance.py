@@ -8,6 +8,7 @@ from bad_input import refused_at_parse_time
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.guard import task_key
 
 from .renting_fakes import FakeHook, ctx
 
@@ -29,7 +30,8 @@ def test_create_instance_operator_hands_over_a_running_instance_without_destroyi
     hook.get_instance = lambda instance_id: {"ssh_host": "h", "ssh_port": 22}
     result = op.execute(ctx())
     assert result["instance_id"] == 1001 and hook.destroyed == []
-    assert op._guard.instance_id is None  # a later on_kill has nothing of its own to destroy
+    op.on_kill()
+    assert hook.destroyed == []  # handed over: a later on_kill has nothing of its own to destroy
 
 
 # --- Bad input, refused when the DAG is parsed -------------------------------------------------------------
@@ -46,7 +48,8 @@ def test_without_waiting_for_running_the_instance_is_handed_over_right_after_its
     assert (
         result["instance_id"] == 1001 and hook.destroyed == [] and hook.reads[1001] == [None, "running"]
     )  # never read
-    assert op._guard.instance_id is None
+    op.on_kill()
+    assert hook.destroyed == []
 
 
 def test_without_waiting_for_running_a_retry_returns_right_after_adopting_an_earlier_tries_instance():
@@ -61,7 +64,7 @@ def test_without_waiting_for_running_a_retry_returns_right_after_adopting_an_ear
         boot_timeout=0.05,
     )
     op.__dict__["hook"] = hook
-    earlier = hook.create_instance(1, label=lifecycle.make_label(op._rental_key(ctx()), time.time() + 3600))
+    earlier = hook.create_instance(1, label=lifecycle.make_label(task_key(op, ctx()), time.time() + 3600))
     hook.instances[earlier["new_contract"]]["actual_status"] = "loading"
     result = op.execute(ctx(2))
     assert result["instance_id"] == 1001 and list(hook.instances) == [1001]

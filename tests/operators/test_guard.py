@@ -14,7 +14,7 @@ from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketServerError
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
-from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
+from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 from .renting_fakes import DONE, EXIT_0, BidMarketHook, FakeHook, ctx, earlier_try_left, job
@@ -108,7 +108,7 @@ def test_a_destroy_that_keeps_failing_fails_loudly_with_the_instance_id():
 def test_retry_adopts_a_running_earlier_instance_and_destroys_the_other_leftovers():
     hook = FakeHook({1: ["running"], 2: ["running", DONE]})
     op = job(hook)
-    key = op._rental_key(ctx())
+    key = task_key(op, ctx())
     for offer_id in (1, 2):  # two instances of earlier tries (one a duplicate of an ambiguous create)
         hook.create_instance(offer_id, label=lifecycle.make_label(key, time.time() + 600))
     for instance in hook.instances.values():
@@ -294,7 +294,7 @@ def test_the_sweep_after_an_ambiguous_create_spares_a_kept_checkpoint_source():
     for _ in range(3):  # the paused source, the rental, and a duplicate the lost answer left
         hook.create_instance(1, label=label)
     guard = RentalGuard(hook, SimpleNamespace(warning=print, info=print), key)
-    guard.source_id = 1001
+    guard.follow(lifecycle.Attempts(source_id=1001))
     guard.destroy_duplicates(SimpleNamespace(instance_id=1002))
     assert hook.alive() == [1001, 1002]
 
@@ -306,7 +306,8 @@ def test_a_failure_destroys_the_kept_checkpoint_source_with_the_rental():
     hook.create_instance(1, label="a")
     hook.create_instance(1, label="b")
     guard = RentalGuard(hook, SimpleNamespace(warning=print, info=print), "0123456789ab")
-    guard.instance_id, guard.source_id = 1002, 1001
+    guard.follow(lifecycle.Attempts(source_id=1001))
+    guard.take(1002)
     with pytest.raises(RuntimeError), guard.on_failure():
         raise RuntimeError("boom")
     assert hook.alive() == []

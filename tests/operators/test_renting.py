@@ -18,9 +18,11 @@ from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketServerError, GpuMarketValidationError
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.guard import task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.spec import RentalSpec
 
-from .renting_fakes import DONE, EXIT_0, BidMarketHook, Clock, FakeHook, ctx, fired, job
+from .renting_fakes import DONE, EXIT_0, BidMarketHook, Clock, FakeHook, ctx, fired, job, use_clock
 
 OK = {"offer_filters": {"gpu_name": {"eq": "RTX 4090"}}, "image": "pytorch/pytorch"}
 CREATE = GpuMarketCreateInstanceOperator
@@ -146,7 +148,7 @@ def test_rule_durable_a_rental_is_in_the_task_state_store_from_its_creation_to_i
 def test_rule_durable_a_retry_reconnects_first_to_the_rental_in_the_task_state_store():
     hook = FakeHook({1: ["running", DONE], 2: ["running"]})
     op = job(hook)
-    key = op._rental_key(ctx())
+    key = task_key(op, ctx())
     for offer_id in (1, 2):  # try 1 saved 1001; 1002 is a duplicate its label also finds
         hook.create_instance(offer_id, label=lifecycle.make_label(key, time.time() + 600))
     store = FakeStateStore({"gpumarket_rental": {"instance_id": 1001, "label": None, "offer_id": 1}})
@@ -159,7 +161,7 @@ def test_rule_durable_a_retry_reconnects_first_to_the_rental_in_the_task_state_s
 def test_without_a_working_task_state_store_a_retry_adopts_by_the_label(store, task_log):
     hook = FakeHook({1: ["running", DONE]})
     op = job(hook, durable=store is not None)
-    hook.create_instance(1, label=lifecycle.make_label(op._rental_key(ctx()), time.time() + 600))
+    hook.create_instance(1, label=lifecycle.make_label(task_key(op, ctx()), time.time() + 600))
     used = store or FakeStateStore()
     result = op.execute({**ctx(try_number=2), "task_state_store": used})
     assert result["instance_id"] == 1001 and len(hook.instances) == 1 and hook.alive() == []
@@ -236,8 +238,8 @@ def test_airflow_timing_out_a_synchronous_wait_destroys_the_instance():
 def test_a_synchronous_wait_that_reaches_a_binding_execution_timeout_destroys_and_names_the_last_lines():
     hook = FakeHook({1: ["running"]})
     hook.log_text = "step 41\nstep 42\n"
-    op = job(hook, execution_timeout=timedelta(seconds=30))
-    op._limits = lambda rental: (time.time() - 1, None)  # the wait's own deadline passed...
+    # The job's own limit (boot_timeout + max_runtime after creation) passes at once...
+    op = job(hook, execution_timeout=timedelta(seconds=30), boot_timeout=0.001, max_runtime=0.001)
     late = ctx()
     late["ti"].start_date = datetime.now(UTC) - timedelta(seconds=120)  # ...after execution_timeout's
     with pytest.raises(AirflowTaskTimeout, match="(?s)execution_timeout .* elapsed.*step 42"):
@@ -307,10 +309,7 @@ def resumed_unseen(hook: FakeHook, *, at_read: int, failing: int | None = None) 
 
 
 def wait_mode_job(hook: FakeHook, monkeypatch, **kwargs) -> tuple[GpuMarketRunJobOperator, Clock]:
-    from airflow_gpumarket.operators import renting
-
-    clock = Clock()
-    monkeypatch.setattr(renting, "time", clock)
+    clock = use_clock(monkeypatch)
     kwargs = {"max_outbid_wait": 3600, "poll_interval": 10, "log_interval": 3600, **kwargs}
     return job(hook, interruptible=True, on_preemption="wait", **kwargs), clock
 
@@ -368,25 +367,6 @@ def test_rule_a_failed_read_at_the_start_of_a_wait_for_the_bid_counts_no_second_
 test_bad_input_is_refused_at_parse_time_naming_the_argument = refused_at_parse_time(CASES)
 
 
-def test_templated_fields_are_checked_after_rendering_not_at_parse_time():
-    op = CREATE(task_id="t", **OK, runtype="{{ params.runtype }}", disk="{{ params.disk }}")
-    op.instance.update(runtype="bogus", disk=8)  # as rendering would make them
-    with pytest.raises(GpuMarketValidationError, match="^runtype"):
-        op._validate()
-
-
-def test_good_arguments_build_a_body_with_only_given_fields():
-    op = CREATE(task_id="t", **OK, disk=16, env={"A": "1", "-p 8080:8080": "1"})
-    body = op._creation_body(label="afgm-0123456789ab-1", base_url=None)
-    assert body == {
-        "image": "pytorch/pytorch",
-        "label": "afgm-0123456789ab-1",
-        "disk": 16,
-        "env": {"A": "1", "-p 8080:8080": "1"},
-        "cancel_unavail": True,
-    }
-
-
 def test_a_creation_field_is_one_line_of_the_api_table():
     """The renting operators take every creation field of api.CREATION_FIELDS by name (keyword-only, so
     default_args and expand() know them), documented, besides the one templated ``instance`` dict."""
@@ -409,20 +389,6 @@ def test_a_creation_field_is_one_line_of_the_api_table():
 
 
 # --- The creation fields: one templated instance dict, each field also taken by name (the Databricks way) ------
-def test_the_fields_may_come_as_one_instance_dict_and_are_sent_as_given():
-    op = GpuMarketCreateInstanceOperator(
-        task_id="t", offer_filters=FILTERS, instance={"image": "pytorch/pytorch", "disk": 40, "env": {"A": "1"}}
-    )
-    body = op._creation_body(label=LABEL, base_url=None)
-    assert body == {
-        "image": "pytorch/pytorch",
-        "disk": 40,
-        "env": {"A": "1"},
-        "cancel_unavail": True,
-        "label": LABEL,
-    }
-
-
 def test_a_field_given_by_name_wins_over_the_same_field_in_the_dict():
     op = GpuMarketCreateInstanceOperator(
         task_id="t", offer_filters=FILTERS, instance={"image": "a/old", "disk": 40}, image="b/new"
@@ -478,16 +444,7 @@ def test_the_dict_is_the_one_rendered_template_field_and_its_values_render():
         "jupyter_dir": "/data/r1",
         "env": {"RUN": "r1"},
     }
-    op._validate()
-
-
-def test_a_field_rendered_to_a_bad_value_is_refused_before_anything_is_sent():
-    op = GpuMarketCreateInstanceOperator(
-        task_id="t", offer_filters=FILTERS, image="i", instance={"runtype": "{{ params.runtype }}"}
-    )
-    op.render_template_fields({"params": {"runtype": "bogus"}})
-    with pytest.raises(GpuMarketValidationError, match="^runtype: "):
-        op._validate()
+    RentalSpec.of(op).validate()
 
 
 def test_default_args_give_creation_fields_by_name():

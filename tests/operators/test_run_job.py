@@ -14,8 +14,9 @@ from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketServerError, GpuMarketValidationError
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.spec import RentalSpec
 
-from .renting_fakes import DONE, EXIT_0, GONE, Clock, FakeHook, ctx, fired, job
+from .renting_fakes import DONE, EXIT_0, GONE, FakeHook, ctx, fired, job, use_clock
 
 OK = {"offer_filters": {"gpu_name": {"eq": "RTX 4090"}}, "image": "pytorch/pytorch"}
 JOB = GpuMarketRunJobOperator
@@ -50,7 +51,7 @@ def test_job_that_exits_zero_succeeds_and_its_stopped_instance_is_destroyed_afte
 def test_with_log_interval_zero_a_job_that_exits_zero_destroys_itself_and_needs_no_destroy():
     hook = FakeHook({1: [None, "loading", "running", GONE]})
     op = job(hook, log_interval=0)
-    assert "m=DELETE" in op._job_script("https://api.example.com")  # the wrapper's destroy on success
+    assert "m=DELETE" in RentalSpec.of(op).job_script("https://api.example.com")  # the wrapper's destroy on success
     result = op.execute(ctx())
     assert result["job_status"] == "succeeded" and hook.destroyed == [] and hook.log_reads == []
 
@@ -109,19 +110,21 @@ def test_log_interval_zero_reads_nothing_whether_the_job_succeeds_or_fails():
     assert hook.log_reads == []
 
 
-def test_a_job_found_gone_after_its_lease_expired_is_not_a_success():
-    hook = FakeHook({1: ["running", GONE]})
-    op = job(hook, keepalive=None, max_runtime=1)
-    op._lease_seconds = lambda: -60  # the lease (boot + max_runtime + margin) ran out before the job ended
+def test_a_job_found_gone_after_its_lease_expired_is_not_a_success(monkeypatch):
+    use_clock(monkeypatch)
+    hook = FakeHook({1: ["running", "running", "running", GONE]})
+
+    def refuse(instance_id, label):
+        raise GpuMarketServerError("label_instance: HTTP 503 after retries", status_code=503)
+
+    hook.label_instance = refuse  # nothing renews the lease of 3 minutes written at creation
+    op = job(hook, keepalive=180, poll_interval=60)
     with pytest.raises(AirflowException, match="outcome is unknown"):
-        op.execute(ctx())
+        op.execute(ctx())  # gone at the read 4 minutes after creation
 
 
 def test_the_worker_renews_the_lease_through_the_label(monkeypatch):
-    from airflow_gpumarket.operators import renting
-
-    clock = Clock()
-    monkeypatch.setattr(renting, "time", clock)
+    clock = use_clock(monkeypatch)
     hook = FakeHook({1: ["running"] * 12 + [DONE]})
     op = job(hook, keepalive=timedelta(minutes=3), poll_interval=60)
     assert op.execute(ctx())["job_status"] == "succeeded"
@@ -148,7 +151,7 @@ test_bad_input_is_refused_at_parse_time_naming_the_argument = refused_at_parse_t
 
 def test_run_job_defaults_to_an_onstart_runtype_and_wraps_the_command():
     op = JOB(task_id="t", **OK, command="python train.py")
-    body = op._creation_body(label="afgm-0123456789ab-1", base_url="http://127.0.0.1:1")
+    body = RentalSpec.of(op).creation_body(label="afgm-0123456789ab-1", base_url="http://127.0.0.1:1")
     assert body["runtype"] == "ssh_proxy"
     assert "python train.py" in body["onstart"] and "CONTAINER_API_KEY" in body["onstart"]
     assert "http://127.0.0.1:1/api/v0/instances/" in body["onstart"]
@@ -157,7 +160,7 @@ def test_run_job_defaults_to_an_onstart_runtype_and_wraps_the_command():
 def test_a_command_stands_for_onstart_and_makes_runtype_default_to_ssh_proxy():
     op = GpuMarketRunJobOperator(task_id="t", offer_filters=FILTERS, instance={"image": "i"}, command="python t.py")
     assert op.instance["runtype"] == "ssh_proxy"
-    assert "python t.py" in op._creation_body(label=LABEL, base_url="http://h")["onstart"]
+    assert "python t.py" in RentalSpec.of(op).creation_body(label=LABEL, base_url="http://h")["onstart"]
 
 
 def test_a_command_with_an_onstart_in_the_dict_is_refused_naming_onstart():

@@ -39,6 +39,9 @@ class CopyHook:
         self.cancelled.append(instance_id)
         return {"success": True}
 
+    def cloud_integration(self, name: str) -> dict:
+        return {"id": 1, "name": name}
+
 
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
@@ -57,9 +60,9 @@ def stager_for(hook, **plan) -> Stager:
         on_restore_failure="restart",
         staging_timeout=plan.get("staging_timeout", 600.0),
     )
-    guard = SimpleNamespace(stop_if_killed=lambda instance_id: None, key="0123456789ab", source_id=None)
+    guard = SimpleNamespace(stop_if_killed=lambda instance_id: None, key="0123456789ab")
     stager = Stager(hook, logging.getLogger("test"), plan, guard, poll_interval=10.0, source_lease=3600.0)
-    stager._integration = 1
+    stager.resolve()  # the integration named "s3" is id 1
     return stager
 
 

@@ -1,4 +1,4 @@
-"""GpuMarketInstanceStatusSensor with a mocked hook: one poke per read, judged by lifecycle.Watch."""
+"""GpuMarketInstanceStatusSensor with a mocked hook: one poke per read, judged by waiting.Watch."""
 
 from __future__ import annotations
 
@@ -111,9 +111,9 @@ def test_deferrable_mode_hands_the_same_wait_to_the_trigger():
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({})
     trigger = deferred.value.trigger
-    assert (trigger.instance_id, trigger.wait_for, trigger.poll_interval) == (7, "job", 5.0)
+    assert (trigger.instance_id, trigger.watch["wait_for"], trigger.poll_interval) == (7, "job", 5.0)
     assert trigger.destroy_on_kill is False  # a sensor watches an instance it did not rent
-    assert trigger.deadline is not None
+    assert trigger.watch["deadline"] is not None
 
 
 # --- Bad input, refused when the DAG is parsed -------------------------------------------------------------

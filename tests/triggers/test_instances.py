@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_gpumarket import _compat, job_logs, lifecycle
+from airflow_gpumarket import _compat, job_logs, lifecycle, waiting
 from airflow_gpumarket.exceptions import GpuMarketAuthError, GpuMarketNotFoundError, GpuMarketServerError
 from airflow_gpumarket.triggers import instances as trigger_module
 from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
@@ -29,40 +29,92 @@ def shared(request):
 
 @pytest.fixture
 def make_trigger(shared):
+    """A trigger of instance 7; the watch's fields may be given one by one, ``key_digest`` as the rental's."""
+
     def make(**kw):
+        watch = {name: kw.pop(name) for name in list(kw) if name in waiting.Watch().to_dict()}
+        if "key_digest" in kw:
+            kw["rental"] = {**kw.get("rental", {}), "key_digest": kw.pop("key_digest")}
         kw.setdefault("instance_id", 7)
         kw.setdefault("poll_interval", 0)
         kw.setdefault("shared_poller", shared)
-        return GpuMarketInstanceStatusTrigger(**kw)
+        return GpuMarketInstanceStatusTrigger(watch=watch, **kw)
 
     return make
 
 
-def test_serialize_round_trip_mirrors_init():
-    trigger = GpuMarketInstanceStatusTrigger(
-        instance_id=7,
-        gpumarket_conn_id="c",
+def rebuilt(trigger: GpuMarketInstanceStatusTrigger) -> GpuMarketInstanceStatusTrigger:
+    """The trigger as the triggerer makes it again from its row."""
+    path, kwargs = trigger.serialize()
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)(**kwargs)
+
+
+def test_serialize_round_trip_mirrors_init_and_carries_the_wait_as_one_value():
+    watch = waiting.Watch(
         wait_for=lifecycle.WAIT_JOB,
-        target_status="running",
-        poll_interval=3.5,
         boot_deadline=100.0,
         deadline=200.0,
         max_runtime=60.0,
-        destroy_on_kill=True,
-        dph_total=0.4,
         label="afgm-0123456789ab-1900000000",
         keepalive=900.0,
         lease_cap=1_900_003_600.0,
-        shared_poller=False,
+        hold_bid_up_to=0.3,
+        shown_lines=["epoch 1"],
+    )
+    trigger = GpuMarketInstanceStatusTrigger(
+        instance_id=7,
+        gpumarket_conn_id="c",
+        watch=watch.to_dict(),
+        rental={"instance_id": 7, "key_digest": "ab" * 32},
+        poll_interval=3.5,
         log_interval=30.0,
-        key_digest="ab" * 32,
-        resume={"rental": {"instance_id": 7}},
+        destroy_on_kill=True,
+        shared_poller=False,
     )
     path, kwargs = trigger.serialize()
-    module, _, name = path.rpartition(".")
-    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
-    assert rebuilt.serialize() == (path, kwargs)
-    assert set(kwargs) == set(inspect.signature(GpuMarketInstanceStatusTrigger.__init__).parameters) - {"self"}
+    assert rebuilt(trigger).serialize() == (path, kwargs)
+    assert set(kwargs) == set(inspect.signature(GpuMarketInstanceStatusTrigger.__init__).parameters) - {
+        "self",
+        "legacy",
+    }
+    assert len(kwargs) <= 8 and waiting.Watch.from_dict(kwargs["watch"]) == watch
+
+
+def test_a_trigger_row_written_by_the_previous_version_resumes_with_its_wait_and_rental(monkeypatch):
+    """A task deferred before an upgrade: its row holds the watch's fields one by one and ``resume``."""
+    old_row = {
+        "instance_id": 7,
+        "gpumarket_conn_id": "c",
+        "wait_for": lifecycle.WAIT_JOB,
+        "target_status": "running",
+        "poll_interval": 0,
+        "boot_deadline": None,
+        "deadline": None,
+        "max_runtime": 60.0,
+        "running_since": None,
+        "destroy_on_kill": True,
+        "dph_total": 0.4,
+        "label": "afgm-0123456789ab-1900000000",
+        "keepalive": None,
+        "lease_cap": None,
+        "shared_poller": False,
+        "log_interval": 0.0,
+        "key_digest": "ab" * 32,
+        "outbid_wait_until": None,
+        "cost_deadline": None,
+        "hold_bid_up_to": None,
+        "shown_lines": None,
+        "resume": {"instance_id": 7, "created_at": 1.0},
+    }
+    trigger = GpuMarketInstanceStatusTrigger(**old_row)
+    assert trigger.watch["max_runtime"] == 60.0 and trigger.watch["wait_for"] == lifecycle.WAIT_JOB
+    assert trigger.rental == old_row["resume"] and trigger.destroy_on_kill
+    assert rebuilt(trigger).serialize() == trigger.serialize()
+    event = _run(trigger, FakeAsyncHook(["running", "stopped"]), monkeypatch)
+    assert event["status"] == lifecycle.EventKind.JOB_FAILED and event["resume"] == old_row["resume"]
+    with pytest.raises(TypeError, match="colour"):
+        GpuMarketInstanceStatusTrigger(**old_row, colour="red")
 
 
 def test_waits_through_provisioning_and_loading_until_running(make_trigger, monkeypatch):
@@ -478,8 +530,8 @@ def test_cleanup_reads_the_task_instance_from_airflow_2_metadata_database(airflo
 
 
 def test_resume_state_is_returned_in_every_event(make_trigger, monkeypatch):
-    event = _run(make_trigger(resume={"rental": {"instance_id": 7}}), FakeAsyncHook(["running"]), monkeypatch)
-    assert event["resume"] == {"rental": {"instance_id": 7}}
+    event = _run(make_trigger(rental={"instance_id": 7}), FakeAsyncHook(["running"]), monkeypatch)
+    assert event["resume"] == {"instance_id": 7}
 
 
 def test_rule_a_holding_trigger_raises_the_bid_when_the_machines_min_bid_rises_and_hands_it_back(

@@ -64,13 +64,19 @@ def test_shared_poller_rounds_never_go_faster_than_the_live_list_budget(monkeypa
 
     monkeypatch.setattr(api.retry, "LIST_RATE_PER_SECOND", 0.5)
     waits: list[float] = []
-    real_sleep = asyncio.sleep
 
-    async def recorded_sleep(seconds: float) -> None:
-        waits.append(seconds)
-        await real_sleep(0)
+    class PollersAsyncio:
+        """The poller's own sleeps recorded (and cut short); anything else of asyncio as it is."""
 
-    monkeypatch.setattr(poller.asyncio, "sleep", recorded_sleep)
+        def __getattr__(self, name: str):
+            return getattr(asyncio, name)
+
+        @staticmethod
+        async def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(poller, "asyncio", PollersAsyncio())
     hook = FakeAsyncHook([None, "loading", "running"])
     trigger = GpuMarketInstanceStatusTrigger(instance_id=7, poll_interval=0, gpumarket_conn_id="budget")
     assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED

@@ -54,7 +54,7 @@ def test_on_airflow_2_the_link_is_empty_there_being_no_page(stored):
 def test_the_link_of_a_try_that_rented_nothing_reads_no_xcom(stored):
     """A try refused before renting wrote no address: reading it would log an XCom "not found" error in its log."""
     recorder = records.RentalRecorder({}, None, "gpumarket_default", clock=lambda: 0.0)
-    ran = SimpleNamespace(_guard=SimpleNamespace(recorder=recorder))
+    ran = SimpleNamespace(session=SimpleNamespace(recorded=recorder.recorded))  # the operator's RentalSession
     stored[records.URL_XCOM_KEY] = "gpumarket/?instance=41#rental-41"
     assert GpuRentalLink().get_link(ran, ti_key=TI_KEY) == ""
     assert stored["asked"] == []
@@ -70,4 +70,5 @@ def test_the_link_of_a_try_that_rented_nothing_reads_no_xcom(stored):
             running_at=None,
         )
     )
+    ran.session.recorded = recorder.recorded
     assert GpuRentalLink().get_link(ran, ti_key=TI_KEY) == "gpumarket/?instance=41#rental-41"

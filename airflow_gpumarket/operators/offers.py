@@ -1,0 +1,84 @@
+"""Offer choice as pure functions: the search for the next offer, the one to rent from its answer, its worst case.
+
+Nothing here sends a request: ``RentalSession.rent`` runs the search and creates on the offer chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpumarket import api, bidding, budgets
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.lifecycle import Attempts
+    from airflow_gpumarket.operators.spec import RentalSpec
+
+#: Offers a search asks for beyond those tried and the machines lost, so that an untried one is among them.
+SEARCH_MARGIN = 10
+
+
+def search_for(spec: RentalSpec, attempts: Attempts) -> dict[str, Any] | None:
+    """The search (``hook.search_offers``' arguments) that finds the next offer; None when the pinned one was tried.
+
+    A pinned offer is searched for by its id too: its price must be known before its worst case is reserved.
+    """
+    pinned = spec.pinned_offer()
+    if pinned in attempts.tried:
+        return None
+    return {
+        "filters": spec.offer_filters if pinned is None else {"id": {"eq": pinned}},
+        "offer_type": "bid" if bids(spec, attempts) else spec.offer_type,
+        "order": spec.offer_order or [["dph_total", "asc"]],
+        "limit": len(attempts.tried) + len(attempts.lost_machines) + SEARCH_MARGIN,
+    }
+
+
+def bids(spec: RentalSpec, attempts: Attempts) -> bool:
+    """Whether the next rental bids (interruptible, and not fallen back to on demand)."""
+    return spec.interruptible and not attempts.on_demand
+
+
+def next_offer(
+    offers: Sequence[Mapping[str, Any]], spec: RentalSpec, attempts: Attempts
+) -> tuple[Mapping[str, Any] | None, float | None, str]:
+    """The offer to rent among ``offers`` (a search's answer) and its bid (None on demand); or no offer, and why.
+
+    Never an offer tried already, one on a machine a preemption took, one without a price, or one above ``max_dph``.
+    """
+    skipped = ""
+    for offer in offers:
+        if offer.get("id") in attempts.tried or offer.get("rentable") is False:
+            continue
+        if offer.get("machine_id") is not None and offer.get("machine_id") in attempts.lost_machines:
+            continue  # a preemption took this machine: never again
+        if not api.is_positive_number(offer.get("dph_total")):
+            skipped = f"offer {offer.get('id')} shows no price (dph_total), so its worst case cannot be reserved"
+            continue
+        bid = None
+        if bids(spec, attempts):
+            bid, skipped = bidding.bid_for(offer, spec.bidding.max_bid)
+            if bid is None:
+                continue
+        price = bid if bid is not None else offer["dph_total"]
+        if spec.max_dph is not None and price > spec.max_dph:
+            continue
+        return offer, bid, ""
+    pinned = spec.pinned_offer()
+    if pinned is not None and not skipped and all(offer.get("id") != pinned for offer in offers):
+        kind = "bid" if bids(spec, attempts) else spec.offer_type
+        why = f"offer_id {pinned} is not found by a search for it ({kind}): it is taken or no longer listed"
+        return None, None, why + ", and its price cannot be known before renting"
+    return None, None, "no further matching offer" + (f" (the last one refused: {skipped})" if skipped else "")
+
+
+def worst_case(spec: RentalSpec, offer: Mapping[str, Any], bid: float | None) -> budgets.WorstCase:
+    """The most a rental of ``offer`` may cost: its price over its lease, disk included, capped by max_cost."""
+    return budgets.worst_case(
+        hourly_price=spec.reserved_price(offer.get("dph_total"), bid) or 0.0,
+        seconds=spec.lease_seconds(),
+        disk_gb=spec.disk_gb(),
+        storage_price_per_gb_month=offer.get("storage_cost"),
+        max_cost=spec.max_cost,
+        overshoot_seconds=spec.poll_interval,
+    )

@@ -1,0 +1,127 @@
+"""Preemptions and bids: what a renting task does when the market takes its bid instance.
+
+``Preemptions`` is held by the ``RentalSession``. It counts the preemption, reads the stopped instance, bids again
+under ``bid_strategy="hold"``, and asks the ``bidding.BidPolicy`` what follows: the wait for the bid to win the
+machine back, a failover (the instance destroyed, or kept as the checkpoint's source), on-demand rentals, or the
+task's failure. The rules are in ``airflow_gpumarket.bidding``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpumarket import api, bidding, lifecycle, metrics, waiting
+from airflow_gpumarket.exceptions import GpuMarketError
+from airflow_gpumarket.operators.failures import GpuMarketPreemptedTooOften
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators.guard import RentalGuard
+    from airflow_gpumarket.operators.spec import RentalSpec
+    from airflow_gpumarket.operators.stager import Stager
+
+
+class Preemptions:
+    """A task's answer to each preemption of its bid instances.
+
+    :param hook: the task's hook.
+    :param log: the task's logger.
+    :param spec: the task's arguments (its ``bidding`` policy, ``boot_timeout``).
+    :param guard: the session's guard, which destroys a preempted instance.
+    :param stager: the session's stager when the task stages data (the checkpoint's source is kept), else None.
+    """
+
+    def __init__(
+        self, hook: GpuMarketHook, log: Any, spec: RentalSpec, guard: RentalGuard, stager: Stager | None
+    ) -> None:
+        self.hook = hook
+        self.log = log
+        self.spec = spec
+        self.guard = guard
+        self.stager = stager
+
+    def after(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> waiting.Watch | None:
+        """Handle a preempted bid instance of this job.
+
+        Returns the watch of the wait for it to win its machine back, or None once it is destroyed (or kept as the
+        checkpoint's source) and another is to be rented. Fails after ``max_preemptions``.
+        """
+        attempts, policy, stager = rental.attempts, self.spec.bidding, self.stager
+        sentence = lifecycle.describe_event(
+            {**event, "status": lifecycle.EventKind.PREEMPTED.value}, rental.instance_id
+        )
+        waited = bool(event.get("waited"))  # the wait for the bid ran out: that preemption was counted already
+        if not waited:
+            attempts.count_preemption()
+            metrics.preempted()
+        instance = self._read(rental.instance_id)
+        self.log.warning("Preemption %d of at most %d: %s", attempts.preemptions, policy.max_preemptions, sentence)
+        won_back = (
+            policy.holds()
+            and instance is not None
+            and policy.may_wait(attempts.preemptions, waited=waited)
+            and self._bids_back(rental, instance)
+        )
+        step = policy.after_preemption(
+            attempts.preemptions, waited=waited, won_back=won_back, on_demand=attempts.on_demand
+        )
+        if step is bidding.Next.WAIT:
+            return self._wait_for_the_bid(rental, won_back)
+        if step is bidding.Next.FAIL and stager is not None:
+            stager.save(rental.instance_id)
+        if step is bidding.Next.FAIL or stager is None or not stager.keep_source(rental):
+            self.guard.destroy(rental.instance_id)  # answered, or the task fails here: never two alive at once
+        attempts.lose_machine(rental.machine_id, sentence)
+        metrics.rental_ended(metrics.PREEMPTED, failover=step is not bidding.Next.FAIL)
+        if step is bidding.Next.FAIL:
+            raise GpuMarketPreemptedTooOften(
+                f"The job was preempted {attempts.preemptions} times, more than max_preemptions="
+                f"{policy.max_preemptions}; every instance it rented is destroyed. Raise max_preemptions or set "
+                "fallback_on_demand=True."
+            )
+        if step is bidding.Next.ON_DEMAND:
+            self.log.warning("max_preemptions=%d reached: renting on demand from now on", policy.max_preemptions)
+            attempts.fall_back_to_on_demand()
+        return None
+
+    def _wait_for_the_bid(self, rental: lifecycle.Rental, won_back: bool) -> waiting.Watch:
+        """The wait that leaves the stopped instance ``max_outbid_wait`` to win its machine back."""
+        spec = self.spec
+        self.log.warning(
+            "Leaving instance %s up to %s to win its machine back (%s)",
+            rental.instance_id,
+            lifecycle.format_duration(spec.bidding.max_outbid_wait),
+            "its bid wins it again" if won_back else "on_preemption='wait'",
+        )
+        now = time.time()
+        stages_in = self.stager is not None and self.stager.stages_in(rental)
+        watch = spec.watch(rental, stages_in=stages_in, now=now)
+        watch.outbid_wait_until = now + spec.bidding.max_outbid_wait
+        watch.boot_deadline = watch.outbid_wait_until + spec.boot_timeout
+        return watch
+
+    def _read(self, instance_id: int) -> Mapping[str, Any] | None:
+        """A preempted instance as the service shows it now (its status message logged); None when unreadable."""
+        try:
+            instance = self.hook.find_instance(instance_id)
+        except GpuMarketError as exc:
+            self.log.info("Could not read the status message of instance %s (%s)", instance_id, exc)
+            return None
+        if instance and instance.get("status_msg"):
+            self.log.warning("Instance %s: the service says %r", instance_id, instance.get("status_msg"))
+        return instance
+
+    def _bids_back(self, rental: lifecycle.Rental, instance: Mapping[str, Any]) -> bool:
+        """After a preemption, under ``bid_strategy="hold"``: bid again; whether the bid now wins the machine."""
+        cap = self.spec.bidding.hold_cap(rental.bid, rental.dph_total)
+        if cap is None or rental.bid is None:
+            return False
+        min_bid = instance.get("min_bid")
+        raised = self.hook.run_flow(
+            waiting.hold_bid_flow(self.hook, rental.instance_id, rental.bid, min_bid, cap, self.log)
+        )
+        if raised is not None:
+            rental.rebid(raised)
+        return api.is_positive_number(min_bid) and rental.bid >= min_bid

@@ -1,0 +1,408 @@
+"""What a renting task asked for, checked: the arguments' rules, the lease and limits, the create body, the job script.
+
+A ``RentalSpec`` is made from the operator's arguments when the DAG is parsed (templated ones wait) and again, rendered,
+when the task runs (``RentalSpec.of``). The renting operators differ only by their ``Terms``: values each passes
+(waits for a job or a status, hands its instance over, lease, max runtime, keepalive), not flags it overrides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpumarket import api
+from airflow_gpumarket.creation import TYPED_FIELDS, creation_body
+from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.utils import RunTimeModule, is_templated, resolved_at_run_time
+
+if TYPE_CHECKING:
+    from airflow_gpumarket import bidding, budgets, lifecycle, staging, waiting
+    from airflow_gpumarket.job_script import WrapperStaging
+else:  # what only a running task needs: not imported when a DAG file is parsed
+    budgets, lifecycle = RunTimeModule("airflow_gpumarket.budgets"), RunTimeModule("airflow_gpumarket.lifecycle")
+    staging, waiting = RunTimeModule("airflow_gpumarket.staging"), RunTimeModule("airflow_gpumarket.waiting")
+
+#: A job's whole lease runs this long past its boot and run time limits.
+JOB_LEASE_MARGIN_SECONDS = 15 * 60
+#: A kept-alive lease spans at least this many poll intervals, so a renewal always comes before it runs out.
+KEEPALIVE_POLLS = 3
+#: The durable-data arguments, as the operator and ``staging.make_plan`` name them.
+DATA_ARGUMENTS = ("checkpoint_dir", "checkpoint_uri", "cloud_integration", "inputs", "outputs")
+
+
+class _Frozen:
+    """A value whose fields its constructor sets once (a plain class: cheaper to define than a NamedTuple at parse)."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __init__(self, **values: Any) -> None:
+        for name in self.__slots__:
+            object.__setattr__(self, name, values[name])
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: make a new one with _replace()")
+
+    def _replace(self, **changes: Any) -> Any:
+        """A copy with ``changes``."""
+        return type(self)(**{name: changes.get(name, getattr(self, name)) for name in self.__slots__})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
+
+
+class Terms(_Frozen):
+    """What an operator does with its rental: the values by which the renting operators differ.
+
+    ``job``: waits for its job to end (``lifecycle.WAIT_JOB``), else for the instance to run; ``waits``: waits at all;
+    ``hands_over``: the instance outlives the task; ``lease``: a created instance's lease; ``max_runtime``: a job's
+    time limit; ``keepalive``: how far ahead its lease is kept; ``reads_result``: the job wrapper stops the instance
+    after exit 0 whatever ``log_interval`` says, so that the result can be read from its log.
+    """
+
+    __slots__ = ("job", "waits", "hands_over", "lease", "max_runtime", "keepalive", "reads_result")
+    job: bool
+    waits: bool
+    hands_over: bool
+    lease: float | None
+    max_runtime: float | None
+    keepalive: float | None
+    reads_result: bool
+
+    def __init__(
+        self,
+        *,
+        job: bool = False,
+        waits: bool = True,
+        hands_over: bool = False,
+        lease: float | None = None,
+        max_runtime: float | None = None,
+        keepalive: float | None = None,
+        reads_result: bool = False,
+    ) -> None:
+        super().__init__(
+            job=job,
+            waits=waits,
+            hands_over=hands_over,
+            lease=lease,
+            max_runtime=max_runtime,
+            keepalive=keepalive,
+            reads_result=reads_result,
+        )
+
+
+class RentalSpec(_Frozen):
+    """A renting task's arguments as values, and the rules they follow (see ``GpuMarketRentingBaseOperator``)."""
+
+    __slots__ = (
+        "terms",
+        "instance",
+        "command",
+        "export_env_to_ssh",
+        "offer_id",
+        "offer_filters",
+        "offer_order",
+        "offer_type",
+        "max_dph",
+        "max_offer_attempts",
+        "boot_timeout",
+        "poll_interval",
+        "log_interval",
+        "interruptible",
+        "bidding",
+        "max_cost",
+        *DATA_ARGUMENTS,
+        "on_restore_failure",
+        "staging_timeout",
+        "keep_on_output_failure",
+    )
+    terms: Terms
+    instance: Mapping[str, Any]
+    command: str | None
+    export_env_to_ssh: bool
+    offer_id: Any
+    offer_filters: Any
+    offer_order: Any
+    offer_type: str
+    max_dph: Any
+    max_offer_attempts: int
+    boot_timeout: float
+    poll_interval: float
+    log_interval: float
+    interruptible: bool
+    bidding: bidding.BidPolicy
+    max_cost: float | None
+    checkpoint_dir: Any
+    checkpoint_uri: Any
+    cloud_integration: Any
+    inputs: Any
+    outputs: Any
+    on_restore_failure: str
+    staging_timeout: float
+    keep_on_output_failure: float | None
+
+    @classmethod
+    def of(cls, operator: Any) -> RentalSpec:
+        """The spec of ``operator``'s arguments as they are now (rendered, once the task runs)."""
+        spec = object.__new__(cls)
+        for name in cls.__slots__:
+            object.__setattr__(spec, name, getattr(operator, name))
+        return spec
+
+    # --- the arguments' rules ----------------------------------------------------------------------------
+    def validate(self, *, parse_time: bool = False) -> None:
+        """Every rule that can be checked; at parse time, values holding Jinja wait for the task to run."""
+        if self.max_cost is not None:
+            api.require_positive_number("max_cost", self.max_cost)
+            if not self.terms.job:
+                raise GpuMarketValidationError(
+                    "max_cost",
+                    "needs a task that watches its rental to the end (GpuMarketRunJobOperator, @task.gpumarket); "
+                    "a created instance's cost is bounded by its lease",
+                )
+        api.require_positive_int("max_offer_attempts", self.max_offer_attempts)
+        if self.offer_id is None and self.offer_filters is None:
+            raise GpuMarketValidationError(
+                "offer_id", "give offer_id (one offer) or offer_filters (pick the cheapest match); neither was given"
+            )
+        self._check_fields(parse_time)
+        self._check_bidding()
+        self.data_plan(parse_time=parse_time)
+        keepalive = self.terms.keepalive
+        if keepalive is not None and keepalive < KEEPALIVE_POLLS * self.poll_interval:
+            raise GpuMarketValidationError(
+                "keepalive",
+                f"is {keepalive:g} s, shorter than {KEEPALIVE_POLLS} poll intervals; the lease could run out "
+                "between two reads. Make it longer, or None for one lease covering the whole job",
+            )
+
+    def _check_fields(self, parse_time: bool) -> None:
+        if self.command is not None:
+            if self.instance.get("runtype") == "args":
+                raise GpuMarketValidationError(
+                    "runtype", "'args' does not run the onstart script, so the command would never start; use ssh"
+                )
+            if not (parse_time and is_templated(self.command)) and (
+                not isinstance(self.command, str) or not self.command.strip()
+            ):
+                raise GpuMarketValidationError("command", "must be a non-empty string of shell commands")
+        deferred = parse_time and any(
+            resolved_at_run_time(value) or (name in TYPED_FIELDS and is_templated(value))
+            for name, value in self.instance.items()
+        )
+        if not deferred:
+            self.creation_body(label=None, base_url=None)
+        if parse_time and is_templated(self.offer_id):
+            return
+        if self.offer_id is not None:
+            api.require_positive_int("offer_id", self.pinned_offer())
+        if self.offer_filters is not None and not (parse_time and is_templated(self.offer_filters)):
+            api.build_search_body(self.offer_filters, offer_type=self.offer_type, order=self.offer_order)
+        if self.max_dph is not None and not (parse_time and is_templated(self.max_dph)):
+            api.require_positive_number("max_dph", self.max_dph)
+
+    def _check_bidding(self) -> None:
+        if not self.interruptible:
+            for name, value, default in (
+                ("max_bid", self.bidding.max_bid, None),
+                ("bid_strategy", self.bidding.bid_strategy, "min"),
+            ):
+                if value != default:
+                    raise GpuMarketValidationError(name, "applies to interruptible rentals: set interruptible=True")
+            return
+        if "price" in self.instance:
+            raise GpuMarketValidationError(
+                "price", "is the bid, which an interruptible rental makes itself from the offer; give max_bid instead"
+            )
+        if self.offer_id is not None and self.bidding.on_preemption == "failover":
+            raise GpuMarketValidationError(
+                "offer_id",
+                "pins one machine, which a preemption takes away; give offer_filters, or on_preemption='wait'",
+            )
+        if self.terms.job and self.log_interval <= 0:
+            raise GpuMarketValidationError(
+                "log_interval",
+                "is 0, but an interruptible job's log tells a preemption from its own stop; give a log_interval > 0",
+            )
+
+    def data_plan(self, *, parse_time: bool = False) -> staging.DataPlan | None:
+        """The durable data the task asked for, checked; None when none was, or at parse time while it is templated."""
+        values = {name: getattr(self, name) for name in DATA_ARGUMENTS}
+        if all(value is None for value in values.values()) and self.on_restore_failure == "restart":
+            return None  # nothing asked for: the rules' module is not even imported
+        plan = None
+        if not (parse_time and any(is_templated(v) or resolved_at_run_time(v) for v in values.values())):
+            plan = staging.make_plan(
+                **values, on_restore_failure=self.on_restore_failure, staging_timeout=self.staging_timeout
+            )
+        asked = next((name for name in ("checkpoint_dir", "inputs", "outputs") if getattr(self, name)), None)
+        if asked is None:
+            return plan
+        if self.command is None:
+            raise GpuMarketValidationError(
+                asked, "is staged by the provider's job wrapper, which runs only a command: give command, not onstart"
+            )
+        if self.outputs and not self.terms.job:
+            raise GpuMarketValidationError(
+                "outputs",
+                "are copied after the job's exit 0, which only GpuMarketRunJobOperator and @task.gpumarket wait for",
+            )
+        if not self.terms.waits:
+            raise GpuMarketValidationError(asked, "is copied in once the instance runs: keep wait_for_running=True")
+        if self.log_interval <= 0:
+            raise GpuMarketValidationError(
+                "log_interval", f"is 0, but {asked} needs the job's log to see it start; give a log_interval > 0"
+            )
+        return plan
+
+    def pinned_offer(self) -> int | None:
+        """``offer_id`` as an offer id, None when offers are searched for."""
+        if self.offer_id is None:
+            return None
+        try:
+            return int(self.offer_id)
+        except (TypeError, ValueError):
+            raise GpuMarketValidationError(
+                "offer_id", f"must be an offer id (integer), got {self.offer_id!r}"
+            ) from None
+
+    # --- the create body and the job script --------------------------------------------------------------
+    def creation_body(
+        self,
+        *,
+        label: str | None,
+        base_url: str | None,
+        bid: float | None = None,
+        preemptions: int = 0,
+        staged: WrapperStaging | None = None,
+    ) -> dict[str, Any]:
+        """What a create sends.
+
+        Without ``base_url`` (a check before the connection is read), a command's script is written only when it might
+        not fit.
+        """
+        onstart = None
+        if self.command is not None and not (base_url is None and staged is None and self._script_certainly_fits()):
+            onstart = self.job_script(base_url or "https://api.example.invalid", staged)
+        return creation_body(
+            self.instance,
+            onstart=onstart,
+            label=label,
+            bid=bid,
+            preemptions=preemptions if self.interruptible else None,  # after a fallback too: the job learns its run
+        )
+
+    def _script_certainly_fits(self) -> bool:
+        from airflow_gpumarket.job_script import certainly_fits
+
+        return (
+            isinstance(self.command, str)
+            and not self.export_env_to_ssh
+            and certainly_fits(self.command, stop_on_success=self.stops_on_success())
+        )
+
+    def job_script(self, base_url: str, staged: WrapperStaging | None = None) -> str | None:
+        """The job wrapper's onstart script for ``command``; None while the command or ``env`` is templated."""
+        from airflow_gpumarket.job_script import build_job_onstart
+
+        env = self.instance.get("env")
+        if is_templated(self.command) or is_templated(env):
+            return None
+        names = sorted(api.env_variables(env or {})) if self.export_env_to_ssh else []
+        return build_job_onstart(
+            self.command,  # type: ignore[arg-type]
+            base_url=base_url,
+            export_env=names,
+            stop_on_success=self.stops_on_success(),
+            staged=staged,
+        )
+
+    def stops_on_success(self) -> bool:
+        """Whether the job wrapper stops the instance after exit 0, so its log's end is read before the destroy.
+
+        With ``log_interval=0`` nothing reads the log, and the wrapper destroys the instance itself.
+        """
+        return self.terms.reads_result or (self.terms.job and self.log_interval > 0)
+
+    # --- lease, limits and the wait ------------------------------------------------------------------------
+    def lease_seconds(self) -> float:
+        """The whole lease: how long after creation the reaper may destroy the instance at the latest."""
+        if self.terms.max_runtime is not None:
+            return self.boot_timeout + self.terms.max_runtime + JOB_LEASE_MARGIN_SECONDS
+        assert self.terms.lease is not None  # set by every operator that rents without a job's time limit
+        return self.terms.lease
+
+    def first_lease(self) -> float:
+        """The lease written at creation: the whole lease, or ``keepalive`` when it is kept alive."""
+        lease = self.lease_seconds()
+        return lease if self.terms.keepalive is None else min(self.terms.keepalive, lease)
+
+    def deadline(self, rental: lifecycle.Rental) -> float | None:
+        """The epoch second at which the job's own time limit ends, counted from creation, if it has one."""
+        if self.terms.max_runtime is None:
+            return None
+        return rental.created_at + self.boot_timeout + self.terms.max_runtime
+
+    def source_lease(self, plan: staging.DataPlan) -> float:
+        """A kept checkpoint source's lease: past the next rental's offers and boots, its staging and its save."""
+        return self.boot_timeout * self.max_offer_attempts + 2 * plan.staging_timeout + JOB_LEASE_MARGIN_SECONDS
+
+    def job_log_interval(self) -> float:
+        """Seconds between reads of the job's output while this task waits (0: none)."""
+        return self.log_interval if self.terms.job else 0.0
+
+    def disk_gb(self) -> float | None:
+        return disk if api.is_positive_number(disk := self.instance.get("disk")) else None
+
+    def reserved_price(self, dph_total: Any, bid: float | None) -> float | None:
+        """The compute price a rental is reserved and capped at: its price, or the cap a held bid may rise to."""
+        if bid is None:
+            return float(dph_total) if api.is_positive_number(dph_total) else None
+        cap = self.bidding.hold_cap(bid, dph_total)
+        return float(bid) if cap is None else max(float(bid), cap)
+
+    def execution_timeout_binds(self, limit: float | None, rental: lifecycle.Rental, event: Any) -> bool:
+        """Whether a wait's time limit is ``execution_timeout``'s (its epoch second ``limit``), not the job's own."""
+        if event.get("limit") in (lifecycle.MAX_RUNTIME, lifecycle.MAX_COST):
+            return False
+        own = self.deadline(rental)
+        return limit is not None and (own is None or limit <= own)
+
+    def watch(self, rental: lifecycle.Rental, *, stages_in: bool, now: float) -> waiting.Watch:
+        """The wait for ``rental``: for its job, or (its data still to be staged, or no job) for it to run."""
+        cost_deadline = None
+        price = self.reserved_price(rental.dph_total, rental.bid)
+        if self.max_cost is not None and price is not None:
+            cost_deadline = budgets.cost_deadline(
+                start=rental.billed_from, hourly=price + rental.disk_hourly, max_cost=self.max_cost
+            )
+        return waiting.Watch(
+            wait_for=lifecycle.WAIT_JOB if self.terms.job and not stages_in else lifecycle.WAIT_STATUS,
+            boot_deadline=rental.created_at + self.boot_timeout,
+            deadline=self.deadline(rental),
+            max_runtime=self.terms.max_runtime,
+            label=rental.label,
+            keepalive=self.terms.keepalive,
+            lease_cap=rental.lease_cap,
+            cost_deadline=cost_deadline,
+            running_since=now if rental.staged else None,  # it ran: a stop is its job's end, not a boot's
+            hold_bid_up_to=self.bidding.hold_cap(rental.bid, rental.dph_total),
+        )
+
+
+def execution_deadline(execution_timeout: Any, context: Any, started_at: float) -> float | None:
+    """The epoch second at which ``execution_timeout`` ends, counted from the start of this try, if it is set."""
+    if not execution_timeout:
+        return None
+    ti = context.get("ti") if isinstance(context, Mapping) else None
+    start_date = getattr(ti, "start_date", None)
+    started = start_date.timestamp() if isinstance(start_date, datetime) else started_at
+    return started + execution_timeout.total_seconds()
+
+
+def timed_out(task: Any, instance_id: int) -> str:
+    """The message of a try that ``execution_timeout`` ended while it waited for ``instance_id``."""
+    return (
+        f"execution_timeout ({task.execution_timeout}) elapsed while waiting for instance {instance_id}; "
+        "the instance is destroyed"
+    )

@@ -1,0 +1,112 @@
+"""RentalSession (operators/session.py): one try's rentals, driven through its public methods with a fake hook.
+
+A rental starts by ``rent`` (reserve, create, record, hold), ``adopt`` or ``resume``, and ends by ``end`` (as its
+outcome says), ``fail_over`` or ``destroy``; whatever fails inside ``guarded`` destroys what the session holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from airflow_gpumarket import lifecycle
+from airflow_gpumarket._compat import AirflowException
+from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer
+from airflow_gpumarket.operators.guard import task_key
+from airflow_gpumarket.operators.session import Outcome, RentalSession, summary
+from airflow_gpumarket.operators.spec import RentalSpec
+
+from .renting_fakes import FakeHook, ctx, job
+
+LOG = logging.getLogger("tests.session")
+
+
+def session_of(hook: FakeHook, try_number: int = 1, **kwargs) -> RentalSession:
+    op = job(hook, **kwargs)
+    return RentalSession(hook, LOG, RentalSpec.of(op), ctx(try_number), task=op)
+
+
+def rented(hook: FakeHook, **kwargs) -> tuple[RentalSession, lifecycle.Rental]:
+    session = session_of(hook, **kwargs)
+    attempts = lifecycle.Attempts()
+    session.prepare(attempts)
+    return session, session.rent(attempts)
+
+
+def test_rent_creates_on_the_first_offer_with_the_tasks_label_and_holds_it():
+    hook = FakeHook({1: ["running"], 2: ["running"]})
+    session, rental = rented(hook)
+    assert (rental.instance_id, rental.offer_id, rental.attempts.tried) == (1001, 1, [1])
+    assert session.recorded and not session_of(hook).recorded  # the GPU rental link reads an address only then
+    key, lease = lifecycle.parse_label(hook.instances[1001]["label"])
+    assert key == session.key and lease > time.time()
+    with pytest.raises(RuntimeError), session.guarded():
+        raise RuntimeError("boom")
+    assert hook.alive() == []  # held: a failure destroys it
+
+
+def test_rent_fails_naming_why_once_no_offer_is_left():
+    hook = FakeHook({1: ["running"]})
+    session = session_of(hook)
+    attempts = lifecycle.Attempts(tried=[1], reasons=["instance 1001 never ran"])
+    with pytest.raises(GpuMarketNoWorkingOffer, match="instance 1001 never ran; no further matching offer"):
+        session.rent(attempts)
+    assert hook.instances == {}
+
+
+def test_a_rental_that_never_ran_is_destroyed_and_why_is_kept_for_the_end():
+    hook = FakeHook({1: ["offline"]})
+    session, rental = rented(hook)
+    session.fail_over(rental, {"status": "never_runs", "actual_status": "offline"})
+    assert hook.destroyed == [1001] and "which never becomes running" in rental.attempts.reasons[-1]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "destroyed", "alive"),
+    [
+        (Outcome.SUCCEEDED, [1001], []),
+        (Outcome.FAILED, [1001], []),
+        (Outcome.NOT_STARTED, [1001], []),
+        (Outcome.HANDED_OVER, [], [1001]),
+        (Outcome.GONE, [], [1001]),  # the fake still lists it; the session only forgets it
+    ],
+)
+def test_end_destroys_or_hands_over_as_the_outcome_says_and_nothing_is_held_after(outcome, destroyed, alive):
+    hook = FakeHook({1: ["running"]})
+    session, rental = rented(hook)
+    session.end(rental, outcome)
+    session.kill()  # on_kill after the end: nothing of this try's is left to destroy
+    assert hook.destroyed == destroyed and hook.alive() == alive
+
+
+def test_a_retry_adopts_what_an_earlier_try_left_counted_from_its_own_start():
+    hook = FakeHook({1: ["running"]})
+    session = session_of(hook, try_number=2)
+    started = time.time() - 480
+    made = hook.create_instance(1, label=lifecycle.make_label(session.key, time.time() + 600))
+    hook.instances[made["new_contract"]].update(actual_status="running", start_date=started, dph_total=0.5)
+    rental = session.adopt(2)
+    assert rental is not None and (rental.instance_id, rental.created_at) == (1001, started)
+    assert summary(rental, "running", hook.service_now)["elapsed_seconds"] == pytest.approx(480, abs=5)
+    assert session_of(FakeHook({1: ["running"]})).adopt(1) is None  # a first try adopts nothing
+
+
+def test_resume_takes_the_rental_back_from_the_event_and_destroys_it_when_the_event_is_not_its_own():
+    hook = FakeHook({1: ["running"]})
+    _, rental = rented(hook)
+    event = {"status": "job_failed", "instance_id": 1001, "label": "renewed", "bid": 0.3, "resume": rental.to_resume()}
+    session = session_of(hook)
+    back, _ = session.resume(event)
+    assert (back.instance_id, back.label) == (1001, "renewed")
+    other = session_of(hook)
+    with pytest.raises(AirflowException, match="Unexpected trigger event"), other.guarded():
+        other.resume({**event, "instance_id": 1002})
+    assert hook.destroyed == [1002]  # the instance the event named: whatever else is wrong, it is destroyed
+
+
+def test_the_label_key_is_the_task_instances_for_every_try():
+    hook = FakeHook({1: ["running"]})
+    op = job(hook)
+    assert session_of(hook).key == session_of(hook, try_number=3).key == task_key(op, ctx())
