@@ -164,6 +164,7 @@ bench: install $(PEERS_STAMP)
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_simulator.py
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_triggerer.py
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_provider.py --peers-python $(PEERS)/bin/python
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_market.py
 
 # The same scripts as a smoke run (tiny sizes, the same code paths and lines; under a minute), part of test-fast so
 # that a benchmark cannot rot unseen. It fails on an error, not on a missed goal: its figures mean nothing.
@@ -173,6 +174,7 @@ bench-quick: install
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_simulator.py --quick
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_triggerer.py --quick
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_provider.py --quick
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_market.py --quick
 
 chaos: install
 	@mkdir -p .airflow/chaos-client

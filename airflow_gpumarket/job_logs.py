@@ -13,11 +13,17 @@ import re
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketRateLimitError
-from airflow_gpumarket.job_script import EXIT_STATUS_LINE, STARTED_LINE, WRAPPER_LINE_PREFIX
+from airflow_gpumarket.job_script import (
+    EXIT_STATUS_LINE,
+    PREFLIGHT_FAILED_LINE,
+    PREFLIGHT_FAILED_STATUS,
+    STARTED_LINE,
+    WRAPPER_LINE_PREFIX,
+)
 from airflow_gpumarket.python_job import is_marker_line
 
 #: After a rate-limited read the interval doubles, up to this; a read that works brings it back.
@@ -32,6 +38,9 @@ EVENT_LINE_CHARS = 500
 #: What replaces a secret in fetched text.
 MASK = "***"
 _EXIT_STATUS = re.compile("^" + re.escape(EXIT_STATUS_LINE.format(rc="")) + r"(\d{1,3})\s*$")
+_PREFLIGHT_FAILED = re.compile(
+    "^" + re.escape(PREFLIGHT_FAILED_LINE.split("{check}")[0]) + r"(gpus|command)" + re.escape("): ") + "(.*)$"
+)
 #: Tokens that may be a key: compared by digest with the instance keys the caller knows only by digest.
 _TOKEN = re.compile(r"[A-Za-z0-9_\-]{16,}")
 #: ``CONTAINER_API_KEY=<value>`` (``env`` output, a shell trace): the value is masked whatever it is.
@@ -151,6 +160,35 @@ def exit_status(lines: Iterable[str]) -> int | None:
         if match:
             found = int(match.group(1))
     return found
+
+
+class PreflightFailure(NamedTuple):
+    """What a failed preflight found: ``check`` is ``"gpus"`` or ``"command"``; ``seen`` what it saw."""
+
+    check: str
+    seen: str
+
+    def describe(self, machine_id: object = None) -> str:
+        where = "the host" if machine_id is None else f"machine {machine_id}"
+        if self.check == "gpus":
+            return f"{where} failed the GPU preflight: {self.seen}"
+        return f"{where} failed the preflight command: {self.seen}"
+
+
+def preflight_failure(lines: Iterable[str], status: int | None = None) -> PreflightFailure | None:
+    """The host failure a wrapper's preflight marker reports, or None (no marker, or the job itself ran).
+
+    ``status``: the exit status read (``exit_status``); any other than ``PREFLIGHT_FAILED_STATUS`` is the job's own.
+    """
+    if status is not None and status != PREFLIGHT_FAILED_STATUS:
+        return None
+    for line in lines:
+        if line == STARTED_LINE:
+            return None
+        match = _PREFLIGHT_FAILED.match(line)
+        if match:
+            return PreflightFailure(match.group(1), match.group(2))
+    return None
 
 
 def failure_detail(lines: Sequence[str], status: int | None) -> str:

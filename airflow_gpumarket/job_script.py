@@ -42,6 +42,13 @@ STARTED_LINE = "gpumarket: job started"
 WRAPPER_LINE_PREFIX = "gpumarket: "
 # {url}, {delimiter}, {command}, {export_env}, {run}, {kill_writer}, {exit_line}, {tries} and {timeout} are filled
 # in; everything else is literal shell.
+#: The exit status of a wrapper whose preflight failed: the host, not the job, failed (the job never ran). The
+#: provider tells it by ``PREFLIGHT_FAILED_LINE`` as well, so a command that itself exits with it is the job's.
+PREFLIGHT_FAILED_STATUS = 69
+#: The one line a failed preflight prints: ``{check}`` is ``gpus`` or ``command``, ``{seen}`` what it found.
+PREFLIGHT_FAILED_LINE = "gpumarket: preflight failed ({check}): {seen}"
+#: Characters of the checks' output that the marker line quotes at most.
+PREFLIGHT_SEEN_CHARS = 200
 #: Tries of the wrapper's own call that ends billing, and seconds each waits for an answer.
 END_BILLING_TRIES = 6
 END_BILLING_TIMEOUT_SECONDS = 30
@@ -56,7 +63,7 @@ trap 'exit 143' HUP INT TERM
 cat > "$GPM_JOB" <<'{delimiter}'
 {command}
 {delimiter}
-{export_env}{run}rm -f "$GPM_JOB"
+{export_env}{preflight}{run}{preflight_end}rm -f "$GPM_JOB"
 echo "{exit_line}"
 if [ "$rc" -eq 0 ]; then {on_success}; else m=PUT; b='{{"state":"stopped"}}'; fi
 gpm_call() {{
@@ -80,6 +87,46 @@ until gpm_call; do
 done
 exit "$rc"
 """
+
+
+# The preflight: the GPUs the offer promised are visible, then the user's check passes; else one marker line and
+# PREFLIGHT_FAILED_STATUS, without running (or staging for) the command.
+_PREFLIGHT_GPUS = """GPM_PF=$(nvidia-smi -L 2>&1); GPM_N=$(printf '%s\\n' "$GPM_PF" | grep -c '^GPU [0-9]')
+[ "$GPM_N" -ge {gpus} ] || GPM_PF="expected {gpus} GPUs, nvidia-smi -L listed $GPM_N: $(printf '%s' "$GPM_PF" | head -n 1)" \
+  GPM_CHECK=gpus
+"""
+_PREFLIGHT_COMMAND = """if [ -z "$GPM_CHECK" ]; then GPM_PF=$(sh -c {command} 2>&1) || GPM_PF="exit status $?: $(printf '%s' \
+  "$GPM_PF" | tail -n 1)" GPM_CHECK=command; fi
+"""
+_PREFLIGHT_END = """if [ -n "$GPM_CHECK" ]; then
+  echo "gpumarket: preflight failed ($GPM_CHECK): $(printf '%s' "$GPM_PF" | tr -d '\\n' | cut -c1-{chars})"
+  rc={failed}
+else
+"""
+
+
+def _shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _preflight(gpu_count: int, preflight: str | None) -> str:
+    """The shell of the checks; the command runs in the ``else`` branch it opens."""
+    checks = ""
+    if gpu_count:
+        checks += _PREFLIGHT_GPUS.format(gpus=gpu_count)
+    if preflight is not None:
+        checks += _PREFLIGHT_COMMAND.format(command=_shell_quote(preflight))
+    return "GPM_CHECK=\n" + checks + _PREFLIGHT_END.format(chars=PREFLIGHT_SEEN_CHARS, failed=PREFLIGHT_FAILED_STATUS)
+
+
+def validate_preflight(gpu_count: object, preflight: object) -> None:
+    """Raise GpuMarketValidationError naming ``gpu_count`` or ``preflight`` when either cannot be checked."""
+    if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or gpu_count < 0:
+        raise GpuMarketValidationError("gpu_count", f"must be an integer >= 0 (0: no GPU check), got {gpu_count!r}")
+    if preflight is not None and (not isinstance(preflight, str) or not preflight.strip()):
+        raise GpuMarketValidationError(
+            "preflight", f"must be a non-empty string of shell commands or None, got {type(preflight).__name__}"
+        )
 
 
 #: How the wrapper runs the command when it stages nothing.
@@ -218,6 +265,8 @@ def build_job_onstart(
     export_env: Iterable[str] = (),
     stop_on_success: bool = False,
     staged: WrapperStaging | None = None,
+    gpu_count: int = 0,
+    preflight: str | None = None,
 ) -> str:
     """The onstart script for ``command``; packed with gzip+base64 when over the 4048-character limit.
 
@@ -228,8 +277,13 @@ def build_job_onstart(
     :param stop_on_success: after exit 0 stop the instance instead of destroying it (compute billing ends all the
         same); the operator reads the log, then destroys it.
     :param staged: wait for a restore and the inputs before the command, and keep the checkpoint's manifest.
-    :raises GpuMarketValidationError: empty command, or too long even when packed.
+    :param gpu_count: the GPUs the offer promised; before anything else the wrapper checks that ``nvidia-smi -L``
+        lists at least that many (0: no check).
+    :param preflight: shell commands run after the GPU check (``sh -c``); a non-zero exit fails the preflight.
+        A failed preflight prints ``PREFLIGHT_FAILED_LINE`` and ends with ``PREFLIGHT_FAILED_STATUS``.
+    :raises GpuMarketValidationError: empty command, bad preflight, or too long even when packed.
     """
+    validate_preflight(gpu_count, preflight)
     if not isinstance(command, str) or not command.strip():
         raise GpuMarketValidationError("command", "must be a non-empty string of shell commands")
     names = list(export_env)
@@ -253,6 +307,8 @@ def build_job_onstart(
         exit_line=EXIT_STATUS_LINE.format(rc="$rc"),
         run=_RUN.format(started_line=STARTED_LINE) if staged is None else staged.shell(STARTED_LINE),
         kill_writer="" if staged is None else '; kill "$GPM_MW" 2>/dev/null',
+        preflight=_preflight(gpu_count, preflight) if gpu_count or preflight is not None else "",
+        preflight_end="fi\n" if gpu_count or preflight is not None else "",
         on_success=_STOP if stop_on_success else _DESTROY,
     )
     try:
@@ -262,18 +318,27 @@ def build_job_onstart(
 
 
 @functools.cache
-def _room_for_command(stop_on_success: bool) -> int:
-    """Characters left for the command in an unpacked script that exports nothing.
+def _room_for_command(stop_on_success: bool, gpu_check: bool = False, preflight: bool = False) -> int:
+    """Characters left for the command (and the preflight's) in an unpacked script that exports nothing.
 
-    Counted behind a base URL of up to 200 characters.
+    Counted behind a base URL of up to 200 characters and a GPU count of up to three digits.
     """
-    wrapper = build_job_onstart("x", base_url="https://" + "h" * 192, stop_on_success=stop_on_success)
-    return api.ONSTART_MAX_CHARS - (len(wrapper) - 1)
+    wrapper = build_job_onstart(
+        "x",
+        base_url="https://" + "h" * 192,
+        stop_on_success=stop_on_success,
+        gpu_count=100 if gpu_check else 0,
+        preflight="x" if preflight else None,
+    )
+    return api.ONSTART_MAX_CHARS - (len(wrapper) - 1 - preflight)
 
 
-def certainly_fits(command: str, *, stop_on_success: bool = False) -> bool:
+def certainly_fits(
+    command: str, *, stop_on_success: bool = False, gpu_count: int = 0, preflight: str | None = None
+) -> bool:
     """True when ``command``'s script fits the onstart limit without even being packed.
 
     A DAG's parse then need not write it; the task writes it, and checks it again, before renting.
     """
-    return len(command.rstrip("\n")) <= _room_for_command(stop_on_success)
+    used = len(command.rstrip("\n")) + (0 if preflight is None else len(_shell_quote(preflight)) - 2)
+    return used <= _room_for_command(stop_on_success, bool(gpu_count), preflight is not None)

@@ -75,6 +75,16 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     Command(
+        "hosts",
+        "List the machines renting tasks avoid after they failed (host memory); forget them with --clear",
+        "airflow_gpumarket.commands.hosts:hosts",
+        (
+            CONN_ID,
+            Option(("--clear",), {"type": int, "metavar": "MACHINE_ID", "help": "forget this machine"}),
+            Option(("--clear-all",), {"action": "store_true", "help": "forget every machine of this account"}),
+        ),
+    ),
+    Command(
         "spend",
         "What the service charged today (--day, the default) or this month (--month), per DAG and team",
         "airflow_gpumarket.commands.spend:spend",

@@ -41,6 +41,11 @@ def _engine() -> Any:
 
 async def _signed_body(request: Request) -> dict[str, Any]:
     """The request's JSON body once its signature is checked and its nonce is new; 400 or 401 naming what is wrong."""
+    return (await signed_body_and_key(request))[0]
+
+
+async def signed_body_and_key(request: Request) -> tuple[dict[str, Any], str]:
+    """The request's JSON body and the API key that signed it (its connection's), checked as ``_signed_body`` does."""
     data = await request.body()
     try:
         body = json.loads(data)
@@ -75,7 +80,7 @@ async def _signed_body(request: Request) -> dict[str, Any]:
         raise HTTPException(401, _UNSIGNED)
     if not ledger.first_use(_engine(), nonce, stamp=int(stamp), now=now):
         raise HTTPException(401, "this signed request was received before; each request is accepted once")
-    return body
+    return body, api_key
 
 
 def _int_or_none(body: dict[str, Any], name: str) -> int | None:

@@ -56,6 +56,11 @@ class Instance:
     #: The next ``running`` starts the onstart script again (a container that comes back after an outbid).
     rerun_onstart: bool = False
     destroyed_at: float | None = None
+    #: Its ``nvidia-smi`` finds no driver (a host that fails the GPU check; see hosts.py).
+    gpu_fault: bool = False
+    #: Seconds after it first runs when the host loses it, and the status it ends in (see hosts.py).
+    lost_after: float | None = None
+    lost_status: str = "offline"
     accounted_until: float = 0.0
     #: Dollars per second its disk costs, from creation until destroyed.
     storage_rate: float = 0.0
@@ -176,6 +181,8 @@ class Instance:
             "first_outbid_at": self.first_outbid_at,
             "awaiting_bid": self.awaiting_bid,
             "fate": self.fate,
+            "gpu_fault": self.gpu_fault,
+            "lost_after": self.lost_after,
             "doomed": self.doomed,
             "cancel_unavail": self.config.get("cancel_unavail", False),
             "instance_api_key": self.api_key,

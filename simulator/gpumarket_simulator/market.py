@@ -24,6 +24,7 @@ from gpumarket_simulator.bidding import parse_drift
 from gpumarket_simulator.clock import SimClock
 from gpumarket_simulator.copy_faults import parse_copy_faults
 from gpumarket_simulator.faults import Faults
+from gpumarket_simulator.hosts import nvidia_smi_script
 from gpumarket_simulator.logs import LogUploads
 from gpumarket_simulator.onstart import HALT_GRACE_SECONDS, OnstartRunner
 from gpumarket_simulator.ratelimits import RateLimits
@@ -126,7 +127,7 @@ class Market:
         or 404 answered by the request that happened to bring an instance to running must not lose its script.
         """
         events: list[tuple[str, int]] = []
-        starts: list[tuple[int, str, dict[str, str], bool] | None] = []
+        starts: list[tuple[int, str, dict[str, str], bool, dict[str, str]] | None] = []
         try:
             with self.lock:
                 now = self.clock.now()
@@ -157,7 +158,9 @@ class Market:
                 if job is not None:
                     self.runner.start(*job)
 
-    def _onstart_job(self, instance_id: int, *, again: bool = False) -> tuple[int, str, dict[str, str], bool] | None:
+    def _onstart_job(
+        self, instance_id: int, *, again: bool = False
+    ) -> tuple[int, str, dict[str, str], bool, dict[str, str]] | None:
         inst = self.world.instances[instance_id]
         script = inst.config.get("onstart")
         # The service's entrypoint runs onstart for the SSH and Jupyter runtypes only (spec: onstart field).
@@ -166,7 +169,9 @@ class Market:
         env = {k: v for k, v in inst.config["env"].items() if not k.startswith("-p ")}
         env["CONTAINER_API_KEY"] = inst.api_key
         env[INSTANCE_ROOT_ENV] = self.storage.disk(instance_id)
-        return instance_id, script, env, again
+        offer = inst.offer
+        tools = {"nvidia-smi": nvidia_smi_script(offer.gpu_name, offer.num_gpus, works=not inst.gpu_fault)}
+        return instance_id, script, env, again, tools
 
     def next_instance_id(self) -> int:
         return next(self._instance_ids)

@@ -9,6 +9,8 @@ from gpumarket_simulator.bidding import MIN_BID_SHARE
 
 #: An offer's upload and download price in $/GB when the world file names none.
 DEFAULT_INET_COST_PER_GB = 0.005
+#: An offer's download speed in Mbps when the world file names none.
+DEFAULT_INET_DOWN_MBPS = 500.0
 
 
 @dataclass
@@ -54,6 +56,10 @@ class Offer:
     #: Bandwidth prices in $/GB (1e9 bytes), billed for the bytes a copy moves (see storage.py).
     inet_up_cost: float = DEFAULT_INET_COST_PER_GB
     inet_down_cost: float = DEFAULT_INET_COST_PER_GB
+    #: Download speed in Mbps, as the live offers show it; a boot's image pull goes at it (see hosts.py).
+    inet_down: float = DEFAULT_INET_DOWN_MBPS
+    #: "fail": the machine boots, but its ``nvidia-smi`` finds no driver (see hosts.py).
+    gpu_check: str = "ok"
 
     @property
     def floor_bid(self) -> float:
@@ -79,6 +85,7 @@ class Offer:
             "min_bid": self.min_bid,
             "inet_up_cost": self.inet_up_cost,
             "inet_down_cost": self.inet_down_cost,
+            "inet_down": self.inet_down,
             "machine_id": self.machine_id,
             "host_id": self.host_id,
         }

@@ -34,6 +34,12 @@ class _Run:
     lock: threading.Lock = field(default_factory=threading.Lock)
     drained: threading.Event = field(default_factory=threading.Event)
     exited_at: float | None = None
+    bin_dir: str | None = None
+
+    def remove_files(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.bin_dir:
+            shutil.rmtree(self.bin_dir, ignore_errors=True)
 
     def finished(self) -> bool:
         """The script exited and its output was read to the end (or its children kept the pipe too long)."""
@@ -55,10 +61,18 @@ class OnstartRunner:
         self._runs: dict[int, _Run] = {}
         self._base: str | None = None
 
-    def start(self, instance_id: int, script: str, env: dict[str, str], again: bool = False) -> None:
+    def start(
+        self,
+        instance_id: int,
+        script: str,
+        env: dict[str, str],
+        again: bool = False,
+        tools: dict[str, str] | None = None,
+    ) -> None:
         """Start the script once per instance.
 
-        With ``again`` (a container that came back after it stopped) it starts anew once the previous run was halted,
+        ``tools``: executables (name to sh script) put first on its PATH, as the host's ``nvidia-smi`` is. With
+        ``again`` (a container that came back after it stopped) it starts anew once the previous run was halted,
         its output following the earlier one's as a container log does.
         """
         if not self.enabled:
@@ -80,6 +94,15 @@ class OnstartRunner:
             full_env = dict(env)
             full_env.update({k: os.environ[k] for k in INHERITED_VARIABLES if k in os.environ})
             full_env["CONTAINER_ID"] = str(instance_id)
+            bin_dir = None
+            if tools:  # beside the scratch directory, which the script finds empty
+                bin_dir = tempfile.mkdtemp(prefix=f"instance-{instance_id}-bin-", dir=self._base)
+                for name, text in tools.items():
+                    tool = os.path.join(bin_dir, name)
+                    with open(tool, "w", encoding="utf-8") as fh:
+                        fh.write(text)
+                    os.chmod(tool, 0o755)
+                full_env["PATH"] = bin_dir + os.pathsep + full_env.get("PATH", os.defpath)
             # Its own scratch space, removed when the instance stops running: scripts that write temporary files
             # (the provider's job wrapper does) leave nothing behind on the simulator's host.
             full_env["TMPDIR"] = workdir
@@ -92,7 +115,7 @@ class OnstartRunner:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, so a kill also reaches its children
             )
-            run = _Run(process=process, workdir=workdir, output=bytearray(earlier))
+            run = _Run(process=process, workdir=workdir, output=bytearray(earlier), bin_dir=bin_dir)
             self._runs[instance_id] = run
         threading.Thread(target=self._collect, args=(run,), name=f"onstart-out-{instance_id}", daemon=True).start()
         threading.Thread(target=self._wait, args=(run,), name=f"onstart-wait-{instance_id}", daemon=True).start()
@@ -138,7 +161,7 @@ class OnstartRunner:
         with contextlib.suppress(subprocess.TimeoutExpired):
             run.process.wait(timeout=KILL_AFTER_TERM_SECONDS)
         _signal_group(run.process, signal.SIGKILL)
-        shutil.rmtree(run.workdir, ignore_errors=True)  # the output is kept in memory
+        run.remove_files()  # the output is kept in memory
 
     def result(self, instance_id: int) -> dict[str, Any] | None:
         with self._lock:
@@ -164,7 +187,7 @@ class OnstartRunner:
         for run in runs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 run.process.wait(timeout=5)
-            shutil.rmtree(run.workdir, ignore_errors=True)
+            run.remove_files()
 
     def close(self) -> None:
         self.reset()

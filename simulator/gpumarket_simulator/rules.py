@@ -37,7 +37,12 @@ OFFER_FIELD_KINDS: dict[str, str] = {
 }
 #: What the live service also filters and sorts offers on (the official CLI's ``inet_up_cost<0.01``); the spec
 #: profile refuses them, since the spec does not list them.
-LIVE_OFFER_FIELD_KINDS: dict[str, str] = {**OFFER_FIELD_KINDS, "inet_up_cost": "number", "inet_down_cost": "number"}
+LIVE_OFFER_FIELD_KINDS: dict[str, str] = {
+    **OFFER_FIELD_KINDS,
+    "inet_up_cost": "number",
+    "inet_down_cost": "number",
+    "inet_down": "number",
+}
 EQUALITY_OPERATORS = frozenset({"eq", "neq"})
 ORDER_OPERATORS = frozenset({"gte", "gt", "lte", "lt"})
 LIST_OPERATORS = frozenset({"in", "notin"})

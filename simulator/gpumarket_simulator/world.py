@@ -24,12 +24,14 @@ from gpumarket_simulator.billing import (
     dollars,
 )
 from gpumarket_simulator.errors import ApiError
+from gpumarket_simulator.hosts import OUTBID, HostProfile, draw_attempt
 from gpumarket_simulator.instance_rules import DIRECT_RUNTYPES
 from gpumarket_simulator.instances import FAILED_STATUSES, FATES, FORCEABLE_STATUSES, Instance, bid_loses
 from gpumarket_simulator.offers import Machine, Offer
 from gpumarket_simulator.price_increases import PendingPriceIncreases
 from gpumarket_simulator.rules import SearchQuery, is_number, offer_matches
 from gpumarket_simulator.serverless import Serverless
+from gpumarket_simulator.snapshot import world_state
 from gpumarket_simulator.templates import configure
 from gpumarket_simulator.two_factor import TwoFactor
 from gpumarket_simulator.volume_listings import VolumeListings
@@ -65,6 +67,7 @@ class World:
         disk_price_per_gb_month: float,
         bid_drift: tuple[float, float] | None,
         credit: float,
+        market: HostProfile | None = None,
     ) -> None:
         self.seed = seed
         self.start_time = start_time
@@ -83,6 +86,9 @@ class World:
         self.two_factor = TwoFactor(tfa, self.rng)
         self.price_increases = PendingPriceIncreases(pending_price_increases, self.rng)
         self.bids = BidMarket(seed)
+        self.profile = market
+        # A heterogeneous market's outcomes (see hosts.py) draw from a stream of their own as well.
+        self.host_rng = random.Random(f"gpumarket-hosts-{seed}")
         self.bids.set_drift(bid_drift, start_time)
         self.instances: dict[int, Instance] = {}
         self.live: dict[int, Instance] = {}
@@ -163,7 +169,14 @@ class World:
         while inst.schedule and inst.schedule[0][0] <= t:
             at, status = inst.schedule.pop(0)
             self._account(inst, at)
-            if status == RESUME and not bid_loses(inst):
+            if status == OUTBID and inst.status not in (None, "loading", "running"):
+                continue  # the host lost it first
+            if status == OUTBID:
+                self._take_machine(inst, at)
+                inst.awaiting_bid = True
+                assert self.profile is not None
+                inst.schedule = [(at + self.host_rng.uniform(*self.profile.outbid_seconds), RESUME)]
+            elif status == RESUME and not bid_loses(inst):
                 self._resume(inst, at)
             elif status == RESUME:  # the admin's outbid is over, but a competing bid is higher still
                 inst.awaiting_bid = True
@@ -274,14 +287,20 @@ class World:
         return inst.doomed or inst.fate
 
     def _schedule_boot(self, inst: Instance, now: float, *, full: bool) -> None:
+        final = self._final_status(inst)
         if full:
-            total = self.rng.uniform(*BOOT_SECONDS)
-            provisioning = total * self.rng.uniform(0.2, 0.4)
+            if self.profile is not None:
+                provisioning, total = self.profile.boot_seconds(self.host_rng, inst.config.get("image"), inst.offer)
+            else:
+                total = self.rng.uniform(*BOOT_SECONDS)
+                provisioning = total * self.rng.uniform(0.2, 0.4)
             self._set_status(inst, None, now)
-            inst.schedule = [(now + provisioning, "loading"), (now + total, self._final_status(inst))]
+            inst.schedule = [(now + provisioning, "loading"), (now + total, final)]
         else:
             self._set_status(inst, "loading", now)
-            inst.schedule = [(now + self.rng.uniform(*RESTART_LOADING_SECONDS), self._final_status(inst))]
+            inst.schedule = [(now + self.rng.uniform(*RESTART_LOADING_SECONDS), final)]
+        if self.profile is not None:
+            self.profile.add_losses(self.host_rng, inst, now, final)
 
     # --- offers ---------------------------------------------------------------------------------------------
     def offer_view(self, offer: Offer) -> dict[str, Any]:
@@ -339,6 +358,10 @@ class World:
         self.live[inst.id] = inst
         self.instance_keys[api_key] = inst.id
         self.events.append(("created", inst.id))  # the market gives it a disk (storage.py)
+        inst.gpu_fault = offer.gpu_check == "fail"
+        if self.profile is not None and offer.fate == "running" and not inst.gpu_fault:
+            attempt = draw_attempt(self.host_rng, self.profile, offer.reliability)
+            inst.fate, inst.lost_after, inst.lost_status = attempt.fate, attempt.lost_after, attempt.lost_status
         if bid_loses(inst):  # made, but stopped: it lost to the machine's minimum before it ever ran
             config["target_state"] = "stopped"
             inst.awaiting_bid = True
@@ -517,26 +540,4 @@ class World:
                     self._set_status(inst, "offline", now)
 
     def state(self, now: float) -> dict[str, Any]:
-        return {
-            "now": now,
-            "seed": self.seed,
-            "start_time": self.start_time,
-            "user_id": self.user_id,
-            "disk_price_per_gb_month": self.disk_price_per_gb_month,
-            "list_limit": self.list_limit,
-            "account": self.account.view(),
-            "machines": [m.view() for m in self.machines.values()],
-            "offers": [
-                {**self.offer_view(o), "fate": o.fate, "rented_by": o.rented_by, "competing_bid": o.competing_bid}
-                for o in self.offers.values()
-            ],
-            "bid_drift": None if self.bids.drift is None else self.bids.drift.view(),
-            "templates": [dict(t) for t in self.templates.values()],
-            "instances": [i.admin_view() for i in self.instances.values()],
-            "volume_asks": self.volume_listings.view(),
-            **self.serverless.view(),
-            "pending_price_increases": [dict(p) for p in self.price_increases.records],
-            "api_keys": [dict(k) for k in self.api_keys],
-            "cloud_integrations": [dict(c) for c in self.cloud_integrations],
-            "tfa": self.two_factor.view(now),
-        }
+        return world_state(self, now)

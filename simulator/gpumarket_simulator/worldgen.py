@@ -13,9 +13,10 @@ from typing import Any
 from gpumarket_simulator.bidding import parse_drift
 from gpumarket_simulator.billing import DEFAULT_CREDIT
 from gpumarket_simulator.errors import ApiError
+from gpumarket_simulator.hosts import GPU_CHECKS, HostProfile, add_hosts, draw_inet_down, parse_profile
 from gpumarket_simulator.instance_rules import parse_template_env
 from gpumarket_simulator.instances import FATES
-from gpumarket_simulator.offers import DEFAULT_INET_COST_PER_GB, Machine, Offer
+from gpumarket_simulator.offers import DEFAULT_INET_COST_PER_GB, DEFAULT_INET_DOWN_MBPS, Machine, Offer
 from gpumarket_simulator.rules import is_number
 from gpumarket_simulator.serverless import ENDPOINT_DEFAULTS
 from gpumarket_simulator.world import World
@@ -42,6 +43,7 @@ WORLD_FILE_KEYS = frozenset(
         "disk_price_per_gb_month",
         "list_limit",
         "bid_drift",
+        "market",
         "credit",
         "machines",
         "offers",
@@ -108,6 +110,8 @@ def build_world(seed: int, start_time: float, overrides: dict[str, Any] | None =
         for offer in parts["offers"]:
             machines.setdefault(offer.machine_id, Machine(id=offer.machine_id, host_id=offer.host_id))
         parts["machines"] = list(machines.values())
+        if parts["market"] is not None and "offers" not in changes:
+            add_hosts(parts["machines"], parts["offers"], GPU_TYPES, seed, parts["market"])
     return World(seed=seed, **parts)
 
 
@@ -175,6 +179,9 @@ def _generate(seed: int, start_time: float) -> dict[str, Any]:
     for offer in offers:
         offer.inet_up_cost = round(inet.uniform(0.001, 0.02), 4)
         offer.inet_down_cost = round(inet.uniform(0.001, 0.02), 4)
+    speeds = random.Random(f"gpumarket-inet-down-{seed}")
+    for offer in offers:
+        offer.inet_down = draw_inet_down(speeds, *HostProfile().inet_down_mbps)
     parts: dict[str, Any] = {
         "start_time": start_time,
         "user_id": user_id,
@@ -184,6 +191,7 @@ def _generate(seed: int, start_time: float) -> dict[str, Any]:
         "list_limit": DEFAULT_LIST_LIMIT,
         "disk_price_per_gb_month": DEFAULT_DISK_PRICE_PER_GB_MONTH,
         "bid_drift": None,
+        "market": None,
         "credit": DEFAULT_CREDIT,
         "api_keys": [
             _api_key(1, user_id, "api", "default", None, None, None),
@@ -399,6 +407,8 @@ def _convert(data: dict[str, Any], start_time: float) -> dict[str, Any]:
             out[key] = int(data[key])
     if "bid_drift" in data:
         out["bid_drift"] = parse_drift(data["bid_drift"])
+    if "market" in data:
+        out["market"] = parse_profile(data["market"])
     if "credit" in data:
         if not is_number(data["credit"]):
             raise ValueError(f"credit must be a finite number of dollars, got {data['credit']!r}")
@@ -422,6 +432,12 @@ def _convert(data: dict[str, Any], start_time: float) -> dict[str, Any]:
             fate = o.get("fate", "running")
             if fate not in FATES:
                 raise ValueError(f"offer {o.get('id')}: fate must be one of {', '.join(FATES)}")
+            gpu_check = o.get("gpu_check", "ok")
+            if gpu_check not in GPU_CHECKS:
+                raise ValueError(f"offer {o.get('id')}: gpu_check must be one of {', '.join(GPU_CHECKS)}")
+            inet_down = o.get("inet_down", DEFAULT_INET_DOWN_MBPS)
+            if not is_number(inet_down) or inet_down <= 0:
+                raise ValueError(f"offer {o.get('id')}: inet_down must be a number of Mbps > 0, got {inet_down!r}")
             offer_id = int(o["id"])
             machine_id = int(o.get("machine_id", offer_id))
             offers.append(
@@ -443,6 +459,8 @@ def _convert(data: dict[str, Any], start_time: float) -> dict[str, Any]:
                     competing_bid=_competing_bid(o),
                     inet_up_cost=float(o.get("inet_up_cost", DEFAULT_INET_COST_PER_GB)),
                     inet_down_cost=float(o.get("inet_down_cost", DEFAULT_INET_COST_PER_GB)),
+                    inet_down=float(inet_down),
+                    gpu_check=gpu_check,
                 )
             )
         out["offers"] = offers

@@ -219,3 +219,27 @@ def test_spend_on_a_service_without_charges_says_so_in_one_line(sim, run, monkey
     monkeypatch.setattr(GpuMarketHook, "charges", no_charges)
     code, out, err = run("spend")
     assert (code, out) == (1, "") and "the service has no charges endpoint" in one_line(err)
+
+
+# --- hosts ----------------------------------------------------------------------------------------------------
+def test_hosts_lists_the_avoided_machines_and_forgets_them_by_hand(sim, run):
+    from airflow import settings
+
+    from airflow_gpumarket import host_memory
+
+    account = host_memory.account_of(sim.api_key)
+    host_memory.clear(settings.engine, account)
+    host_memory.remember(settings.engine, account, 11, "preflight", now=time.time(), detail="expected 1 GPUs, listed 0")
+    host_memory.remember(settings.engine, account, 12, "offline", now=time.time())
+    code, out, err = run("hosts")
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert header.split()[:3] == ["MACHINE", "REASON", "FAILURES"] and [r.split()[:2] for r in rows] == [
+        ["11", "preflight"],
+        ["12", "offline"],
+    ]
+    assert run("hosts", "--clear", "11")[1].startswith("Forgot 1 machine:")
+    assert run("hosts", "--clear-all")[1].startswith("Forgot 1 machine:")
+    assert run("hosts")[1].startswith("No machine is avoided")
+    code, _, err = run("hosts", "--clear", "11", "--clear-all")
+    assert code == 2 and "not both" in err

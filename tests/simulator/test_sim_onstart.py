@@ -274,3 +274,22 @@ def test_bad_outbids_are_400_naming_the_problem(osim, oapi, fields, resume_after
     response = oapi.session.post(f"{osim.url}/_sim/instances/{instance_id}/outbid", json={"resume_after": resume_after})
     assert response.status_code == status and words in response.json()["msg"]
     assert oapi.session.post(f"{osim.url}/_sim/instances/999/outbid", json={}).status_code == 404
+
+
+def test_nvidia_smi_on_the_scripts_path_answers_for_the_offers_gpus(osim, oapi):
+    offer = oapi.search({"num_gpus": {"eq": 2}, "limit": 1})[0]
+    created = oapi.create(
+        offer["id"],
+        {"image": "u", "onstart": "nvidia-smi -L | wc -l; nvidia-smi --query-gpu=name --format=csv,noheader"},
+    )
+    boot(osim)
+    lines = finished_onstart(osim, created["new_contract"])["output"].split("\n")
+    assert lines[0].strip() == "2" and lines[1] == f"NVIDIA {offer['gpu_name']}"
+
+
+def test_nvidia_smi_fails_on_a_host_that_fails_the_gpu_check(osim, oapi):
+    created = launch(oapi, "nvidia-smi -L; echo rc=$?")
+    osim._market.run(lambda world, now: setattr(world.instances[created["new_contract"]], "gpu_fault", True))
+    boot(osim)
+    output = finished_onstart(osim, created["new_contract"])["output"]
+    assert "couldn't communicate with the NVIDIA driver" in output and "rc=9" in output

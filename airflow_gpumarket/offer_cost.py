@@ -1,0 +1,279 @@
+"""Expected-cost offer choice: rank offers by what finishing the job on them is expected to cost (pure functions).
+
+For each offer, from the fields a search returns and nothing else:
+
+- boot: provisioning, then the image pull at the offer's ``inet_down`` (Mbps) times ``pull_efficiency``, then
+  extraction (the simulator's market model, ``gpumarket_simulator.hosts``, uses the same terms);
+- one attempt that succeeds: ``dph_total`` × (boot + expected runtime), plus the disk at ``storage_cost``
+  ($/GB/month) over that time, plus the data moved in and out at ``inet_down_cost`` and ``inet_up_cost`` ($/GB);
+  with ``boot_billed=False`` (a market that bills compute from running on) the boot costs only its disk;
+- the risk of failing: with probability 1 − ``reliability`` the attempt fails and what it billed until the
+  failure was noticed is lost (its boot, and for ``mid_job_share`` of failures half the runtime); the attempt that
+  then finishes the job costs about what this one would have (the failed host is in host memory by then).
+
+Host memory (``avoided``) counts too: a machine that failed its GPU preflight is not chosen (its GPUs will not
+come back by themselves); one that failed otherwise is taken to fail again with probability 1 − 0.5 ** failures
+(at least), so a reliable host that failed once by chance is still chosen when the others are dearer or taken.
+
+The arguments' checks (``check_*``) are for an operator to call when it is built: they raise
+``GpuMarketValidationError`` naming the field. This module imports only the standard library and the provider's
+exceptions: it is cheap at DAG parse time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+#: The ways an operator may choose among matching offers.
+OFFER_CHOICES = ("price", "expected_cost")
+#: The month a ``storage_cost`` ($/GB/month) is spread over, as the service counts it.
+SECONDS_PER_MONTH = 30 * 86400
+#: What is assumed of an offer that shows no download speed, in Mbps (a slow host: the choice stays cautious).
+UNKNOWN_INET_DOWN_MBPS = 100.0
+#: The most a failure probability is taken to be: an offer with reliability 0 still gets a finite cost.
+MAX_FAILURE_PROBABILITY = 0.95
+#: Host memory's reasons whose machine is never chosen while remembered (``host_memory.REASONS``).
+SKIPPED_REASONS = frozenset({"preflight"})
+#: Offers the task log lists with their expected costs.
+TOP_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What the ranking assumes of the job and of the market (seconds, GB).
+
+    ``image_size_gb``: the compressed size of the job's image. ``transfer_in_gb``/``transfer_out_gb``: data copied to
+    and from the instance. ``mid_job_share``: of the failures, the share that come after the job started.
+    """
+
+    expected_runtime: float
+    image_size_gb: float = 6.0
+    disk_gb: float = 32.0
+    transfer_in_gb: float = 0.0
+    transfer_out_gb: float = 0.0
+    provision_seconds: float = 40.0
+    pull_efficiency: float = 0.5
+    extract_seconds_per_gb: float = 10.0
+    mid_job_share: float = 0.3
+    boot_billed: bool = True
+
+
+@dataclass(frozen=True)
+class OfferCost:
+    """One offer's expected cost, its parts, and a sentence that tells them (``explain``)."""
+
+    offer: Mapping[str, Any]
+    expected: float
+    boot_seconds: float
+    attempt: float
+    compute: float
+    disk: float
+    transfer: float
+    failure_probability: float
+    failure: float  # what a failed attempt bills before it is noticed
+    avoided_reason: str | None = None
+    #: Host memory's word on the machine when it raised the failure risk: "2 failures, the last offline".
+    remembered: str | None = None
+
+    @property
+    def offer_id(self) -> Any:
+        return self.offer.get("id")
+
+    def explain(self) -> str:
+        o = self.offer
+        head = (
+            f"offer {o.get('id')} (machine {o.get('machine_id')}, {o.get('num_gpus', 1)}x {o.get('gpu_name')}, "
+            f"${_num(o.get('dph_total')):.3f}/h, reliability {_num(o.get('reliability'), 1.0):.3f}, "
+            f"{_inet_down(o):.0f} Mbps down)"
+        )
+        if self.avoided_reason is not None:
+            return f"{head}: skipped, its machine is in host memory ({self.avoided_reason})"
+        memory = f" (host memory: {self.remembered})" if self.remembered else ""
+        return (
+            f"{head}{memory}: expected ${self.expected:.4f} = boot {self.boot_seconds / 60:.1f} min and run at "
+            f"the hourly price ${self.compute:.4f} + disk ${self.disk:.4f} + transfer ${self.transfer:.4f} + "
+            f"failure risk {self.failure_probability:.1%} x ${self.failure:.4f}"
+        )
+
+
+def _num(value: Any, default: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return default
+    return float(value)
+
+
+def _inet_down(offer: Mapping[str, Any]) -> float:
+    speed = _num(offer.get("inet_down"))
+    return speed if speed > 0 else UNKNOWN_INET_DOWN_MBPS
+
+
+def boot_seconds(offer: Mapping[str, Any], model: CostModel) -> float:
+    """Expected seconds from create to running on this offer's host."""
+    pull = model.image_size_gb * 8000.0 / (_inet_down(offer) * model.pull_efficiency)
+    return model.provision_seconds + pull + model.image_size_gb * model.extract_seconds_per_gb
+
+
+def offer_cost(offer: Mapping[str, Any], model: CostModel, memory: Any = None) -> OfferCost:
+    """The expected cost of finishing the job on ``offer`` (see the module docstring).
+
+    ``memory``: host memory's record of the offer's machine (``reason``, ``failures``), if any.
+    """
+    hourly = _num(offer.get("dph_total"))
+    boot = boot_seconds(offer, model)
+    billed = boot + model.expected_runtime
+    compute = hourly * (billed if model.boot_billed else model.expected_runtime) / 3600.0
+    disk_rate = _num(offer.get("storage_cost")) * model.disk_gb / SECONDS_PER_MONTH
+    disk = disk_rate * billed
+    transfer = model.transfer_in_gb * _num(offer.get("inet_down_cost")) + model.transfer_out_gb * _num(
+        offer.get("inet_up_cost")
+    )
+    attempt = compute + disk + transfer
+    p = max(0.0, 1.0 - _num(offer.get("reliability"), 1.0))
+    remembered = avoided_reason = None
+    if memory is not None:
+        reason, failures = str(getattr(memory, "reason", "failed")), int(getattr(memory, "failures", 1))
+        if reason in SKIPPED_REASONS:
+            avoided_reason = reason
+        else:
+            p = max(p, 1.0 - 0.5**failures)
+            remembered = f"{failures} failure{'s' if failures != 1 else ''}, the last {reason}"
+    p = min(MAX_FAILURE_PROBABILITY, p)
+    mid_job = model.mid_job_share * model.expected_runtime / 2.0
+    failure = hourly / 3600.0 * (mid_job + (boot if model.boot_billed else 0.0)) + disk_rate * (boot + mid_job)
+    expected = attempt + p * failure
+    if avoided_reason is not None:
+        expected = math.inf
+    return OfferCost(offer, expected, boot, attempt, compute, disk, transfer, p, failure, avoided_reason, remembered)
+
+
+def rank_offers(
+    offers: Iterable[Mapping[str, Any]],
+    model: CostModel,
+    avoided: Mapping[int, Any] | Collection[int] = (),
+) -> list[OfferCost]:
+    """The offers by expected cost, cheapest first (ties: lower hourly price, then search order); skipped last.
+
+    ``avoided``: host memory as a mapping of machine ids to their records (``host_memory.Memory``), or bare machine
+    ids, which are skipped.
+    """
+    costs = []
+    for offer in offers:
+        machine: Any = offer.get("machine_id")
+        memory = None
+        if machine in avoided:
+            memory = avoided[machine] if isinstance(avoided, Mapping) else _Skipped
+        costs.append(offer_cost(offer, model, memory))
+    indexed = sorted(enumerate(costs), key=lambda ic: (ic[1].expected, _num(ic[1].offer.get("dph_total")), ic[0]))
+    return [cost for _, cost in indexed]
+
+
+class _Skipped:
+    reason = "preflight"
+    failures = 1
+
+
+def choice_log(ranked: Sequence[OfferCost], top: int = TOP_SHOWN) -> list[str]:
+    """The task log's lines: the top offers with their expected costs, and why the chosen one won."""
+    if not ranked or math.isinf(ranked[0].expected):
+        return ["No offer can be chosen: every matching machine is in host memory."]
+    lines = [f"{i}. {cost.explain()}" for i, cost in enumerate(ranked[:top], 1)]
+    skipped = sum(1 for c in ranked if c.avoided_reason is not None)
+    if skipped:
+        lines.append(f"{skipped} offer(s) skipped: their machines failed recently (airflow gpumarket hosts)")
+    lines.append(why_chosen(ranked))
+    return lines
+
+
+def why_chosen(ranked: Sequence[OfferCost]) -> str:
+    """One sentence: why the first offer won over the cheapest one per hour."""
+    chosen = ranked[0]
+    cheapest = min((c for c in ranked if c.avoided_reason is None), key=lambda c: _num(c.offer.get("dph_total")))
+    if cheapest is chosen:
+        return (
+            f"Chose offer {chosen.offer_id}: the cheapest per hour is also the cheapest expected "
+            f"(${chosen.expected:.4f})."
+        )
+    reasons = []
+    if cheapest.boot_seconds > chosen.boot_seconds * 1.2:
+        reasons.append(
+            f"its boot takes {cheapest.boot_seconds / 60:.1f} min at {_inet_down(cheapest.offer):.0f} Mbps against "
+            f"{chosen.boot_seconds / 60:.1f} min"
+        )
+    if cheapest.failure_probability > chosen.failure_probability + 0.01:
+        reasons.append(
+            f"it fails {cheapest.failure_probability:.1%} of the time against {chosen.failure_probability:.1%}"
+        )
+    if cheapest.transfer > chosen.transfer:
+        reasons.append(f"its transfer costs ${cheapest.transfer:.4f} against ${chosen.transfer:.4f}")
+    because = "; ".join(reasons) or "its disk and boot cost more than its lower price saves"
+    return (
+        f"Chose offer {chosen.offer_id} (expected ${chosen.expected:.4f}) over the cheapest per hour, offer "
+        f"{cheapest.offer_id} (${_num(cheapest.offer.get('dph_total')):.3f}/h, expected ${cheapest.expected:.4f}): "
+        f"{because}."
+    )
+
+
+# --- the operator's arguments, checked when it is built ----------------------------------------------------------
+def check_offer_choice(value: Any) -> str:
+    if value not in OFFER_CHOICES:
+        raise GpuMarketValidationError(
+            "offer_choice", f"must be one of {', '.join(repr(c) for c in OFFER_CHOICES)}, got {value!r}"
+        )
+    return str(value)
+
+
+def _seconds(field: str, value: Any) -> float:
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise GpuMarketValidationError(field, f"must be a timedelta or a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def check_expected_runtime(value: Any) -> float | None:
+    """``expected_runtime`` in seconds; None means: learn it from the task's earlier successful runs."""
+    return None if value is None else _seconds("expected_runtime", value)
+
+
+def check_image_size_gb(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise GpuMarketValidationError(
+            "image_size_gb", f"must be a number of GB > 0 (the compressed image), got {value!r}"
+        )
+    return float(value)
+
+
+def check_preflight(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise GpuMarketValidationError(
+            "preflight", f"must be a non-empty string of shell commands, or None; got {type(value).__name__}"
+        )
+    return value
+
+
+def check_deadline(value: Any, now: dt.datetime) -> dt.datetime | dt.timedelta | None:
+    """``deadline``: a timezone-aware datetime not before ``now``, or a timedelta > 0 from the try's start."""
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        _seconds("deadline", value)
+        return value
+    if not isinstance(value, dt.datetime):
+        raise GpuMarketValidationError("deadline", f"must be a datetime or a timedelta, got {type(value).__name__}")
+    if value.tzinfo is None:
+        raise GpuMarketValidationError(
+            "deadline", "must be timezone-aware (for example pendulum.datetime(..., tz='UTC'))"
+        )
+    if value <= now:
+        raise GpuMarketValidationError(
+            "deadline", f"{value.isoformat()} is in the past; give a later time or a timedelta"
+        )
+    return value

@@ -1,0 +1,115 @@
+"""A renting task's (or a command's) way to host memory: the database here, or the api-server's signed routes.
+
+As the budget ledger is reached (``operators/budget.py``): directly where task code may use the metadata database
+(Airflow 2, ``dag.test()``), else through the provider's routes in the api-server (``ui/host_memory_api.py``), each
+request signed with the connection's API key.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from airflow_gpumarket import host_memory
+from airflow_gpumarket._compat import AirflowException
+from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.operators.budget import (
+    LEDGER_PATH,
+    LEDGER_TIMEOUT_SECONDS,
+    LEDGER_TRIES,
+    api_server_ledger,
+    ledger_client,
+    signed_request,
+)
+
+#: The plugin's host memory routes, under the api-server's base URL.
+HOSTS_PATH = "/gpumarket/hosts"
+
+
+class DirectHostMemory:
+    """Host memory through the metadata database's engine, in this process."""
+
+    def __init__(self, engine: Any, api_key: str, clock: Any = time.time) -> None:
+        self.engine = engine
+        self.account = host_memory.account_of(api_key)
+        self.clock = clock
+
+    def remember(
+        self, machine_id: int, reason: str, detail: str = "", ttl: float = host_memory.DEFAULT_TTL_SECONDS
+    ) -> host_memory.Memory:
+        return host_memory.remember(
+            self.engine, self.account, machine_id, reason, now=self.clock(), ttl=ttl, detail=detail
+        )
+
+    def avoided(self) -> dict[int, host_memory.Memory]:
+        return host_memory.avoided(self.engine, self.account, now=self.clock())
+
+    def clear(self, machine_id: int | None = None) -> int:
+        return host_memory.clear(self.engine, self.account, machine_id)
+
+
+class ApiServerHostMemory:
+    """Host memory through the provider's routes in the api-server (Airflow 3 task processes)."""
+
+    def __init__(self, base_url: str, api_key: str, conn_id: str) -> None:
+        self.url = base_url.rstrip("/") + HOSTS_PATH
+        self._api_key = api_key
+        self.conn_id = conn_id
+
+    def _post(self, route: str, body: dict[str, Any]) -> Any:
+        import requests
+
+        body = {"conn_id": self.conn_id, **body}
+        failure = ""
+        for _ in range(LEDGER_TRIES):  # each route is idempotent: a lost answer is asked again
+            data, headers = signed_request(self._api_key, body)
+            try:
+                reply = requests.post(f"{self.url}/{route}", data=data, headers=headers, timeout=LEDGER_TIMEOUT_SECONDS)
+            except requests.RequestException as exc:
+                failure = type(exc).__name__
+                continue
+            if reply.status_code == 400:
+                field, _, problem = _detail(reply).partition(": ")
+                raise GpuMarketValidationError(field, problem or field)
+            if reply.status_code >= 400:
+                raise AirflowException(f"Host memory at {self.url} refused the request: {_detail(reply)}")
+            return reply.json()
+        raise AirflowException(
+            f"Host memory at {self.url} did not answer ({failure}). Install the provider on the api-server, and set "
+            "[gpumarket] ledger_url when the api-server is not the execution API's host."
+        )
+
+    def remember(
+        self, machine_id: int, reason: str, detail: str = "", ttl: float = host_memory.DEFAULT_TTL_SECONDS
+    ) -> host_memory.Memory:
+        host_memory.check_machine_id(machine_id)
+        host_memory.check_reason(reason)
+        host_memory.check_ttl(ttl)
+        body = {"machine_id": machine_id, "reason": reason, "detail": detail, "ttl_seconds": ttl}
+        return host_memory.Memory.from_json(self._post("remember", body))
+
+    def avoided(self) -> dict[int, host_memory.Memory]:
+        machines = [host_memory.Memory.from_json(m) for m in self._post("avoided", {})["machines"]]
+        return {m.machine_id: m for m in machines}
+
+    def clear(self, machine_id: int | None = None) -> int:
+        body = {"all": True} if machine_id is None else {"machine_id": host_memory.check_machine_id(machine_id)}
+        return int(self._post("clear", body)["cleared"])
+
+
+def _detail(reply: Any) -> str:
+    try:
+        detail = reply.json().get("detail")
+    except ValueError:
+        detail = None
+    return str(detail or reply.text[:300] or reply.status_code)
+
+
+def host_memory_client(hook: Any, conn_id: str) -> DirectHostMemory | ApiServerHostMemory:
+    """Host memory as this process may reach it, for the account of ``hook``'s API key."""
+    reach = ledger_client(hook)
+    engine = getattr(reach, "engine", None)
+    if engine is not None:
+        return DirectHostMemory(engine, hook.settings.api_key)
+    base = api_server_ledger(hook).url.removesuffix(LEDGER_PATH)
+    return ApiServerHostMemory(base, hook.settings.api_key, conn_id)
