@@ -13,7 +13,7 @@ import secrets
 import time
 from typing import Any
 
-from airflow_gpumarket import budgets, ledger, metrics
+from airflow_gpumarket import api, budgets, ledger, metrics
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
@@ -179,14 +179,20 @@ def _usable_engine() -> Any:
     return engine
 
 
-def settle_ended(hook: Any, conn_id: str, instance_id: int, log: Any, cost: float | None = None) -> None:
+def settle_ended(
+    hook: Any, conn_id: str, instance_id: int, log: Any, cost: float | None = None, started: Any = None
+) -> None:
     """An instance is gone: settle its reservation, if any, at ``cost`` when known (see ``ledger.settle``).
 
-    Never raises.
+    ``started``: the instance's start_date, when it was read: its charge since then is then its cost. Never raises.
     """
     try:
         service_now = getattr(hook, "service_now", None)
         ended = service_now() if callable(service_now) else None
+        if cost is None and api.is_positive_number(started) and ended is not None:
+            from airflow_gpumarket.operators.cost import charged
+
+            cost = charged(hook, instance_id, min(float(started), ended), ended)
         settled = ledger_client(hook).settle(conn_id, instance_id=instance_id, ended=ended, cost=cost)
     except Exception as exc:  # noqa: BLE001 - the reservation stays at its worst case, which is safe
         log.warning("Could not settle the budget reservation of instance %s: %s", instance_id, exc)

@@ -61,7 +61,9 @@ class GpuMarketDestroyInstanceOperator(_OneInstanceOperator):
         self.log.info("Destroyed instance %s%s", instance_id, " (already gone)" if result.get("already_gone") else "")
         if not result.get("already_gone"):
             records.push_end(context, self.log, self.hook, instance_id, ended_by=self.task_id, instance=instance)
-            settle_ended(self.hook, self.gpumarket_conn_id, instance_id, self.log)
+        # Gone already (its job's wrapper destroyed it, say): its reservation must not stay at its worst case.
+        start = (instance or {}).get("start_date")
+        settle_ended(self.hook, self.gpumarket_conn_id, instance_id, self.log, started=start)
         return {"success": True, "destroyed": instance_id, "already_gone": bool(result.get("already_gone"))}
 
     def _read(self, instance_id: int) -> Mapping[str, Any] | None:

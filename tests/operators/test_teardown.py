@@ -72,3 +72,16 @@ def test_destroy_without_an_instance_id_has_nothing_to_do(requests_mock, instanc
 
 
 test_bad_input_is_refused_at_parse_time_naming_the_argument = refused_at_parse_time(CASES)
+
+
+def test_rule_a_teardown_settles_the_reservation_of_an_instance_already_gone(requests_mock, monkeypatch):
+    """A job's wrapper may destroy its own instance: the teardown still settles its reservation, never left open."""
+    from airflow_gpumarket.operators import budget
+
+    settled = []
+    monkeypatch.setattr(budget, "settle_ended", lambda hook, conn, instance_id, log, **kw: settled.append(instance_id))
+    gone = {"status_code": 404, "json": {"error": "no_such_instance", "msg": "no such instance"}}
+    requests_mock.get(INSTANCE_7, **gone)
+    requests_mock.delete(INSTANCE_7, **gone)
+    GpuMarketDestroyInstanceOperator(task_id="t", instance_id=7).execute({})
+    assert settled == [7]
