@@ -18,14 +18,25 @@ if TYPE_CHECKING:
 __all__ = ["CHARGED", "ESTIMATED", "charged", "settle", "text"]
 
 
+#: A charge posted up to this many seconds (service time) before a rental's end is its whole cost; one posted
+#: earlier is partial (the service posts charges after they accrue), and the estimate stands instead.
+POSTED_TOLERANCE_SECONDS = 300.0
+
+
 def charged(hook: Any, instance_id: int, start: float, end: float) -> float | None:
-    """What the service charged for one instance over the days from ``start`` to ``end``; None when it lists none."""
+    """What the service charged for one instance from ``start`` to ``end``, the service's times.
+
+    None when it lists none, or when its charges are posted only up to well before ``end`` (not the whole cost).
+    """
     try:
         charges = hook.charges(start, end, types=("instance",))
     except Exception:  # noqa: BLE001 - no charges endpoint, no answer: the estimate stands (a destroy path never fails here)
         return None
-    amounts = [c.amount for c in charges if c.instance_id == instance_id]
-    return sum(amounts) if amounts else None
+    mine = [c for c in charges if c.instance_id == instance_id]
+    posted = max((c.end for c in mine if c.end is not None), default=None)
+    if not mine or (posted is not None and posted < end - POSTED_TOLERANCE_SECONDS):
+        return None
+    return sum(c.amount for c in mine)
 
 
 def settle(hook: Any, rental: lifecycle.Rental, ended: float, *, read_charge: bool = True) -> None:
