@@ -76,9 +76,9 @@ class _ApiServer:
     def _post(self, route: str, body: dict[str, Any]) -> Any:
         reply = self._send(route, body)
         if reply.status_code == 409:
-            raise ledger.BudgetRefused(_detail(reply))
+            raise ledger.BudgetRefused(reply_detail(reply))
         if reply.status_code >= 400:
-            raise AirflowException(f"The budget ledger at {self.url} refused the request: {_detail(reply)}")
+            raise AirflowException(f"The budget ledger at {self.url} refused the request: {reply_detail(reply)}")
         return reply.json()
 
     def _send(self, route: str, body: dict[str, Any]) -> Any:
@@ -138,7 +138,8 @@ def signed_request(api_key: str, body: dict[str, Any]) -> tuple[bytes, dict[str,
     }
 
 
-def _detail(reply: Any) -> str:
+def reply_detail(reply: Any) -> str:
+    """What an api-server route said of a refused request: its ``detail``, else the start of its body."""
     try:
         detail = reply.json().get("detail")
     except ValueError:

@@ -19,6 +19,7 @@ from airflow_gpumarket.operators.budget import (
     LEDGER_TRIES,
     api_server_ledger,
     ledger_client,
+    reply_detail,
     signed_request,
 )
 
@@ -69,10 +70,10 @@ class ApiServerHostMemory:
                 failure = type(exc).__name__
                 continue
             if reply.status_code == 400:
-                field, _, problem = _detail(reply).partition(": ")
+                field, _, problem = reply_detail(reply).partition(": ")
                 raise GpuMarketValidationError(field, problem or field)
             if reply.status_code >= 400:
-                raise AirflowException(f"Host memory at {self.url} refused the request: {_detail(reply)}")
+                raise AirflowException(f"Host memory at {self.url} refused the request: {reply_detail(reply)}")
             return reply.json()
         raise AirflowException(
             f"Host memory at {self.url} did not answer ({failure}). Install the provider on the api-server, and set "
@@ -95,14 +96,6 @@ class ApiServerHostMemory:
     def clear(self, machine_id: int | None = None) -> int:
         body = {"all": True} if machine_id is None else {"machine_id": host_memory.check_machine_id(machine_id)}
         return int(self._post("clear", body)["cleared"])
-
-
-def _detail(reply: Any) -> str:
-    try:
-        detail = reply.json().get("detail")
-    except ValueError:
-        detail = None
-    return str(detail or reply.text[:300] or reply.status_code)
 
 
 def host_memory_client(hook: Any, conn_id: str) -> DirectHostMemory | ApiServerHostMemory:
