@@ -259,8 +259,8 @@ def check_preflight(value: Any) -> str | None:
     return value
 
 
-def check_deadline(value: Any, now: dt.datetime) -> dt.datetime | dt.timedelta | None:
-    """``deadline``: a timezone-aware datetime not before ``now``, or a timedelta > 0 from the try's start."""
+def check_deadline(value: Any, now: dt.datetime | None) -> dt.datetime | dt.timedelta | None:
+    """``deadline``: a timezone-aware datetime after ``now`` (None: not compared), or a timedelta > 0."""
     if value is None:
         return None
     if isinstance(value, dt.timedelta):
@@ -272,7 +272,7 @@ def check_deadline(value: Any, now: dt.datetime) -> dt.datetime | dt.timedelta |
         raise GpuMarketValidationError(
             "deadline", "must be timezone-aware (for example pendulum.datetime(..., tz='UTC'))"
         )
-    if value <= now:
+    if now is not None and value <= now:
         raise GpuMarketValidationError(
             "deadline", f"{value.isoformat()} is in the past; give a later time or a timedelta"
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, bidding
@@ -42,6 +42,20 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     :param max_dph: highest acceptable price in dollars per hour.
     :param max_offer_attempts: offers tried at most; a taken offer, a host that fails and a boot that times out
         move on to the next offer, and an offer is never tried twice.
+    :param offer_choice: ``"price"`` (default: the cheapest per hour first, in ``offer_order``) or
+        ``"expected_cost"``: the offer whose whole job is expected to cost least (boot, runtime, disk, transfer and
+        the risk of a failed attempt; ``airflow_gpumarket.offer_cost``). The task log shows the top offers and why.
+    :param expected_runtime: how long the job is expected to run (``offer_choice="expected_cost"`` and
+        ``deadline``); default: the median of this task's earlier successful runs, else ``max_runtime``'s.
+    :param image_size_gb: the image's compressed size in GB, from which each offer's boot time is expected
+        (default 6).
+    :param preflight: shell commands the job wrapper runs before the command, after checking that the GPUs the offer
+        promised are visible; a failed check destroys the instance, remembers its machine and fails over.
+    :param avoid_failed_hosts: skip machines that failed a rental of this account recently (host memory, kept in
+        the metadata database for 24 hours), and remember those that fail this task (default True).
+    :param deadline: an interruptible job's deadline: an aware ``datetime``, or a ``timedelta`` from the start of
+        the try. The task bids while the time left can absorb one more preemption and a restore, and rents on demand
+        from then on.
     :param boot_timeout: time allowed from creation to running (default 15 minutes).
     :param poll_interval: seconds between status reads (default 10, as the spec recommends).
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``). The task's
@@ -108,6 +122,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         "offer_order",
         "max_dph",
         "command",
+        "preflight",
         "instance",
         "checkpoint_dir",
         "checkpoint_uri",
@@ -141,6 +156,12 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         offer_type: str = "ondemand",
         max_dph: float | None = None,
         max_offer_attempts: int = 3,
+        offer_choice: str = "price",
+        expected_runtime: timedelta | float | None = None,
+        image_size_gb: float | None = None,
+        preflight: str | None = None,
+        avoid_failed_hosts: bool = True,
+        deadline: datetime | timedelta | None = None,
         boot_timeout: timedelta | float = timedelta(minutes=15),
         poll_interval: float = api.POLL_INTERVAL_SECONDS,
         deferrable: bool | None = None,
@@ -200,6 +221,12 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         self.offer_type = offer_type
         self.max_dph = max_dph
         self.max_offer_attempts = max_offer_attempts
+        self.offer_choice = offer_choice
+        self.expected_runtime = expected_runtime
+        self.image_size_gb = image_size_gb
+        self.preflight = preflight
+        self.avoid_failed_hosts = avoid_failed_hosts
+        self.deadline = deadline
         self.boot_timeout = duration_seconds("boot_timeout", boot_timeout)
         self.poll_interval = duration_seconds("poll_interval", poll_interval)
         self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable

@@ -8,7 +8,7 @@ when the task runs (``RentalSpec.of``). The renting operators differ only by the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api
@@ -105,6 +105,12 @@ class RentalSpec(_Frozen):
         "offer_type",
         "max_dph",
         "max_offer_attempts",
+        "offer_choice",
+        "expected_runtime",
+        "image_size_gb",
+        "preflight",
+        "avoid_failed_hosts",
+        "deadline",
         "boot_timeout",
         "poll_interval",
         "log_interval",
@@ -126,6 +132,12 @@ class RentalSpec(_Frozen):
     offer_type: str
     max_dph: Any
     max_offer_attempts: int
+    offer_choice: str
+    expected_runtime: Any
+    image_size_gb: Any
+    preflight: Any
+    avoid_failed_hosts: bool
+    deadline: Any
     boot_timeout: float
     poll_interval: float
     log_interval: float
@@ -167,6 +179,7 @@ class RentalSpec(_Frozen):
             )
         self._check_fields(parse_time)
         self._check_bidding()
+        self._check_choice(parse_time)
         self.data_plan(parse_time=parse_time)
         keepalive = self.terms.keepalive
         if keepalive is not None and keepalive < KEEPALIVE_POLLS * self.poll_interval:
@@ -224,6 +237,38 @@ class RentalSpec(_Frozen):
                 "log_interval",
                 "is 0, but an interruptible job's log tells a preemption from its own stop; give a log_interval > 0",
             )
+
+    def _check_choice(self, parse_time: bool) -> None:
+        """The offer choice's arguments (``offer_cost`` is imported only when one of them is given)."""
+        api.require_bool("avoid_failed_hosts", self.avoid_failed_hosts)
+        given = (self.expected_runtime, self.image_size_gb, self.preflight, self.deadline)
+        if self.offer_choice == "price" and all(value is None for value in given):
+            return
+        from airflow_gpumarket import offer_cost
+
+        offer_cost.check_offer_choice(self.offer_choice)
+        if self.offer_choice == "expected_cost" and self.offer_id is not None:
+            raise GpuMarketValidationError(
+                "offer_choice",
+                "'expected_cost' chooses among the offers offer_filters finds, but offer_id pins one: drop one of them",
+            )
+        offer_cost.check_expected_runtime(self.expected_runtime)
+        offer_cost.check_image_size_gb(self.image_size_gb)
+        if self.preflight is not None:
+            if self.command is None:
+                raise GpuMarketValidationError(
+                    "preflight",
+                    "runs in the provider's job wrapper, which runs only a command: give command, not onstart",
+                )
+            if not (parse_time and is_templated(self.preflight)):
+                offer_cost.check_preflight(self.preflight)
+        if self.deadline is not None:
+            if not self.interruptible:
+                raise GpuMarketValidationError(
+                    "deadline", "decides when an interruptible rental stops bidding: set interruptible=True, or drop it"
+                )
+            # A time past is refused when the DAG is parsed; a retry past its deadline rents on demand.
+            offer_cost.check_deadline(self.deadline, now=datetime.now(UTC) if parse_time else None)
 
     def data_plan(self, *, parse_time: bool = False) -> staging.DataPlan | None:
         """The durable data the task asked for, checked; None when none was, or at parse time while it is templated."""
@@ -337,7 +382,7 @@ class RentalSpec(_Frozen):
         lease = self.lease_seconds()
         return lease if self.terms.keepalive is None else min(self.terms.keepalive, lease)
 
-    def deadline(self, rental: lifecycle.Rental) -> float | None:
+    def runtime_deadline(self, rental: lifecycle.Rental) -> float | None:
         """The epoch second at which the job's own time limit ends, counted from creation, if it has one."""
         if self.terms.max_runtime is None:
             return None
@@ -365,7 +410,7 @@ class RentalSpec(_Frozen):
         """Whether a wait's time limit is ``execution_timeout``'s (its epoch second ``limit``), not the job's own."""
         if event.get("limit") in (lifecycle.MAX_RUNTIME, lifecycle.MAX_COST):
             return False
-        own = self.deadline(rental)
+        own = self.runtime_deadline(rental)
         return limit is not None and (own is None or limit <= own)
 
     def watch(self, rental: lifecycle.Rental, *, stages_in: bool, now: float) -> waiting.Watch:
@@ -379,7 +424,7 @@ class RentalSpec(_Frozen):
         return waiting.Watch(
             wait_for=lifecycle.WAIT_JOB if self.terms.job and not stages_in else lifecycle.WAIT_STATUS,
             boot_deadline=rental.created_at + self.boot_timeout,
-            deadline=self.deadline(rental),
+            deadline=self.runtime_deadline(rental),
             max_runtime=self.terms.max_runtime,
             label=rental.label,
             keepalive=self.terms.keepalive,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from bad_input import refused_at_parse_time
@@ -13,6 +13,7 @@ from bad_input import refused_at_parse_time
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketServerError, GpuMarketValidationError
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.spec import RentalSpec
 
@@ -31,6 +32,23 @@ CASES = [
     (JOB, {**OK, "command": "x", "keepalive": 20, "poll_interval": 10}, "keepalive"),
     (JOB, {**OK, "command": "x", "env": {"A": None}}, "env"),
     (JOB, {**OK, "command": "echo " + "y" * 9000 + "".join(str(i) for i in range(3000))}, "command"),
+    # Renting well (offer choice, preflight, host memory, deadline)
+    (JOB, {**OK, "command": "x", "offer_choice": "cheapest"}, "offer_choice"),
+    (JOB, {**OK, "command": "x", "offer_choice": None}, "offer_choice"),
+    (JOB, {"offer_id": 7, "image": "x", "command": "x", "offer_choice": "expected_cost"}, "offer_choice"),
+    (JOB, {**OK, "command": "x", "expected_runtime": 0}, "expected_runtime"),
+    (JOB, {**OK, "command": "x", "expected_runtime": "1h"}, "expected_runtime"),
+    (JOB, {**OK, "command": "x", "image_size_gb": -2}, "image_size_gb"),
+    (JOB, {**OK, "command": "x", "preflight": 5}, "preflight"),
+    (JOB, {**OK, "command": "x", "preflight": ["nvidia-smi"]}, "preflight"),
+    (JOB, {**OK, "command": "x", "preflight": "  "}, "preflight"),
+    (GpuMarketCreateInstanceOperator, {**OK, "onstart": "x", "preflight": "nvidia-smi"}, "preflight"),
+    (JOB, {**OK, "command": "x", "avoid_failed_hosts": "no"}, "avoid_failed_hosts"),
+    (JOB, {**OK, "command": "x", "interruptible": True, "deadline": datetime(2020, 1, 1, tzinfo=UTC)}, "deadline"),
+    (JOB, {**OK, "command": "x", "interruptible": True, "deadline": datetime(2099, 1, 1)}, "deadline"),
+    (JOB, {**OK, "command": "x", "interruptible": True, "deadline": timedelta(0)}, "deadline"),
+    (JOB, {**OK, "command": "x", "interruptible": True, "deadline": "06:00"}, "deadline"),
+    (JOB, {**OK, "command": "x", "deadline": timedelta(hours=6)}, "deadline"),
 ]
 FILTERS = {"gpu_name": {"eq": "RTX 4090"}}
 LABEL = "afgm-0123456789ab-1"

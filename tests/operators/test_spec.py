@@ -77,8 +77,8 @@ def test_a_jobs_lease_covers_its_boot_and_run_time_and_is_kept_alive_ahead():
     spec = job_spec(boot_timeout=600, max_runtime=3600, keepalive=900)
     assert spec.lease_seconds() == 600 + 3600 + JOB_LEASE_MARGIN_SECONDS
     assert spec.first_lease() == 900  # kept alive: the first lease is keepalive, renewed while watched
-    assert spec.deadline(rental()) == 1000.0 + 600 + 3600
-    assert RentalSpec.of(CREATE(task_id="c", **OK, lease=7200)).deadline(rental()) is None
+    assert spec.runtime_deadline(rental()) == 1000.0 + 600 + 3600
+    assert RentalSpec.of(CREATE(task_id="c", **OK, lease=7200)).runtime_deadline(rental()) is None
 
 
 def test_a_job_whose_log_is_not_read_has_its_wrapper_destroy_the_instance_unless_a_result_is_read():
