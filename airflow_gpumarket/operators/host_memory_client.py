@@ -11,17 +11,7 @@ import time
 from typing import Any
 
 from airflow_gpumarket import host_memory
-from airflow_gpumarket._compat import AirflowException
-from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.budget import (
-    LEDGER_PATH,
-    LEDGER_TIMEOUT_SECONDS,
-    LEDGER_TRIES,
-    api_server_ledger,
-    ledger_client,
-    reply_detail,
-    signed_request,
-)
+from airflow_gpumarket.operators.budget import LEDGER_PATH, api_server_ledger, ledger_client, signed_post
 
 #: The plugin's host memory routes, under the api-server's base URL.
 HOSTS_PATH = "/gpumarket/hosts"
@@ -58,27 +48,8 @@ class ApiServerHostMemory:
         self.conn_id = conn_id
 
     def _post(self, route: str, body: dict[str, Any]) -> Any:
-        import requests
-
         body = {"conn_id": self.conn_id, **body}
-        failure = ""
-        for _ in range(LEDGER_TRIES):  # each route is idempotent: a lost answer is asked again
-            data, headers = signed_request(self._api_key, body)
-            try:
-                reply = requests.post(f"{self.url}/{route}", data=data, headers=headers, timeout=LEDGER_TIMEOUT_SECONDS)
-            except requests.RequestException as exc:
-                failure = type(exc).__name__
-                continue
-            if reply.status_code == 400:
-                field, _, problem = reply_detail(reply).partition(": ")
-                raise GpuMarketValidationError(field, problem or field)
-            if reply.status_code >= 400:
-                raise AirflowException(f"Host memory at {self.url} refused the request: {reply_detail(reply)}")
-            return reply.json()
-        raise AirflowException(
-            f"Host memory at {self.url} did not answer ({failure}). Install the provider on the api-server, and set "
-            "[gpumarket] ledger_url when the api-server is not the execution API's host."
-        )
+        return signed_post(f"{self.url}/{route}", self._api_key, body, name=f"Host memory at {self.url}")
 
     def remember(
         self, machine_id: int, reason: str, detail: str = "", ttl: float = host_memory.DEFAULT_TTL_SECONDS
