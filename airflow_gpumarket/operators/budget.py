@@ -132,7 +132,10 @@ def signed_post(
             raise conflict(reply_detail(reply))
         if reply.status_code >= 400:
             raise AirflowException(f"{name} refused the request: {reply_detail(reply)}")
-        return reply.json()
+        try:
+            return reply.json()
+        except ValueError:
+            raise AirflowException(f"{name} answered with no JSON: {reply_detail(reply)}") from None
     raise AirflowException(
         f"{name} did not answer ({failure}). Install the provider on the api-server, and set [gpumarket] ledger_url "
         "when the api-server is not the execution API's host."

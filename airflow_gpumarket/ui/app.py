@@ -143,11 +143,12 @@ def _belongs(row: spend.LiveRental, access: _Access) -> bool:
 
 
 def create_app() -> FastAPI:
-    from airflow_gpumarket.ui import host_memory_api, ledger_api
+    from airflow_gpumarket.ui import history_api, host_memory_api, ledger_api
 
     app = FastAPI(title="GPU rentals", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(ledger_api.router)
     app.include_router(host_memory_api.router)
+    app.include_router(history_api.router)
 
     @app.get("/", response_class=HTMLResponse)
     def rentals_page(

@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.ui import account_charges, spend
-from airflow_gpumarket.ui.records import RECORD_KEY_PREFIX, URL_XCOM_KEY, end_key, end_only, record_key
+from airflow_gpumarket.ui.records import (
+    RECORD_KEY_PREFIX,
+    URL_XCOM_KEY,
+    end_key,
+    end_only,
+    record_key,
+    stored_value,
+    xcom_model,
+)
 from airflow_gpumarket.ui.spend import RecordRow, TaskState, TiKey
 
 if TYPE_CHECKING:
@@ -232,10 +240,7 @@ def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[
 
     from sqlalchemy import or_, select
 
-    from airflow_gpumarket._compat import is_airflow_2
-
-    XComModel = _xcom_model()
-    loaded = is_airflow_2()  # 2.11's XCom rows deserialize their value as they load
+    XComModel = xcom_model()
     wanted = [record_key(i) for i in instance_ids]
     since_dt = dt.datetime.fromtimestamp(since, dt.UTC)
     query = select(XComModel).where(
@@ -245,17 +250,10 @@ def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[
     )
     rows = []
     for xcom in session.scalars(query):
-        value = xcom.value if loaded else XComModel.deserialize_value(xcom)
+        value = stored_value(XComModel, xcom)
         if isinstance(value, dict) and isinstance(value.get("instance_id"), int):
             rows.append(RecordRow(xcom.dag_id, xcom.run_id, xcom.task_id, xcom.map_index, value))
     return rows
-
-
-def _xcom_model() -> Any:
-    """The XCom table's model: ``XComModel`` on Airflow 3, ``BaseXCom`` on 2.11 (the commands' fallback there)."""
-    import airflow.models.xcom as xcom
-
-    return getattr(xcom, "XComModel", None) or xcom.BaseXCom
 
 
 def all_dag_ids(session: Any) -> set[str]:
