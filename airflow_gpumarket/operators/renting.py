@@ -294,7 +294,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     def _run(self, context: Any, rental: lifecycle.Rental | None, event: dict[str, Any] | None) -> Any:
         """Rent, wait and judge, over offers and preemptions, until the task's outcome."""
-        from airflow_gpumarket.operators.session import RentalResult
+        from airflow_gpumarket.operators.session import RentalResult, preflight_failed
 
         spec, session = self.spec, self.session
         assert spec is not None and session is not None
@@ -320,7 +320,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 session.destroy(rental.instance_id)
                 metrics.rental_ended(metrics.TIMED_OUT)
                 raise AirflowTaskTimeout(lifecycle.with_job_detail(timed_out(self, rental.instance_id), event))
-            if kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT):
+            host_failed = kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT)
+            if host_failed or preflight_failed(spec, event) is not None:
                 session.fail_over(rental, event)
                 rental, event, watch = None, None, None
                 continue
