@@ -347,7 +347,7 @@ class RentalSession:
 
         It never ran, did not boot in time, or failed the job wrapper's preflight (``preflight_failed``).
         """
-        preflight = preflight_failed(self.spec, event)
+        preflight = preflight_failed(self.spec, event) or preflight_in_log(self.hook, self.spec, rental, event)
         if preflight is not None:
             sentence = f"instance {rental.instance_id}: {preflight.describe(rental.machine_id)}; the job did not run"
         else:
@@ -487,6 +487,23 @@ def preflight_failed(spec: RentalSpec, event: Mapping[str, Any]) -> job_logs.Pre
     if lifecycle.event_kind(event) is not lifecycle.EventKind.JOB_FAILED or spec.command is None:
         return None
     return job_logs.preflight_failure(event.get("log_tail") or (), event.get("exit_status"))
+
+
+def preflight_in_log(
+    hook: GpuMarketHook, spec: RentalSpec, rental: lifecycle.Rental, event: Mapping[str, Any]
+) -> job_logs.PreflightFailure | None:
+    """A job's instance that stopped before it was seen running: whether its wrapper's preflight stopped it.
+
+    Only a wait for the status (data still to be staged) ends that way; its log was not read yet.
+    """
+    if event.get("actual_status") != api.STATUS_STOPPED or spec.command is None or spec.job_log_interval() <= 0:
+        return None
+    try:
+        text = hook.get_instance_logs(rental.instance_id, tail=job_logs.FAILURE_TAIL_LINES, retry=False)
+    except GpuMarketError:
+        return None
+    lines = job_logs.split_lines(text, complete_only=False)
+    return job_logs.preflight_failure(lines, job_logs.exit_status(lines))
 
 
 def try_number(context: Any) -> int:

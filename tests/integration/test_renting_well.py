@@ -164,3 +164,25 @@ def test_rule_host_memory_out_of_reach_never_stops_a_rental(market, monkeypatch,
     assert run_to_the_end(job())["offer_id"] == 2 and sim.alive_instances() == []
     log = task_log()
     assert log.count("Host memory could not be reached (api-server refused the connection)") == 1
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferred"])
+def test_rule_a_staged_job_fails_over_from_a_host_that_fails_the_preflight_and_its_inputs_reach_the_next(
+    airflow_db, sim, deferrable, task_log
+):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    sim.put_bucket_file(1, "datasets/d/train.csv", b"1,2\n3,4\n")
+    (cheapest,) = GpuMarketHook().search_offers(FILTERS, order=[["dph_total", "asc"]], limit=1)
+    sim.set_gpu_check(cheapest["id"], "fail")
+    op = job(
+        command='echo "rows $(wc -l < "$GPUMARKET_INSTANCE_ROOT/data/train.csv")"',
+        cloud_integration="training-data",
+        inputs={"/data": "datasets/d"},
+        deferrable=deferrable,
+    )
+    result = run_to_the_end(op)
+    assert result["job_status"] == "succeeded" and result["offer_id"] != cheapest["id"]
+    assert rented(sim)[0] == cheapest["id"] and sim.alive_instances() == []
+    log = task_log()
+    assert "failed the GPU preflight" in log and "rows 2" in log
