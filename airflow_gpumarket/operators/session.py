@@ -166,8 +166,12 @@ class RentalSession:
             lease = self.spec.source_lease(plan)
             self._stager = Stager(self.hook, self.log, plan, self._guard, self.spec.poll_interval, source_lease=lease)
             self._stager.resolve()
+        spec = self.spec
+        learned = None
+        if spec.deadline is not None and spec.expected_runtime is None:  # the deadline's work: learnt from history
+            learned = self._chooser.history_runtime()
         self._preemptions = Preemptions(
-            self.hook, self.log, self.spec, self._guard, self._stager, started=self._started
+            self.hook, self.log, spec, self._guard, self._stager, started=self._started, learned_runtime=learned
         )
 
     def rent(self, attempts: lifecycle.Attempts) -> lifecycle.Rental:
