@@ -41,6 +41,7 @@ class OfferChooser:
         self._hosts: Any = None  # host memory's client, made on first use; False once it could not be reached
         self._avoided: Mapping[int, Any] = {}
         self._model: CostModel | None = None
+        self._history: float | None = None  # read once; 0.0: none known
 
     def start(self) -> None:
         """Before the first offer of a ``rent``: host memory read (not for a pinned offer), the cost model made."""
@@ -121,7 +122,7 @@ class OfferChooser:
         spec, source = self.spec, "expected_runtime"
         runtime = check_expected_runtime(spec.expected_runtime)
         if runtime is None:
-            runtime, source = self._history_runtime(), "the median of this task's earlier successful runs"
+            runtime, source = self.history_runtime(), "the median of this task's earlier successful runs"
         if runtime is None and spec.terms.max_runtime is not None:
             runtime, source = spec.terms.max_runtime, "max_runtime (no earlier successful run)"
         if runtime is None:
@@ -139,8 +140,14 @@ class OfferChooser:
         )
         return model
 
-    def _history_runtime(self) -> float | None:
+    def history_runtime(self) -> float | None:
         """The median of this task's earlier successful durations in Airflow's history, if host memory can read it."""
+        if self._history is not None:
+            return self._history or None
+        self._history = self._read_history() or 0.0
+        return self._history or None
+
+    def _read_history(self) -> float | None:
         hosts = self.host_memory()
         read = getattr(hosts, "median_runtime", None)
         if read is None:

@@ -54,8 +54,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     :param avoid_failed_hosts: skip machines that failed a rental of this account recently (host memory, kept in
         the metadata database for 24 hours), and remember those that fail this task (default True).
     :param deadline: an interruptible job's deadline: an aware ``datetime``, or a ``timedelta`` from the start of
-        the try. The task bids while the time left can absorb one more preemption and a restore, and rents on demand
-        from then on.
+        the try (its ``start_date``, deferrals included). Before each rental the task bids only while the time left
+        can absorb one more preemption on top of finishing on demand (boot, restore, the work left); from then on it
+        rents on demand, and the task log says why. A running bid instance is not replaced.
     :param boot_timeout: time allowed from creation to running (default 15 minutes).
     :param poll_interval: seconds between status reads (default 10, as the spec recommends).
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``). The task's

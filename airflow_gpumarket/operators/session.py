@@ -24,6 +24,7 @@ from airflow_gpumarket.operators.chooser import OfferChooser
 from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer, GpuMarketStagingFailed
 from airflow_gpumarket.operators.guard import RentalGuard, task_key
 from airflow_gpumarket.operators.preemption import Preemptions
+from airflow_gpumarket.operators.spec import try_started
 from airflow_gpumarket.ui.records import RentalRecorder
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ class RentalSession:
         self._stager: Stager | None = None
         self._preemptions: Preemptions | None = None  # made by ``prepare``, with the stager if any
         self._chooser = OfferChooser(hook, log, spec, conn_id=conn_id, task_ids=(task.dag_id or "", task.task_id))
+        self._started = try_started(context, time.time())  # a deadline's timedelta counts from here
 
     @property
     def key(self) -> str:
@@ -164,7 +166,13 @@ class RentalSession:
             lease = self.spec.source_lease(plan)
             self._stager = Stager(self.hook, self.log, plan, self._guard, self.spec.poll_interval, source_lease=lease)
             self._stager.resolve()
-        self._preemptions = Preemptions(self.hook, self.log, self.spec, self._guard, self._stager)
+        spec = self.spec
+        learned = None
+        if spec.deadline is not None and spec.expected_runtime is None:  # the deadline's work: learnt from history
+            learned = self._chooser.history_runtime()
+        self._preemptions = Preemptions(
+            self.hook, self.log, spec, self._guard, self._stager, started=self._started, learned_runtime=learned
+        )
 
     def rent(self, attempts: lifecycle.Attempts) -> lifecycle.Rental:
         """Create on the next untried offer until one is made or ``max_offer_attempts`` offers were tried.
@@ -172,6 +180,8 @@ class RentalSession:
         Offers are counted since the last preemption. Machines in host memory are skipped (not a pinned offer's).
         """
         spec = self.spec
+        if self._preemptions is not None:  # made by ``prepare``
+            self._preemptions.before_renting(attempts)  # a deadline may end the bidding
         self._chooser.start()
         while attempts.offers_this_round() < spec.max_offer_attempts:
             offer, bid, why_not = self._chooser.next_offer(attempts)

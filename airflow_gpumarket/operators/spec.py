@@ -445,10 +445,14 @@ def execution_deadline(execution_timeout: Any, context: Any, started_at: float) 
     """The epoch second at which ``execution_timeout`` ends, counted from the start of this try, if it is set."""
     if not execution_timeout:
         return None
+    return try_started(context, started_at) + execution_timeout.total_seconds()
+
+
+def try_started(context: Any, fallback: float) -> float:
+    """When this try started: its task instance's ``start_date`` (the same across deferrals), else ``fallback``."""
     ti = context.get("ti") if isinstance(context, Mapping) else None
     start_date = getattr(ti, "start_date", None)
-    started = start_date.timestamp() if isinstance(start_date, datetime) else started_at
-    return started + execution_timeout.total_seconds()
+    return start_date.timestamp() if isinstance(start_date, datetime) else fallback
 
 
 def timed_out(task: Any, instance_id: int) -> str:

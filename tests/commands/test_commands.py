@@ -225,10 +225,10 @@ def test_spend_on_a_service_without_charges_says_so_in_one_line(sim, run, monkey
 def test_hosts_lists_the_avoided_machines_and_forgets_them_by_hand(sim, run, host_memory_of_this_test_alone):
     from types import SimpleNamespace
 
-    account_hook = SimpleNamespace(settings=SimpleNamespace(api_key=sim.api_key))
-    memory = host_memory_of_this_test_alone(account_hook, "gpumarket_default")  # what the command reaches
-    memory.remember(11, "preflight", detail="expected 1 GPUs, listed 0")
-    memory.remember(12, "offline")
+    hook = SimpleNamespace(settings=SimpleNamespace(api_key=sim.api_key))
+    hosts = host_memory_of_this_test_alone(hook, "gpumarket_default")  # as the command reaches it
+    hosts.remember(11, "preflight", "expected 1 GPUs, listed 0")
+    hosts.remember(12, "offline")
     code, out, err = run("hosts")
     assert code == 0, err
     header, *rows = out.splitlines()
