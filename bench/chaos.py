@@ -597,7 +597,7 @@ def main() -> int:
         print(f"R1 SIGTERM runs that did not exit within 45 s: {stuck} (goal: 0)")
         print(f"R1 wall-clock time: {time.time() - started:.0f} s (goal: < 600 s)")
         failed = leaked or sigterm_leaked or doubles or late or unclear or stuck or early_starts or not credit_stops
-        failed = failed or ran_anyway
+        failed = failed or ran_anyway or missed
         return 1 if failed else 0
     finally:
         sim.close()

@@ -149,11 +149,10 @@ class OfferChooser:
 
     def _read_history(self) -> float | None:
         hosts = self.host_memory()
-        read = getattr(hosts, "median_runtime", None)
-        if read is None:
+        if hosts is None or not all(self._task_ids):  # a task outside a DAG has no history
             return None
         try:
-            median = read(*self._task_ids)
+            median = hosts.median_runtime(*self._task_ids)
         except Exception as exc:  # noqa: BLE001 - a default stands in
             self.log.warning("Could not read this task's earlier durations: %s", exc)
             return None
