@@ -142,10 +142,15 @@ class BidPolicy(NamedTuple):
         """
         return not waited and preemptions <= self.max_preemptions and self.max_outbid_wait > 0
 
-    def after_preemption(self, preemptions: int, *, waited: bool, won_back: bool, on_demand: bool) -> Next:
-        """What preemption number ``preemptions`` leads to; ``won_back``: a bid placed since wins the machine."""
-        if self.may_wait(preemptions, waited=waited) and (self.on_preemption == "wait" or won_back):
+    def after_preemption(
+        self, preemptions: int, *, waited: bool, won_back: bool, on_demand: bool, bids: bool = True
+    ) -> Next:
+        """What preemption number ``preemptions`` leads to; ``won_back``: a bid placed since wins the machine.
+
+        ``bids``: the job may still bid (a ``deadline`` may say no: then it neither waits nor bids again).
+        """
+        if bids and self.may_wait(preemptions, waited=waited) and (self.on_preemption == "wait" or won_back):
             return Next.WAIT
         if preemptions <= self.max_preemptions:
-            return Next.FAILOVER
+            return Next.FAILOVER if bids else Next.ON_DEMAND
         return Next.ON_DEMAND if self.fallback_on_demand and not on_demand else Next.FAIL

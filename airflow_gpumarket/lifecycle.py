@@ -131,7 +131,9 @@ class Attempts:
     earlier ones failed. ``preemptions``: how many times the market took a bid instance of this job;
     ``lost_machines``: the machines it took them on (never rented again); ``round_start``: offers from this index
     on count against ``max_offer_attempts`` (a preemption starts a new round); ``on_demand``: the job fell back to
-    on-demand rentals after ``max_preemptions``.
+    on-demand rentals after ``max_preemptions`` or because of its ``deadline``; ``work_done``: seconds of the job a
+    checkpoint carries past its preemptions (``deadlines.credited_work``), counted once per rental (``credited``: the
+    last one counted).
     """
 
     tried: list[int] = field(default_factory=list)
@@ -142,6 +144,8 @@ class Attempts:
     on_demand: bool = False
     source_id: int | None = None  # a preempted instance kept until its checkpoint reached the next rental
     source_save: list[Any] | None = None  # its save to checkpoint_uri in flight: [service time started, status_msg]
+    work_done: float = 0.0
+    credited: int | None = None
 
     def offers_this_round(self) -> int:
         return len(self.tried) - self.round_start
@@ -158,6 +162,12 @@ class Attempts:
 
     def fall_back_to_on_demand(self) -> None:
         self.on_demand = True
+
+    def credit_work(self, instance_id: int, seconds: float) -> None:
+        """A preempted rental's run counts as ``seconds`` of work done: the first time it is credited only."""
+        if self.credited != instance_id:
+            self.work_done += seconds
+            self.credited = instance_id
 
 
 @dataclass

@@ -14,9 +14,9 @@ For each offer, from the fields a search returns and nothing else:
   billed the time it ran (without a checkpoint its work is lost); the expected cost is that of renting hosts like
   this one until one finishes: the attempt + what a failure bills × p / (1 − p).
 
-Host memory (``avoided``) counts too: a machine that failed its GPU preflight is not chosen (its GPUs will not
-come back by themselves); one that failed otherwise is taken to fail again with probability 1 − 0.5 ** failures
-(at least), so a reliable host that failed once by chance is still chosen when the others are dearer or taken.
+Host memory (``avoided``): an offer on a machine that failed recently is skipped, whatever the reason (a GPU
+preflight, a boot past ``boot_timeout``, a failed status, a job lost mid-way), until its memory expires or is
+cleared by hand (``airflow gpumarket hosts --clear``).
 
 The arguments' checks (``check_*``) are for an operator to call when it is built: they raise
 ``GpuMarketValidationError`` naming the field. This module imports only the standard library and the provider's
@@ -43,8 +43,8 @@ UNKNOWN_INET_DOWN_MBPS = 100.0
 MAX_FAILURE_PROBABILITY = 0.95
 #: The least reliability a loss rate is computed with (as the simulator's market).
 MIN_RELIABILITY = 0.05
-#: Host memory's reasons whose machine is never chosen while remembered (``host_memory.REASONS``).
-SKIPPED_REASONS = frozenset({"preflight"})
+#: The runtime assumed of a job with no expected_runtime, no max_runtime and no earlier successful run, in seconds.
+DEFAULT_RUNTIME_SECONDS = 3600.0
 #: Offers the task log lists with their expected costs.
 TOP_SHOWN = 5
 
@@ -84,8 +84,6 @@ class OfferCost:
     failure_probability: float
     failure: float  # what a failed attempt bills before it is noticed
     avoided_reason: str | None = None
-    #: Host memory's word on the machine when it raised the failure risk: "2 failures, the last offline".
-    remembered: str | None = None
 
     @property
     def offer_id(self) -> Any:
@@ -100,11 +98,10 @@ class OfferCost:
         )
         if self.avoided_reason is not None:
             return f"{head}: skipped, its machine is in host memory ({self.avoided_reason})"
-        memory = f" (host memory: {self.remembered})" if self.remembered else ""
         return (
-            f"{head}{memory}: expected ${self.expected:.4f} = boot {self.boot_seconds / 60:.1f} min and run at "
-            f"the hourly price ${self.compute:.4f} + disk ${self.disk:.4f} + transfer ${self.transfer:.4f} + "
-            f"failure risk {self.failure_probability:.1%} x ${self.failure:.4f}"
+            f"{head}: expected ${self.expected:.4f} = compute ${self.compute:.4f} (a boot of "
+            f"{self.boot_seconds / 60:.1f} min, then the run) + disk ${self.disk:.4f} + transfer ${self.transfer:.4f} "
+            f"+ failure risk {self.failure_probability:.1%} x ${self.failure:.4f}"
         )
 
 
@@ -128,7 +125,7 @@ def boot_seconds(offer: Mapping[str, Any], model: CostModel) -> float:
 def offer_cost(offer: Mapping[str, Any], model: CostModel, memory: Any = None) -> OfferCost:
     """The expected cost of finishing the job on ``offer`` (see the module docstring).
 
-    ``memory``: host memory's record of the offer's machine (``reason``, ``failures``), if any.
+    ``memory``: host memory's record of the offer's machine (its ``reason``), if any: the offer is skipped.
     """
     hourly = _num(offer.get("dph_total"))
     boot = boot_seconds(offer, model)
@@ -140,17 +137,9 @@ def offer_cost(offer: Mapping[str, Any], model: CostModel, memory: Any = None) -
         offer.get("inet_up_cost")
     )
     attempt = compute + disk + transfer
-    p = max(0.0, 1.0 - _num(offer.get("reliability"), 1.0))
-    remembered = avoided_reason = None
-    if memory is not None:
-        reason, failures = str(getattr(memory, "reason", "failed")), int(getattr(memory, "failures", 1))
-        if reason in SKIPPED_REASONS:
-            avoided_reason = reason
-        else:
-            p = max(p, 1.0 - 0.5**failures)
-            remembered = f"{failures} failure{'s' if failures != 1 else ''}, the last {reason}"
-    p = min(MAX_FAILURE_PROBABILITY, p)
-    lost, ran = _lost_mid_job(1.0 - p, model)  # host memory's failures lower the reliability it is read with
+    p = min(MAX_FAILURE_PROBABILITY, max(0.0, 1.0 - _num(offer.get("reliability"), 1.0)))
+    avoided_reason = None if memory is None else str(getattr(memory, "reason", "failed"))
+    lost, ran = _lost_mid_job(1.0 - p, model)
     booted = disk_rate * boot + (hourly * boot / 3600.0 if model.boot_billed else 0.0)
     p_lost = (1.0 - p) * lost
     p = min(MAX_FAILURE_PROBABILITY, p + p_lost)
@@ -158,7 +147,7 @@ def offer_cost(offer: Mapping[str, Any], model: CostModel, memory: Any = None) -
     expected = attempt + failure * p / (1.0 - p)
     if avoided_reason is not None:
         expected = math.inf
-    return OfferCost(offer, expected, boot, attempt, compute, disk, transfer, p, failure, avoided_reason, remembered)
+    return OfferCost(offer, expected, boot, attempt, compute, disk, transfer, p, failure, avoided_reason)
 
 
 def _lost_mid_job(reliability: float, model: CostModel) -> tuple[float, float]:
@@ -179,22 +168,21 @@ def rank_offers(
     """The offers by expected cost, cheapest first (ties: lower hourly price, then search order); skipped last.
 
     ``avoided``: host memory as a mapping of machine ids to their records (``host_memory.Memory``), or bare machine
-    ids, which are skipped.
+    ids: their offers are skipped.
     """
     costs = []
     for offer in offers:
         machine: Any = offer.get("machine_id")
         memory = None
         if machine in avoided:
-            memory = avoided[machine] if isinstance(avoided, Mapping) else _Skipped
+            memory = avoided[machine] if isinstance(avoided, Mapping) else _Remembered
         costs.append(offer_cost(offer, model, memory))
     indexed = sorted(enumerate(costs), key=lambda ic: (ic[1].expected, _num(ic[1].offer.get("dph_total")), ic[0]))
     return [cost for _, cost in indexed]
 
 
-class _Skipped:
-    reason = "preflight"
-    failures = 1
+class _Remembered:
+    reason = "failed"
 
 
 def choice_log(ranked: Sequence[OfferCost], top: int = TOP_SHOWN) -> list[str]:

@@ -25,6 +25,7 @@ from airflow_gpumarket.exceptions import (
 )
 from airflow_gpumarket.operators.failures import (
     GpuMarketBudgetExceeded,
+    GpuMarketHostFailed,
     GpuMarketJobFailed,
     GpuMarketNoWorkingOffer,
     GpuMarketPreemptedTooOften,
@@ -38,9 +39,9 @@ DEFAULT_RETRY_DELAY = timedelta(minutes=5)
 def gpumarket_retry_policy(*, retry_delay: timedelta = DEFAULT_RETRY_DELAY, retry_job_failures: bool = False) -> Any:
     """An ``ExceptionRetryPolicy`` for renting tasks, or None before Airflow 3.3.
 
-    - Retried after ``retry_delay``: no working offer (none under ``max_dph``, all taken, hosts that failed or
-      booted too slowly), preemptions past ``max_preemptions``, and the service's 5xx, 429 and lost connections
-      that outlasted the hook's own retries.
+    - Retried after ``retry_delay``: no working offer (none under ``max_dph``, all taken, hosts that failed, booted
+      too slowly or failed the GPU preflight), a host that failed under the running job, preemptions past
+      ``max_preemptions``, and the service's 5xx, 429 and lost connections that outlasted the hook's own retries.
     - Failed at once: the job's own failure (its command exited non-zero; ``retry_job_failures=True`` retries it
       too), data that did not move (``GpuMarketStagingFailed``), arguments the API refuses, a key it refuses, and a
       quota that resets far ahead.
@@ -85,6 +86,7 @@ def gpumarket_retry_policy(*, retry_delay: timedelta = DEFAULT_RETRY_DELAY, retr
             RetryRule(
                 exception=[
                     GpuMarketNoWorkingOffer,
+                    GpuMarketHostFailed,
                     GpuMarketPreemptedTooOften,
                     GpuMarketServerError,
                     GpuMarketRateLimitError,

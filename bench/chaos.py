@@ -2,12 +2,14 @@
 
 - 500 GpuMarketRunJobOperator lifecycles (8 at a time) against the simulator (its own process, clock 600x, onstart
   scripts really run), with 5xx, 429, dropped connections (before and after the create was processed),
-  responses slower than the client's timeout, hosts ending exited/unknown/offline, offers rented away by
-  "someone else" in the background, and on_kill at random moments. A quarter of the jobs are interruptible (bid)
-  rentals: the market outbids running bid instances at random (some of them win their machine back later), and
-  every machine's winning bid drifts, outbidding and resuming bid instances as it moves. Half the interruptible
-  jobs checkpoint to ``checkpoint_dir`` (a fifth of those save to a cloud integration and copy an output out), and
-  some on-demand jobs do it all through a cloud integration, under copies that fail partway or start slowly.
+  responses slower than the client's timeout, hosts ending exited/unknown/offline, hosts that boot but fail the job
+  wrapper's GPU check (their ``nvidia-smi`` finds no driver: the task fails over and host memory keeps the machine),
+  offers rented away by "someone else" in the background, and on_kill at random moments. A quarter of the jobs are
+  interruptible (bid) rentals: the market outbids running bid instances at random (some of them win their machine
+  back later), and every machine's winning bid drifts, outbidding and resuming bid instances as it moves. Half the
+  interruptible jobs checkpoint to ``checkpoint_dir`` (a fifth of those save to a cloud integration and copy an
+  output out), and some on-demand jobs do it all through a cloud integration, under copies that fail partway or
+  start slowly.
 - The account's credit running out: 16 jobs (8 at a time) start on a few dollars, and the service stops every
   instance at $0. Each must fail naming the credit (or be refused before renting), none left alive.
 - 20 real Airflow task runs (`airflow dags test`) killed with SIGTERM mid-boot or mid-job.
@@ -44,6 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 GPUS = ["RTX 3090", "RTX 4090", "A100", "H100", "L40S"]
 FATES = ["running"] * 22 + ["exited", "unknown", "offline"]
+#: The share of machines that boot but fail the GPU check (``gpu_check: "fail"``): between the simulator's typical
+#: market (5 %) and its bad one (12 %).
+GPU_CHECK_FAILURES = 0.08
 #: The winning bid of every machine moves every 2 simulated minutes (0.2 s at 600x): bids placed at min_bid + 5 %
 #: are outbid by rising prices, and those waiting for their bid resume when prices fall.
 BID_DRIFT = {"interval": 120, "volatility": 0.05}
@@ -82,6 +87,7 @@ class Simulator:
                     "dph_total": round(rng.uniform(0.15, 3.0), 3),
                     "reliability": round(rng.uniform(0.8, 1.0), 4),
                     "fate": rng.choice(FATES),
+                    "gpu_check": "fail" if rng.random() < GPU_CHECK_FAILURES else "ok",
                 }
                 for i in range(offers)
             ],
@@ -146,6 +152,58 @@ def count_client_faults(counter: Counter) -> None:
     transport.send = counted
 
 
+def count_preflight_failovers(recognised: set[int]) -> None:
+    """Collect the instances whose failed GPU preflight the renting session recognised (and so failed over from), by
+    wrapping the one function that reads the wrapper's verdict."""
+    from airflow_gpumarket.operators import session
+
+    read = session.preflight_failed
+    lock = threading.Lock()
+
+    def counted(spec, event):
+        found = read(spec, event)
+        if found is not None and isinstance(event.get("instance_id"), int):
+            with lock:
+                recognised.add(event["instance_id"])
+        return found
+
+    session.preflight_failed = counted
+
+
+def failed_gpu_checks(sim: Simulator, instances: list[dict]) -> tuple[list[int], list[int]]:
+    """The rentals of machines that fail the GPU check whose job wrapper reported the failure, and those whose job
+    started all the same (goal: none), read from each one's onstart output."""
+    from airflow_gpumarket import job_logs, job_script
+
+    reported, started = [], []
+    for inst in instances:
+        if not inst.get("gpu_fault"):
+            continue
+        response = sim.send("GET", f"/_sim/instances/{inst['id']}/onstart")
+        lines = (response.json().get("output", "") if response.status_code == 200 else "").splitlines()
+        if job_script.STARTED_LINE in lines:
+            started.append(inst["id"])
+        elif job_logs.preflight_failure(lines) is not None:
+            reported.append(inst["id"])
+    return reported, started
+
+
+def remembered(conn_id: str) -> Counter:
+    """The machines host memory keeps for the connection's account, by reason."""
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators.host_memory_client import host_memory_client
+
+    return Counter(m.reason for m in host_memory_client(GpuMarketHook(conn_id), conn_id).avoided().values())
+
+
+def forget_hosts(conn_id: str) -> None:
+    """Host memory starts empty: a rerun with the same seed must not skip the machines an earlier run remembered."""
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators.host_memory_client import host_memory_client
+
+    host_memory_client(GpuMarketHook(conn_id), conn_id).clear()
+
+
 #: Copies that fail partway, of each kind (``PUT /_sim/copy-faults``), and copies that start slowly.
 COPY_FAULTS = [
     {"times": 4, "kind": "copy_direct", "after_fraction": 0.5, "msg": "chaos: the source host went away"},
@@ -166,6 +224,8 @@ CHECKPOINTED = (
 
 def classify(exc: BaseException) -> str:
     text = str(exc)
+    if text.startswith("Could not get a working instance"):  # its reasons quote the failovers' own words
+        return "no working offer"
     for words, reason in (
         ("credit ran out", "the account's credit ran out (the service stopped it at $0)"),
         ("The account's credit is", "refused before renting: the credit cannot cover the worst case"),
@@ -174,7 +234,6 @@ def classify(exc: BaseException) -> str:
         ("staged data did not arrive", "staged data did not arrive"),
         ("status 'stopped'", "job exited non-zero"),
         ("killed", "killed (on_kill)"),
-        ("Could not get a working instance", "no working offer"),
         ("more than max_preemptions", "preempted more than max_preemptions"),
         ("DESTROY FAILED", "destroy failed"),
         ("status 'exited'", "host failed mid-job"),
@@ -254,17 +313,18 @@ def run_job(op, run_id: str, sim: Simulator, command: str, timer: threading.Time
     ctx = {"run_id": run_id, "ti": SimpleNamespace(try_number=1, map_index=-1)}
     key = lc.rental_key(op.dag_id or "", run_id, op.task_id, -1)
     detail = ""  # for an unclear ending: its traceback, or what the operator returned
+    message = ""  # the failure's own words
     try:
         result = op.execute(ctx)
         outcome = "succeeded" if result.get("job_status") == "succeeded" else "UNCLEAR: returned without success"
         detail = "" if outcome == "succeeded" else f"the operator returned {result!r}"
     except BaseException as exc:  # noqa: BLE001 - every ending is classified
-        outcome = classify(exc)
+        outcome, message = classify(exc), str(exc)
         detail = "".join(traceback.format_exception(exc)) if outcome.startswith("UNCLEAR") else ""
     finally:
         if timer is not None:
             timer.cancel()
-    ending = {"key": key, "command": command, "run_id": run_id, "task_id": op.task_id}
+    ending = {"key": key, "command": command, "run_id": run_id, "task_id": op.task_id, "message": message}
     try:
         alive_at_finish = [inst for inst in sim.alive() if (lc.parse_label(inst.get("label")) or ("",))[0] == key]
     except Exception as exc:  # noqa: BLE001 - reported as an unclear ending, with its reason, instead of ending the run
@@ -453,8 +513,11 @@ def main() -> int:
     sim = Simulator(args.seed, offers=args.lifecycles * 8)
     try:
         os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = connection(sim)
+        forget_hosts("gpumarket_default")
         faults: Counter = Counter()
         count_client_faults(faults)
+        recognised: set[int] = set()
+        count_preflight_failovers(recognised)
         sim.send("PUT", "/_sim/faults", {"rules": FAULTS}).raise_for_status()
         sim.send("PUT", "/_sim/copy-faults", {"rules": COPY_FAULTS}).raise_for_status()
         sim.send("PUT", "/_sim/copy-settings", COPY_SETTINGS).raise_for_status()
@@ -479,6 +542,15 @@ def main() -> int:
         for fate, count in hosts_failed.items():
             faults[f"host ended {fate}"] = count
         faults["outbid by a rising price"] = sum(i["outbids"] for i in instances) - faults["outbid by the market"]
+        faults["host failed its GPU check"] = sum(1 for i in instances if i.get("gpu_fault"))
+        reported, ran_anyway = failed_gpu_checks(sim, instances)
+        from airflow_gpumarket import lifecycle as lc
+
+        # The SIGTERM runs' tasks run in processes of their own: only this process's failovers are seen.
+        ending_of = {r["key"]: r for r in results + credit_results}
+        key_of = {i["id"]: (lc.parse_label(i.get("label")) or ("",))[0] for i in instances}
+        missed = sorted(i for i in set(reported) - recognised if key_of.get(i) in ending_of)
+        memory = remembered("gpumarket_default")
         leaked = [i for i in instances if not i["destroyed"]]
         credit_outcomes = Counter(r["outcome"] for r in credit_results)
         results = results + credit_results
@@ -508,6 +580,15 @@ def main() -> int:
         )
         print(f"R1 copies: {', '.join(f'{k} {v}' for k, v in sorted(copy_outcomes.items())) or 'none'}")
         print(f"R1 jobs started before their restore ended or was given up: {early_starts} (goal: 0)")
+        print(
+            f"R1 preflight: {len(reported)} rentals' GPU check failed, {len(recognised)} failed over by their task; "
+            f"not recognised: {len(missed)} {missed or ''}(goal: 0); jobs started on a failed GPU: {len(ran_anyway)} "
+            f"(goal: 0); machines in host memory: {', '.join(f'{k} {v}' for k, v in sorted(memory.items())) or 'none'}"
+        )
+        for instance_id in missed:  # what the task made of it, in its own words
+            ending = ending_of[key_of[instance_id]]
+            words = ending["message"][ending["message"].find(f"instance {instance_id}") :][:160]
+            print(f"R1   instance {instance_id} ({ending['run_id']}, {ending['outcome']}): {words!r}")
         print(f"R1 leaked instances: {len(leaked) + sigterm_leaked} (goal: 0)")
         print(f"R1 double rentals: {doubles} (goal: 0)")
         print(
@@ -516,6 +597,7 @@ def main() -> int:
         print(f"R1 SIGTERM runs that did not exit within 45 s: {stuck} (goal: 0)")
         print(f"R1 wall-clock time: {time.time() - started:.0f} s (goal: < 600 s)")
         failed = leaked or sigterm_leaked or doubles or late or unclear or stuck or early_starts or not credit_stops
+        failed = failed or ran_anyway or missed
         return 1 if failed else 0
     finally:
         sim.close()

@@ -106,7 +106,11 @@ CHECKS = {
     "drift) and its runway; reader_a (one DAG) sees neither in the page nor in its JSON",
     "actual_matches_ledger": "once every rental ended and the service posted its charges, each rental's actual on "
     "the page (its charges) equals the simulator's ledger for its instance to the cent",
+    "avoided_machines": "a machine remembered through host memory's signed route shows on the admin's page with its "
+    "reason, detail and failures, and not on reader_a's page or JSON; cleared through the route, it is gone",
 }
+#: The machine the avoided_machines check remembers (no offer of the workload has it).
+AVOIDED_MACHINE = 987_654
 #: Seconds the page's actuals may take to show once the service posted the charges (the page reuses them 30 s).
 CHARGES_WAIT = 90.0
 #: Dollars the credit may drop between the page's cached read of the account and the check's own (one running job).
@@ -340,7 +344,9 @@ class UiTest:
         if start < 0:
             raise Failed(f"no section {heading_start!r} on the page")
         rest = text[start + len(heading_start) :]
-        following = [rest.find(h) for h in ("Live rentals", "Orphans", "Spend, last") if rest.find(h) > 0]
+        following = [
+            rest.find(h) for h in ("Live rentals", "Orphans", "Avoided machines", "Spend, last") if rest.find(h) > 0
+        ]
         return rest[: min(following)] if following else rest
 
     def screenshot(self, name: str) -> Path:
@@ -704,6 +710,31 @@ class UiTest:
         if "shown to users who may read every DAG" not in self.page_text():
             raise Failed("reader_a's page does not say who may see the account's credit")
 
+    def check_avoided_machines(self) -> None:
+        from selenium.webdriver.common.by import By
+
+        from airflow_gpumarket.hooks.gpumarket import GpuMarketHook  # its connection: make_label_orphan's
+        from airflow_gpumarket.operators.host_memory_client import ApiServerHostMemory
+
+        memory = ApiServerHostMemory(self.base, GpuMarketHook().settings.api_key, "gpumarket_default")
+        memory.remember(AVOIDED_MACHINE, "preflight", detail="gpumarket: preflight failed (expected 2 GPUs, saw 0)")
+        self.login("admin")
+        self.open_page()
+        rows = self.browser.find_elements(By.ID, f"avoided-{AVOIDED_MACHINE}")
+        if not rows or "preflight failed (expected 2 GPUs, saw 0)" not in rows[0].text:
+            raise Failed(f"the admin's page does not show machine {AVOIDED_MACHINE}: {clip(self.page_text(), 400)}")
+        self.say(f"the admin sees: {rows[0].text!r}")
+        self.login("reader_a")
+        self.open_page()
+        if self.browser.find_elements(By.ID, f"avoided-{AVOIDED_MACHINE}") or self.page_json()["avoided_machines"]:
+            raise Failed("reader_a sees the machines the account avoids")
+        if memory.clear(AVOIDED_MACHINE) != 1:
+            raise Failed(f"host memory's route did not forget machine {AVOIDED_MACHINE}")
+        self.login("admin")
+        self.open_page()
+        if self.browser.find_elements(By.ID, f"avoided-{AVOIDED_MACHINE}"):
+            raise Failed(f"machine {AVOIDED_MACHINE} is still on the page once forgotten")
+
     def check_actual_matches_ledger(self) -> None:
         """Each ended rental's actual against the simulator's ledger (``cost``: compute, storage and bandwidth).
 
@@ -775,6 +806,7 @@ class UiTest:
         self.check("spend_matches_ledger", self.check_spend_matches_ledger)
         self.check("balance_access", self.check_balance_access)
         self.check("actual_matches_ledger", self.check_actual_matches_ledger)
+        self.check("avoided_machines", self.check_avoided_machines)
 
     def report(self) -> bool:
         passed = 0

@@ -3,7 +3,8 @@
 The job writes its checkpoints to ``$GPUMARKET_CHECKPOINT_DIR`` (``checkpoint_dir`` on the instance). After a
 preemption the operator keeps the paused instance, rents another machine, has the service copy the checkpoint
 directory across, and runs the job again with ``GPUMARKET_ATTEMPT`` one higher; the job starts from the last
-checkpoint it wrote. No bucket and no credential are involved.
+checkpoint it wrote. No bucket and no credential are involved. It must be done within eight hours of its start: it
+bids while one more preemption would still leave time to finish on demand, and rents on demand from then on.
 
 Runs as-is on the embedded simulator and on the real service by changing only the connection.
 """
@@ -51,5 +52,7 @@ with DAG(
         on_preemption="failover",
         poll_interval=POLL_SECONDS,
         max_runtime=timedelta(hours=2),
+        expected_runtime=timedelta(hours=1),
+        deadline=timedelta(hours=8),  # from the try's start: bid while a preemption fits, then rent on demand
         deferrable=True,
     )

@@ -70,6 +70,26 @@ def _pacing_of_this_test_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(hook_module, "_PACERS", {})
 
 
+@pytest.fixture(autouse=True)
+def host_memory_of_this_test_alone(tmp_path, monkeypatch):
+    """Renting tasks reach host memory in a SQLite file of the test's own: a machine one test remembers is never
+    skipped by another. The client the tasks get is returned, for tests that read or fill host memory."""
+    from sqlalchemy import create_engine
+
+    from airflow_gpumarket.operators import host_memory_client as module
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'host-memory.db'}")
+    clients: dict[str, module.DirectHostMemory] = {}
+
+    def client(hook, conn_id):
+        key = getattr(getattr(hook, "settings", None), "api_key", None) or "test-key"
+        return clients.setdefault(key, module.DirectHostMemory(engine, key))
+
+    monkeypatch.setattr(module, "host_memory_client", client)
+    yield client
+    engine.dispose()
+
+
 @pytest.fixture
 def task_log(capsys, caplog):
     """A reader of what the tasks, operators and triggers of a test logged or printed. Airflow 3 prints their logs

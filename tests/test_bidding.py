@@ -106,6 +106,18 @@ def test_rule_after_a_preemption_the_policy_waits_for_the_bid_fails_over_or_fail
     assert no_wait.after_preemption(1, waited=False, won_back=True, on_demand=False) is Next.FAILOVER
 
 
+def test_rule_a_deadline_that_ends_the_bidding_turns_a_wait_or_a_failover_into_on_demand_but_not_a_failure():
+    policy = BidPolicy(max_preemptions=2, on_preemption="wait", max_outbid_wait=600)
+    assert policy.after_preemption(1, waited=False, won_back=True, on_demand=False, bids=False) is Next.ON_DEMAND
+    assert (
+        policy._replace(on_preemption="failover").after_preemption(
+            2, waited=False, won_back=False, on_demand=False, bids=False
+        )
+        is Next.ON_DEMAND
+    )
+    assert policy.after_preemption(3, waited=False, won_back=False, on_demand=False, bids=False) is Next.FAIL
+
+
 def test_rule_past_max_preemptions_a_rental_falls_back_to_on_demand_only_when_asked_and_only_once():
     policy = BidPolicy(max_preemptions=0, fallback_on_demand=True)
     assert policy.after_preemption(1, waited=False, won_back=False, on_demand=False) is Next.ON_DEMAND

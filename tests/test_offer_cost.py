@@ -116,21 +116,11 @@ def test_a_machine_that_failed_its_gpu_preflight_is_never_chosen():
     assert math.isinf(rank_offers([offer(1, 0.10)], CostModel(HOUR), {101})[0].expected)
 
 
-@pytest.mark.parametrize(("failures", "risk"), [(1, 0.5), (2, 0.75), (3, 0.875), (9, 0.95)])
-def test_a_machine_that_failed_otherwise_is_taken_to_fail_again(failures, risk):
-    (cost,) = rank_offers([offer(1, 0.30)], CostModel(HOUR), {101: Memory("offline", failures)})
-    (as_reliable,) = rank_offers([offer(1, 0.30, 1 - risk)], CostModel(HOUR))
-    assert cost.failure_probability >= risk
-    assert cost.failure_probability == pytest.approx(as_reliable.failure_probability)
-    assert cost.expected == pytest.approx(as_reliable.expected) and not math.isinf(cost.expected)
-    assert f"host memory: {failures} failure" in cost.explain()
-
-
-def test_a_reliable_host_that_failed_once_still_wins_when_the_rest_is_much_dearer():
-    offers = [offer(1, 0.30), offer(2, 0.60)]
-    assert rank_offers(offers, CostModel(HOUR), {101: Memory("exited")})[0].offer_id == 1
-    assert rank_offers(offers, CostModel(HOUR), {101: Memory("exited", 5)})[0].offer_id == 1
-    assert rank_offers([offer(1, 0.30), offer(2, 0.31)], CostModel(HOUR), {101: Memory("exited")})[0].offer_id == 2
+@pytest.mark.parametrize("reason", ["boot_timeout", "exited", "unknown", "offline", "lost"])
+def test_a_machine_in_host_memory_is_skipped_whatever_its_reason(reason):
+    ranked = rank_offers([offer(1, 0.10), offer(2, 0.60)], CostModel(HOUR), {101: Memory(reason, 1)})
+    assert ranked[0].offer_id == 2 and math.isinf(ranked[1].expected)
+    assert f"skipped, its machine is in host memory ({reason})" in ranked[1].explain()
 
 
 def test_an_offer_without_a_download_speed_is_taken_as_a_slow_host():

@@ -16,20 +16,22 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import job_logs, lifecycle, python_job
+from airflow_gpumarket import python_job
 from airflow_gpumarket._compat import AirflowException, DecoratedOperator, task_decorator_factory
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
-from airflow_gpumarket.operators import cost
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.spec import Terms
 from airflow_gpumarket.utils import RunTimeModule, is_templated, resolved_at_run_time
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import assets, metrics
+    from airflow_gpumarket import assets, job_logs, lifecycle, metrics
+    from airflow_gpumarket.operators import cost
     from airflow_gpumarket.operators.session import RentalResult
 else:  # what only a running task needs
     assets, metrics = RunTimeModule("airflow_gpumarket.assets"), RunTimeModule("airflow_gpumarket.metrics")
+    job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
+    cost = RunTimeModule("airflow_gpumarket.operators.cost")
 
 #: Lines of the job's log read for the return value (the marker line comes after everything the function printed).
 RESULT_TAIL_LINES = 100

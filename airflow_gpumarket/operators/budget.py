@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from airflow_gpumarket import api, budgets, ledger, metrics
 from airflow_gpumarket._compat import AirflowException
-from airflow_gpumarket.exceptions import GpuMarketError
+from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
 
 #: The plugin's ledger routes, under the api-server's base URL.
@@ -74,28 +75,8 @@ class _ApiServer:
         self._api_key = api_key
 
     def _post(self, route: str, body: dict[str, Any]) -> Any:
-        reply = self._send(route, body)
-        if reply.status_code == 409:
-            raise ledger.BudgetRefused(reply_detail(reply))
-        if reply.status_code >= 400:
-            raise AirflowException(f"The budget ledger at {self.url} refused the request: {reply_detail(reply)}")
-        return reply.json()
-
-    def _send(self, route: str, body: dict[str, Any]) -> Any:
-        """The answer to a signed POST of ``body``, sent again (a new nonce, the same body) when none came."""
-        import requests
-
-        failure = ""
-        for _ in range(LEDGER_TRIES):
-            data, headers = signed_request(self._api_key, body)
-            try:
-                return requests.post(f"{self.url}/{route}", data=data, headers=headers, timeout=LEDGER_TIMEOUT_SECONDS)
-            except requests.RequestException as exc:
-                failure = type(exc).__name__
-        raise AirflowException(
-            f"The budget ledger at {self.url} did not answer ({failure}). Install the provider on the api-server, and "
-            "set [gpumarket] ledger_url when the api-server is not the execution API's host."
-        )
+        name = f"The budget ledger at {self.url}"
+        return signed_post(f"{self.url}/{route}", self._api_key, body, name=name, conflict=ledger.BudgetRefused)
 
     def reserve(self, request: ledger.Request) -> ledger.Reservation:
         return ledger.Reservation.from_json(self._post("reserve", request.to_json()))
@@ -124,6 +105,50 @@ class _ApiServer:
     ) -> Any:
         body = {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id, "ended": ended, "cost": cost}
         return self._post("settle", body).get("cost")
+
+
+def signed_post(
+    url: str, api_key: str, body: dict[str, Any], *, name: str, conflict: Callable[[str], Exception] | None = None
+) -> Any:
+    """The JSON answer of one of the provider's signed api-server routes to ``body``.
+
+    Sent again (a new nonce, the same body) when no answer came: the routes are safe to repeat. ``name`` names them
+    in messages. A 400 raises GpuMarketValidationError naming the field, a 409 ``conflict(detail)`` when given, any
+    other refusal, or no answer, an AirflowException.
+    """
+    import requests
+
+    failure = ""
+    for _ in range(LEDGER_TRIES):
+        data, headers = signed_request(api_key, body)
+        try:
+            reply = requests.post(url, data=data, headers=headers, timeout=LEDGER_TIMEOUT_SECONDS)
+        except requests.RequestException as exc:
+            failure = type(exc).__name__
+            continue
+        if reply.status_code == 400:
+            raise GpuMarketValidationError(*_field_and_problem(reply_detail(reply)))
+        if reply.status_code == 409 and conflict is not None:
+            raise conflict(reply_detail(reply))
+        if reply.status_code >= 400:
+            raise AirflowException(f"{name} refused the request: {reply_detail(reply)}")
+        try:
+            return reply.json()
+        except ValueError:
+            raise AirflowException(f"{name} answered with no JSON: {reply_detail(reply)}") from None
+    raise AirflowException(
+        f"{name} did not answer ({failure}). Install the provider on the api-server, and set [gpumarket] ledger_url "
+        "when the api-server is not the execution API's host."
+    )
+
+
+def _field_and_problem(detail: str) -> tuple[str, str]:
+    """A route's 400 sentence split into the field it names first and the problem ("worst must be a number")."""
+    head, colon, rest = detail.partition(": ")
+    if colon and head.isidentifier():
+        return head, rest
+    field, _, problem = detail.partition(" ")
+    return field, problem or "is invalid"
 
 
 def signed_request(api_key: str, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
@@ -278,7 +303,7 @@ class Budget:
             reservation = self.client.reserve(request)
         except ledger.BudgetRefused as exc:
             raise GpuMarketBudgetExceeded(str(exc)) from None
-        except AirflowException as exc:
+        except (AirflowException, GpuMarketValidationError) as exc:  # a ledger refusing the request cannot keep it
             self._without_ledger(exc, worst, available)
             return
         self.reservation_id = reservation.id
@@ -294,7 +319,7 @@ class Budget:
             "" if reservation.limits is None else f"; DAG budgets: {reservation.limits.given()}",
         )
 
-    def _without_ledger(self, exc: AirflowException, worst: budgets.WorstCase, available: float | None) -> None:
+    def _without_ledger(self, exc: Exception, worst: budgets.WorstCase, available: float | None) -> None:
         """The ledger cannot be reached: fail when a budget applies to the DAG (it cannot be kept), else rent on."""
         from airflow_gpumarket._compat import Variable
 

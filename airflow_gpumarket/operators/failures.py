@@ -27,6 +27,10 @@ class GpuMarketNoWorkingOffer(AirflowException):
     """
 
 
+class GpuMarketHostFailed(AirflowException):
+    """The host failed under the running job: its instance went exited, unknown or offline before the job ended."""
+
+
 class GpuMarketPreemptedTooOften(AirflowException):
     """An interruptible job was preempted more than ``max_preemptions`` times."""
 

@@ -1,4 +1,5 @@
-"""A renting task's (or a command's) way to host memory: the database here, or the api-server's signed routes.
+"""A renting task's (or a command's) way to host memory and to the task's history: the database here, or the
+api-server's signed routes.
 
 As the budget ledger is reached (``operators/budget.py``): directly where task code may use the metadata database
 (Airflow 2, ``dag.test()``), else through the provider's routes in the api-server (``ui/host_memory_api.py``), each
@@ -10,21 +11,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from airflow_gpumarket import host_memory
+from airflow_gpumarket import host_memory, task_history
 from airflow_gpumarket._compat import AirflowException
-from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.budget import (
-    LEDGER_PATH,
-    LEDGER_TIMEOUT_SECONDS,
-    LEDGER_TRIES,
-    api_server_ledger,
-    ledger_client,
-    reply_detail,
-    signed_request,
-)
+from airflow_gpumarket.operators.budget import LEDGER_PATH, api_server_ledger, ledger_client, signed_post
 
 #: The plugin's host memory routes, under the api-server's base URL.
 HOSTS_PATH = "/gpumarket/hosts"
+#: The plugin's route to the task's history, under the api-server's base URL.
+HISTORY_PATH = "/gpumarket/history"
 
 
 class DirectHostMemory:
@@ -48,37 +42,34 @@ class DirectHostMemory:
     def clear(self, machine_id: int | None = None) -> int:
         return host_memory.clear(self.engine, self.account, machine_id)
 
+    def median_runtime(self, dag_id: str, task_id: str) -> float | None:
+        """The median running time, in seconds, of the task's latest successes (``task_history``); None without one.
+
+        :raises GpuMarketValidationError: ``dag_id`` or ``task_id`` is no non-empty string (nothing is read).
+        :raises AirflowException: the history could not be read.
+        """
+        task_history.check_task(dag_id, task_id)
+        try:
+            return task_history.median_runtime(self.engine, dag_id, task_id)
+        except Exception as exc:  # noqa: BLE001 - any failure of the read: the caller goes on without the figure
+            raise AirflowException(
+                f"Could not read the earlier running times of task {dag_id}.{task_id}: {exc}"
+            ) from exc
+
 
 class ApiServerHostMemory:
     """Host memory through the provider's routes in the api-server (Airflow 3 task processes)."""
 
     def __init__(self, base_url: str, api_key: str, conn_id: str) -> None:
         self.url = base_url.rstrip("/") + HOSTS_PATH
+        self.history_url = base_url.rstrip("/") + HISTORY_PATH
         self._api_key = api_key
         self.conn_id = conn_id
 
-    def _post(self, route: str, body: dict[str, Any]) -> Any:
-        import requests
-
+    def _post(self, route: str, body: dict[str, Any], *, history: bool = False) -> Any:
+        url, name = (self.history_url, "The task history") if history else (self.url, "Host memory")
         body = {"conn_id": self.conn_id, **body}
-        failure = ""
-        for _ in range(LEDGER_TRIES):  # each route is idempotent: a lost answer is asked again
-            data, headers = signed_request(self._api_key, body)
-            try:
-                reply = requests.post(f"{self.url}/{route}", data=data, headers=headers, timeout=LEDGER_TIMEOUT_SECONDS)
-            except requests.RequestException as exc:
-                failure = type(exc).__name__
-                continue
-            if reply.status_code == 400:
-                field, _, problem = reply_detail(reply).partition(": ")
-                raise GpuMarketValidationError(field, problem or field)
-            if reply.status_code >= 400:
-                raise AirflowException(f"Host memory at {self.url} refused the request: {reply_detail(reply)}")
-            return reply.json()
-        raise AirflowException(
-            f"Host memory at {self.url} did not answer ({failure}). Install the provider on the api-server, and set "
-            "[gpumarket] ledger_url when the api-server is not the execution API's host."
-        )
+        return signed_post(f"{url}/{route}", self._api_key, body, name=f"{name} at {url}")
 
     def remember(
         self, machine_id: int, reason: str, detail: str = "", ttl: float = host_memory.DEFAULT_TTL_SECONDS
@@ -96,6 +87,19 @@ class ApiServerHostMemory:
     def clear(self, machine_id: int | None = None) -> int:
         body = {"all": True} if machine_id is None else {"machine_id": host_memory.check_machine_id(machine_id)}
         return int(self._post("clear", body)["cleared"])
+
+    def median_runtime(self, dag_id: str, task_id: str) -> float | None:
+        """The median running time, in seconds, of the task's latest successes (``task_history``); None without one.
+
+        :raises GpuMarketValidationError: ``dag_id`` or ``task_id`` is no non-empty string (nothing is sent).
+        :raises AirflowException: the api-server did not answer, or refused.
+        """
+        task_history.check_task(dag_id, task_id)
+        answer = self._post("median_runtime", {"dag_id": dag_id, "task_id": task_id}, history=True)
+        seconds = answer.get("seconds") if isinstance(answer, dict) else None
+        if seconds is not None and not (isinstance(seconds, int | float) and not isinstance(seconds, bool)):
+            raise AirflowException(f"The task history at {self.history_url} answered no number of seconds: {answer!r}")
+        return None if seconds is None else float(seconds)
 
 
 def host_memory_client(hook: Any, conn_id: str) -> DirectHostMemory | ApiServerHostMemory:

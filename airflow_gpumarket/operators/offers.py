@@ -12,26 +12,72 @@ from airflow_gpumarket import api, bidding, budgets
 
 if TYPE_CHECKING:
     from airflow_gpumarket.lifecycle import Attempts
+    from airflow_gpumarket.offer_cost import CostModel
     from airflow_gpumarket.operators.spec import RentalSpec
 
 #: Offers a search asks for beyond those tried and the machines lost, so that an untried one is among them.
 SEARCH_MARGIN = 10
+#: Offers an expected-cost choice ranks (the cheapest per hour of the search): a faster or steadier host among them
+#: may be the cheaper way to finish.
+RANKED_OFFERS = 50
 
 
-def search_for(spec: RentalSpec, attempts: Attempts) -> dict[str, Any] | None:
+def search_for(spec: RentalSpec, attempts: Attempts, avoided: int = 0) -> dict[str, Any] | None:
     """The search (``hook.search_offers``' arguments) that finds the next offer; None when the pinned one was tried.
 
     A pinned offer is searched for by its id too: its price must be known before its worst case is reserved.
+    ``avoided``: how many machines host memory skips, so that the search reaches past them.
     """
     pinned = spec.pinned_offer()
     if pinned in attempts.tried:
         return None
+    margin = RANKED_OFFERS if spec.offer_choice == "expected_cost" else SEARCH_MARGIN
     return {
         "filters": spec.offer_filters if pinned is None else {"id": {"eq": pinned}},
         "offer_type": "bid" if bids(spec, attempts) else spec.offer_type,
         "order": spec.offer_order or [["dph_total", "asc"]],
-        "limit": len(attempts.tried) + len(attempts.lost_machines) + SEARCH_MARGIN,
+        "limit": len(attempts.tried) + len(attempts.lost_machines) + avoided + margin,
     }
+
+
+def ordered(
+    offers: Sequence[Mapping[str, Any]],
+    spec: RentalSpec,
+    attempts: Attempts,
+    *,
+    avoided: Mapping[int, Any],
+    model: CostModel | None,
+) -> tuple[list[Mapping[str, Any]], list[str], int]:
+    """The offers in the order they are tried, the task log's lines on the choice, and how many host memory skipped.
+
+    Offers on machines in host memory (``avoided``) are left out. With a ``model`` (``offer_choice="expected_cost"``)
+    the untried offers that have a price within ``max_dph`` are ranked by their expected cost (``offer_cost``), at
+    the bid they would be rented at; else the search's order stands.
+    """
+    kept = [offer for offer in offers if offer.get("machine_id") is None or offer.get("machine_id") not in avoided]
+    skipped = len(offers) - len(kept)
+    lines: list[str] = []
+    if model is not None:
+        from airflow_gpumarket import offer_cost
+
+        priced = {}
+        for offer in kept:
+            if offer.get("id") in attempts.tried or not api.is_positive_number(offer.get("dph_total")):
+                continue
+            bid = bidding.bid_for(offer, spec.bidding.max_bid)[0] if bids(spec, attempts) else None
+            price = offer["dph_total"] if bid is None else bid
+            if not (bids(spec, attempts) and bid is None) and (spec.max_dph is None or price <= spec.max_dph):
+                priced[offer.get("id")] = (offer, {**offer, "dph_total": price})
+        ranked = offer_cost.rank_offers([pair[1] for pair in priced.values()], model)
+        if ranked:
+            lines = offer_cost.choice_log(ranked)
+        kept = [priced[cost.offer_id][0] for cost in ranked]
+    if skipped:
+        lines.append(
+            f"{skipped} matching offer(s) skipped: their machines failed a rental of this account recently (host "
+            "memory: `airflow gpumarket hosts` lists them, `--clear ID` forgets one)"
+        )
+    return kept, lines, skipped
 
 
 def bids(spec: RentalSpec, attempts: Attempts) -> bool:
@@ -70,6 +116,12 @@ def next_offer(
         why = f"offer_id {pinned} is not found by a search for it ({kind}): it is taken or no longer listed"
         return None, None, why + ", and its price cannot be known before renting"
     return None, None, "no further matching offer" + (f" (the last one refused: {skipped})" if skipped else "")
+
+
+def gpu_count(offer: Mapping[str, Any]) -> int:
+    """The GPUs the offer promises, which the job wrapper's preflight looks for (0: none checked)."""
+    count = offer.get("num_gpus")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
 
 
 def worst_case(spec: RentalSpec, offer: Mapping[str, Any], bid: float | None) -> budgets.WorstCase:

@@ -1,9 +1,10 @@
-"""Preemptions and bids: what a renting task does when the market takes its bid instance.
+"""Preemptions and bids: what a renting task does when the market takes its bid instance, and before each rental.
 
 ``Preemptions`` is held by the ``RentalSession``. It counts the preemption, reads the stopped instance, bids again
 under ``bid_strategy="hold"``, and asks the ``bidding.BidPolicy`` what follows: the wait for the bid to win the
 machine back, a failover (the instance destroyed, or kept as the checkpoint's source), on-demand rentals, or the
-task's failure. The rules are in ``airflow_gpumarket.bidding``.
+task's failure. With a ``deadline`` it also asks ``airflow_gpumarket.deadlines`` before each rental and after each
+preemption whether the job may still bid. The rules are in ``airflow_gpumarket.bidding`` and ``deadlines``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, bidding, lifecycle, metrics, waiting
+from airflow_gpumarket import api, bidding, deadlines, lifecycle, metrics, offer_cost, waiting
 from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.operators.failures import GpuMarketPreemptedTooOften
 
@@ -24,29 +25,57 @@ if TYPE_CHECKING:
 
 
 class Preemptions:
-    """A task's answer to each preemption of its bid instances.
+    """A task's answer to each preemption of its bid instances, and its deadline's word before each rental.
 
     :param hook: the task's hook.
     :param log: the task's logger.
-    :param spec: the task's arguments (its ``bidding`` policy, ``boot_timeout``).
+    :param spec: the task's arguments (its ``bidding`` policy, ``boot_timeout``, ``deadline``).
     :param guard: the session's guard, which destroys a preempted instance.
     :param stager: the session's stager when the task stages data (the checkpoint's source is kept), else None.
+    :param started: when the try started (epoch seconds), from which a ``timedelta`` deadline counts.
+    :param learned_runtime: the median of the task's earlier successful runs in seconds, when known: the deadline's
+        expected work when ``expected_runtime`` is not given.
     """
 
     def __init__(
-        self, hook: GpuMarketHook, log: Any, spec: RentalSpec, guard: RentalGuard, stager: Stager | None
+        self,
+        hook: GpuMarketHook,
+        log: Any,
+        spec: RentalSpec,
+        guard: RentalGuard,
+        stager: Stager | None,
+        *,
+        started: float | None = None,
+        learned_runtime: float | None = None,
     ) -> None:
         self.hook = hook
         self.log = log
         self.spec = spec
         self.guard = guard
         self.stager = stager
+        self.learned_runtime = learned_runtime
+        self.deadline: float | None = None  # epoch seconds, for an interruptible task with a deadline
+        if spec.interruptible and spec.deadline is not None:
+            self.deadline = deadlines.deadline_at(spec.deadline, time.time() if started is None else started)
+        self._boot: float | None = None  # how long the last rental of this try took to run, when seen
+
+    def before_renting(self, attempts: lifecycle.Attempts) -> None:
+        """Before each rental: from the first one the deadline leaves no room for a preemption on, rent on demand."""
+        decision = None if attempts.on_demand else self._decide(attempts)
+        if decision is None:
+            return
+        if decision.bids:
+            self.log.info("Deadline: %s", decision.why)
+            return
+        self.log.warning("Deadline: %s", decision.why)
+        attempts.fall_back_to_on_demand()
 
     def after(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> waiting.Watch | None:
         """Handle a preempted bid instance of this job.
 
         Returns the watch of the wait for it to win its machine back, or None once it is destroyed (or kept as the
-        checkpoint's source) and another is to be rented. Fails after ``max_preemptions``.
+        checkpoint's source) and another is to be rented. Fails after ``max_preemptions``. A deadline that leaves no
+        room for one more preemption ends the bidding here: no wait, and on-demand rentals from now on.
         """
         attempts, policy, stager = rental.attempts, self.spec.bidding, self.stager
         sentence = lifecycle.describe_event(
@@ -56,19 +85,23 @@ class Preemptions:
         if not waited:
             attempts.count_preemption()
             metrics.preempted()
+            self._learn(rental)
         instance = self._read(rental.instance_id)
         self.log.warning("Preemption %d of at most %d: %s", attempts.preemptions, policy.max_preemptions, sentence)
+        decision = self._decide(attempts)
+        bids = decision is None or decision.bids
         won_back = (
             policy.holds()
+            and bids
             and instance is not None
             and policy.may_wait(attempts.preemptions, waited=waited)
             and self._bids_back(rental, instance)
         )
         step = policy.after_preemption(
-            attempts.preemptions, waited=waited, won_back=won_back, on_demand=attempts.on_demand
+            attempts.preemptions, waited=waited, won_back=won_back, on_demand=attempts.on_demand, bids=bids
         )
         if step is bidding.Next.WAIT:
-            return self._wait_for_the_bid(rental, won_back)
+            return self._wait_for_the_bid(rental, won_back, None if decision is None else decision.bid_until)
         if step is bidding.Next.FAIL and stager is not None:
             stager.save(rental.instance_id)
         if step is bidding.Next.FAIL or stager is None or not stager.keep_source(rental):
@@ -82,23 +115,57 @@ class Preemptions:
                 "fallback_on_demand=True."
             )
         if step is bidding.Next.ON_DEMAND:
-            self.log.warning("max_preemptions=%d reached: renting on demand from now on", policy.max_preemptions)
+            if decision is not None and not decision.bids:
+                self.log.warning("Deadline: %s", decision.why)
+            else:
+                self.log.warning("max_preemptions=%d reached: renting on demand from now on", policy.max_preemptions)
             attempts.fall_back_to_on_demand()
         return None
 
-    def _wait_for_the_bid(self, rental: lifecycle.Rental, won_back: bool) -> waiting.Watch:
-        """The wait that leaves the stopped instance ``max_outbid_wait`` to win its machine back."""
+    def _decide(self, attempts: lifecycle.Attempts) -> deadlines.Decision | None:
+        """The deadline's word on the next rental, now; None without a deadline."""
+        if self.deadline is None:
+            return None
         spec = self.spec
-        self.log.warning(
-            "Leaving instance %s up to %s to win its machine back (%s)",
-            rental.instance_id,
-            lifecycle.format_duration(spec.bidding.max_outbid_wait),
-            "its bid wins it again" if won_back else "on_preemption='wait'",
+        work = deadlines.expected_work(
+            offer_cost.check_expected_runtime(spec.expected_runtime), self.learned_runtime, spec.terms.max_runtime
         )
-        now = time.time()
+        estimate = deadlines.estimate(
+            work,
+            done=attempts.work_done,
+            checkpointed=bool(spec.checkpoint_dir),
+            boot_seen=self._boot,
+            image_size_gb=offer_cost.check_image_size_gb(spec.image_size_gb),
+            notice=spec.poll_interval,
+        )
+        return deadlines.decide(self.deadline, time.time(), estimate)
+
+    def _learn(self, rental: lifecycle.Rental) -> None:
+        """From a preempted rental: how long it took to run and, with a checkpoint, the work its run carries over."""
+        if rental.running_at is None:
+            return
+        self._boot = rental.running_at - rental.billed_from
+        if self.spec.checkpoint_dir and rental.stopped_at is not None:
+            ran = rental.stopped_at - rental.running_at
+            rental.attempts.credit_work(rental.instance_id, deadlines.credited_work(ran))
+
+    def _wait_for_the_bid(self, rental: lifecycle.Rental, won_back: bool, bid_until: float | None) -> waiting.Watch:
+        """The wait that leaves the stopped instance ``max_outbid_wait`` to win its machine back.
+
+        Never past ``bid_until``, when a deadline leaves room for one more preemption no longer.
+        """
+        spec, now = self.spec, time.time()
+        wait = spec.bidding.max_outbid_wait if bid_until is None else min(spec.bidding.max_outbid_wait, bid_until - now)
+        self.log.warning(
+            "Leaving instance %s up to %s to win its machine back (%s%s)",
+            rental.instance_id,
+            lifecycle.format_duration(wait),
+            "its bid wins it again" if won_back else "on_preemption='wait'",
+            "" if wait == spec.bidding.max_outbid_wait else "; the deadline ends the wait sooner",
+        )
         stages_in = self.stager is not None and self.stager.stages_in(rental)
         watch = spec.watch(rental, stages_in=stages_in, now=now)
-        watch.outbid_wait_until = now + spec.bidding.max_outbid_wait
+        watch.outbid_wait_until = now + wait
         watch.boot_deadline = watch.outbid_wait_until + spec.boot_timeout
         return watch
 

@@ -54,8 +54,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     :param avoid_failed_hosts: skip machines that failed a rental of this account recently (host memory, kept in
         the metadata database for 24 hours), and remember those that fail this task (default True).
     :param deadline: an interruptible job's deadline: an aware ``datetime``, or a ``timedelta`` from the start of
-        the try. The task bids while the time left can absorb one more preemption and a restore, and rents on demand
-        from then on.
+        the try (its ``start_date``, deferrals included). Before each rental the task bids only while the time left
+        can absorb one more preemption on top of finishing on demand (boot, restore, the work left); from then on it
+        rents on demand, and the task log says why. A running bid instance is not replaced.
     :param boot_timeout: time allowed from creation to running (default 15 minutes).
     :param poll_interval: seconds between status reads (default 10, as the spec recommends).
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``). The task's
@@ -293,7 +294,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     def _run(self, context: Any, rental: lifecycle.Rental | None, event: dict[str, Any] | None) -> Any:
         """Rent, wait and judge, over offers and preemptions, until the task's outcome."""
-        from airflow_gpumarket.operators.session import RentalResult
+        from airflow_gpumarket.operators.session import RentalResult, preflight_failed
 
         spec, session = self.spec, self.session
         assert spec is not None and session is not None
@@ -319,7 +320,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 session.destroy(rental.instance_id)
                 metrics.rental_ended(metrics.TIMED_OUT)
                 raise AirflowTaskTimeout(lifecycle.with_job_detail(timed_out(self, rental.instance_id), event))
-            if kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT):
+            host_failed = kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT)
+            if host_failed or preflight_failed(spec, event) is not None:
                 session.fail_over(rental, event)
                 rental, event, watch = None, None, None
                 continue

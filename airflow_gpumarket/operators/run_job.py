@@ -9,6 +9,7 @@ from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.operators.failures import (
     GpuMarketBudgetExceeded,
+    GpuMarketHostFailed,
     GpuMarketJobFailed,
     GpuMarketStagingFailed,
 )
@@ -110,6 +111,10 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
             raise GpuMarketBudgetExceeded(
                 f"The account's credit ran out (${credit:.2f}): the service stopped every instance of the account, "
                 f"this job's too ({sentence}). The instance is destroyed; add credit before running it again."
+            )
+        if self._held().host_lost(rental, event):
+            raise GpuMarketHostFailed(
+                f"{sentence[0].upper()}{sentence[1:]}. Its machine is in host memory, so another try rents elsewhere."
             )
         if result.kind is lifecycle.EventKind.JOB_FAILED:
             if not_started:

@@ -20,9 +20,11 @@ from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketError, GpuMarketOfferUnavailableError
 from airflow_gpumarket.operators import cost, offers
 from airflow_gpumarket.operators.budget import Budget
+from airflow_gpumarket.operators.chooser import OfferChooser
 from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer, GpuMarketStagingFailed
 from airflow_gpumarket.operators.guard import RentalGuard, task_key
 from airflow_gpumarket.operators.preemption import Preemptions
+from airflow_gpumarket.operators.spec import try_started
 from airflow_gpumarket.ui.records import RentalRecorder
 
 if TYPE_CHECKING:
@@ -81,6 +83,8 @@ class RentalSession:
         )
         self._stager: Stager | None = None
         self._preemptions: Preemptions | None = None  # made by ``prepare``, with the stager if any
+        self._chooser = OfferChooser(hook, log, spec, conn_id=conn_id, task_ids=(task.dag_id or "", task.task_id))
+        self._started = try_started(context, time.time())  # a deadline's timedelta counts from here
 
     @property
     def key(self) -> str:
@@ -162,20 +166,25 @@ class RentalSession:
             lease = self.spec.source_lease(plan)
             self._stager = Stager(self.hook, self.log, plan, self._guard, self.spec.poll_interval, source_lease=lease)
             self._stager.resolve()
-        self._preemptions = Preemptions(self.hook, self.log, self.spec, self._guard, self._stager)
+        spec = self.spec
+        learned = None
+        if spec.deadline is not None and spec.expected_runtime is None:  # the deadline's work: learnt from history
+            learned = self._chooser.history_runtime()
+        self._preemptions = Preemptions(
+            self.hook, self.log, spec, self._guard, self._stager, started=self._started, learned_runtime=learned
+        )
 
     def rent(self, attempts: lifecycle.Attempts) -> lifecycle.Rental:
         """Create on the next untried offer until one is made or ``max_offer_attempts`` offers were tried.
 
-        Offers are counted since the last preemption.
+        Offers are counted since the last preemption. Machines in host memory are skipped (not a pinned offer's).
         """
         spec = self.spec
+        if self._preemptions is not None:  # made by ``prepare``
+            self._preemptions.before_renting(attempts)  # a deadline may end the bidding
+        self._chooser.start()
         while attempts.offers_this_round() < spec.max_offer_attempts:
-            search = offers.search_for(spec, attempts)
-            offer, bid, why_not = None, None, "no further matching offer"
-            if search is not None:
-                found = self.hook.search_offers(search.pop("filters"), **search)
-                offer, bid, why_not = offers.next_offer(found, spec, attempts)
+            offer, bid, why_not = self._chooser.next_offer(attempts)
             if offer is None:
                 attempts.reasons.append(why_not)
                 break
@@ -199,7 +208,12 @@ class RentalSession:
         label = lifecycle.make_label(guard.key, created_at + spec.first_lease())
         staged = None if self._stager is None else self._stager.wrapper(attempts.source_id)
         body = spec.creation_body(
-            label=label, base_url=self.hook.settings.base_url, bid=bid, preemptions=attempts.preemptions, staged=staged
+            label=label,
+            base_url=self.hook.settings.base_url,
+            bid=bid,
+            preemptions=attempts.preemptions,
+            staged=staged,
+            gpu_count=offers.gpu_count(offer),
         )
         self.log.info(
             "Renting offer %s (%s x %s at $%s/h%s) with label %s",
@@ -333,13 +347,40 @@ class RentalSession:
 
     # --- where a rental ends -------------------------------------------------------------------------------
     def fail_over(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> None:
-        """The rental never ran (its host failed, or it did not boot in time): destroyed, and why kept for the end."""
-        sentence = lifecycle.describe_event(event, rental.instance_id)
+        """The rental's host failed before the job ran: destroyed, its machine remembered, and why kept for the end.
+
+        It never ran, did not boot in time, or failed the job wrapper's preflight (``preflight_failed``).
+        """
+        preflight = preflight_failed(self.spec, event) or preflight_in_log(self.hook, self.spec, rental, event)
+        if preflight is not None:
+            sentence = f"instance {rental.instance_id}: {preflight.describe(rental.machine_id)}; the job did not run"
+        else:
+            sentence = lifecycle.describe_event(event, rental.instance_id)
         self.log.warning("Failover: %s", sentence)
-        self._log_daemon_tail(rental.instance_id)
+        if preflight is None:
+            self._log_daemon_tail(rental.instance_id)
         self.destroy(rental.instance_id)
         metrics.rental_ended(metrics.NEVER_RAN, failover=True)
+        status, kind = event.get("actual_status"), lifecycle.event_kind(event)
+        if preflight is not None:
+            self._chooser.remember(rental, "preflight", preflight.describe())
+        elif kind is lifecycle.EventKind.BOOT_TIMEOUT:
+            self._chooser.remember(rental, "boot_timeout", sentence)
+        elif status in api.FAILED_STATUSES:
+            self._chooser.remember(rental, str(status), sentence)
         rental.give_up(sentence)
+
+    def host_lost(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> bool:
+        """Whether the host failed under the running job (a failed status, no exit status): its machine remembered."""
+        status = event.get("actual_status")
+        lost = (
+            lifecycle.event_kind(event) is lifecycle.EventKind.JOB_FAILED
+            and status in api.FAILED_STATUSES
+            and event.get("exit_status") is None
+        )
+        if lost:
+            self._chooser.remember(rental, "lost", f"instance {rental.instance_id} went {status} while its job ran")
+        return lost
 
     def destroy(self, instance_id: int) -> None:
         """Destroy with the hook's retries; its record and budget reservation end. Fails loudly naming the instance."""
@@ -443,6 +484,30 @@ def summary(rental: lifecycle.Rental, status: str | None, service_now: Callable[
         "cost": estimate if rental.cost is None else rental.cost,
         "cost_kind": rental.cost_kind or cost.ESTIMATED,
     }
+
+
+def preflight_failed(spec: RentalSpec, event: Mapping[str, Any]) -> job_logs.PreflightFailure | None:
+    """What the job wrapper's preflight found wrong with the host, when a job's wait ended on it; else None."""
+    if lifecycle.event_kind(event) is not lifecycle.EventKind.JOB_FAILED or spec.command is None:
+        return None
+    return job_logs.preflight_failure(event.get("log_tail") or (), event.get("exit_status"))
+
+
+def preflight_in_log(
+    hook: GpuMarketHook, spec: RentalSpec, rental: lifecycle.Rental, event: Mapping[str, Any]
+) -> job_logs.PreflightFailure | None:
+    """A job's instance that stopped before it was seen running: whether its wrapper's preflight stopped it.
+
+    Only a wait for the status (data still to be staged) ends that way; its log was not read yet.
+    """
+    if event.get("actual_status") != api.STATUS_STOPPED or spec.command is None or spec.job_log_interval() <= 0:
+        return None
+    try:
+        text = hook.get_instance_logs(rental.instance_id, tail=job_logs.FAILURE_TAIL_LINES, retry=False)
+    except GpuMarketError:
+        return None
+    lines = job_logs.split_lines(text, complete_only=False)
+    return job_logs.preflight_failure(lines, job_logs.exit_status(lines))
 
 
 def try_number(context: Any) -> int:

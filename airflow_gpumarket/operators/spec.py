@@ -177,9 +177,9 @@ class RentalSpec(_Frozen):
             raise GpuMarketValidationError(
                 "offer_id", "give offer_id (one offer) or offer_filters (pick the cheapest match); neither was given"
             )
+        self._check_choice(parse_time)
         self._check_fields(parse_time)
         self._check_bidding()
-        self._check_choice(parse_time)
         self.data_plan(parse_time=parse_time)
         keepalive = self.terms.keepalive
         if keepalive is not None and keepalive < KEEPALIVE_POLLS * self.poll_interval:
@@ -320,15 +320,16 @@ class RentalSpec(_Frozen):
         bid: float | None = None,
         preemptions: int = 0,
         staged: WrapperStaging | None = None,
+        gpu_count: int = 1,
     ) -> dict[str, Any]:
-        """What a create sends.
+        """What a create sends; ``gpu_count``: the GPUs the offer promises, which the job wrapper checks first.
 
         Without ``base_url`` (a check before the connection is read), a command's script is written only when it might
         not fit.
         """
         onstart = None
         if self.command is not None and not (base_url is None and staged is None and self._script_certainly_fits()):
-            onstart = self.job_script(base_url or "https://api.example.invalid", staged)
+            onstart = self.job_script(base_url or "https://api.example.invalid", staged, gpu_count=gpu_count)
         return creation_body(
             self.instance,
             onstart=onstart,
@@ -343,15 +344,18 @@ class RentalSpec(_Frozen):
         return (
             isinstance(self.command, str)
             and not self.export_env_to_ssh
-            and certainly_fits(self.command, stop_on_success=self.stops_on_success())
+            and not is_templated(self.preflight)
+            and certainly_fits(
+                self.command, stop_on_success=self.stops_on_success(), gpu_count=1, preflight=self.preflight
+            )
         )
 
-    def job_script(self, base_url: str, staged: WrapperStaging | None = None) -> str | None:
-        """The job wrapper's onstart script for ``command``; None while the command or ``env`` is templated."""
+    def job_script(self, base_url: str, staged: WrapperStaging | None = None, *, gpu_count: int = 1) -> str | None:
+        """The job wrapper's onstart script for ``command``; None while it, ``env`` or ``preflight`` is templated."""
         from airflow_gpumarket.job_script import build_job_onstart
 
         env = self.instance.get("env")
-        if is_templated(self.command) or is_templated(env):
+        if is_templated(self.command) or is_templated(env) or is_templated(self.preflight):
             return None
         names = sorted(api.env_variables(env or {})) if self.export_env_to_ssh else []
         return build_job_onstart(
@@ -360,6 +364,8 @@ class RentalSpec(_Frozen):
             export_env=names,
             stop_on_success=self.stops_on_success(),
             staged=staged,
+            gpu_count=gpu_count,
+            preflight=self.preflight,
         )
 
     def stops_on_success(self) -> bool:
@@ -439,10 +445,14 @@ def execution_deadline(execution_timeout: Any, context: Any, started_at: float) 
     """The epoch second at which ``execution_timeout`` ends, counted from the start of this try, if it is set."""
     if not execution_timeout:
         return None
+    return try_started(context, started_at) + execution_timeout.total_seconds()
+
+
+def try_started(context: Any, fallback: float) -> float:
+    """When this try started: its task instance's ``start_date`` (the same across deferrals), else ``fallback``."""
     ti = context.get("ti") if isinstance(context, Mapping) else None
     start_date = getattr(ti, "start_date", None)
-    started = start_date.timestamp() if isinstance(start_date, datetime) else started_at
-    return started + execution_timeout.total_seconds()
+    return start_date.timestamp() if isinstance(start_date, datetime) else fallback
 
 
 def timed_out(task: Any, instance_id: int) -> str:

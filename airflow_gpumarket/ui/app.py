@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlencode, urlparse
 
 from airflow.api_fastapi.core_api.security import GetUserDep
@@ -25,6 +25,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError
 from airflow_gpumarket.ui import account_charges, page, sources, spend
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.host_memory import Memory
 
 DEFAULT_DAYS, MAX_DAYS = 7, 90
 log = logging.getLogger(__name__)
@@ -80,6 +83,11 @@ class _View:
     balances: list[account_charges.Balance] | None = None
     #: The charges no DAG's rental takes; None for a user who may not read every DAG, or without charges.
     unowned: account_charges.Unowned | None = None
+    #: The machines the accounts avoid (host memory), with their connections; None for a user who may not read every
+    #: DAG.
+    avoided: list[tuple[tuple[str, ...], Memory]] | None = None
+    #: This host's time the view was read at (host memory's clock).
+    now: float = 0.0
 
 
 def _view(access: _Access, days: int) -> _View:
@@ -92,7 +100,11 @@ def _view(access: _Access, days: int) -> _View:
     seen = [s for s in seen_all.spans if s.owner is not None and access.sees(s.owner[0])]
     shown_at = now + max(seen_all.clock_offsets.values(), default=0.0)  # the rows' clock: the service's
     view = _View(
-        live, spend.spend(seen, alive_costs, since, shown_at, charges), seen_all.errors, no_charges=seen_all.no_charges
+        live,
+        spend.spend(seen, alive_costs, since, shown_at, charges),
+        seen_all.errors,
+        no_charges=seen_all.no_charges,
+        now=now,
     )
     conn_ids, no_charges = seen_all.conn_ids, seen_all.no_charges
     if no_charges:
@@ -102,6 +114,7 @@ def _view(access: _Access, days: int) -> _View:
         view.unowned = account_charges.unowned(charges, owned, since) if seen_all.charges_of else None
         offsets = seen_all.clock_offsets
         view.balances = [_balance(c, seen_all.charges_of.get(c), now + offsets.get(c, 0.0)) for c in conn_ids]
+        view.avoided = sources.avoided_machines(conn_ids, now, view.errors)
     return view
 
 
@@ -143,11 +156,12 @@ def _belongs(row: spend.LiveRental, access: _Access) -> bool:
 
 
 def create_app() -> FastAPI:
-    from airflow_gpumarket.ui import host_memory_api, ledger_api
+    from airflow_gpumarket.ui import history_api, host_memory_api, ledger_api
 
     app = FastAPI(title="GPU rentals", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(ledger_api.router)
     app.include_router(host_memory_api.router)
+    app.include_router(history_api.router)
 
     @app.get("/", response_class=HTMLResponse)
     def rentals_page(
@@ -176,6 +190,8 @@ def create_app() -> FastAPI:
             notes=view.notes,
             balances=view.balances,
             unowned=view.unowned,
+            avoided=view.avoided,
+            now=view.now,
         )
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
@@ -203,6 +219,9 @@ def create_app() -> FastAPI:
                 "no_charges": view.no_charges,
                 "unattributed": None if view.unowned is None else _unowned_json(view.unowned),
                 "accounts": None if view.balances is None else [_balance_json(b) for b in view.balances],
+                "avoided_machines": None
+                if view.avoided is None
+                else [{"conn_ids": list(names), **m.to_json()} for names, m in view.avoided],
                 "notes": view.notes,
                 "errors": view.errors,
             }

@@ -57,7 +57,7 @@ async def avoided(request: Request) -> dict[str, Any]:
 async def clear(request: Request) -> dict[str, Any]:
     body, api_key = await signed_body_and_key(request)
     if body.get("machine_id") is None and body.get("all") is not True:
-        raise HTTPException(400, "give machine_id (an integer), or all: true to forget every machine")
+        raise HTTPException(400, "machine_id must be an integer, or give all: true to forget every machine")
     try:
         cleared = host_memory.clear(_engine(), host_memory.account_of(api_key), body.get("machine_id"))
     except GpuMarketValidationError as exc:

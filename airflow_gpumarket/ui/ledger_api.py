@@ -50,7 +50,7 @@ async def signed_body_and_key(request: Request) -> tuple[dict[str, Any], str]:
     try:
         body = json.loads(data)
     except ValueError:
-        raise HTTPException(400, "the body must be JSON") from None
+        raise HTTPException(400, "body must be JSON") from None
     conn_id = body.get("conn_id") if isinstance(body, dict) else None
     if not isinstance(conn_id, str) or not conn_id:
         raise HTTPException(400, "conn_id must name the task's connection")
@@ -135,7 +135,7 @@ async def settle(request: Request) -> dict[str, Any]:
     body = await _signed_body(request)
     reservation_id, instance_id = _int_or_none(body, "id"), _int_or_none(body, "instance_id")
     if reservation_id is None and instance_id is None:
-        raise HTTPException(400, "give id (the reservation) or instance_id")
+        raise HTTPException(400, "id (the reservation) or instance_id must be given")
     ended, cost = body.get("ended"), body.get("cost")
     if ended is not None and (isinstance(ended, bool) or not isinstance(ended, int | float)):
         raise HTTPException(400, "ended must be the service's epoch seconds, or null")

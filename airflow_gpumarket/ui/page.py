@@ -1,7 +1,8 @@
 """The GPU rentals page as server-rendered HTML.
 
-It shows the account's credit and runway (to who may see them), live rentals, orphans (with a destroy button for those
-who may), spend per DAG, per run and per rental, and spend per day and DAG as an inline SVG chart. A figure is the
+It shows the account's credit and runway and the machines it avoids (to who may see them), live rentals, orphans (with a
+destroy button for those who may), spend per DAG, per run and per rental, and spend per day and DAG as an inline SVG
+chart. A figure is the
 service's charge where it has one, else an estimate marked "≈ … est.". Money is rounded here only, to 4 decimals (2
 for the credit). No JavaScript and no assets: the page works inside the Airflow UI's sandboxed iframe (which allows no
 dialogs, so the page asks for a destroy's confirmation itself) and behind a reverse proxy (relative URLs only).
@@ -12,11 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from decimal import ROUND_HALF_UP, Decimal
 from html import escape
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.ui.account_charges import LONGEST_RUNWAY_DAYS, RUNWAY_DAYS, Balance, Unowned, dollars
 from airflow_gpumarket.ui.spend import Figure, LiveRental, Spend, Total, ti_text, utc_text
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.host_memory import Memory
 
 #: Bar colours of the chart, one per DAG in turn.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
@@ -139,7 +144,10 @@ def _runway(balance: Balance) -> str:
 def accounts_html(balances: list[Balance] | None) -> str:
     """Each connection's credit and runway; for who may not see them (``None``), a line saying who may."""
     if balances is None:
-        return '<p class="muted">The account\'s credit and runway are shown to users who may read every DAG.</p>'
+        return (
+            '<p class="muted">The account\'s credit and runway, and the machines it avoids, are shown to users who '
+            "may read every DAG.</p>"
+        )
     if not balances:
         return ""
     rows = "".join(
@@ -155,6 +163,32 @@ def accounts_html(balances: list[Balance] | None) -> str:
     return (
         "<h2>Account</h2><table><tr><th>Connection</th><th>Credit left</th>"
         f"<th>Charged, last {RUNWAY_DAYS} full days</th><th>Per day</th><th>Runway at that rate</th></tr>{rows}</table>"
+    )
+
+
+def avoided_html(avoided: list[tuple[tuple[str, ...], Memory]] | None, now: float) -> str:
+    """The machines the accounts avoid (host memory) and how to forget one; for who may not see them (``None``),
+    nothing: the account section already says who may."""
+    if avoided is None:
+        return ""
+    head = f"<h2>Avoided machines ({len(avoided)})</h2>"
+    clear = (
+        '<p class="muted">Renting tasks skip these machines until their memory expires. To let them choose one '
+        "again sooner: <code>airflow gpumarket hosts --conn-id CONN --clear MACHINE_ID</code> (or "
+        "<code>--clear-all</code>).</p>"
+    )
+    if not avoided:
+        return head + '<p class="muted">No machine is avoided: no rental failed on a host lately.</p>'
+    rows = "".join(
+        f'<tr id="avoided-{m.machine_id}"><td>{m.machine_id}</td><td>{escape(", ".join(conn_ids))}</td>'
+        f"<td>{escape(m.reason)}</td><td>{escape(m.detail) or '—'}</td>"
+        f'<td class="num">{m.failures}</td><td>{utc_text(m.remembered_at)}</td>'
+        f'<td class="num">{_duration(m.expires_at - now)}</td></tr>'
+        for conn_ids, m in avoided
+    )
+    return (
+        f"{head}<table><tr><th>Machine</th><th>Connection</th><th>Why</th><th>Detail</th><th>Failures</th>"
+        f"<th>Remembered</th><th>Expires in</th></tr>{rows}</table>{clear}"
     )
 
 
@@ -240,13 +274,16 @@ def render(
     notes: Iterable[str] = (),
     balances: list[Balance] | None = None,
     unowned: Unowned | None = None,
+    avoided: list[tuple[tuple[str, ...], Memory]] | None = None,
+    now: float = 0.0,
 ) -> str:
     """The whole page.
 
     ``can_destroy`` says whether the user may destroy an orphan (may edit its DAG); ``confirm``: the orphan whose
     Destroy was pressed, asked about at the top of the page; ``notes``: lines about the figures (a service without
     charges); ``balances``: each connection's credit and runway, None for a user who may not see them; ``unowned``:
-    the charges no DAG's rental takes, for who may see them.
+    the charges no DAG's rental takes, for who may see them; ``avoided``: the machines the accounts avoid, for who may
+    see them, whose expiries count from ``now`` (this host's time).
     """
 
     def destroy_button(row: LiveRental) -> str:
@@ -294,6 +331,7 @@ def render(
             f"{_rental_rows(orphans, target, destroy_button)}</table>"
             if orphans
             else '<p class="muted">No orphans: every instance with the provider\'s label has a running task.</p>',
+            avoided_html(avoided, now),
             f"<h2>Spend, last {days} days: {_money(spend.total)} over {spend.rentals} rental(s){estimated}</h2>",
             '<form method="get" action=""><label>Window (days) <input name="days" type="number" min="1" max="90" '
             f'value="{days}"></label> <button type="submit">Show</button></form>',

@@ -145,6 +145,18 @@ def push_end(
     _push(context.get("ti") if isinstance(context, Mapping) else None, log, end_key(instance_id), record)
 
 
+def xcom_model() -> Any:
+    """The XCom table's model: ``XComModel`` on Airflow 3, ``BaseXCom`` on 2.11."""
+    import airflow.models.xcom as xcom
+
+    return getattr(xcom, "XComModel", None) or xcom.BaseXCom
+
+
+def stored_value(model: Any, row: Any) -> Any:
+    """An XCom row's value, read from the table: 2.11's rows deserialize theirs as they load, Airflow 3's are asked."""
+    return row.value if is_airflow_2() else model.deserialize_value(row)
+
+
 def write_end(ti: Any, record: Mapping[str, Any]) -> None:
     """Store an end record on the task instance ``ti`` names, from a triggerer (no ``xcom_push`` there).
 

@@ -18,11 +18,20 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.ui import account_charges, spend
-from airflow_gpumarket.ui.records import RECORD_KEY_PREFIX, URL_XCOM_KEY, end_key, end_only, record_key
+from airflow_gpumarket.ui.records import (
+    RECORD_KEY_PREFIX,
+    URL_XCOM_KEY,
+    end_key,
+    end_only,
+    record_key,
+    stored_value,
+    xcom_model,
+)
 from airflow_gpumarket.ui.spend import RecordRow, TaskState, TiKey
 
 if TYPE_CHECKING:
     from airflow_gpumarket.api import Account, Charge
+    from airflow_gpumarket.host_memory import Memory
 
 #: Seconds a connection's listing is reused for.
 LISTING_CACHE_SECONDS = 5.0
@@ -232,10 +241,7 @@ def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[
 
     from sqlalchemy import or_, select
 
-    from airflow_gpumarket._compat import is_airflow_2
-
-    XComModel = _xcom_model()
-    loaded = is_airflow_2()  # 2.11's XCom rows deserialize their value as they load
+    XComModel = xcom_model()
     wanted = [record_key(i) for i in instance_ids]
     since_dt = dt.datetime.fromtimestamp(since, dt.UTC)
     query = select(XComModel).where(
@@ -245,17 +251,39 @@ def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[
     )
     rows = []
     for xcom in session.scalars(query):
-        value = xcom.value if loaded else XComModel.deserialize_value(xcom)
+        value = stored_value(XComModel, xcom)
         if isinstance(value, dict) and isinstance(value.get("instance_id"), int):
             rows.append(RecordRow(xcom.dag_id, xcom.run_id, xcom.task_id, xcom.map_index, value))
     return rows
 
 
-def _xcom_model() -> Any:
-    """The XCom table's model: ``XComModel`` on Airflow 3, ``BaseXCom`` on 2.11 (the commands' fallback there)."""
-    import airflow.models.xcom as xcom
+def avoided_machines(conn_ids: list[str], now: float, errors: list[str]) -> list[tuple[tuple[str, ...], Memory]]:
+    """The machines the connections' accounts avoid at ``now`` (host memory), latest first, each with the connections
+    of its account (two when they share a key). A connection whose memory cannot be read is named in ``errors``."""
+    from airflow_gpumarket import host_memory
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
-    return getattr(xcom, "XComModel", None) or xcom.BaseXCom
+    accounts: dict[str, list[str]] = {}
+    for conn_id in conn_ids:
+        try:
+            accounts.setdefault(host_memory.account_of(GpuMarketHook(conn_id).settings.api_key), []).append(conn_id)
+        except Exception as exc:  # noqa: BLE001 - a connection the api-server cannot read, for any reason
+            errors.append(f"Could not read the host memory of connection {conn_id!r}: {exc}")
+    rows = []
+    for account, names in accounts.items():
+        try:
+            found = host_memory.avoided(_engine(), account, now=now)
+        except Exception as exc:  # noqa: BLE001 - the rest of the page does not depend on it
+            errors.append(f"Could not read the host memory of connection {', '.join(map(repr, names))}: {exc}")
+            continue
+        rows += [(tuple(names), memory) for memory in found.values()]
+    return sorted(rows, key=lambda row: -row[1].remembered_at)
+
+
+def _engine() -> Any:
+    from airflow import settings
+
+    return settings.engine
 
 
 def all_dag_ids(session: Any) -> set[str]:

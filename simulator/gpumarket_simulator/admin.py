@@ -59,6 +59,7 @@ class AdminRoutes:
             ("/_sim/instances/{instance_id}/onstart", ["GET"], w(self.onstart)),
             ("/_sim/instances/{instance_id}/outbid", ["POST"], w(self.outbid)),
             ("/_sim/offers/{offer_id}/fate", ["POST"], w(self.offer_fate)),
+            ("/_sim/offers/{offer_id}/gpu_check", ["POST"], w(self.offer_gpu_check)),
             ("/_sim/offers/{offer_id}/competing-bid", ["POST"], w(self.competing_bid)),
             ("/_sim/bid-drift", ["PUT"], w(self.bid_drift)),
             ("/_sim/offers/{offer_id}/vanish", ["POST"], w(self.vanish_offer)),
@@ -160,6 +161,11 @@ class AdminRoutes:
     async def offer_fate(self, request: Request) -> Any:
         fate: Any = (await _body(request)).get("fate")
         self.market.set_offer_fate(_path_id(request, "offer_id"), fate)
+        return {"success": True}
+
+    async def offer_gpu_check(self, request: Request) -> Any:
+        check: Any = (await _body(request)).get("gpu_check")
+        self.market.set_gpu_check(_path_id(request, "offer_id"), check)
         return {"success": True}
 
     async def competing_bid(self, request: Request) -> Any:

@@ -301,6 +301,10 @@ class Market:
         with self.transaction() as (world, _):
             world.set_offer_fate(offer_id, fate)
 
+    def set_gpu_check(self, offer_id: int, check: str) -> None:
+        with self.transaction() as (world, _):
+            world.set_gpu_check(offer_id, check)
+
     def vanish_offer(self, offer_id: int) -> None:
         with self.transaction() as (world, _):
             world.vanish_offer(offer_id)

@@ -221,6 +221,10 @@ class MarketSimulator:
     def set_offer_fate(self, offer_id: int, fate: str) -> None:
         self._market.set_offer_fate(offer_id, fate)
 
+    def set_gpu_check(self, offer_id: int, check: str) -> None:
+        """Make the offer's machine fail (``"fail"``) or pass (``"ok"``) the GPU check of its next rentals."""
+        self._market.set_gpu_check(offer_id, check)
+
     def vanish_offer(self, offer_id: int) -> None:
         self._market.vanish_offer(offer_id)
 

@@ -24,7 +24,7 @@ from gpumarket_simulator.billing import (
     dollars,
 )
 from gpumarket_simulator.errors import ApiError
-from gpumarket_simulator.hosts import OUTBID, HostProfile, draw_attempt
+from gpumarket_simulator.hosts import GPU_CHECKS, OUTBID, HostProfile, draw_attempt
 from gpumarket_simulator.instance_rules import DIRECT_RUNTYPES
 from gpumarket_simulator.instances import FAILED_STATUSES, FATES, FORCEABLE_STATUSES, Instance, bid_loses
 from gpumarket_simulator.offers import Machine, Offer
@@ -522,6 +522,12 @@ class World:
         if fate not in FATES:
             raise ValueError(f"fate must be one of {', '.join(FATES)}")
         self.offers[offer_id].fate = fate
+
+    def set_gpu_check(self, offer_id: int, check: str) -> None:
+        """``"fail"``: the machine's next rentals boot, but their ``nvidia-smi`` finds no driver; ``"ok"``: working."""
+        if check not in GPU_CHECKS:
+            raise ValueError(f"gpu_check must be one of {', '.join(GPU_CHECKS)}")
+        self.offers[offer_id].gpu_check = check
 
     def vanish_offer(self, offer_id: int) -> None:
         offer = self.offers[offer_id]

@@ -222,15 +222,13 @@ def test_spend_on_a_service_without_charges_says_so_in_one_line(sim, run, monkey
 
 
 # --- hosts ----------------------------------------------------------------------------------------------------
-def test_hosts_lists_the_avoided_machines_and_forgets_them_by_hand(sim, run):
-    from airflow import settings
+def test_hosts_lists_the_avoided_machines_and_forgets_them_by_hand(sim, run, host_memory_of_this_test_alone):
+    from types import SimpleNamespace
 
-    from airflow_gpumarket import host_memory
-
-    account = host_memory.account_of(sim.api_key)
-    host_memory.clear(settings.engine, account)
-    host_memory.remember(settings.engine, account, 11, "preflight", now=time.time(), detail="expected 1 GPUs, listed 0")
-    host_memory.remember(settings.engine, account, 12, "offline", now=time.time())
+    hook = SimpleNamespace(settings=SimpleNamespace(api_key=sim.api_key))
+    hosts = host_memory_of_this_test_alone(hook, "gpumarket_default")  # as the command reaches it
+    hosts.remember(11, "preflight", "expected 1 GPUs, listed 0")
+    hosts.remember(12, "offline")
     code, out, err = run("hosts")
     assert code == 0, err
     header, *rows = out.splitlines()

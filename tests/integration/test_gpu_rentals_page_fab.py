@@ -153,20 +153,35 @@ def test_rule_an_orphan_attributed_by_its_label_is_destroyed_by_its_dags_editor_
     assert alive(sim) == []
 
 
-def test_rule_with_fab_only_who_may_read_every_dag_sees_the_accounts_credit_and_runway(example_dag, sim, fab_client):
+def test_rule_with_fab_only_who_may_read_every_dag_sees_the_accounts_credit_runway_and_avoided_machines(
+    example_dag, sim, fab_client
+):
+    import time
+
+    from airflow import settings
+
+    from airflow_gpumarket import host_memory
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
     assert example_dag("gpm_ui_job").test().state == "success"
+    account = host_memory.account_of(GpuMarketHook().settings.api_key)
+    host_memory.clear(settings.engine, account)
+    host_memory.remember(settings.engine, account, 4242, "preflight", now=time.time(), detail="expected 2 GPUs, saw 0")
     credit = f"${GpuMarketHook().account().available:,.2f}"
     admin = fab_client("admin").get("/gpumarket/api/rentals").json()
     accounts = {a["conn_id"]: a for a in admin["accounts"]}
     assert f"${accounts['gpumarket_default']['available']:,.2f}" == credit
+    (avoided,) = admin["avoided_machines"]
+    assert (avoided["machine_id"], avoided["reason"], avoided["conn_ids"]) == (4242, "preflight", ["gpumarket_default"])
     html = fab_client("admin").get("/gpumarket/").text
     assert '<tr id="balance-gpumarket_default">' in html and credit in html and "Runway at that rate" in html
+    assert '<tr id="avoided-4242">' in html and "expected 2 GPUs, saw 0" in html
     for user in ("reader_a", "editor_b"):  # each may read one DAG: the account's money is not theirs to see
         data = fab_client(user).get("/gpumarket/api/rentals").json()
-        assert data["accounts"] is None and data["unattributed"] is None
+        assert data["accounts"] is None and data["unattributed"] is None and data["avoided_machines"] is None
         html = fab_client(user).get("/gpumarket/").text
         assert "balance-gpumarket_default" not in html and "Runway at that rate" not in html
-        assert "credit and runway are shown to users who may read every DAG" in html
+        assert "avoided-4242" not in html
+        assert "credit and runway, and the machines it avoids, are shown to users who may read every DAG" in html
+    host_memory.clear(settings.engine, account)
     assert alive(sim) == []

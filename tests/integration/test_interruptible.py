@@ -268,8 +268,8 @@ class PriceRise(MarketPlayer):
         return instance.get("actual_status") == "running" and self.marker in result.get("output", "")
 
 
-def run_to_the_end(op):
-    """Run a renting operator as Airflow would, each deferral through its trigger in this process."""
+def run_to_the_end(op, ctx: dict | None = None):
+    """Run a renting operator as Airflow would (in ``ctx``), each deferral through its trigger in this process."""
     import asyncio
 
     from airflow_gpumarket._compat import TaskDeferred
@@ -278,7 +278,7 @@ def run_to_the_end(op):
         async for event in trigger.run():
             return event.payload
 
-    ctx, step = context(), None
+    ctx, step = ctx or context(), None
     while True:
         try:
             return op.execute(ctx) if step is None else step()

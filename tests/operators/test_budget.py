@@ -195,3 +195,85 @@ def test_a_reservation_is_attached_once_when_on_kill_ends_the_rental_during_the_
     monkeypatch.setattr(budget_module, "ledger_client", lambda hook: Client())
     budget.created(7)
     assert attached == [41] and budget.reservation_id is None
+
+
+class Wire:
+    """``requests.post`` answering each call in turn: an exception is raised, a (status, detail) pair is the reply."""
+
+    def __init__(self, *answers) -> None:
+        self.answers, self.sent = list(answers), []
+
+    def __call__(self, url, data=None, headers=None, timeout=None):
+        import json
+
+        import requests
+
+        self.sent.append((url, headers["X-GpuMarket-Nonce"], data, timeout))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        reply = requests.Response()
+        reply.status_code, reply._content = answer[0], json.dumps({"detail": answer[1]}).encode()
+        return reply
+
+
+def routes(monkeypatch, *answers):
+    import requests
+
+    from airflow_gpumarket.operators.host_memory_client import ApiServerHostMemory
+
+    wire = Wire(*answers)
+    monkeypatch.setattr(requests, "post", wire)
+    return wire, budget_module._ApiServer("http://api", "key"), ApiServerHostMemory("http://api", "key", "conn")
+
+
+def test_a_route_that_did_not_answer_is_asked_again_with_a_new_nonce_then_named_with_the_ledger_url_option(
+    monkeypatch,
+):
+    import requests
+
+    lost = [requests.ConnectionError("reset")] * budget_module.LEDGER_TRIES
+    wire, ledger_routes, hosts = routes(monkeypatch, *lost, *lost)
+    with pytest.raises(AirflowException, match=r"ledger at http://api/gpumarket/ledger did not answer.*ledger_url"):
+        ledger_routes.last_attempt(conn_id="conn")
+    with pytest.raises(AirflowException, match=r"Host memory at http://api/gpumarket/hosts did not answer.*ledger_url"):
+        hosts.avoided()
+    nonces = [nonce for _, nonce, _, _ in wire.sent]
+    assert len(nonces) == len(set(nonces)) == 2 * budget_module.LEDGER_TRIES
+    assert {timeout for *_, timeout in wire.sent} == {budget_module.LEDGER_TIMEOUT_SECONDS}
+
+
+def test_a_400_from_either_route_is_a_validation_error_naming_the_field(monkeypatch):
+    from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+    _, ledger_routes, hosts = routes(
+        monkeypatch, (400, "worst must be a number"), (400, "ttl_seconds: must be a number of seconds > 0, got 0")
+    )
+    with pytest.raises(GpuMarketValidationError) as worst:
+        ledger_routes.last_attempt(conn_id="conn")
+    with pytest.raises(GpuMarketValidationError) as ttl:
+        hosts.avoided()
+    assert (worst.value.field, worst.value.problem) == ("worst", "must be a number")
+    assert ttl.value.field == "ttl_seconds" and ttl.value.problem.startswith("must be a number of seconds")
+
+
+def test_a_409_is_the_ledgers_budget_refusal_and_other_refusals_name_who_refused(monkeypatch):
+    _, ledger_routes, hosts = routes(monkeypatch, (409, "the day budget is spent"), (409, "busy"), (401, "unsigned"))
+    with pytest.raises(ledger.BudgetRefused, match="day budget is spent"):
+        ledger_routes.last_attempt(conn_id="conn")
+    with pytest.raises(AirflowException, match="Host memory at http://api/gpumarket/hosts refused the request: busy"):
+        hosts.avoided()
+    with pytest.raises(AirflowException, match="budget ledger at http://api/gpumarket/ledger refused .*: unsigned"):
+        ledger_routes.last_attempt(conn_id="conn")
+
+
+def test_a_ledger_that_refuses_the_request_as_malformed_is_a_ledger_out_of_reach(monkeypatch):
+    from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+    class Skewed(Ledger):
+        def last_attempt(self, **task_try):
+            raise GpuMarketValidationError("attempt", "must be an integer")
+
+    keeper(monkeypatch, Skewed(), credit=5.0).reserve(WORST, started=T0)  # no budget: rent on, with a warning
+    with pytest.raises(GpuMarketValidationError, match="attempt"):
+        keeper(monkeypatch, Skewed(), variable='{"fanout": {"day": 1}}').reserve(WORST, started=T0)

@@ -77,3 +77,54 @@ def test_the_worst_case_is_the_price_over_the_whole_lease_with_the_disk_and_capp
     assert worst.amount > 1.0 * lease_hours  # the disk bills too
     capped = offers.worst_case(spec(max_cost=0.5), offer(1, price=1.0), None)
     assert capped.amount < 1.0
+
+
+# --- Renting well: host memory's skips and the expected-cost order (offers.ordered) ---------------------------------
+def test_offers_on_machines_in_host_memory_are_left_out_and_counted():
+    found, lines, skipped = offers.ordered(
+        [offer(1), offer(2), offer(3, machine_id=None)], spec(), lifecycle.Attempts(), avoided={101: "x"}, model=None
+    )
+    assert [o["id"] for o in found] == [2, 3] and skipped == 1
+    assert "1 matching offer(s) skipped" in lines[-1] and "airflow gpumarket hosts" in lines[-1]
+
+
+def test_the_search_reaches_past_the_machines_host_memory_skips_and_ranks_more_offers_for_expected_cost():
+    assert offers.search_for(spec(), lifecycle.Attempts(), 4)["limit"] == 4 + offers.SEARCH_MARGIN
+    ranked = spec(offer_choice="expected_cost")
+    assert offers.search_for(ranked, lifecycle.Attempts())["limit"] == offers.RANKED_OFFERS
+
+
+def test_expected_cost_ranks_untried_priced_offers_within_max_dph_and_logs_why():
+    from airflow_gpumarket.offer_cost import CostModel
+
+    listed = [
+        offer(1, price=0.20, reliability=0.05),
+        offer(2, price=0.21, reliability=1.0),
+        offer(3, price=0.90, reliability=1.0),  # above max_dph: never ranked
+        offer(4, price=None),  # no price: never ranked
+        offer(5, price=0.10, reliability=1.0),  # tried already
+    ]
+    found, lines, _ = offers.ordered(
+        listed,
+        spec(offer_choice="expected_cost", max_dph=0.5),
+        lifecycle.Attempts(tried=[5]),
+        avoided={},
+        model=CostModel(expected_runtime=3600),
+    )
+    assert [o["id"] for o in found] == [2, 1]
+    assert lines[0].startswith("1. offer 2 ") and lines[-1].startswith("Chose offer 2")
+
+
+def test_expected_cost_ranks_a_bid_offer_at_the_bid_it_would_be_rented_at():
+    from airflow_gpumarket.offer_cost import CostModel
+
+    bidding = spec(offer_choice="expected_cost", interruptible=True)
+    listed = [offer(1, price=0.50, min_bid=0.40, reliability=1.0), offer(2, price=0.45, min_bid=0.10, reliability=1.0)]
+    found, lines, _ = offers.ordered(listed, bidding, lifecycle.Attempts(), avoided={}, model=CostModel(3600))
+    assert [o["id"] for o in found] == [2, 1]
+    assert "$0.105/h" in lines[0]  # min_bid plus the bid margin, not the on-demand price
+
+
+def test_the_gpu_count_the_preflight_checks_is_the_offers_num_gpus():
+    assert offers.gpu_count({"num_gpus": 4}) == 4
+    assert [offers.gpu_count({"num_gpus": v}) for v in (None, 0, True, "2", -1)] == [0] * 5

@@ -139,6 +139,17 @@ def test_offer_fate_over_http(sim, api, admin):
     assert admin("POST", "/_sim/offers/1/fate", {"fate": "exited"}).status_code == 404
 
 
+def test_offer_gpu_check_over_http_makes_the_next_rentals_boot_without_a_gpu(sim, api, admin):
+    offer = api.cheapest()
+    assert admin("POST", f"/_sim/offers/{offer['id']}/gpu_check", {"gpu_check": "fail"}).status_code == 200
+    instance_id = api.create(offer["id"])["new_contract"]
+    sim.advance(600)
+    (instance,) = [i for i in sim.state()["instances"] if i["id"] == instance_id]
+    assert api.status(instance_id) == "running" and instance["gpu_fault"] is True
+    assert admin("POST", f"/_sim/offers/{offer['id']}/gpu_check", {"gpu_check": "flaky"}).status_code == 400
+    assert admin("POST", "/_sim/offers/1/gpu_check", {"gpu_check": "fail"}).status_code == 404
+
+
 def test_offer_fate_running_restores_normal_boots(sim, api):
     failing = next(o for o in sim.state()["offers"] if o["fate"] != "running" and o["rentable"])
     sim.set_offer_fate(failing["id"], "running")

@@ -62,6 +62,9 @@ GOALS = {
     "the integration's bucket before the destroy; 0 alive",
     "asset_downstream": "a training job's success emits its model's asset event, extra naming its instance; the "
     "DAG scheduled on that asset runs and succeeds, reading it; 0 alive",
+    "rent_well": "a deferred job ranked by expected cost rents the cheapest offer, whose GPUs fail the wrapper's "
+    "preflight: destroyed within a minute, its machine in host memory through the api-server (`airflow gpumarket "
+    "hosts` lists it), the job succeeds on the next offer; 0 alive",
     "statsd": "a job whose first offer never runs fails over and succeeds: the StatsD listener counts, for its DAG, "
     "2 rentals started, 1 ended never_ran, 1 failover, 1 ended succeeded, 1 boot, 2 reservations and 2 settlements "
     "no larger; 0 alive",
@@ -83,6 +86,7 @@ def _offers() -> tuple[dict, ...]:
             "dph_total": 0.5 if name == "budget" else 1.0 + k / 10,  # the budget's jobs: one worst case each
             "reliability": 0.99,
             **({"fate": "exited"} if name == "statsd" and k == 0 else {}),  # the cheapest never runs: a failover
+            **({"gpu_check": "fail"} if name == "rent_well" and k == 0 else {}),  # the cheapest has no usable GPU
         }
         for n, name in enumerate(GOALS)
         for k in range(_OFFERS_OF.get(name, 2))

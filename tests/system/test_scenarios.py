@@ -269,6 +269,26 @@ def statsd(s: Scenario) -> None:
 
 
 #: The scenarios that run side by side, each driven by its function in a thread of its own.
+def rent_well(s: Scenario) -> None:
+    """The cheapest offer's host fails the GPU preflight: destroyed at once, remembered, the next offer finishes."""
+    from .test_commands import gpumarket
+
+    s.trigger()
+    s.expect_state("success", 180)
+    s.wait_all_destroyed()
+    failed, finished = sorted(s.instances(), key=lambda i: i["created_at"])
+    assert failed["gpu_fault"] and not finished["gpu_fault"], s.describe()
+    messages = s.task_messages()
+    preflight = f"machine {failed['machine_id']} failed the GPU preflight"
+    for expected in ("Offer choice: Chose offer", preflight, "trained"):
+        assert expected in messages, f"{expected!r} is not in the task log"
+    s.say(f"instance {failed['id']} failed its preflight after {failed['compute_seconds']:.0f} s of compute")
+    assert failed["compute_seconds"] < 120, f"the failed host billed {failed['compute_seconds']} s of compute"
+    hosts = gpumarket(s.deployment, "hosts")
+    listed = re.search(rf"^\s*{failed['machine_id']}\s.*preflight", hosts.stdout, re.M)
+    assert hosts.returncode == 0 and listed, hosts.stdout + hosts.stderr
+
+
 SIDE_BY_SIDE: dict[str, Callable[[Scenario], None]] = {
     "deferred_happy": deferred_happy,
     "short_job_deferred": short_job,
@@ -284,6 +304,7 @@ SIDE_BY_SIDE: dict[str, Callable[[Scenario], None]] = {
     "interruptible": interruptible,
     "asset_downstream": asset_downstream,
     "statsd": statsd,
+    "rent_well": rent_well,
 }
 
 
@@ -364,6 +385,10 @@ def test_asset_downstream(side_by_side):
 
 def test_statsd(side_by_side):
     side_by_side["statsd"].result()
+
+
+def test_rent_well(side_by_side):
+    side_by_side["rent_well"].result()
 
 
 # --- alone, in this order ----------------------------------------------------------------------------------

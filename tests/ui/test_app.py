@@ -178,7 +178,8 @@ def service(monkeypatch):
     """The page's own data path (``_view``) over a stubbed metadata database and service, for ``as_user(access)``.
 
     One connection ``c`` lists a running rental of train_dag's task; ``state.charges`` are its charges (an exception
-    is raised instead), ``state.credit`` its credit. ``state.reads`` counts the charges and account reads.
+    is raised instead), ``state.credit`` its credit, ``state.avoided`` the machines its account avoids. ``state.reads``
+    counts the charges and account reads, ``state.memory_reads`` the host memory's.
     """
     from airflow.api_fastapi.core_api.security import get_user
     from airflow.utils import session as session_module
@@ -190,7 +191,7 @@ def service(monkeypatch):
 
     from .rows import LABEL, NOW, row
 
-    state = SimpleNamespace(charges=[], credit=100.0, reads=[])
+    state = SimpleNamespace(charges=[], credit=100.0, reads=[], avoided=[], memory_reads=[])
     instance = {"id": 1, "actual_status": "running", "label": LABEL, "dph_total": 0.5, "start_date": NOW - 1800}
 
     def answer(what):
@@ -212,6 +213,9 @@ def service(monkeypatch):
     monkeypatch.setattr(src, "charges", lambda conn_id, start, end: answer(state.charges))
     account = lambda conn_id: answer(api.Account(state.credit, None, 1, None, None))  # noqa: E731
     monkeypatch.setattr(src, "account", account)
+    monkeypatch.setattr(
+        src, "avoided_machines", lambda conn_ids, now, errors: state.memory_reads.append(conn_ids) or state.avoided
+    )
 
     def as_user(access: Access) -> TestClient:
         monkeypatch.setattr(app_module, "_Access", lambda user: access)
@@ -289,5 +293,34 @@ def test_rule_only_a_user_who_reads_every_dag_sees_the_credit_the_runway_and_cha
     assert data["live"][0]["actual"] == 0.3  # the charges of their own DAG's rentals they do see
     html = reader.get("/").text
     assert "$100.00" not in html and "balance-c" not in html and "no task recorded" not in html
-    assert "credit and runway are shown to users who may read every DAG" in html
+    assert "credit and runway, and the machines it avoids, are shown to users who may read every DAG" in html
     assert all(isinstance(r, list) for r in service.reads)  # their views read charges, never the account
+
+
+def test_rule_only_a_user_who_reads_every_dag_sees_the_machines_the_account_avoids(service):
+    from airflow_gpumarket.host_memory import Memory
+
+    from .rows import NOW
+
+    service.avoided = [(("c",), Memory(11, "boot_timeout", "not running after 900 s", NOW - 60, NOW + 600, 1))]
+    admin = service.as_user(Access(readable={"train_dag"}, reads_all=True))
+    (machine,) = admin.get("/api/rentals").json()["avoided_machines"]
+    assert machine == {
+        "conn_ids": ["c"],
+        "machine_id": 11,
+        "reason": "boot_timeout",
+        "detail": "not running after 900 s",
+        "remembered_at": NOW - 60,
+        "expires_at": NOW + 600,
+        "failures": 1,
+    }
+    html = admin.get("/").text
+    assert "Avoided machines (1)" in html and '<td class="num">10m00s</td>' in html
+    service.avoided = []
+    assert "No machine is avoided" in admin.get("/").text
+
+    assert service.memory_reads == [["c"]] * 3
+    reader = service.as_user(Access(readable={"train_dag"}))
+    assert reader.get("/api/rentals").json()["avoided_machines"] is None
+    assert "Avoided machines" not in reader.get("/").text
+    assert len(service.memory_reads) == 3  # their views never read the host memory

@@ -23,3 +23,17 @@ def test_the_page_escapes_what_it_shows_and_offers_a_destroy_only_to_who_may():
         assert ('<form class="inline" method="post" action="orphans/c/1/destroy?days=1">' in asked) is allowed
         assert "<script" not in asked and "onsubmit" not in asked  # the UI's sandboxed frame allows no dialogs
     assert page.chart_svg({}) == "" and "<svg" in page.chart_svg(totals.per_day)
+
+
+def test_the_avoided_machines_show_why_and_until_when_escaped_and_how_to_forget_one():
+    from airflow_gpumarket.host_memory import Memory
+
+    flaky = Memory(11, "preflight", "<b>expected 2 GPUs</b>", NOW - 600, NOW + 3600, 3)
+    html = page.avoided_html([(("prod", "prod_copy"), flaky)], NOW)
+    assert '<tr id="avoided-11"><td>11</td><td>prod, prod_copy</td><td>preflight</td>' in html
+    assert "&lt;b&gt;expected 2 GPUs&lt;/b&gt;" in html and "<b>" not in html
+    assert '<td class="num">3</td><td>2027-01-15 07:50 UTC</td><td class="num">1h00m00s</td>' in html
+    assert "airflow gpumarket hosts --conn-id CONN --clear MACHINE_ID" in html
+    empty = page.avoided_html([], NOW)
+    assert "Avoided machines (0)" in empty and "No machine is avoided" in empty
+    assert page.avoided_html(None, NOW) == ""  # who may not see the account: the account's section says who may

@@ -105,3 +105,35 @@ def test_a_service_without_charges_is_asked_once_a_while_and_the_page_told_each_
     with pytest.raises(GpuMarketNotFoundError):
         sources.charges("spec", 100.0, 200.0)
     assert len(calls) == 2
+
+
+def test_the_avoided_machines_are_each_accounts_once_named_by_the_connections_that_share_its_key(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from sqlalchemy import create_engine
+
+    from airflow_gpumarket import host_memory
+    from airflow_gpumarket.exceptions import GpuMarketAuthError
+    from airflow_gpumarket.hooks import gpumarket
+
+    keys = {"prod": "key-1", "prod_copy": "key-1", "staging": "key-2"}
+
+    class Hook:
+        def __init__(self, conn_id) -> None:
+            if conn_id not in keys:
+                raise GpuMarketAuthError(f"connection {conn_id!r} has no API key (its password)")
+            self.settings = SimpleNamespace(api_key=keys[conn_id])
+
+    engine = create_engine(f"sqlite:///{tmp_path}/airflow.db")
+    monkeypatch.setattr(gpumarket, "GpuMarketHook", Hook)
+    monkeypatch.setattr(sources, "_engine", lambda: engine)
+    now = 1_800_000_000.0
+    host_memory.remember(engine, host_memory.account_of("key-1"), 11, "preflight", now=now - 60, detail="no GPU")
+    host_memory.remember(engine, host_memory.account_of("key-2"), 12, "offline", now=now - 30)
+    host_memory.remember(engine, host_memory.account_of("key-2"), 13, "lost", now=now - 7200, ttl=3600)  # expired
+    errors: list[str] = []
+    found = sources.avoided_machines(["prod", "prod_copy", "staging", "broken"], now, errors)
+    assert [(names, m.machine_id) for names, m in found] == [(("staging",), 12), (("prod", "prod_copy"), 11)]
+    assert errors == [
+        "Could not read the host memory of connection 'broken': connection 'broken' has no API key (its password)"
+    ]

@@ -76,6 +76,8 @@ SCENARIOS: dict[str, tuple[bool, str, dict]] = {
     ),
     # Its cheapest offer never runs (scenario.py): one failover, then success, seen running (its boot timed).
     "statsd": (False, "sleep 5; echo trained", {}),
+    # Its cheapest offer's GPUs fail the preflight (scenario.py): a failover, then success.
+    "rent_well": (True, "echo trained", {"offer_choice": "expected_cost", "expected_runtime": timedelta(minutes=5)}),
     "durable": (
         True,
         EPOCHS_WITH_OUTPUT,

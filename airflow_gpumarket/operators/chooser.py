@@ -1,0 +1,159 @@
+"""Which offer a renting task rents next: its search, host memory's skips, and the expected-cost ranking.
+
+The ``RentalSession`` asks ``next_offer`` before each create and tells ``remember`` which machines failed. Host
+memory (``host_memory.py``, reached through ``host_memory_client``) helps to choose and never stops a rental: when it
+cannot be reached the try goes on without it, and says so once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket.operators import host_memory_client, offers
+
+if TYPE_CHECKING:
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.offer_cost import CostModel
+    from airflow_gpumarket.operators.spec import RentalSpec
+
+
+class OfferChooser:
+    """The offer choice of one try: host memory read once, the cost model made once, each search's offers ordered.
+
+    :param hook: the task's hook.
+    :param log: the task's logger.
+    :param spec: the task's arguments, rendered and checked.
+    :param conn_id: the connection (host memory is per account: its API key).
+    :param task_ids: the task's DAG id and task id (its earlier durations).
+    """
+
+    def __init__(
+        self, hook: GpuMarketHook, log: Any, spec: RentalSpec, *, conn_id: str, task_ids: tuple[str, str]
+    ) -> None:
+        self.hook = hook
+        self.log = log
+        self.spec = spec
+        self._conn_id = conn_id
+        self._task_ids = task_ids
+        self._hosts: Any = None  # host memory's client, made on first use; False once it could not be reached
+        self._avoided: Mapping[int, Any] = {}
+        self._model: CostModel | None = None
+        self._history: float | None = None  # read once; 0.0: none known
+
+    def start(self) -> None:
+        """Before the first offer of a ``rent``: host memory read (not for a pinned offer), the cost model made."""
+        self._avoided = self.avoided() if self.spec.pinned_offer() is None else {}
+        if self.spec.offer_choice == "expected_cost" and self._model is None:
+            self._model = self.cost_model()
+
+    def next_offer(self, attempts: lifecycle.Attempts) -> tuple[Mapping[str, Any] | None, float | None, str]:
+        """Search, and the offer to rent next with its bid (None on demand); or no offer, and why."""
+        spec = self.spec
+        search = offers.search_for(spec, attempts, len(self._avoided))
+        if search is None:
+            return None, None, "no further matching offer"
+        listed = self.hook.search_offers(search.pop("filters"), **search)
+        found, lines, skipped = offers.ordered(listed, spec, attempts, avoided=self._avoided, model=self._model)
+        for line in lines:
+            self.log.info("Offer choice: %s", line)
+        offer, bid, why_not = offers.next_offer(found, spec, attempts)
+        if offer is None and skipped:
+            why_not += f" ({skipped} more on machines in host memory)"
+        return offer, bid, why_not
+
+    def host_memory(self) -> Any:
+        """Host memory's client, or None when it is off or could not be reached (renting goes on without it)."""
+        if not self.spec.avoid_failed_hosts or self._hosts is False:
+            return None
+        if self._hosts is None:
+            try:
+                self._hosts = host_memory_client.host_memory_client(self.hook, self._conn_id)
+            except Exception as exc:  # noqa: BLE001 - host memory helps choose; it never stops a rental
+                self._host_memory_failed(exc)
+                return None
+        return self._hosts
+
+    def _host_memory_failed(self, exc: BaseException) -> None:
+        self._hosts = False
+        self.log.warning(
+            "Host memory could not be reached (%s): this try neither skips nor remembers failed machines. Install "
+            "the provider on the api-server, or set avoid_failed_hosts=False.",
+            exc,
+        )
+
+    def avoided(self) -> Mapping[int, Any]:
+        """The machines host memory skips for this account (none when it cannot be read)."""
+        hosts = self.host_memory()
+        if hosts is None:
+            return {}
+        try:
+            return dict(hosts.avoided())
+        except Exception as exc:  # noqa: BLE001 - see host_memory
+            self._host_memory_failed(exc)
+            return {}
+
+    def remember(self, rental: lifecycle.Rental, reason: str, detail: str) -> None:
+        """Put the rental's machine in host memory, so that renting tasks of this account skip it for a while."""
+        machine = rental.machine_id
+        hosts = self.host_memory() if machine is not None else None
+        if hosts is None or machine is None:
+            return
+        try:
+            memory = hosts.remember(int(machine), reason, detail[:500])
+        except Exception as exc:  # noqa: BLE001 - see host_memory
+            self._host_memory_failed(exc)
+            return
+        self.log.warning(
+            "Machine %s is in host memory for %s (%s): renting tasks of this account skip it until then; "
+            "`airflow gpumarket hosts --clear %s` forgets it",
+            rental.machine_id,
+            lifecycle.format_duration(memory.expires_at - memory.remembered_at),
+            reason,
+            rental.machine_id,
+        )
+
+    def cost_model(self) -> CostModel:
+        """What the expected-cost choice assumes of this job: its runtime, its image, its disk."""
+        from airflow_gpumarket.offer_cost import DEFAULT_RUNTIME_SECONDS, CostModel, check_expected_runtime
+
+        spec, source = self.spec, "expected_runtime"
+        runtime = check_expected_runtime(spec.expected_runtime)
+        if runtime is None:
+            runtime, source = self.history_runtime(), "the median of this task's earlier successful runs"
+        if runtime is None and spec.terms.max_runtime is not None:
+            runtime, source = spec.terms.max_runtime, "max_runtime (no earlier successful run)"
+        if runtime is None:
+            runtime, source = DEFAULT_RUNTIME_SECONDS, "a default (no expected_runtime, max_runtime or earlier run)"
+        model = CostModel(expected_runtime=float(runtime))
+        if spec.image_size_gb is not None:
+            model = replace(model, image_size_gb=float(spec.image_size_gb))
+        if (disk := spec.disk_gb()) is not None:
+            model = replace(model, disk_gb=disk)
+        self.log.info(
+            "Offer choice by expected cost: the job is expected to run %s (%s), its image to be %g GB",
+            lifecycle.format_duration(model.expected_runtime),
+            source,
+            model.image_size_gb,
+        )
+        return model
+
+    def history_runtime(self) -> float | None:
+        """The median of this task's earlier successful durations in Airflow's history, if host memory can read it."""
+        if self._history is not None:
+            return self._history or None
+        self._history = self._read_history() or 0.0
+        return self._history or None
+
+    def _read_history(self) -> float | None:
+        hosts = self.host_memory()
+        if hosts is None or not all(self._task_ids):  # a task outside a DAG has no history
+            return None
+        try:
+            median = hosts.median_runtime(*self._task_ids)
+        except Exception as exc:  # noqa: BLE001 - a default stands in
+            self.log.warning("Could not read this task's earlier durations: %s", exc)
+            return None
+        return float(median) if api.is_positive_number(median) else None

@@ -1,0 +1,34 @@
+"""The route to a task's history in the api-server, for Airflow 3 tasks, which may not use the metadata database.
+
+Signed as the budget ledger's routes are (``ui/ledger_api.py``), so only a holder of a connection's API key may ask.
+It answers the median running time of a task's latest successes (``task_history``); bad input answers 400 naming the
+field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+
+from airflow_gpumarket import task_history
+from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.ui.ledger_api import signed_body_and_key
+
+router = APIRouter(prefix="/history")
+
+
+def _engine() -> Any:
+    from airflow import settings
+
+    return settings.engine
+
+
+@router.post("/median_runtime")
+async def median_runtime(request: Request) -> dict[str, Any]:
+    body, _ = await signed_body_and_key(request)
+    try:
+        dag_id, task_id = task_history.check_task(body.get("dag_id"), body.get("task_id"))
+    except GpuMarketValidationError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return {"seconds": task_history.median_runtime(_engine(), dag_id, task_id)}

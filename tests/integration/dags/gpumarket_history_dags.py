@@ -1,0 +1,53 @@
+"""DAGs for the tests of a task's history (``task_history``): a mapped task whose every instance records a rental
+that ran as long as its run's conf says (``{"seconds": [60, 90]}``), or fails when told a negative time (with
+``"record": false`` it records nothing, as a task of an earlier provider version); and a real job long enough for
+its watcher to see it running."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+from airflow.providers.common.compat.sdk import DAG, task
+
+from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+from airflow_gpumarket.ui import records
+
+#: The service's time the recorded rentals start at.
+T0 = 1_800_000_000.0
+
+with DAG("gpm_history", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
+
+    @task
+    def lengths(**context):
+        return context["dag_run"].conf.get("seconds", [60.0])
+
+    @task
+    def job(seconds: float, **context):
+        if seconds < 0:
+            raise RuntimeError("told to fail")
+        if not context["dag_run"].conf.get("record", True):
+            return
+        started = records.started(
+            instance_id=7,
+            conn_id="gpumarket_default",
+            offer_id=1,
+            gpu_name="RTX 4090",
+            hourly_price=0.5,
+            bid=None,
+            created_at=T0,
+            try_number=1,
+        )
+        ran = records.ended({**started, "running_at": T0 + 300, "stopped_at": T0 + 300 + seconds}, T0 + 330 + seconds)
+        context["ti"].xcom_push(key=records.record_key(7), value=ran)
+
+    job.expand(seconds=lengths())
+
+with DAG("gpm_history_job", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
+    GpuMarketRunJobOperator(
+        task_id="train",
+        command="sleep 0.5",
+        offer_filters={"num_gpus": {"gte": 1}},
+        image="img",
+        poll_interval=float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10")),
+    )
