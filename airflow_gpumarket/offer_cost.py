@@ -101,8 +101,14 @@ class OfferCost:
         return (
             f"{head}: expected ${self.expected:.4f} = compute ${self.compute:.4f} (a boot of "
             f"{self.boot_seconds / 60:.1f} min, then the run) + disk ${self.disk:.4f} + transfer ${self.transfer:.4f} "
-            f"+ failure risk {self.failure_probability:.1%} x ${self.failure:.4f}"
+            f"+ {self.failed_attempts:.2f} failed attempts expected (risk {self.failure_probability:.1%} each) x "
+            f"${self.failure:.4f}"
         )
+
+    @property
+    def failed_attempts(self) -> float:
+        """How many attempts are expected to fail before one finishes, on hosts like this one."""
+        return self.failure_probability / (1.0 - self.failure_probability)
 
 
 def _num(value: Any, default: float = 0.0) -> float:

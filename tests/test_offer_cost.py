@@ -81,6 +81,7 @@ def test_the_parts_add_up_to_the_expected_cost():
     assert cost.failure_probability == pytest.approx(p)
     assert cost.failure == pytest.approx(disk_rate * boot + 0.9 * lost * (0.36 / HOUR + disk_rate) * ran / p)
     assert cost.expected == pytest.approx(cost.attempt + cost.failure * p / (1 - p))
+    assert f"+ {p / (1 - p):.2f} failed attempts expected (risk {p:.1%} each) x ${cost.failure:.4f}" in cost.explain()
 
 
 @pytest.mark.parametrize("reliability", [0.5, 0.8, 0.99])
