@@ -38,6 +38,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import requests
 from urllib3.util.retry import Retry
@@ -154,20 +155,23 @@ def count_client_faults(counter: Counter) -> None:
 
 def count_preflight_failovers(recognised: set[int]) -> None:
     """Collect the instances whose failed GPU preflight the renting session recognised (and so failed over from), by
-    wrapping the one function that reads the wrapper's verdict."""
+    wrapping the two functions that read the wrapper's verdict: from a job's event, and from a stopped instance's log
+    (a job whose data was still to be staged)."""
     from airflow_gpumarket.operators import session
 
-    read = session.preflight_failed
+    from_event, from_log = session.preflight_failed, session.preflight_in_log
     lock = threading.Lock()
 
-    def counted(spec, event):
-        found = read(spec, event)
-        if found is not None and isinstance(event.get("instance_id"), int):
+    def seen(found: Any, instance_id: Any) -> Any:
+        if found is not None and isinstance(instance_id, int):
             with lock:
-                recognised.add(event["instance_id"])
+                recognised.add(instance_id)
         return found
 
-    session.preflight_failed = counted
+    session.preflight_failed = lambda spec, event: seen(from_event(spec, event), event.get("instance_id"))
+    session.preflight_in_log = lambda hook, spec, rental, event: seen(
+        from_log(hook, spec, rental, event), rental.instance_id
+    )
 
 
 def failed_gpu_checks(sim: Simulator, instances: list[dict]) -> tuple[list[int], list[int]]:
