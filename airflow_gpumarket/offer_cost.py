@@ -4,12 +4,15 @@ For each offer, from the fields a search returns and nothing else:
 
 - boot: provisioning, then the image pull at the offer's ``inet_down`` (Mbps) times ``pull_efficiency``, then
   extraction (the simulator's market model, ``gpumarket_simulator.hosts``, uses the same terms);
-- one attempt that succeeds: ``dph_total`` × (boot + expected runtime), plus the disk at ``storage_cost``
-  ($/GB/month) over that time, plus the data moved in and out at ``inet_down_cost`` and ``inet_up_cost`` ($/GB);
-  with ``boot_billed=False`` (a market that bills compute from running on) the boot costs only its disk;
-- the risk of failing: with probability 1 − ``reliability`` the attempt fails and what it billed until the
-  failure was noticed is lost (its boot, and for ``mid_job_share`` of failures half the runtime); the attempt that
-  then finishes the job costs about what this one would have (the failed host is in host memory by then).
+- one attempt that succeeds: ``dph_total`` × the expected runtime (× boot + runtime with ``boot_billed``: the
+  live service bills compute from ``running`` on, so by default a boot costs only its disk), plus the disk at
+  ``storage_cost`` ($/GB/month) over boot and runtime, plus the data moved in and out at ``inet_down_cost`` and
+  ``inet_up_cost`` ($/GB);
+- the risk of failing, with ``reliability`` read as the simulator's market reads it: an attempt fails to start with
+  probability 1 − reliability (its boot is lost), and a running job is lost at (1 − reliability) / (reliability ×
+  ``outage_hours``) per hour (uptime, in outages of that mean length), so a long job is lost more often, after it
+  billed the time it ran (without a checkpoint its work is lost); the expected cost is that of renting hosts like
+  this one until one finishes: the attempt + what a failure bills × p / (1 − p).
 
 Host memory (``avoided``): an offer on a machine that failed recently is skipped, whatever the reason (a GPU
 preflight, a boot past ``boot_timeout``, a failed status, a job lost mid-way), until its memory expires or is
@@ -38,6 +41,8 @@ SECONDS_PER_MONTH = 30 * 86400
 UNKNOWN_INET_DOWN_MBPS = 100.0
 #: The most a failure probability is taken to be: an offer with reliability 0 still gets a finite cost.
 MAX_FAILURE_PROBABILITY = 0.95
+#: The least reliability a loss rate is computed with (as the simulator's market).
+MIN_RELIABILITY = 0.05
 #: The runtime assumed of a job with no expected_runtime, no max_runtime and no earlier successful run, in seconds.
 DEFAULT_RUNTIME_SECONDS = 3600.0
 #: Offers the task log lists with their expected costs.
@@ -49,7 +54,8 @@ class CostModel:
     """What the ranking assumes of the job and of the market (seconds, GB).
 
     ``image_size_gb``: the compressed size of the job's image. ``transfer_in_gb``/``transfer_out_gb``: data copied to
-    and from the instance. ``mid_job_share``: of the failures, the share that come after the job started.
+    and from the instance. ``outage_hours``: the mean length of a host's outage (how often a running job is lost).
+    ``boot_billed``: whether compute is billed while the instance boots.
     """
 
     expected_runtime: float
@@ -60,8 +66,8 @@ class CostModel:
     provision_seconds: float = 40.0
     pull_efficiency: float = 0.5
     extract_seconds_per_gb: float = 10.0
-    mid_job_share: float = 0.3
-    boot_billed: bool = True
+    outage_hours: float = 2.0
+    boot_billed: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,8 +101,14 @@ class OfferCost:
         return (
             f"{head}: expected ${self.expected:.4f} = compute ${self.compute:.4f} (a boot of "
             f"{self.boot_seconds / 60:.1f} min, then the run) + disk ${self.disk:.4f} + transfer ${self.transfer:.4f} "
-            f"+ failure risk {self.failure_probability:.1%} x ${self.failure:.4f}"
+            f"+ {self.failed_attempts:.2f} failed attempts expected (risk {self.failure_probability:.1%} each) x "
+            f"${self.failure:.4f}"
         )
+
+    @property
+    def failed_attempts(self) -> float:
+        """How many attempts are expected to fail before one finishes, on hosts like this one."""
+        return self.failure_probability / (1.0 - self.failure_probability)
 
 
 def _num(value: Any, default: float = 0.0) -> float:
@@ -133,12 +145,25 @@ def offer_cost(offer: Mapping[str, Any], model: CostModel, memory: Any = None) -
     attempt = compute + disk + transfer
     p = min(MAX_FAILURE_PROBABILITY, max(0.0, 1.0 - _num(offer.get("reliability"), 1.0)))
     avoided_reason = None if memory is None else str(getattr(memory, "reason", "failed"))
-    mid_job = model.mid_job_share * model.expected_runtime / 2.0
-    failure = hourly / 3600.0 * (mid_job + (boot if model.boot_billed else 0.0)) + disk_rate * (boot + mid_job)
-    expected = attempt + p * failure
+    lost, ran = _lost_mid_job(1.0 - p, model)
+    booted = disk_rate * boot + (hourly * boot / 3600.0 if model.boot_billed else 0.0)
+    p_lost = (1.0 - p) * lost
+    p = min(MAX_FAILURE_PROBABILITY, p + p_lost)
+    failure = booted + (p_lost * (hourly / 3600.0 + disk_rate) * ran / p if p > 0 else 0.0)
+    expected = attempt + failure * p / (1.0 - p)
     if avoided_reason is not None:
         expected = math.inf
     return OfferCost(offer, expected, boot, attempt, compute, disk, transfer, p, failure, avoided_reason)
+
+
+def _lost_mid_job(reliability: float, model: CostModel) -> tuple[float, float]:
+    """(probability that a started job is lost before it ends, the mean seconds it ran when it is)."""
+    runtime = model.expected_runtime
+    rate = (1.0 - reliability) / (max(reliability, MIN_RELIABILITY) * model.outage_hours * 3600.0)
+    x = rate * runtime
+    if x < 1e-6:
+        return x, runtime / 2.0
+    return -math.expm1(-x), 1.0 / rate - runtime / math.expm1(x)
 
 
 def rank_offers(

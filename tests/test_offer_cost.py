@@ -37,12 +37,17 @@ def offer(offer_id: int, dph: float, reliability: float = 0.99, inet_down: float
     [
         # equal hosts: the cheaper per hour wins
         ([offer(1, 0.40), offer(2, 0.35)], CostModel(HOUR), 2, "also the cheapest expected"),
-        # a 20 GB image on a 20 Mbps host boots for hours: the faster host wins a one-hour job
-        ([offer(1, 0.40, inet_down=1000), offer(2, 0.35, inet_down=20)], CostModel(HOUR, image_size_gb=20), 1, "boot"),
-        # a flaky host fails half the time
-        ([offer(1, 0.40, 0.99), offer(2, 0.38, 0.5)], CostModel(4 * HOUR), 1, "fails 50.0%"),
-        # ... unless it is cheap enough to make up for what its failures waste
-        ([offer(1, 0.40, 0.99), offer(2, 0.30, 0.5)], CostModel(4 * HOUR), 2, "also"),
+        # where boot is billed, a 20 GB image on a 20 Mbps host boots for hours: the faster host wins a one-hour job
+        (
+            [offer(1, 0.40, inet_down=1000), offer(2, 0.35, inet_down=20)],
+            CostModel(HOUR, image_size_gb=20, boot_billed=True),
+            1,
+            "boot",
+        ),
+        # a flaky host fails half its starts and loses most four-hour jobs it starts
+        ([offer(1, 0.40, 0.99), offer(2, 0.38, 0.5)], CostModel(4 * HOUR), 1, "fails 93.2%"),
+        # ... but a somewhat less reliable host can be cheap enough to make up for what its failures waste
+        ([offer(1, 0.40, 0.99), offer(2, 0.30, 0.9)], CostModel(4 * HOUR), 2, "also"),
         # a long job makes the lower price matter more than the boot
         ([offer(1, 0.40, inet_down=1000), offer(2, 0.30, inet_down=200)], CostModel(24 * HOUR), 2, "also"),
         # data moved in at a dear bandwidth price
@@ -64,20 +69,39 @@ def test_the_parts_add_up_to_the_expected_cost():
     model = CostModel(HOUR, image_size_gb=5, disk_gb=30, transfer_in_gb=2, transfer_out_gb=1)
     (cost,) = rank_offers([offer(1, 0.36, 0.9, inet_down=400)], model)
     boot = 40 + 5 * 8000 / (400 * 0.5) + 5 * 10
+    disk_rate = 0.1 * 30 / (30 * 86400)
     assert cost.boot_seconds == pytest.approx(boot)
-    assert cost.compute == pytest.approx(0.36 * (boot + HOUR) / HOUR)
-    assert cost.disk == pytest.approx(0.1 * 30 * (boot + HOUR) / (30 * 86400))
+    assert cost.compute == pytest.approx(0.36)  # the live service bills no compute while it boots
+    assert cost.disk == pytest.approx(disk_rate * (boot + HOUR))
     assert cost.transfer == pytest.approx(2 * 0.01 + 1 * 0.01)
-    assert cost.failure_probability == pytest.approx(0.1)
-    wasted = boot + 0.3 * HOUR / 2
-    assert cost.failure == pytest.approx(0.36 * wasted / HOUR + 0.1 * 30 * wasted / (30 * 86400))
-    assert cost.expected == pytest.approx(cost.attempt + 0.1 * cost.failure)
+    rate = 0.1 / (0.9 * 2 * HOUR)  # reliability read as uptime, in outages of two hours
+    lost = 1 - math.exp(-rate * HOUR)
+    ran = 1 / rate - HOUR / math.expm1(rate * HOUR)
+    p = 0.1 + 0.9 * lost
+    assert cost.failure_probability == pytest.approx(p)
+    assert cost.failure == pytest.approx(disk_rate * boot + 0.9 * lost * (0.36 / HOUR + disk_rate) * ran / p)
+    assert cost.expected == pytest.approx(cost.attempt + cost.failure * p / (1 - p))
+    assert f"+ {p / (1 - p):.2f} failed attempts expected (risk {p:.1%} each) x ${cost.failure:.4f}" in cost.explain()
+
+
+@pytest.mark.parametrize("reliability", [0.5, 0.8, 0.99])
+def test_the_expected_cost_is_renting_hosts_like_this_one_until_one_finishes(reliability):
+    runtime, dph = 3 * HOUR, 0.30
+    (cost,) = rank_offers([offer(1, dph, reliability, storage_cost=0.0)], CostModel(runtime))
+    rate = (1 - reliability) / (reliability * 2 * HOUR)
+    assert cost.expected == pytest.approx(dph / HOUR * math.expm1(rate * runtime) / rate)
+
+
+def test_the_longer_the_job_the_more_a_flaky_hosts_losses_cost():
+    flaky, steady = offer(1, 0.30, 0.8), offer(2, 0.33, 0.99)
+    assert rank_offers([flaky, steady], CostModel(HOUR / 6))[0].offer_id == 1
+    assert rank_offers([flaky, steady], CostModel(3 * HOUR))[0].offer_id == 2
 
 
 def test_without_boot_billing_a_slow_host_costs_only_its_disk_while_it_boots():
     fast, slow = offer(1, 0.40, 1.0, inet_down=2000), offer(2, 0.39, 1.0, inet_down=50)
-    assert rank_offers([fast, slow], CostModel(HOUR, image_size_gb=10))[0].offer_id == 1
-    (cost, _) = rank_offers([fast, slow], CostModel(HOUR, image_size_gb=10, boot_billed=False))
+    assert rank_offers([fast, slow], CostModel(HOUR, image_size_gb=10, boot_billed=True))[0].offer_id == 1
+    (cost, _) = rank_offers([fast, slow], CostModel(HOUR, image_size_gb=10))
     assert cost.offer_id == 2 and cost.compute == pytest.approx(0.39)
 
 
@@ -111,7 +135,7 @@ def test_ties_keep_the_search_order():
 
 def test_the_task_log_shows_the_top_offers_and_why_the_chosen_one_won():
     offers = [offer(i, 0.30 + i / 100, inet_down=20 if i == 0 else 1000) for i in range(8)]
-    lines = offer_cost.choice_log(rank_offers(offers, CostModel(HOUR, image_size_gb=10)))
+    lines = offer_cost.choice_log(rank_offers(offers, CostModel(HOUR, image_size_gb=10, boot_billed=True)))
     assert len(lines) == offer_cost.TOP_SHOWN + 1
     assert lines[0].startswith("1. offer 1 ") and "expected $" in lines[0]
     assert lines[-1].startswith("Chose offer 1 ") and "offer 0" in lines[-1] and "20 Mbps" in lines[-1]

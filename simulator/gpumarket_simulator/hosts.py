@@ -7,14 +7,21 @@ every boot takes 1 to 5 minutes whatever the image, and only an offer's ``fate``
 With a profile on, each rental's outcome is drawn when it is created, from a stream of its own:
 
 - its boot: provisioning, then the image pull at the offer's ``inet_down`` (Mbps, as the live offers show it) times
-  ``pull_efficiency``, then extraction at ``extract_seconds_per_gb``;
+  ``pull_efficiency``, then extraction at ``extract_seconds_per_gb``; a boot bills its disk but no compute, as the
+  live service bills (compute from ``running`` on);
 - a machine marked ``gpu_check: "fail"`` boots, but its ``nvidia-smi`` answers that no driver is loaded;
-- any other machine fails with probability ``1 - reliability``, so reliability predicts failures, and a flaky
-  machine (low reliability) fails again and again: at boot (ends ``exited``, ``unknown`` or ``offline``) or, for
-  ``lost_mid_job_share`` of the failures, after it ran for an exponential time of mean ``lost_after_seconds``;
+- any other machine fails to start with probability ``1 - reliability`` (ends ``exited``, ``unknown`` or
+  ``offline``), and drops a running instance at ``loss_rate_per_hour(reliability)``: reliability read as uptime, in
+  outages of mean ``outage_hours``. So reliability predicts failures, a flaky machine (low reliability) fails again
+  and again, and a long job is lost more often than a short one, after it billed the hours it ran;
 - a bid is outbid at a rate that rises as it approaches the machine's floor: ``outbid_per_hour_at_floor`` times
   ``((dph_total - bid) / (dph_total - floor)) ** outbid_shape`` per hour (none at the on-demand price), and it
   stays outbid for ``outbid_seconds``.
+
+The hosts a profile adds are priced by their kind: flaky and GPU-faulty ones in ``price_factor_unreliable`` of the
+type's base price, mostly unverified and, unverified, on the slower half of the download speeds; healthy ones in
+``price_factor_healthy``, mostly verified. docs/simulator.md names the public source of each default, and says
+which figures are the simulator's own.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ NVIDIA_SMI_NO_DRIVER = (
     "Make sure that the latest NVIDIA driver is installed and running."
 )
 NVIDIA_SMI_NO_DRIVER_STATUS = 9
+#: The least reliability a loss rate is computed with: a machine of reliability 0 still drops jobs at a finite rate.
+MIN_RELIABILITY = 0.05
 
 
 @dataclass(frozen=True)
@@ -59,13 +68,19 @@ class HostProfile:
     reliability_flaky: tuple[float, float] = (0.40, 0.80)
     #: A machine whose GPU check fails shows a reliability only a little lower than a healthy one's.
     reliability_gpu_fault: tuple[float, float] = (0.90, 0.98)
-    lost_mid_job_share: float = 0.3
-    lost_after_seconds: float = 1800.0
+    #: Mean length of a host's outage, hours: with reliability read as uptime, how often it drops a running job.
+    outage_hours: float = 2.0
+    #: Prices of the added offers, as factors of their type's base price per GPU-hour, by the host's kind.
+    price_factor_healthy: tuple[float, float] = (0.85, 1.4)
+    price_factor_unreliable: tuple[float, float] = (0.75, 1.1)
+    #: Shares of the added hosts that are verified, by kind; an unverified host downloads on the slower half.
+    verified_share_healthy: float = 0.8
+    verified_share_unreliable: float = 0.2
     outbid_per_hour_at_floor: float = 0.5
     outbid_shape: float = 2.0
     outbid_seconds: tuple[float, float] = (300.0, 1800.0)
     #: Offers added to each GPU type of the generated world, with hosts of every kind.
-    extra_offers_per_gpu_type: int = 20
+    extra_offers_per_gpu_type: int = 100
 
     def image_gb(self, image: str | None) -> float:
         return self.image_sizes_gb.get(image or "", self.default_image_gb)
@@ -76,6 +91,13 @@ class HostProfile:
         gb = self.image_gb(image)
         pull = gb * 8000.0 / max(offer.inet_down * self.pull_efficiency, 1e-3)
         return provisioning, provisioning + pull + gb * self.extract_seconds_per_gb
+
+    def loss_rate_per_hour(self, reliability: float) -> float:
+        """Running instances lost per hour: reliability read as uptime, in outages of mean ``outage_hours``."""
+        # Down 1 - r of the time in outages of mean D hours: an outage every r * D / (1 - r) hours of uptime.
+        if reliability >= 1.0:
+            return 0.0
+        return (1.0 - reliability) / (max(reliability, MIN_RELIABILITY) * self.outage_hours)
 
     def add_losses(self, rng: random.Random, inst: Instance, now: float, final: str | None) -> None:
         """Add to a boot's schedule the loss of a job mid-way, and a bid's outbid, when they come."""
@@ -100,7 +122,6 @@ PRESETS: dict[str, HostProfile] = {
         inet_down_mbps=(500.0, 5000.0),
         gpu_check_failure_share=0.01,
         flaky_share=0.03,
-        lost_mid_job_share=0.2,
         outbid_per_hour_at_floor=0.2,
     ),
     "typical": HostProfile(),
@@ -110,8 +131,6 @@ PRESETS: dict[str, HostProfile] = {
         gpu_check_failure_share=0.12,
         flaky_share=0.25,
         reliability_flaky=(0.3, 0.7),
-        lost_mid_job_share=0.4,
-        lost_after_seconds=1200.0,
         outbid_per_hour_at_floor=1.5,
     ),
 }
@@ -123,8 +142,16 @@ _RANGES = (
     "reliability_flaky",
     "reliability_gpu_fault",
     "outbid_seconds",
+    "price_factor_healthy",
+    "price_factor_unreliable",
 )
-_SHARES = ("gpu_check_failure_share", "flaky_share", "lost_mid_job_share", "pull_efficiency")
+_SHARES = (
+    "gpu_check_failure_share",
+    "flaky_share",
+    "pull_efficiency",
+    "verified_share_healthy",
+    "verified_share_unreliable",
+)
 
 
 def parse_profile(value: Any) -> HostProfile | None:
@@ -180,9 +207,10 @@ def profile_view(profile: HostProfile | None) -> dict[str, Any] | None:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in view.items()}
 
 
-def draw_inet_down(rng: random.Random, low: float, high: float) -> float:
-    """A download speed in Mbps, log-uniform in [low, high]."""
-    return round(math.exp(rng.uniform(math.log(low), math.log(high))), 1)
+def draw_inet_down(rng: random.Random, low: float, high: float, *, verified: bool = True) -> float:
+    """A download speed in Mbps, log-uniform in [low, high]; an unverified host's in the slower half (log scale)."""
+    top = math.log(high) if verified else (math.log(low) + math.log(high)) / 2
+    return round(math.exp(rng.uniform(math.log(low), top)), 1)
 
 
 @dataclass(frozen=True)
@@ -192,6 +220,10 @@ class HostKind:
     reliability: float
     gpu_check: str
     flaky: bool
+
+    @property
+    def unreliable(self) -> bool:
+        return self.flaky or self.gpu_check == "fail"
 
 
 def draw_host(rng: random.Random, profile: HostProfile) -> HostKind:
@@ -205,7 +237,7 @@ def draw_host(rng: random.Random, profile: HostProfile) -> HostKind:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One rental's drawn outcome: how it ends after booting, and when a job on it is lost (None: never)."""
+    """One rental's drawn outcome: how it ends after booting, and after how long running it is lost (None: never)."""
 
     fate: str
     lost_after: float | None = None
@@ -213,12 +245,13 @@ class Attempt:
 
 
 def draw_attempt(rng: random.Random, profile: HostProfile, reliability: float) -> Attempt:
-    if rng.random() >= 1.0 - reliability:
+    """Fails to start with probability ``1 - reliability``; else lost after an exponential time running."""
+    if rng.random() < 1.0 - reliability:
+        return Attempt(rng.choice(FAILED_STATUSES))
+    rate = profile.loss_rate_per_hour(reliability)
+    if rate <= 0:
         return Attempt("running")
-    status = rng.choice(FAILED_STATUSES)
-    if rng.random() < profile.lost_mid_job_share:
-        return Attempt("running", rng.expovariate(1.0 / profile.lost_after_seconds), status)
-    return Attempt(status)
+    return Attempt("running", rng.expovariate(rate / 3600.0), rng.choice(FAILED_STATUSES))
 
 
 #: Where the offers a market profile adds begin: machine ids, offer ids.
@@ -238,14 +271,17 @@ def add_hosts(
     """
     rng = random.Random(f"gpumarket-market-{seed}")
     for offer in offers:
-        offer.inet_down = draw_inet_down(rng, *profile.inet_down_mbps)
+        offer.inet_down = draw_inet_down(rng, *profile.inet_down_mbps, verified=offer.verified)
     hosts = [60_000 + rng.randint(0, 9_999) for _ in range(16)]
     for type_index, (gpu_name, gpu_ram, price, dlperf) in enumerate(gpu_types):
         for slot in range(profile.extra_offers_per_gpu_type):
             i = type_index * 1000 + slot
             kind = draw_host(rng, profile)
-            # Hosts that fail are priced lower, as a market's unreliable hosts are (the simulator's choice).
-            factor = rng.uniform(0.75, 1.1) if kind.flaky or kind.gpu_check == "fail" else rng.uniform(0.85, 1.4)
+            if kind.unreliable:
+                factor, verified = rng.uniform(*profile.price_factor_unreliable), profile.verified_share_unreliable
+            else:
+                factor, verified = rng.uniform(*profile.price_factor_healthy), profile.verified_share_healthy
+            is_verified = rng.random() < verified
             num_gpus = rng.choice((1, 1, 1, 2, 4))
             dph = round(price * factor * num_gpus, 4)
             machine = Machine(id=EXTRA_MACHINE_BASE + i, host_id=rng.choice(hosts), disk_gb=2000.0)
@@ -260,12 +296,12 @@ def add_hosts(
                     gpu_ram=float(gpu_ram),
                     dph_total=dph,
                     reliability=kind.reliability,
-                    verified=rng.random() < 0.7,
+                    verified=is_verified,
                     direct_port_count=rng.choice((0, 8, 32, 100)),
                     dlperf_per_dphtotal=round(dlperf * num_gpus / dph, 2),
                     inet_up_cost=round(rng.uniform(0.001, 0.02), 4),
                     inet_down_cost=round(rng.uniform(0.001, 0.02), 4),
-                    inet_down=draw_inet_down(rng, *profile.inet_down_mbps),
+                    inet_down=draw_inet_down(rng, *profile.inet_down_mbps, verified=is_verified),
                     gpu_check=kind.gpu_check,
                 )
             )

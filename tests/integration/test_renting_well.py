@@ -119,8 +119,9 @@ def test_rule_a_passing_preflight_command_runs_before_the_job(market, task_log):
 def test_rule_a_host_lost_mid_job_is_remembered_and_its_failure_is_retryable(
     market, deferrable, tmp_path, host_memory_of_this_test_alone
 ):
-    lost = {"preset": "healthy", "flaky_share": 0, "lost_mid_job_share": 1.0, "lost_after_seconds": 120}
-    sim = market(offer(1, 0.20, reliability=0.0), market=lost)
+    # reliability 0.999 read as uptime in outages of 7 s: with this seed the rental starts, then is lost 10 min in
+    lost = {"preset": "healthy", "flaky_share": 0, "outage_hours": 7 / 3600}
+    sim = market(offer(1, 0.20, reliability=0.999), market=lost)
     with pytest.raises(GpuMarketHostFailed) as caught:
         run_to_the_end(job(command=f"until [ -f {tmp_path / 'never'} ]; do sleep 0.05; done", deferrable=deferrable))
     assert "Its machine is in host memory" in str(caught.value)

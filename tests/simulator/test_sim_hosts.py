@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gpumarket_simulator.hosts import PRESETS, HostProfile, nvidia_smi_script, parse_profile
+from gpumarket_simulator.hosts import EXTRA_OFFER_BASE, PRESETS, HostProfile, nvidia_smi_script, parse_profile
 from gpumarket_simulator.world import World
-from gpumarket_simulator.worldgen import build_world, load_world_file
+from gpumarket_simulator.worldgen import GPU_TYPES, build_world, load_world_file
 
 START = 1_700_000_000.0
 
@@ -82,23 +82,83 @@ def test_a_host_that_fails_the_gpu_check_boots_to_running_with_a_gpu_fault():
     assert inst.status == "running" and inst.gpu_fault
 
 
-def test_reliability_predicts_how_often_a_rental_fails():
-    w = world({"preset": "typical", "lost_mid_job_share": 0}, offer(1, reliability=0.99), offer(2, reliability=0.5))
+def booted(w: World, inst: Any) -> str | None:
+    w.update(inst.schedule[1][0] + 1)
+    return inst.status
+
+
+def test_reliability_predicts_how_often_a_rental_fails_to_start():
+    w = world("typical", offer(1, reliability=0.99), offer(2, reliability=0.5))
     ids = itertools.count(1)
     failures = {1: 0, 2: 0}
     for _ in range(200):
         for offer_id in failures:
-            failures[offer_id] += final_status(w, rent(w, offer_id, ids), 10_000) != "running"
+            inst = rent(w, offer_id, ids)
+            failures[offer_id] += booted(w, inst) != "running"
+            w.destroy(inst, w._last_update)
     assert failures[1] <= 10 and 70 <= failures[2] <= 130  # the flaky one fails again and again
 
 
-def test_a_share_of_failures_comes_mid_job():
-    w = world({"preset": "typical", "lost_mid_job_share": 1.0, "lost_after_seconds": 600}, offer(1, reliability=0.0))
-    inst = rent(w, 1, itertools.count(1))
-    w.update(inst.schedule[1][0] + 1)
-    assert inst.status == "running"
-    w.update(START + 100_000)
-    assert inst.status in ("exited", "unknown", "offline") and inst.first_running_at is not None
+def test_the_loss_rate_reads_reliability_as_uptime_in_outages_of_outage_hours():
+    p = parse_profile({"preset": "typical", "outage_hours": 4.0})
+    assert p.loss_rate_per_hour(1.0) == 0
+    assert p.loss_rate_per_hour(0.8) == pytest.approx(0.2 / (0.8 * 4.0))
+    rates = [p.loss_rate_per_hour(r) for r in (0.5, 0.9, 0.99)]
+    assert rates == sorted(rates, reverse=True)
+
+
+def test_a_long_job_is_lost_more_often_than_a_short_one():
+    w = world("typical", offer(1, reliability=0.8))  # lost at 0.125 per running hour
+    ids = itertools.count(1)
+    started = lost_by_10_min = lost_by_3_h = 0
+    for _ in range(300):
+        inst = rent(w, 1, ids)
+        if booted(w, inst) == "running":
+            started += 1
+            w.update(w._last_update + 600)
+            lost_by_10_min += inst.status != "running"
+            w.update(w._last_update + 3 * 3600 - 600)
+            lost_by_3_h += inst.status != "running"
+        w.destroy(inst, w._last_update)
+    assert lost_by_10_min <= 0.06 * started and 0.2 * started <= lost_by_3_h <= 0.45 * started
+
+
+def test_a_job_lost_mid_way_has_billed_the_hours_it_ran():
+    w = world({"preset": "typical", "outage_hours": 0.5}, offer(1, reliability=0.5))
+    ids = itertools.count(1)
+    while True:
+        inst = rent(w, 1, ids)
+        if booted(w, inst) == "running":
+            break
+        w.destroy(inst, w._last_update)
+    w.update(w._last_update + 100_000)
+    assert inst.status in ("exited", "unknown", "offline") and inst.lost_after is not None
+    assert inst.compute_seconds == pytest.approx(inst.lost_after, abs=1.5)
+    assert inst.compute_cost == pytest.approx(inst.lost_after / 3600, abs=0.01)
+
+
+def test_a_slow_boot_bills_its_disk_but_no_compute():
+    w = world({"preset": "typical", "image_sizes_gb": {"big": 20.0}}, offer(1, inet_down=20.0, reliability=1.0))
+    inst = rent(w, 1, itertools.count(1), image="big")
+    w.update(START + 3600)  # 20 GB at 20 Mbps x 0.5 takes hours to pull
+    assert inst.status in (None, "loading")
+    assert inst.compute_seconds == 0 and inst.storage_seconds == pytest.approx(3600)
+
+
+def test_the_cheap_hosts_are_the_unreliable_unverified_slow_ones():
+    w = build_world(0, START, {"market": "typical"})
+    added = [o for o in w.offers.values() if o.id >= EXTRA_OFFER_BASE]
+    base = {name: price for name, _, price, _ in GPU_TYPES}
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    unreliable = [o for o in added if o.gpu_check == "fail" or o.reliability < 0.9]
+    healthy = [o for o in added if o not in unreliable]
+    price = {id(o): o.dph_total / o.num_gpus / base[o.gpu_name] for o in added}
+    assert median([price[id(o)] for o in unreliable]) < median([price[id(o)] for o in healthy])
+    assert sum(o.verified for o in unreliable) / len(unreliable) < sum(o.verified for o in healthy) / len(healthy)
+    assert median([o.inet_down for o in added if not o.verified]) < median([o.inet_down for o in added if o.verified])
 
 
 def test_the_outbid_rate_rises_as_the_bid_approaches_the_floor():
@@ -129,6 +189,10 @@ def test_an_on_demand_rental_is_never_outbid():
         ({"inet_down_mbps": [500, 100]}, "market.inet_down_mbps"),
         ({"boot_speed": 2}, "unknown market fields"),
         ({"reliability_flaky": [0.5, 1.5]}, "market.reliability_flaky"),
+        ({"price_factor_healthy": [1.4, 0.85]}, "market.price_factor_healthy"),
+        ({"verified_share_unreliable": 1.2}, "market.verified_share_unreliable"),
+        ({"outage_hours": 0}, "market.outage_hours"),
+        ({"lost_mid_job_share": 0.3}, "unknown market fields"),
         (3, "market must be"),
     ],
 )
