@@ -99,8 +99,8 @@ class OfferCost:
         if self.avoided_reason is not None:
             return f"{head}: skipped, its machine is in host memory ({self.avoided_reason})"
         return (
-            f"{head}: expected ${self.expected:.4f} = compute ${self.compute:.4f} (a boot of "
-            f"{self.boot_seconds / 60:.1f} min, then the run) + disk ${self.disk:.4f} + transfer ${self.transfer:.4f} "
+            f"{head}, boot {self.boot_seconds / 60:.1f} min: expected ${self.expected:.4f} = compute "
+            f"${self.compute:.4f} + disk ${self.disk:.4f} + transfer ${self.transfer:.4f} "
             f"+ {self.failed_attempts:.2f} failed attempts expected (risk {self.failure_probability:.1%} each) x "
             f"${self.failure:.4f}"
         )
