@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from airflow_gpumarket.commands.common import EXIT_BAD_INPUT, EXIT_OK, CommandError, command, hook, table
-
-
-def _when(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+from airflow_gpumarket.spend_report import utc_time
 
 
 @command
@@ -29,7 +25,8 @@ def hosts(args: Any) -> int:
         print("No machine is avoided: no rental of this account failed on a host lately.")
         return EXIT_OK
     rows = [
-        (m.machine_id, m.reason, m.failures, _when(m.remembered_at), _when(m.expires_at), m.detail[:80]) for m in found
+        (m.machine_id, m.reason, m.failures, utc_time(m.remembered_at), utc_time(m.expires_at), m.detail[:80])
+        for m in found
     ]
     print(table(("MACHINE", "REASON", "FAILURES", "SINCE", "UNTIL", "DETAIL"), rows))
     return EXIT_OK
