@@ -114,7 +114,8 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
             )
         if self._held().host_lost(rental, event):
             raise GpuMarketHostFailed(
-                f"{sentence[0].upper()}{sentence[1:]}. Its machine is in host memory, so another try rents elsewhere."
+                f"{sentence[0].upper()}{sentence[1:]}. The host failed, not the job: a retry rents again, elsewhere "
+                "while host memory keeps this machine."
             )
         if result.kind is lifecycle.EventKind.JOB_FAILED:
             if not_started:

@@ -124,7 +124,7 @@ def test_rule_a_host_lost_mid_job_is_remembered_and_its_failure_is_retryable(
     sim = market(offer(1, 0.20, reliability=0.999), market=lost)
     with pytest.raises(GpuMarketHostFailed) as caught:
         run_to_the_end(job(command=f"until [ -f {tmp_path / 'never'} ]; do sleep 0.05; done", deferrable=deferrable))
-    assert "Its machine is in host memory" in str(caught.value)
+    assert "The host failed, not the job" in str(caught.value)
     assert sim.alive_instances() == []
     memory = hosts_of(sim, host_memory_of_this_test_alone).avoided()
     assert memory[501].reason == "lost"
