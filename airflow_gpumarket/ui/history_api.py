@@ -13,15 +13,10 @@ from fastapi import APIRouter, HTTPException, Request
 
 from airflow_gpumarket import task_history
 from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.ui import ledger_api
 from airflow_gpumarket.ui.ledger_api import signed_body_and_key
 
 router = APIRouter(prefix="/history")
-
-
-def _engine() -> Any:
-    from airflow import settings
-
-    return settings.engine
 
 
 @router.post("/median_runtime")
@@ -31,4 +26,4 @@ async def median_runtime(request: Request) -> dict[str, Any]:
         dag_id, task_id = task_history.check_task(body.get("dag_id"), body.get("task_id"))
     except GpuMarketValidationError as exc:
         raise HTTPException(400, str(exc)) from None
-    return {"seconds": task_history.median_runtime(_engine(), dag_id, task_id)}
+    return {"seconds": task_history.median_runtime(ledger_api.metadata_engine(), dag_id, task_id)}

@@ -14,15 +14,10 @@ from fastapi import APIRouter, HTTPException, Request
 
 from airflow_gpumarket import host_memory
 from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.ui import ledger_api
 from airflow_gpumarket.ui.ledger_api import signed_body_and_key
 
 router = APIRouter(prefix="/hosts")
-
-
-def _engine() -> Any:
-    from airflow import settings
-
-    return settings.engine
 
 
 @router.post("/remember")
@@ -33,7 +28,7 @@ async def remember(request: Request) -> dict[str, Any]:
         raise HTTPException(400, "detail must be a string")
     try:
         memory = host_memory.remember(
-            _engine(),
+            ledger_api.metadata_engine(),
             host_memory.account_of(api_key),
             host_memory.check_machine_id(body.get("machine_id")),
             host_memory.check_reason(body.get("reason")),
@@ -49,7 +44,7 @@ async def remember(request: Request) -> dict[str, Any]:
 @router.post("/avoided")
 async def avoided(request: Request) -> dict[str, Any]:
     _, api_key = await signed_body_and_key(request)
-    found = host_memory.avoided(_engine(), host_memory.account_of(api_key), now=time.time())
+    found = host_memory.avoided(ledger_api.metadata_engine(), host_memory.account_of(api_key), now=time.time())
     return {"machines": [m.to_json() for m in found.values()]}
 
 
@@ -59,7 +54,9 @@ async def clear(request: Request) -> dict[str, Any]:
     if body.get("machine_id") is None and body.get("all") is not True:
         raise HTTPException(400, "machine_id must be an integer, or give all: true to forget every machine")
     try:
-        cleared = host_memory.clear(_engine(), host_memory.account_of(api_key), body.get("machine_id"))
+        cleared = host_memory.clear(
+            ledger_api.metadata_engine(), host_memory.account_of(api_key), body.get("machine_id")
+        )
     except GpuMarketValidationError as exc:
         raise HTTPException(400, str(exc)) from None
     return {"cleared": cleared}

@@ -33,7 +33,8 @@ _UNSIGNED = (
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 
-def _engine() -> Any:
+def metadata_engine() -> Any:
+    """The metadata database's engine, as the api-server reaches it (the provider's routes and page read it here)."""
     from airflow import settings
 
     return settings.engine
@@ -78,7 +79,7 @@ async def signed_body_and_key(request: Request) -> tuple[dict[str, Any], str]:
         api_key = None
     if api_key is None or not hmac.compare_digest(budgets.signature(api_key, stamp, nonce, data), given):
         raise HTTPException(401, _UNSIGNED)
-    if not ledger.first_use(_engine(), nonce, stamp=int(stamp), now=now):
+    if not ledger.first_use(metadata_engine(), nonce, stamp=int(stamp), now=now):
         raise HTTPException(401, "this signed request was received before; each request is accepted once")
     return body, api_key
 
@@ -100,7 +101,7 @@ async def reserve(request: Request) -> dict[str, Any]:
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     try:
-        return ledger.reserve(_engine(), asked, now=time.time()).to_json()
+        return ledger.reserve(metadata_engine(), asked, now=time.time()).to_json()
     except ledger.BudgetRefused as exc:
         raise HTTPException(409, str(exc)) from None
 
@@ -117,7 +118,7 @@ async def attempts(request: Request) -> dict[str, Any]:
         if (value := _int_or_none(body, name)) is None:
             raise HTTPException(400, f"{name} must be an integer")
         asked[name] = value
-    return {"last": ledger.last_attempt(_engine(), conn_id=body["conn_id"], **asked)}
+    return {"last": ledger.last_attempt(metadata_engine(), conn_id=body["conn_id"], **asked)}
 
 
 @router.post("/attach")
@@ -126,7 +127,7 @@ async def attach(request: Request) -> dict[str, Any]:
     reservation_id, instance_id = _int_or_none(body, "id"), _int_or_none(body, "instance_id")
     if reservation_id is None or instance_id is None:
         raise HTTPException(400, "id and instance_id must be integers")
-    ledger.attach(_engine(), body["conn_id"], reservation_id, instance_id)
+    ledger.attach(metadata_engine(), body["conn_id"], reservation_id, instance_id)
     return {}
 
 
@@ -142,7 +143,7 @@ async def settle(request: Request) -> dict[str, Any]:
     if cost is not None and not (isinstance(cost, int | float) and not isinstance(cost, bool) and 0 <= cost < math.inf):
         raise HTTPException(400, "cost must be the rental's cost in dollars (0 or more), or null")
     settled = ledger.settle(
-        _engine(),
+        metadata_engine(),
         body["conn_id"],
         now=time.time(),
         reservation_id=reservation_id,
@@ -170,4 +171,4 @@ async def entries(request: Request) -> dict[str, Any]:
     since = body.get("since")
     if isinstance(since, bool) or not isinstance(since, int | float):
         raise HTTPException(400, "since must be a number of epoch seconds")
-    return {"entries": ledger.entries(_engine(), since=float(since), conn_id=body["conn_id"])}
+    return {"entries": ledger.entries(metadata_engine(), since=float(since), conn_id=body["conn_id"])}

@@ -23,11 +23,10 @@ def server(tmp_path, monkeypatch):
     from fastapi.testclient import TestClient
 
     from airflow_gpumarket.ui import app as app_module
-    from airflow_gpumarket.ui import host_memory_api, ledger_api
+    from airflow_gpumarket.ui import ledger_api
 
     engine = create_engine(f"sqlite:///{tmp_path}/airflow.db")
-    monkeypatch.setattr(ledger_api, "_engine", lambda: engine)
-    monkeypatch.setattr(host_memory_api, "_engine", lambda: engine)
+    monkeypatch.setattr(ledger_api, "metadata_engine", lambda: engine)
     monkeypatch.setenv(
         f"AIRFLOW_CONN_{CONN.upper()}",
         json.dumps({"conn_type": "gpumarket", "host": "http://127.0.0.1:9", "password": KEY}),

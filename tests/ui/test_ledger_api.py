@@ -29,7 +29,7 @@ def server(tmp_path, monkeypatch):
     from airflow_gpumarket.ui import ledger_api
 
     engine = create_engine(f"sqlite:///{tmp_path}/airflow.db")
-    monkeypatch.setattr(ledger_api, "_engine", lambda: engine)
+    monkeypatch.setattr(ledger_api, "metadata_engine", lambda: engine)
     monkeypatch.setenv(
         f"AIRFLOW_CONN_{CONN.upper()}",
         json.dumps({"conn_type": "gpumarket", "host": "http://127.0.0.1:9", "password": KEY}),
