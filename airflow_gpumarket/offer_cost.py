@@ -264,14 +264,6 @@ def check_image_size_gb(value: Any) -> float | None:
     return float(value)
 
 
-def check_preflight(value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise GpuMarketValidationError(
-            "preflight", f"must be a non-empty string of shell commands, or None; got {type(value).__name__}"
-        )
-    return value
-
-
 def check_deadline(value: Any, now: dt.datetime | None) -> dt.datetime | dt.timedelta | None:
     """``deadline``: a timezone-aware datetime after ``now`` (None: not compared), or a timedelta > 0."""
     if value is None:

@@ -9,6 +9,7 @@ import pytest
 
 from airflow_gpumarket import offer_cost
 from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.job_script import validate_preflight
 from airflow_gpumarket.offer_cost import CostModel, rank_offers
 
 HOUR = 3600.0
@@ -181,8 +182,8 @@ NOW = dt.datetime(2026, 11, 28, 12, tzinfo=dt.UTC)
         (offer_cost.check_expected_runtime, "1h", "expected_runtime"),
         (offer_cost.check_image_size_gb, -2, "image_size_gb"),
         (offer_cost.check_image_size_gb, True, "image_size_gb"),
-        (offer_cost.check_preflight, ["nvidia-smi"], "preflight"),
-        (offer_cost.check_preflight, "", "preflight"),
+        (lambda v: validate_preflight(0, v), ["nvidia-smi"], "preflight"),
+        (lambda v: validate_preflight(0, v), "", "preflight"),
         (lambda v: offer_cost.check_deadline(v, NOW), NOW - dt.timedelta(minutes=1), "deadline"),
         (lambda v: offer_cost.check_deadline(v, NOW), dt.datetime(2027, 1, 1), "deadline"),
         (lambda v: offer_cost.check_deadline(v, NOW), dt.timedelta(0), "deadline"),
@@ -200,7 +201,7 @@ def test_good_arguments_pass_in_their_normal_form():
     assert offer_cost.check_expected_runtime(dt.timedelta(hours=2)) == 7200.0
     assert offer_cost.check_expected_runtime(None) is None
     assert offer_cost.check_image_size_gb(7) == 7.0
-    assert offer_cost.check_preflight("python -c 'import torch'") == "python -c 'import torch'"
+    assert validate_preflight(0, "python -c 'import torch'") is None  # accepted as given
     later = NOW + dt.timedelta(hours=6)
     assert offer_cost.check_deadline(later, NOW) == later
     assert offer_cost.check_deadline(dt.timedelta(hours=6), NOW) == dt.timedelta(hours=6)

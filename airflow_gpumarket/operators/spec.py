@@ -261,7 +261,9 @@ class RentalSpec(_Frozen):
                     "runs in the provider's job wrapper, which runs only a command: give command, not onstart",
                 )
             if not (parse_time and is_templated(self.preflight)):
-                offer_cost.check_preflight(self.preflight)
+                from airflow_gpumarket.job_script import validate_preflight
+
+                validate_preflight(0, self.preflight)
         if self.deadline is not None:
             if not self.interruptible:
                 raise GpuMarketValidationError(
