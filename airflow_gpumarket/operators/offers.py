@@ -51,8 +51,8 @@ def ordered(
     """The offers in the order they are tried, the task log's lines on the choice, and how many host memory skipped.
 
     Offers on machines in host memory (``avoided``) are left out. With a ``model`` (``offer_choice="expected_cost"``)
-    the untried offers that have a price within ``max_dph`` are ranked by their expected cost (``offer_cost``), at
-    the bid they would be rented at; else the search's order stands.
+    the offers that have ``terms`` are ranked by their expected cost (``offer_cost``), at the price they would be
+    rented at; else the search's order stands.
     """
     kept = [offer for offer in offers if offer.get("machine_id") is None or offer.get("machine_id") not in avoided]
     skipped = len(offers) - len(kept)
@@ -62,11 +62,8 @@ def ordered(
 
         priced = {}
         for offer in kept:
-            if offer.get("id") in attempts.tried or not api.is_positive_number(offer.get("dph_total")):
-                continue
-            bid = bidding.bid_for(offer, spec.bidding.max_bid)[0] if bids(spec, attempts) else None
-            price = offer["dph_total"] if bid is None else bid
-            if not (bids(spec, attempts) and bid is None) and (spec.max_dph is None or price <= spec.max_dph):
+            price = terms(offer, spec, attempts)[0]
+            if price is not None:
                 priced[offer.get("id")] = (offer, {**offer, "dph_total": price})
         ranked = offer_cost.rank_offers([pair[1] for pair in priced.values()], model)
         if ranked:
@@ -90,32 +87,46 @@ def next_offer(
 ) -> tuple[Mapping[str, Any] | None, float | None, str]:
     """The offer to rent among ``offers`` (a search's answer) and its bid (None on demand); or no offer, and why.
 
-    Never an offer tried already, one on a machine a preemption took, one without a price, or one above ``max_dph``.
+    The first whose ``terms`` give a price.
     """
     skipped = ""
     for offer in offers:
-        if offer.get("id") in attempts.tried or offer.get("rentable") is False:
-            continue
-        if offer.get("machine_id") is not None and offer.get("machine_id") in attempts.lost_machines:
-            continue  # a preemption took this machine: never again
-        if not api.is_positive_number(offer.get("dph_total")):
-            skipped = f"offer {offer.get('id')} shows no price (dph_total), so its worst case cannot be reserved"
-            continue
-        bid = None
-        if bids(spec, attempts):
-            bid, skipped = bidding.bid_for(offer, spec.bidding.max_bid)
-            if bid is None:
-                continue
-        price = bid if bid is not None else offer["dph_total"]
-        if spec.max_dph is not None and price > spec.max_dph:
-            continue
-        return offer, bid, ""
+        price, bid, said = terms(offer, spec, attempts)
+        if said is not None:
+            skipped = said
+        if price is not None:
+            return offer, bid, ""
     pinned = spec.pinned_offer()
     if pinned is not None and not skipped and all(offer.get("id") != pinned for offer in offers):
         kind = "bid" if bids(spec, attempts) else spec.offer_type
         why = f"offer_id {pinned} is not found by a search for it ({kind}): it is taken or no longer listed"
         return None, None, why + ", and its price cannot be known before renting"
     return None, None, "no further matching offer" + (f" (the last one refused: {skipped})" if skipped else "")
+
+
+def terms(
+    offer: Mapping[str, Any], spec: RentalSpec, attempts: Attempts
+) -> tuple[float | None, float | None, str | None]:
+    """The price and bid (None on demand) ``offer`` would be rented at, or a None price; and what its bid or its
+    refusal said (None: nothing).
+
+    Never an offer tried already, one on a machine a preemption took, one without a price, or one above ``max_dph``.
+    """
+    if offer.get("id") in attempts.tried or offer.get("rentable") is False:
+        return None, None, None
+    if offer.get("machine_id") is not None and offer.get("machine_id") in attempts.lost_machines:
+        return None, None, None  # a preemption took this machine: never again
+    if not api.is_positive_number(offer.get("dph_total")):
+        return None, None, f"offer {offer.get('id')} shows no price (dph_total), so its worst case cannot be reserved"
+    bid, said = None, None
+    if bids(spec, attempts):
+        bid, said = bidding.bid_for(offer, spec.bidding.max_bid)
+        if bid is None:
+            return None, None, said
+    price = bid if bid is not None else offer["dph_total"]
+    if spec.max_dph is not None and price > spec.max_dph:
+        return None, None, said
+    return price, bid, said
 
 
 def gpu_count(offer: Mapping[str, Any]) -> int:
