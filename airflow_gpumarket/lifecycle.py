@@ -200,6 +200,7 @@ class Rental:
     read_at: float | None = None  # its watcher's last read, on that clock
     staged: bool = False  # its staged data arrived and its job started (``operators.stager``)
     disk_hourly: float = 0.0  # what its disk bills per hour, at the offer's storage_cost
+    inet_down: float | None = None  # the offer's download speed in Mbps: with its boot, the image's size
     ended_at: float | None = None  # when its instance was gone, on the service's clock
     cost: float | None = None  # then: what it cost, as ``cost_kind`` says (``operators.cost``)
     cost_kind: str | None = None

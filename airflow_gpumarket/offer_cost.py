@@ -128,6 +128,14 @@ def boot_seconds(offer: Mapping[str, Any], model: CostModel) -> float:
     return model.provision_seconds + pull + model.image_size_gb * model.extract_seconds_per_gb
 
 
+def image_gb_from_boot(boot: float, inet_down: float, model: CostModel | None = None) -> float:
+    """The image size, in GB, that ``boot_seconds`` would expect a host of ``inet_down`` Mbps to take ``boot`` to run
+    (0 for a boot no longer than provisioning: the image was already on the host)."""
+    model = model or CostModel(expected_runtime=0.0)
+    per_gb = 8000.0 / (inet_down * model.pull_efficiency) + model.extract_seconds_per_gb
+    return max(0.0, boot - model.provision_seconds) / per_gb
+
+
 def offer_cost(offer: Mapping[str, Any], model: CostModel, memory: Any = None) -> OfferCost:
     """The expected cost of finishing the job on ``offer`` (see the module docstring).
 

@@ -1,20 +1,28 @@
-"""A task's earlier running times, read from Airflow's own history: what the expected-cost choice assumes by default.
+"""What a task's earlier runs in Airflow's own history tell the expected-cost choice and deadlines by default.
 
-The figure is the job's own running time, not the task instance's duration: each renting task records its rentals
-(``ui/records.py``) with when the instance was first seen running and when it stopped (its job's wrapper stops it)
-or was destroyed, so the boot, which the choice prices on its own from the image's size, is left out. Only when none
-of the task's recent successes recorded a rental with those times (rentals made by an earlier version of the
-provider, records that could not be written) are their task instance durations used, boot and staging included.
+Each renting task records its rentals (``ui/records.py``): when the instance was created and first seen running,
+when it stopped (its job's wrapper stops it) or was destroyed, its image and its offer's download speed. From the
+records of the task's latest successful task instances:
+
+- the job's running time: the median over the latest rental of each, from running to stopped, so the boot is left
+  out (the choice prices boots on its own). Only when none of them recorded a rental with those times (rentals made
+  by an earlier version of the provider, records that could not be written) are their task instance durations used,
+  boot and staging included;
+- the image's size: the median of what each rental's boot implies at its offer's download speed
+  (``offer_cost.image_gb_from_boot``), over every rental of the same image that was seen running. A boot is seen at
+  a read, up to one poll interval late, so the figure errs large.
+
 Like host memory (``host_memory.py``) this module runs where the metadata database may be used: in the task on
-Airflow 2, in the api-server on Airflow 3 (``ui/host_memory_api.py``).
+Airflow 2, in the api-server on Airflow 3 (``ui/history_api.py``).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+from airflow_gpumarket import offer_cost
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.ui.records import (
     END_KEY_PREFIX,
@@ -31,12 +39,26 @@ RECENT_RUNS = 20
 TiKey = tuple[str, str, str, int]  # dag_id, run_id, task_id, map_index
 
 
+class Learned(NamedTuple):
+    """What the task's latest successes tell of its next run; None where they tell nothing."""
+
+    runtime: float | None = None  # the job's running time, in seconds
+    image_gb: float | None = None  # its image's size, in GB
+
+
 def check_task(dag_id: Any, task_id: Any) -> tuple[str, str]:
     """``dag_id`` and ``task_id`` as given; GpuMarketValidationError naming the one that is not a non-empty string."""
     for name, value in (("dag_id", dag_id), ("task_id", task_id)):
         if not isinstance(value, str) or not value:
             raise GpuMarketValidationError(name, f"must be a non-empty string, got {value!r}")
     return dag_id, task_id
+
+
+def check_image(image: Any) -> str | None:
+    """``image`` as given (None: not asked); GpuMarketValidationError when it is not a non-empty string."""
+    if image is not None and (not isinstance(image, str) or not image.strip()):
+        raise GpuMarketValidationError("image", f"must be a non-empty string or null, got {image!r}")
+    return image
 
 
 def job_seconds(records: Iterable[Mapping[str, Any]]) -> float | None:
@@ -54,6 +76,18 @@ def job_seconds(records: Iterable[Mapping[str, Any]]) -> float | None:
     return end - running_at
 
 
+def image_gb(records: Iterable[Mapping[str, Any]], image: str) -> list[float]:
+    """The image size each rental of ``image`` in ``records`` implies: its boot at its offer's download speed."""
+    sizes = []
+    for r in records:
+        created, running, down = number(r.get("created_at")), number(r.get("running_at")), number(r.get("inet_down"))
+        if r.get("image") != image or r.get("end_only") or created is None or running is None:
+            continue
+        if down is not None and down > 0 and running >= created:
+            sizes.append(offer_cost.image_gb_from_boot(running - created, down))
+    return sizes
+
+
 def median_of(
     durations: Mapping[TiKey, float | None], records: Mapping[TiKey, list[Mapping[str, Any]]]
 ) -> float | None:
@@ -64,14 +98,15 @@ def median_of(
     return float(statistics.median(figures)) if figures else None
 
 
-def median_runtime(engine: Any, dag_id: str, task_id: str, *, last: int = RECENT_RUNS) -> float | None:
-    """The median running time, in seconds, of the task's ``last`` latest successful task instances; None when it has
-    never succeeded."""
+def learned(engine: Any, dag_id: str, task_id: str, image: str | None = None, *, last: int = RECENT_RUNS) -> Learned:
+    """What the task's ``last`` latest successful task instances tell: the median job running time, and (given
+    ``image``) the median size their boots of it imply; ``Learned()`` when it has never succeeded."""
     from airflow.models.taskinstance import TaskInstance as TI
     from sqlalchemy import select, tuple_
     from sqlalchemy.orm import Session
 
     check_task(dag_id, task_id)
+    check_image(image)
     xcom = xcom_model()
     with Session(engine) as session:
         rows = session.execute(
@@ -82,7 +117,7 @@ def median_runtime(engine: Any, dag_id: str, task_id: str, *, last: int = RECENT
         ).all()
         durations = {(d, r, t, int(m)): _duration(took, start, end) for d, r, t, m, took, start, end in rows}
         if not durations:
-            return None
+            return Learned()
         found = session.scalars(
             select(xcom).where(
                 tuple_(xcom.dag_id, xcom.run_id, xcom.task_id, xcom.map_index).in_(list(durations)),
@@ -96,7 +131,8 @@ def median_runtime(engine: Any, dag_id: str, task_id: str, *, last: int = RECENT
             value = stored_value(xcom, row)
             if isinstance(value, dict):
                 records.setdefault((row.dag_id, row.run_id, row.task_id, int(row.map_index)), []).append(value)
-    return median_of(durations, records)
+    sizes = [] if image is None else [size for rs in records.values() for size in image_gb(rs, image)]
+    return Learned(median_of(durations, records), float(statistics.median(sizes)) if sizes else None)
 
 
 def _duration(took: Any, start: Any, end: Any) -> float | None:

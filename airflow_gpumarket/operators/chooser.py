@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
     from airflow_gpumarket.offer_cost import CostModel
     from airflow_gpumarket.operators.spec import RentalSpec
+    from airflow_gpumarket.task_history import Learned
 
 
 class OfferChooser:
@@ -41,7 +42,7 @@ class OfferChooser:
         self._hosts: Any = None  # host memory's client, made on first use; False once it could not be reached
         self._avoided: Mapping[int, Any] = {}
         self._model: CostModel | None = None
-        self._history: float | None = None  # read once; 0.0: none known
+        self._history: Learned | None = None  # read once
 
     def start(self) -> None:
         """Before the first offer of a ``rent``: host memory read (not for a pinned offer), the cost model made."""
@@ -122,38 +123,53 @@ class OfferChooser:
         spec, source = self.spec, "expected_runtime"
         runtime = check_expected_runtime(spec.expected_runtime)
         if runtime is None:
-            runtime, source = self.history_runtime(), "the median of this task's earlier successful runs"
+            runtime, source = self.history().runtime, "the median of this task's earlier successful runs"
         if runtime is None and spec.terms.max_runtime is not None:
             runtime, source = spec.terms.max_runtime, "max_runtime (no earlier successful run)"
         if runtime is None:
             runtime, source = DEFAULT_RUNTIME_SECONDS, "a default (no expected_runtime, max_runtime or earlier run)"
         model = CostModel(expected_runtime=float(runtime))
-        if spec.image_size_gb is not None:
-            model = replace(model, image_size_gb=float(spec.image_size_gb))
+        size, image_source = self.image_size_gb(), "image_size_gb"
+        if size is None:
+            image_source = "a default (no image_size_gb and no earlier boot of this image)"
+        else:
+            model = replace(model, image_size_gb=size)
+            if spec.image_size_gb is None:
+                image_source = "implied by this task's earlier boots of it"
         if (disk := spec.disk_gb()) is not None:
             model = replace(model, disk_gb=disk)
         self.log.info(
-            "Offer choice by expected cost: the job is expected to run %s (%s), its image to be %g GB",
+            "Offer choice by expected cost: the job is expected to run %s (%s), its image to be %.3g GB (%s)",
             lifecycle.format_duration(model.expected_runtime),
             source,
             model.image_size_gb,
+            image_source,
         )
         return model
 
-    def history_runtime(self) -> float | None:
-        """The median of this task's earlier successful durations in Airflow's history, if host memory can read it."""
-        if self._history is not None:
-            return self._history or None
-        self._history = self._read_history() or 0.0
-        return self._history or None
+    def image_size_gb(self) -> float | None:
+        """The image's size in GB: ``image_size_gb`` when given, else what the task's earlier boots of it imply."""
+        if self.spec.image_size_gb is not None:
+            return float(self.spec.image_size_gb)
+        return self.history().image_gb
 
-    def _read_history(self) -> float | None:
+    def history(self) -> Learned:
+        """What the task's earlier successes tell (its job's running time, its image's size), read once per try."""
+        if self._history is None:
+            self._history = self._read_history()
+        return self._history
+
+    def _read_history(self) -> Learned:
+        from airflow_gpumarket.task_history import Learned
+
         hosts = self.host_memory()
         if hosts is None or not all(self._task_ids):  # a task outside a DAG has no history
-            return None
+            return Learned()
+        image = self.spec.instance.get("image")
         try:
-            median = hosts.median_runtime(*self._task_ids)
-        except Exception as exc:  # noqa: BLE001 - a default stands in
-            self.log.warning("Could not read this task's earlier durations: %s", exc)
-            return None
-        return float(median) if api.is_positive_number(median) else None
+            learned = hosts.history(*self._task_ids, image if isinstance(image, str) and image.strip() else None)
+        except Exception as exc:  # noqa: BLE001 - defaults stand in
+            self.log.warning("Could not read this task's earlier runs: %s", exc)
+            return Learned()
+        runtime, size = learned
+        return Learned(runtime if api.is_positive_number(runtime) else None, size)

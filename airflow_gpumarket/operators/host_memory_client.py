@@ -42,19 +42,18 @@ class DirectHostMemory:
     def clear(self, machine_id: int | None = None) -> int:
         return host_memory.clear(self.engine, self.account, machine_id)
 
-    def median_runtime(self, dag_id: str, task_id: str) -> float | None:
-        """The median running time, in seconds, of the task's latest successes (``task_history``); None without one.
+    def history(self, dag_id: str, task_id: str, image: str | None = None) -> task_history.Learned:
+        """What the task's latest successes tell: its job's median running time, its image's size (``task_history``).
 
-        :raises GpuMarketValidationError: ``dag_id`` or ``task_id`` is no non-empty string (nothing is read).
+        :raises GpuMarketValidationError: ``dag_id``, ``task_id`` or ``image`` is no non-empty string (nothing is read).
         :raises AirflowException: the history could not be read.
         """
         task_history.check_task(dag_id, task_id)
+        task_history.check_image(image)
         try:
-            return task_history.median_runtime(self.engine, dag_id, task_id)
-        except Exception as exc:  # noqa: BLE001 - any failure of the read: the caller goes on without the figure
-            raise AirflowException(
-                f"Could not read the earlier running times of task {dag_id}.{task_id}: {exc}"
-            ) from exc
+            return task_history.learned(self.engine, dag_id, task_id, image)
+        except Exception as exc:  # noqa: BLE001 - any failure of the read: the caller goes on without the figures
+            raise AirflowException(f"Could not read the earlier runs of task {dag_id}.{task_id}: {exc}") from exc
 
 
 class ApiServerHostMemory:
@@ -88,18 +87,19 @@ class ApiServerHostMemory:
         body = {"all": True} if machine_id is None else {"machine_id": host_memory.check_machine_id(machine_id)}
         return int(self._post("clear", body)["cleared"])
 
-    def median_runtime(self, dag_id: str, task_id: str) -> float | None:
-        """The median running time, in seconds, of the task's latest successes (``task_history``); None without one.
+    def history(self, dag_id: str, task_id: str, image: str | None = None) -> task_history.Learned:
+        """What the task's latest successes tell: its job's median running time, its image's size (``task_history``).
 
-        :raises GpuMarketValidationError: ``dag_id`` or ``task_id`` is no non-empty string (nothing is sent).
+        :raises GpuMarketValidationError: ``dag_id``, ``task_id`` or ``image`` is no non-empty string (nothing is sent).
         :raises AirflowException: the api-server did not answer, or refused.
         """
         task_history.check_task(dag_id, task_id)
-        answer = self._post("median_runtime", {"dag_id": dag_id, "task_id": task_id}, history=True)
-        seconds = answer.get("seconds") if isinstance(answer, dict) else None
-        if seconds is not None and not (isinstance(seconds, int | float) and not isinstance(seconds, bool)):
-            raise AirflowException(f"The task history at {self.history_url} answered no number of seconds: {answer!r}")
-        return None if seconds is None else float(seconds)
+        task_history.check_image(image)
+        answer = self._post("learned", {"dag_id": dag_id, "task_id": task_id, "image": image}, history=True)
+        figures = [answer.get(name) if isinstance(answer, dict) else "" for name in ("runtime_seconds", "image_gb")]
+        if not all(f is None or (isinstance(f, int | float) and not isinstance(f, bool)) for f in figures):
+            raise AirflowException(f"The task history at {self.history_url} answered no figures: {answer!r}")
+        return task_history.Learned(*(None if f is None else float(f) for f in figures))
 
 
 def host_memory_client(hook: Any, conn_id: str) -> DirectHostMemory | ApiServerHostMemory:

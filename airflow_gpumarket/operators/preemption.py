@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from airflow_gpumarket.operators.guard import RentalGuard
     from airflow_gpumarket.operators.spec import RentalSpec
     from airflow_gpumarket.operators.stager import Stager
+    from airflow_gpumarket.task_history import Learned
 
 
 class Preemptions:
@@ -33,8 +34,8 @@ class Preemptions:
     :param guard: the session's guard, which destroys a preempted instance.
     :param stager: the session's stager when the task stages data (the checkpoint's source is kept), else None.
     :param started: when the try started (epoch seconds), from which a ``timedelta`` deadline counts.
-    :param learned_runtime: the median of the task's earlier successful runs in seconds, when known: the deadline's
-        expected work when ``expected_runtime`` is not given.
+    :param learned: what the task's earlier successes tell (``task_history``), when read: the deadline's expected
+        work when ``expected_runtime`` is not given, and its image's size when ``image_size_gb`` is not.
     """
 
     def __init__(
@@ -46,14 +47,15 @@ class Preemptions:
         stager: Stager | None,
         *,
         started: float | None = None,
-        learned_runtime: float | None = None,
+        learned: Learned | None = None,
     ) -> None:
         self.hook = hook
         self.log = log
         self.spec = spec
         self.guard = guard
         self.stager = stager
-        self.learned_runtime = learned_runtime
+        self.learned_runtime: float | None = learned.runtime if learned else None
+        self.learned_image_gb: float | None = learned.image_gb if learned else None
         self.deadline: float | None = None  # epoch seconds, for an interruptible task with a deadline
         if spec.interruptible and spec.deadline is not None:
             self.deadline = deadlines.deadline_at(spec.deadline, time.time() if started is None else started)
@@ -135,7 +137,7 @@ class Preemptions:
             done=attempts.work_done,
             checkpointed=bool(spec.checkpoint_dir),
             boot_seen=self._boot,
-            image_size_gb=offer_cost.check_image_size_gb(spec.image_size_gb),
+            image_size_gb=offer_cost.check_image_size_gb(spec.image_size_gb) or self.learned_image_gb,
             notice=spec.poll_interval,
         )
         return deadlines.decide(self.deadline, time.time(), estimate)

@@ -47,8 +47,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         the risk of a failed attempt; ``airflow_gpumarket.offer_cost``). The task log shows the top offers and why.
     :param expected_runtime: how long the job is expected to run (``offer_choice="expected_cost"`` and
         ``deadline``); default: the median of this task's earlier successful runs, else ``max_runtime``'s.
-    :param image_size_gb: the image's compressed size in GB, from which each offer's boot time is expected
-        (default 6).
+    :param image_size_gb: the image's compressed size in GB, from which each offer's boot time is expected;
+        default: what this task's earlier boots of the image imply, else 6.
     :param preflight: shell commands the job wrapper runs before the command, after checking that the GPUs the offer
         promised are visible; a failed check destroys the instance, remembers its machine and fails over.
     :param avoid_failed_hosts: skip machines that failed a rental of this account recently (host memory, kept in

@@ -75,7 +75,7 @@ class RentalSession:
         self.log = log
         self.spec = spec
         conn_id = task.gpumarket_conn_id
-        self._recorder = RentalRecorder(context, log, conn_id, clock=hook.service_now)
+        self._recorder = RentalRecorder(context, log, conn_id, clock=hook.service_now, image=spec.instance.get("image"))
         self._budget = Budget(hook, log, context, dag_id=task.dag_id or "", task_id=task.task_id, conn_id=conn_id)
         store = context.get("task_state_store") if task.durable and isinstance(context, Mapping) else None
         self._guard = RentalGuard(
@@ -168,10 +168,10 @@ class RentalSession:
             self._stager.resolve()
         spec = self.spec
         learned = None
-        if spec.deadline is not None and spec.expected_runtime is None:  # the deadline's work: learnt from history
-            learned = self._chooser.history_runtime()
+        if spec.deadline is not None and None in (spec.expected_runtime, spec.image_size_gb):
+            learned = self._chooser.history()  # the deadline's work and boot: learnt from history
         self._preemptions = Preemptions(
-            self.hook, self.log, spec, self._guard, self._stager, started=self._started, learned_runtime=learned
+            self.hook, self.log, spec, self._guard, self._stager, started=self._started, learned=learned
         )
 
     def rent(self, attempts: lifecycle.Attempts) -> lifecycle.Rental:
@@ -270,6 +270,7 @@ class RentalSession:
             machine_id=offer.get("machine_id"),
             attempts=attempts,
             disk_hourly=budgets.storage_hourly(spec.disk_gb(), offer.get("storage_cost")),
+            inet_down=float(down) if api.is_positive_number(down := offer.get("inet_down")) else None,
         )
         self._start(rental)
         self.check_duplicates(rental)

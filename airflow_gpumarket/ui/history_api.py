@@ -1,8 +1,8 @@
 """The route to a task's history in the api-server, for Airflow 3 tasks, which may not use the metadata database.
 
 Signed as the budget ledger's routes are (``ui/ledger_api.py``), so only a holder of a connection's API key may ask.
-It answers the median running time of a task's latest successes (``task_history``); bad input answers 400 naming the
-field.
+It answers what a task's latest successes tell (``task_history.learned``): its job's median running time and, given
+an image, the size its boots imply; bad input answers 400 naming the field.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from airflow_gpumarket.ui.ledger_api import signed_body_and_key
 router = APIRouter(prefix="/history")
 
 
-@router.post("/median_runtime")
-async def median_runtime(request: Request) -> dict[str, Any]:
+@router.post("/learned")
+async def learned(request: Request) -> dict[str, Any]:
     body, _ = await signed_body_and_key(request)
     try:
         dag_id, task_id = task_history.check_task(body.get("dag_id"), body.get("task_id"))
+        image = task_history.check_image(body.get("image"))
     except GpuMarketValidationError as exc:
         raise HTTPException(400, str(exc)) from None
-    return {"seconds": task_history.median_runtime(ledger_api.metadata_engine(), dag_id, task_id)}
+    runtime, image_gb = task_history.learned(ledger_api.metadata_engine(), dag_id, task_id, image)
+    return {"runtime_seconds": runtime, "image_gb": image_gb}

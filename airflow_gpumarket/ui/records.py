@@ -56,8 +56,11 @@ def started(
     try_number: int | None,
     handed_over: bool = False,
     disk_hourly: float = 0.0,
+    image: str | None = None,
+    inet_down: float | None = None,
 ) -> dict[str, Any]:
-    """A rental's record when its instance was created."""
+    """A rental's record when its instance was created (``image`` and the offer's ``inet_down``: what its boot
+    tells of the image's size, ``task_history``)."""
     return {
         "instance_id": int(instance_id),
         "conn_id": conn_id,
@@ -65,6 +68,8 @@ def started(
         "gpu_name": gpu_name,
         "hourly_price": hourly_price,
         "disk_hourly": round(disk_hourly, 6),
+        "image": image if isinstance(image, str) else None,
+        "inet_down": inet_down,
         "interruptible": bid is not None,
         "created_at": round(created_at, 3),
         "try_number": try_number,
@@ -185,11 +190,12 @@ class RentalRecorder:
     its rental is still destroyed; only the page loses sight of it.
     """
 
-    def __init__(self, context: Any, log: Any, conn_id: str, clock: Callable[[], float]) -> None:
+    def __init__(self, context: Any, log: Any, conn_id: str, clock: Callable[[], float], *, image: Any = None) -> None:
         self._ti = context.get("ti") if isinstance(context, Mapping) else None
         self._log = log
         self._conn_id = conn_id
         self._clock = clock
+        self._image = image  # the rentals' image, rendered
         self._open: dict[int, tuple[dict[str, Any], Any]] = {}  # instance id -> (its record, its lifecycle.Rental)
         self.recorded = False  # whether this try holds a rental whose address its XCom has
         self.latest: tuple[dict[str, Any], Any] | None = None  # the latest rental's record and Rental (lineage)
@@ -216,6 +222,8 @@ class RentalRecorder:
             created_at=rental.recorded_at,
             try_number=number if isinstance(number, int) else None,
             handed_over=handed_over,
+            image=self._image,
+            inet_down=getattr(rental, "inet_down", None),
         )
         self._open[rental.instance_id] = self.latest = (record, rental)
         if rental.running_at is not None:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from airflow_gpumarket import deadlines, lifecycle
+from airflow_gpumarket import deadlines, lifecycle, task_history
 from airflow_gpumarket._compat import TaskDeferred
 from airflow_gpumarket.operators.guard import RentalGuard
 from airflow_gpumarket.operators.preemption import Preemptions
@@ -164,3 +164,16 @@ def test_rule_a_rental_preempted_again_after_winning_its_machine_back_is_credite
     attempts.credit_work(1001, 1800.0)  # its first run again, with the wait and a second run: not counted twice
     attempts.credit_work(1002, 300.0)
     assert attempts.work_done == 900.0
+
+
+@pytest.mark.parametrize(("learned", "bids"), [(None, False), (task_history.Learned(None, 0.5), True)])
+def test_rule_the_deadline_expects_boots_of_the_image_size_earlier_boots_imply(monkeypatch, learned, bids):
+    """Bidding needs the hour's job twice, a poll and two boots: 2 h 45 min with the default 6 GB on a slow host,
+    2 h 14 min with the 0.5 GB the task's earlier boots imply; the deadline is 2 h 30 min away."""
+    use_clock(monkeypatch)
+    hook = BidMarketHook({}, destroy_worked=True)
+    spec = RentalSpec.of(job(hook, interruptible=True, deadline=timedelta(hours=2, minutes=30), **HOUR_JOB))
+    handler = Preemptions(hook, LOG, spec, RentalGuard(hook, LOG, "0123456789ab"), None, learned=learned)
+    attempts = lifecycle.Attempts()
+    handler.before_renting(attempts)
+    assert attempts.on_demand is not bids
