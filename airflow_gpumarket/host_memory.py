@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, String, Table, and_, delete, select, update
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.ledger import create_racing
 
 #: How long a machine is avoided after it failed, unless told otherwise.
 DEFAULT_TTL_SECONDS = 24 * 3600.0
@@ -105,10 +106,7 @@ def ensure_table(engine: Any) -> None:
     with _ready_lock:
         if url in _ready:
             return
-        try:
-            metadata.create_all(engine, checkfirst=True)
-        except (OperationalError, ProgrammingError, IntegrityError):
-            metadata.create_all(engine, checkfirst=True)  # another process made it between check and create
+        create_racing(lambda: metadata.create_all(engine, checkfirst=True))
         _ready.add(url)
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +176,23 @@ class Request:
         return cls(**fields)  # a "limits" field (sent by earlier versions) is ignored: the Variable says
 
 
+#: Passes over a creation step that other processes may run at the same time.
+DDL_PASSES = 5
+
+
+def create_racing(step: Callable[[], Any], passes: int = DDL_PASSES) -> None:
+    """Run a step that creates tables or indexes while other processes may create them too: a pass that fails on what
+    another made between its check and its create is run again, and a later pass finds it made."""
+    for done in range(1, passes + 1):
+        try:
+            step()
+            return
+        except (OperationalError, ProgrammingError, IntegrityError):
+            if done == passes:
+                raise
+            time.sleep(0.05 * done)  # the other process's transaction commits meanwhile
+
+
 def ensure_tables(engine: Any) -> None:
     """Create the ledger's tables and lock row when missing, and add what an earlier version's table lacks (once per
     process and database)."""
@@ -181,11 +200,8 @@ def ensure_tables(engine: Any) -> None:
     with _ready_lock:
         if url in _ready:
             return
-        for step in (lambda: metadata.create_all(engine, checkfirst=True), lambda: _add_idempotency_key(engine)):
-            try:
-                step()
-            except (OperationalError, ProgrammingError, IntegrityError):
-                step()  # another process made them between check and create: the second pass finds them
+        create_racing(lambda: metadata.create_all(engine, checkfirst=True))
+        create_racing(lambda: _add_idempotency_key(engine))
         try:
             with engine.begin() as conn:
                 if conn.execute(select(LOCKS.c.name).where(LOCKS.c.name == LOCK_NAME)).first() is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+from typing import Any
 
 import pytest
 from sqlalchemy import Column, MetaData, Table, create_engine, inspect
@@ -257,3 +258,44 @@ def test_a_reservations_table_of_the_previous_version_gets_the_idempotency_key(e
     made = ledger.reserve(engine, ask(), now=NOW)
     assert ledger.reserve(engine, ask(), now=NOW).id == made.id != 1
     assert len(ledger.entries(engine, since=0)) == 2
+
+
+def _make_tables(url: str, start: Any) -> None:
+    from sqlalchemy import create_engine
+
+    start.wait()
+    ledger.ensure_tables(create_engine(url))
+
+
+def test_processes_that_make_the_tables_at_once_on_a_new_database_all_succeed(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    start = context.Event()
+    makers = [context.Process(target=_make_tables, args=(url, start)) for _ in range(6)]
+    for maker in makers:
+        maker.start()
+    start.set()
+    for maker in makers:
+        maker.join(60)
+    assert [maker.exitcode for maker in makers] == [0] * 6
+
+
+def test_a_creation_pass_that_meets_another_processs_table_is_run_again_until_the_limit(monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    monkeypatch.setattr(ledger.time, "sleep", lambda seconds: None)
+    passes = []
+
+    def step(fails: int):
+        passes.append(fails)
+        if len(passes) <= fails:
+            raise OperationalError("CREATE INDEX", {}, Exception("index already exists"))
+
+    ledger.create_racing(lambda: step(2))
+    assert len(passes) == 3
+    passes.clear()
+    with pytest.raises(OperationalError):
+        ledger.create_racing(lambda: step(99))
+    assert len(passes) == ledger.DDL_PASSES
