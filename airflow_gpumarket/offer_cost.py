@@ -16,7 +16,9 @@ For each offer, from the fields a search returns and nothing else:
 
 Host memory (``avoided``): an offer on a machine that failed recently is skipped, whatever the reason (a GPU
 preflight, a boot past ``boot_timeout``, a failed status, a job lost mid-way), until its memory expires or is
-cleared by hand (``airflow gpumarket hosts --clear``).
+cleared by hand (``airflow gpumarket hosts --clear``). An offer whose boot is expected to outlast the model's
+``boot_timeout`` is ranked after every offer expected to boot in time (the task would destroy it unbooted), in
+price order: the expectation may be wrong, so it is still tried when nothing else is left.
 
 The arguments' checks (``check_*``) are for an operator to call when it is built: they raise
 ``GpuMarketValidationError`` naming the field. This module imports only the standard library and the provider's
@@ -55,7 +57,8 @@ class CostModel:
 
     ``image_size_gb``: the compressed size of the job's image. ``transfer_in_gb``/``transfer_out_gb``: data copied to
     and from the instance. ``outage_hours``: the mean length of a host's outage (how often a running job is lost).
-    ``boot_billed``: whether compute is billed while the instance boots.
+    ``boot_billed``: whether compute is billed while the instance boots. ``boot_timeout``: the task's, in seconds
+    (None: no limit).
     """
 
     expected_runtime: float
@@ -68,6 +71,7 @@ class CostModel:
     extract_seconds_per_gb: float = 10.0
     outage_hours: float = 2.0
     boot_billed: bool = False
+    boot_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class OfferCost:
     failure_probability: float
     failure: float  # what a failed attempt bills before it is noticed
     avoided_reason: str | None = None
+    boot_timeout: float | None = None  # set when the boot is expected to outlast it
 
     @property
     def offer_id(self) -> Any:
@@ -98,6 +103,11 @@ class OfferCost:
         )
         if self.avoided_reason is not None:
             return f"{head}: skipped, its machine is in host memory ({self.avoided_reason})"
+        if self.boot_timeout is not None:
+            return (
+                f"{head}: its boot is expected to take {self.boot_seconds / 60:.1f} min, past boot_timeout "
+                f"({self.boot_timeout / 60:.1f} min); tried only after every offer expected to boot in time"
+            )
         return (
             f"{head}, boot {self.boot_seconds / 60:.1f} min: expected ${self.expected:.4f} = compute "
             f"${self.compute:.4f} + disk ${self.disk:.4f} + transfer ${self.transfer:.4f} "
@@ -159,9 +169,22 @@ def offer_cost(offer: Mapping[str, Any], model: CostModel, memory: Any = None) -
     p = min(MAX_FAILURE_PROBABILITY, p + p_lost)
     failure = booted + (p_lost * (hourly / 3600.0 + disk_rate) * ran / p if p > 0 else 0.0)
     expected = attempt + failure * p / (1.0 - p)
-    if avoided_reason is not None:
+    times_out = model.boot_timeout is not None and boot > model.boot_timeout
+    if avoided_reason is not None or times_out:
         expected = math.inf
-    return OfferCost(offer, expected, boot, attempt, compute, disk, transfer, p, failure, avoided_reason)
+    return OfferCost(
+        offer,
+        expected,
+        boot,
+        attempt,
+        compute,
+        disk,
+        transfer,
+        p,
+        failure,
+        avoided_reason,
+        model.boot_timeout if times_out else None,
+    )
 
 
 def _lost_mid_job(reliability: float, model: CostModel) -> tuple[float, float]:
@@ -201,9 +224,12 @@ class _Remembered:
 
 def choice_log(ranked: Sequence[OfferCost], top: int = TOP_SHOWN) -> list[str]:
     """The task log's lines: the top offers with their expected costs, and why the chosen one won."""
-    if not ranked or math.isinf(ranked[0].expected):
+    if not ranked or ranked[0].avoided_reason is not None:
         return ["No offer can be chosen: every matching machine is in host memory."]
     lines = [f"{i}. {cost.explain()}" for i, cost in enumerate(ranked[:top], 1)]
+    if math.isinf(ranked[0].expected):
+        lines.append("Every offer's boot is expected to outlast boot_timeout: trying them cheapest first.")
+        return lines
     skipped = sum(1 for c in ranked if c.avoided_reason is not None)
     if skipped:
         lines.append(f"{skipped} offer(s) skipped: their machines failed recently (airflow gpumarket hosts)")
@@ -221,7 +247,12 @@ def why_chosen(ranked: Sequence[OfferCost]) -> str:
             f"(${chosen.expected:.4f})."
         )
     reasons = []
-    if cheapest.boot_seconds > chosen.boot_seconds * 1.2:
+    if cheapest.boot_timeout is not None:
+        reasons.append(
+            f"its boot is expected to take {cheapest.boot_seconds / 60:.1f} min at "
+            f"{_inet_down(cheapest.offer):.0f} Mbps, past boot_timeout ({cheapest.boot_timeout / 60:.1f} min)"
+        )
+    elif cheapest.boot_seconds > chosen.boot_seconds * 1.2:
         reasons.append(
             f"its boot takes {cheapest.boot_seconds / 60:.1f} min at {_inet_down(cheapest.offer):.0f} Mbps against "
             f"{chosen.boot_seconds / 60:.1f} min"
@@ -235,9 +266,12 @@ def why_chosen(ranked: Sequence[OfferCost]) -> str:
     because = "; ".join(reasons) or "its disk and boot cost more than its lower price saves"
     return (
         f"Chose offer {chosen.offer_id} (expected ${chosen.expected:.4f}) over the cheapest per hour, offer "
-        f"{cheapest.offer_id} (${_num(cheapest.offer.get('dph_total')):.3f}/h, expected ${cheapest.expected:.4f}): "
-        f"{because}."
+        f"{cheapest.offer_id} (${_num(cheapest.offer.get('dph_total')):.3f}/h{_expected(cheapest)}): {because}."
     )
+
+
+def _expected(cost: OfferCost) -> str:
+    return "" if math.isinf(cost.expected) else f", expected ${cost.expected:.4f}"
 
 
 # --- the operator's arguments, checked when it is built ----------------------------------------------------------

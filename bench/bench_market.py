@@ -8,10 +8,10 @@ to rent are compared on the same market and the same jobs:
 - ``cheapest``: today's provider: the cheapest matching offer but the machines this job already lost (a try's
   ``lost_machines``); other jobs rent a failed host again; a job on a host whose GPU check fails starts, crashes
   (``CRASH_SECONDS`` in) and is rented again.
-- ``expected``: ``offer_cost.rank_offers`` with host memory (``host_memory``, on an SQLite file, on the
-  simulator's clock) and the wrapper's GPU preflight: a host that fails its GPU check is destroyed at once
-  (``PREFLIGHT_SECONDS``) and remembered, as is every host that fails to boot within ``BOOT_TIMEOUT`` or loses
-  its job.
+- ``expected``: ``offer_cost.rank_offers`` (told ``BOOT_TIMEOUT``, as the operator tells it its ``boot_timeout``)
+  with host memory (``host_memory``, on an SQLite file, on the simulator's clock) and the wrapper's GPU preflight:
+  a host that fails its GPU check is destroyed at once (``PREFLIGHT_SECONDS``) and remembered, as is every host
+  that fails to boot within ``BOOT_TIMEOUT`` or loses its job.
 
 Jobs keep no checkpoint: a job lost mid-way starts over on another offer. Which host fails its GPU check is read
 from the simulator (``gpu_fault``), as the job, or the wrapper's preflight, would find it; the bench runs no onstart
@@ -131,9 +131,11 @@ def run(preset: str, strategy: str, n: int, seed: int) -> Outcome:
                     fresh = [o for o in offers if o["machine_id"] not in job.lost]
                     chosen = min(fresh, key=lambda o: o["dph_total"], default=None)
                 else:
-                    model = offer_cost.CostModel(job.runtime, image_size_gb=IMAGE_GB, disk_gb=DISK_GB)
+                    model = offer_cost.CostModel(
+                        job.runtime, image_size_gb=IMAGE_GB, disk_gb=DISK_GB, boot_timeout=BOOT_TIMEOUT
+                    )
                     ranked = offer_cost.rank_offers(offers, model, memory.avoided())
-                    chosen = ranked[0].offer if ranked and not math.isinf(ranked[0].expected) else None
+                    chosen = ranked[0].offer if ranked and ranked[0].avoided_reason is None else None
                 if chosen is None and not any(j.instance for j in active):
                     job.lost.clear()  # nothing else will free up: the job's try starts over
                 if chosen is None:

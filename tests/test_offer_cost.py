@@ -106,6 +106,21 @@ def test_without_boot_billing_a_slow_host_costs_only_its_disk_while_it_boots():
     assert cost.offer_id == 2 and cost.compute == pytest.approx(0.39)
 
 
+def test_an_offer_expected_to_boot_past_boot_timeout_is_tried_only_after_those_that_boot_in_time():
+    # 6 GB: 3.3 min at 1000 Mbps, 17.7 min at 100 Mbps, 33.7 min at 50 Mbps; boot_timeout 15 min
+    slow, slower, fast = offer(1, 0.10, inet_down=100), offer(2, 0.09, inet_down=50), offer(3, 0.40)
+    model = CostModel(HOUR, boot_timeout=900)
+    ranked = rank_offers([slow, slower, fast], model)
+    assert [c.offer_id for c in ranked] == [3, 2, 1]  # the late ones in price order
+    assert "past boot_timeout (15.0 min); tried only after every offer expected to boot in time" in ranked[1].explain()
+    lines = offer_cost.choice_log(ranked)
+    assert "its boot is expected to take 33.7 min at 50 Mbps, past boot_timeout (15.0 min)" in lines[-1]
+    assert "expected $inf" not in lines[-1]
+    assert [c.offer_id for c in rank_offers([slow, slower, fast], CostModel(HOUR))] == [2, 1, 3]  # no limit given
+    lines = offer_cost.choice_log(rank_offers([slow, slower], model))
+    assert lines[-1] == "Every offer's boot is expected to outlast boot_timeout: trying them cheapest first."
+
+
 class Memory:
     def __init__(self, reason: str, failures: int = 1) -> None:
         self.reason, self.failures = reason, failures

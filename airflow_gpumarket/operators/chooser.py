@@ -128,10 +128,10 @@ class OfferChooser:
             runtime, source = spec.terms.max_runtime, "max_runtime (no earlier successful run)"
         if runtime is None:
             runtime, source = DEFAULT_RUNTIME_SECONDS, "a default (no expected_runtime, max_runtime or earlier run)"
-        model = CostModel(expected_runtime=float(runtime))
+        model = CostModel(expected_runtime=float(runtime), boot_timeout=spec.boot_timeout)
         size, image_source = self.image_size_gb(), "image_size_gb"
         if size is None:
-            image_source = "a default (no image_size_gb and no earlier boot of this image)"
+            image_source = "a default: no image_size_gb, and no earlier boot of this image"
         else:
             model = replace(model, image_size_gb=size)
             if spec.image_size_gb is None:

@@ -149,6 +149,14 @@ def test_rule_expected_cost_rents_the_offer_cheapest_to_finish_and_says_why(mark
     assert "it fails 95.0% of the time against 0.0%" in log
 
 
+def test_rule_expected_cost_tries_an_offer_expected_to_boot_past_boot_timeout_last(market, task_log):
+    sim = market(offer(1, 0.20, reliability=1.0, inet_down=20), offer(2, 0.30, reliability=1.0, inet_down=1000))
+    result = run_to_the_end(job(offer_choice="expected_cost", expected_runtime=600, boot_timeout=900))
+    assert result["offer_id"] == 2 and rented(sim) == [2]
+    log = task_log()  # 6 GB at 20 Mbps: 81.7 min
+    assert "offer 1 ($0.200/h): its boot is expected to take 81.7 min at 20 Mbps, past boot_timeout (15.0 min)" in log
+
+
 def test_rule_price_choice_rents_the_cheapest_per_hour(market):
     sim = market(offer(1, 0.20, reliability=1.0), offer(2, 0.21, reliability=1.0))
     assert run_to_the_end(job())["offer_id"] == 1 and rented(sim) == [1]

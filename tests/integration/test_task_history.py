@@ -152,7 +152,7 @@ def test_the_expected_cost_choice_prices_boots_with_the_image_size_earlier_boots
     )
     dag = example_dag("gpm_history_learns")
     assert dag.test().state == "success"
-    assert "its image to be 6 GB (a default (no image_size_gb and no earlier boot of this image))" in task_log()
+    assert "its image to be 6 GB (a default: no image_size_gb, and no earlier boot of this image)" in task_log()
     learned = DirectHostMemory(settings.engine, KEY).history("gpm_history_learns", "train", "img")
     assert learned.image_gb is not None and learned.image_gb != 6.0
     assert dag.test().state == "success"
