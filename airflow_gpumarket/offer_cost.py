@@ -306,6 +306,24 @@ def check_image_size_gb(value: Any) -> float | None:
     return float(value)
 
 
+def check_transfer_gb(value: Any) -> tuple[float, float] | None:
+    """``transfer_gb`` as (GB in, GB out): a number is data downloaded; a mapping may name ``in`` and ``out``."""
+    if value is None:
+        return None
+    amounts = value if isinstance(value, Mapping) else {"in": value}
+    unknown = set(amounts) - {"in", "out"}
+    if unknown:
+        raise GpuMarketValidationError(
+            "transfer_gb", f"takes the keys 'in' and 'out' (GB each), got {sorted(map(str, unknown))}"
+        )
+    for key, gb in amounts.items():
+        if isinstance(gb, bool) or not isinstance(gb, int | float) or not 0 <= gb < math.inf:
+            raise GpuMarketValidationError(
+                "transfer_gb", f"{key!r} must be a number of GB >= 0 (the data the job moves), got {gb!r}"
+            )
+    return float(amounts.get("in", 0.0)), float(amounts.get("out", 0.0))
+
+
 def check_deadline(value: Any, now: dt.datetime | None) -> dt.datetime | dt.timedelta | None:
     """``deadline``: a timezone-aware datetime after ``now`` (None: not compared), or a timedelta > 0."""
     if value is None:

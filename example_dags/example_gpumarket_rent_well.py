@@ -34,7 +34,8 @@ with DAG(
         offer_choice="expected_cost",
         expected_runtime=timedelta(hours=3),  # without it: the median of this task's earlier successful runs
         image="pytorch/pytorch:2.3.1-cuda12.1-cudnn8-runtime",
-        image_size_gb=6,
+        image_size_gb=6,  # without it: what this task's earlier boots of the image imply
+        transfer_gb={"in": 20, "out": 2},  # priced at each offer's bandwidth prices
         disk=64,
         preflight="python -c 'import torch; assert torch.cuda.device_count() == 2'",
         command="python train.py --epochs 3",

@@ -197,6 +197,9 @@ NOW = dt.datetime(2026, 11, 28, 12, tzinfo=dt.UTC)
         (offer_cost.check_expected_runtime, "1h", "expected_runtime"),
         (offer_cost.check_image_size_gb, -2, "image_size_gb"),
         (offer_cost.check_image_size_gb, True, "image_size_gb"),
+        (offer_cost.check_transfer_gb, -1, "transfer_gb"),
+        (offer_cost.check_transfer_gb, {"in": 5, "up": 1}, "transfer_gb"),
+        (offer_cost.check_transfer_gb, {"out": float("inf")}, "transfer_gb"),
         (lambda v: validate_preflight(0, v), ["nvidia-smi"], "preflight"),
         (lambda v: validate_preflight(0, v), "", "preflight"),
         (lambda v: offer_cost.check_deadline(v, NOW), NOW - dt.timedelta(minutes=1), "deadline"),
@@ -216,6 +219,9 @@ def test_good_arguments_pass_in_their_normal_form():
     assert offer_cost.check_expected_runtime(dt.timedelta(hours=2)) == 7200.0
     assert offer_cost.check_expected_runtime(None) is None
     assert offer_cost.check_image_size_gb(7) == 7.0
+    assert offer_cost.check_transfer_gb(20) == (20.0, 0.0)
+    assert offer_cost.check_transfer_gb({"out": 3}) == (0.0, 3.0)
+    assert offer_cost.check_transfer_gb(None) is None
     assert validate_preflight(0, "python -c 'import torch'") is None  # accepted as given
     later = NOW + dt.timedelta(hours=6)
     assert offer_cost.check_deadline(later, NOW) == later

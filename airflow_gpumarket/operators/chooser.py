@@ -118,7 +118,12 @@ class OfferChooser:
 
     def cost_model(self) -> CostModel:
         """What the expected-cost choice assumes of this job: its runtime, its image, its disk."""
-        from airflow_gpumarket.offer_cost import DEFAULT_RUNTIME_SECONDS, CostModel, check_expected_runtime
+        from airflow_gpumarket.offer_cost import (
+            DEFAULT_RUNTIME_SECONDS,
+            CostModel,
+            check_expected_runtime,
+            check_transfer_gb,
+        )
 
         spec, source = self.spec, "expected_runtime"
         runtime = check_expected_runtime(spec.expected_runtime)
@@ -138,12 +143,16 @@ class OfferChooser:
                 image_source = "implied by this task's earlier boots of it"
         if (disk := spec.disk_gb()) is not None:
             model = replace(model, disk_gb=disk)
+        moved = check_transfer_gb(spec.transfer_gb) or (0.0, 0.0)
+        model = replace(model, transfer_in_gb=moved[0], transfer_out_gb=moved[1])
         self.log.info(
-            "Offer choice by expected cost: the job is expected to run %s (%s), its image to be %.3g GB (%s)",
+            "Offer choice by expected cost: the job is expected to run %s (%s), its image to be %.3g GB (%s), to "
+            "move %g GB in and %g GB out (transfer_gb)",
             lifecycle.format_duration(model.expected_runtime),
             source,
             model.image_size_gb,
             image_source,
+            *moved,
         )
         return model
 

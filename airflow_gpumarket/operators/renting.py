@@ -49,6 +49,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         ``deadline``); default: the median of this task's earlier successful runs, else ``max_runtime``'s.
     :param image_size_gb: the image's compressed size in GB, from which each offer's boot time is expected;
         default: what this task's earlier boots of the image imply, else 6.
+    :param transfer_gb: the data the job moves over the network, in GB, priced at each offer's bandwidth prices by
+        ``offer_choice="expected_cost"``: a number (downloaded) or ``{"in": GB, "out": GB}``; default none.
     :param preflight: shell commands the job wrapper runs before the command, after checking that the GPUs the offer
         promised are visible; a failed check destroys the instance, remembers its machine and fails over.
     :param avoid_failed_hosts: skip machines that failed a rental of this account recently (host memory, kept in
@@ -160,6 +162,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         offer_choice: str = "price",
         expected_runtime: timedelta | float | None = None,
         image_size_gb: float | None = None,
+        transfer_gb: float | Mapping[str, float] | None = None,
         preflight: str | None = None,
         avoid_failed_hosts: bool = True,
         deadline: datetime | timedelta | None = None,
@@ -225,6 +228,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         self.offer_choice = offer_choice
         self.expected_runtime = expected_runtime
         self.image_size_gb = image_size_gb
+        self.transfer_gb = transfer_gb
         self.preflight = preflight
         self.avoid_failed_hosts = avoid_failed_hosts
         self.deadline = deadline

@@ -108,6 +108,7 @@ class RentalSpec(_Frozen):
         "offer_choice",
         "expected_runtime",
         "image_size_gb",
+        "transfer_gb",
         "preflight",
         "avoid_failed_hosts",
         "deadline",
@@ -135,6 +136,7 @@ class RentalSpec(_Frozen):
     offer_choice: str
     expected_runtime: Any
     image_size_gb: Any
+    transfer_gb: Any
     preflight: Any
     avoid_failed_hosts: bool
     deadline: Any
@@ -241,7 +243,7 @@ class RentalSpec(_Frozen):
     def _check_choice(self, parse_time: bool) -> None:
         """The offer choice's arguments (``offer_cost`` is imported only when one of them is given)."""
         api.require_bool("avoid_failed_hosts", self.avoid_failed_hosts)
-        given = (self.expected_runtime, self.image_size_gb, self.preflight, self.deadline)
+        given = (self.expected_runtime, self.image_size_gb, self.transfer_gb, self.preflight, self.deadline)
         if self.offer_choice == "price" and all(value is None for value in given):
             return
         from airflow_gpumarket import offer_cost
@@ -254,6 +256,11 @@ class RentalSpec(_Frozen):
             )
         offer_cost.check_expected_runtime(self.expected_runtime)
         offer_cost.check_image_size_gb(self.image_size_gb)
+        if offer_cost.check_transfer_gb(self.transfer_gb) is not None and self.offer_choice != "expected_cost":
+            raise GpuMarketValidationError(
+                "transfer_gb",
+                "prices data moved for offer_choice='expected_cost' only: set offer_choice, or drop transfer_gb",
+            )
         if self.preflight is not None:
             if self.command is None:
                 raise GpuMarketValidationError(

@@ -157,6 +157,18 @@ def test_rule_expected_cost_tries_an_offer_expected_to_boot_past_boot_timeout_la
     assert "offer 1 ($0.200/h): its boot is expected to take 81.7 min at 20 Mbps, past boot_timeout (15.0 min)" in log
 
 
+def test_rule_expected_cost_prices_the_data_a_job_moves_at_each_offers_bandwidth_prices(market, task_log):
+    sim = market(
+        offer(1, 0.20, reliability=1.0, inet_down=1000, inet_down_cost=0.02),
+        offer(2, 0.25, reliability=1.0, inet_down=1000, inet_down_cost=0.001),
+    )
+    op = job(offer_choice="expected_cost", expected_runtime=3600, transfer_gb={"in": 100, "out": 1})
+    assert run_to_the_end(op)["offer_id"] == 2 and rented(sim) == [2]
+    log = task_log()
+    assert "to move 100 GB in and 1 GB out (transfer_gb)" in log
+    assert "its transfer costs $2.0" in log
+
+
 def test_rule_price_choice_rents_the_cheapest_per_hour(market):
     sim = market(offer(1, 0.20, reliability=1.0), offer(2, 0.21, reliability=1.0))
     assert run_to_the_end(job())["offer_id"] == 1 and rented(sim) == [1]
