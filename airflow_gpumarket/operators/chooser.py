@@ -168,11 +168,21 @@ class OfferChooser:
             self._history = self._read_history()
         return self._history
 
+    def _history_client(self) -> Any:
+        """The history's client when host memory is off (the same database or api-server routes)."""
+        try:
+            return host_memory_client.host_memory_client(self.hook, self._conn_id)
+        except Exception as exc:  # noqa: BLE001 - defaults stand in
+            self.log.warning("Could not read this task's earlier runs: %s", exc)
+            return None
+
     def _read_history(self) -> Learned:
         from airflow_gpumarket.task_history import Learned
 
-        hosts = self.host_memory()
-        if hosts is None or not all(self._task_ids):  # a task outside a DAG has no history
+        if not all(self._task_ids):  # a task outside a DAG has no history
+            return Learned()
+        hosts = self.host_memory() if self.spec.avoid_failed_hosts else self._history_client()
+        if hosts is None:
             return Learned()
         image = self.spec.instance.get("image")
         try:
