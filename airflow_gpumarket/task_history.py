@@ -9,8 +9,9 @@ records of the task's latest successful task instances:
   by an earlier version of the provider, records that could not be written) are their task instance durations used,
   boot and staging included;
 - the image's size: the median of what each rental's boot implies at its offer's download speed
-  (``offer_cost.image_gb_from_boot``), over every rental of the same image that was seen running. A boot is seen at
-  a read, up to one poll interval late, so the figure errs large.
+  (``offer_cost.image_gb_from_boot``), over every rental of the same image that was seen running, for the
+  expected-cost choice; and the largest, for a deadline, which must not take a host that had the image already for
+  a typical one. A boot is seen at a read, up to one poll interval late, so the figures err large.
 
 Like host memory (``host_memory.py``) this module runs where the metadata database may be used: in the task on
 Airflow 2, in the api-server on Airflow 3 (``ui/history_api.py``).
@@ -43,7 +44,8 @@ class Learned(NamedTuple):
     """What the task's latest successes tell of its next run; None where they tell nothing."""
 
     runtime: float | None = None  # the job's running time, in seconds
-    image_gb: float | None = None  # its image's size, in GB
+    image_gb: float | None = None  # its image's size, in GB: the median its boots imply
+    image_gb_max: float | None = None  # the largest its boots imply
 
 
 def check_task(dag_id: Any, task_id: Any) -> tuple[str, str]:
@@ -100,7 +102,7 @@ def median_of(
 
 def learned(engine: Any, dag_id: str, task_id: str, image: str | None = None, *, last: int = RECENT_RUNS) -> Learned:
     """What the task's ``last`` latest successful task instances tell: the median job running time, and (given
-    ``image``) the median size their boots of it imply; ``Learned()`` when it has never succeeded."""
+    ``image``) the median and largest sizes their boots of it imply; ``Learned()`` when it has never succeeded."""
     from airflow.models.taskinstance import TaskInstance as TI
     from sqlalchemy import select, tuple_
     from sqlalchemy.orm import Session
@@ -132,7 +134,9 @@ def learned(engine: Any, dag_id: str, task_id: str, image: str | None = None, *,
             if isinstance(value, dict):
                 records.setdefault((row.dag_id, row.run_id, row.task_id, int(row.map_index)), []).append(value)
     sizes = [] if image is None else [size for rs in records.values() for size in image_gb(rs, image)]
-    return Learned(median_of(durations, records), float(statistics.median(sizes)) if sizes else None)
+    if not sizes:
+        return Learned(median_of(durations, records))
+    return Learned(median_of(durations, records), float(statistics.median(sizes)), max(sizes))
 
 
 def _duration(took: Any, start: Any, end: Any) -> float | None:

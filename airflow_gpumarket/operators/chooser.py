@@ -190,5 +190,4 @@ class OfferChooser:
         except Exception as exc:  # noqa: BLE001 - defaults stand in
             self.log.warning("Could not read this task's earlier runs: %s", exc)
             return Learned()
-        runtime, size = learned
-        return Learned(runtime if api.is_positive_number(runtime) else None, size)
+        return learned._replace(runtime=learned.runtime if api.is_positive_number(learned.runtime) else None)

@@ -96,7 +96,8 @@ class ApiServerHostMemory:
         task_history.check_task(dag_id, task_id)
         task_history.check_image(image)
         answer = self._post("learned", {"dag_id": dag_id, "task_id": task_id, "image": image}, history=True)
-        figures = [answer.get(name) if isinstance(answer, dict) else "" for name in ("runtime_seconds", "image_gb")]
+        names = ("runtime_seconds", "image_gb", "image_gb_max")
+        figures = [answer.get(name) if isinstance(answer, dict) else "" for name in names]
         if not all(f is None or (isinstance(f, int | float) and not isinstance(f, bool)) for f in figures):
             raise AirflowException(f"The task history at {self.history_url} answered no figures: {answer!r}")
         return task_history.Learned(*(None if f is None else float(f) for f in figures))

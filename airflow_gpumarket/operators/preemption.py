@@ -35,7 +35,7 @@ class Preemptions:
     :param stager: the session's stager when the task stages data (the checkpoint's source is kept), else None.
     :param started: when the try started (epoch seconds), from which a ``timedelta`` deadline counts.
     :param learned: what the task's earlier successes tell (``task_history``), when read: the deadline's expected
-        work when ``expected_runtime`` is not given, and its image's size when ``image_size_gb`` is not.
+        work when ``expected_runtime`` is not given, and its image's largest size when ``image_size_gb`` is not.
     """
 
     def __init__(
@@ -55,7 +55,7 @@ class Preemptions:
         self.guard = guard
         self.stager = stager
         self.learned_runtime: float | None = learned.runtime if learned else None
-        self.learned_image_gb: float | None = learned.image_gb if learned else None
+        self.learned_image_gb: float | None = learned.image_gb_max if learned else None  # cautious: the largest
         self.deadline: float | None = None  # epoch seconds, for an interruptible task with a deadline
         if spec.interruptible and spec.deadline is not None:
             self.deadline = deadlines.deadline_at(spec.deadline, time.time() if started is None else started)

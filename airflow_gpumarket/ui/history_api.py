@@ -2,7 +2,7 @@
 
 Signed as the budget ledger's routes are (``ui/ledger_api.py``), so only a holder of a connection's API key may ask.
 It answers what a task's latest successes tell (``task_history.learned``): its job's median running time and, given
-an image, the size its boots imply; bad input answers 400 naming the field.
+an image, the median and largest sizes its boots imply; bad input answers 400 naming the field.
 """
 
 from __future__ import annotations
@@ -27,5 +27,5 @@ async def learned(request: Request) -> dict[str, Any]:
         image = task_history.check_image(body.get("image"))
     except GpuMarketValidationError as exc:
         raise HTTPException(400, str(exc)) from None
-    runtime, image_gb = task_history.learned(ledger_api.metadata_engine(), dag_id, task_id, image)
-    return {"runtime_seconds": runtime, "image_gb": image_gb}
+    runtime, image_gb, image_gb_max = task_history.learned(ledger_api.metadata_engine(), dag_id, task_id, image)
+    return {"runtime_seconds": runtime, "image_gb": image_gb, "image_gb_max": image_gb_max}

@@ -97,7 +97,8 @@ def test_the_image_size_is_the_median_its_boots_imply_at_their_offers_download_s
     history.run(60, boot=1040)  # 20 GB: one slow boot does not move the median
     history.run(60, boot=9999, image="other:2")  # another image's boot
     history.run(60, boot=9999, inet_down=None)  # a record of a provider that did not write the download speed
-    assert history.history(DAG_ID, "job", "img:1").image_gb == pytest.approx(3.0)  # 2, 2, 4, 20
+    learned = history.history(DAG_ID, "job", "img:1")
+    assert (learned.image_gb, learned.image_gb_max) == (pytest.approx(3.0), pytest.approx(20.0))  # 2, 2, 4, 20
     assert history.history(DAG_ID, "job", "other:2").image_gb == pytest.approx(199.18, abs=0.01)
     assert history.history(DAG_ID, "job").image_gb is None  # not asked
     assert history.history(DAG_ID, "job", "never-booted").image_gb is None
@@ -137,7 +138,7 @@ def test_a_real_jobs_record_gives_its_running_time_and_image_size(example_dag, s
     assert learned.runtime == record["stopped_at"] - record["running_at"] > 0
     assert record["image"] == "img" and record["inet_down"] == offer["inet_down"] > 0
     boot = record["running_at"] - record["created_at"]
-    assert learned.image_gb == offer_cost.image_gb_from_boot(boot, record["inet_down"])
+    assert learned.image_gb == learned.image_gb_max == offer_cost.image_gb_from_boot(boot, record["inet_down"])
 
 
 def test_the_expected_cost_choice_prices_boots_with_the_image_size_earlier_boots_imply(
@@ -183,9 +184,9 @@ def routes(history, monkeypatch):
 def test_the_route_answers_the_runtime_and_image_size_to_a_signed_request(routes):
     from ui.test_ledger_api import signed
 
-    assert routes.history(DAG_ID, "job", "img:1") == task_history.Learned(None, None)
+    assert routes.history(DAG_ID, "job", "img:1") == task_history.Learned(None, None, None)
     routes.run(60, 120)
-    assert routes.history(DAG_ID, "job", "img:1") == (90.0, pytest.approx(5.2))  # boots of 300 s at 400 Mbps
+    assert routes.history(DAG_ID, "job", "img:1") == (90.0, pytest.approx(5.2), pytest.approx(5.2))  # 300 s boots
     unsigned = signed({"conn_id": CONN, "dag_id": DAG_ID, "task_id": "job"}, key="not-the-key")
     assert routes.server.post("/history/learned", **unsigned).status_code == 401
 

@@ -166,10 +166,17 @@ def test_rule_a_rental_preempted_again_after_winning_its_machine_back_is_credite
     assert attempts.work_done == 900.0
 
 
-@pytest.mark.parametrize(("learned", "bids"), [(None, False), (task_history.Learned(None, 0.5), True)])
-def test_rule_the_deadline_expects_boots_of_the_image_size_earlier_boots_imply(monkeypatch, learned, bids):
+@pytest.mark.parametrize(
+    ("learned", "bids"),
+    [
+        (None, False),
+        (task_history.Learned(None, image_gb=0.5, image_gb_max=0.5), True),
+        (task_history.Learned(None, image_gb=0.5, image_gb_max=6.0), False),  # one boot as slow as 6 GB: cautious
+    ],
+)
+def test_rule_the_deadline_expects_boots_of_the_largest_image_size_earlier_boots_imply(monkeypatch, learned, bids):
     """Bidding needs the hour's job twice, a poll and two boots: 2 h 45 min with the default 6 GB on a slow host,
-    2 h 14 min with the 0.5 GB the task's earlier boots imply; the deadline is 2 h 30 min away."""
+    2 h 14 min with the 0.5 GB the task's earlier boots imply at most; the deadline is 2 h 30 min away."""
     use_clock(monkeypatch)
     hook = BidMarketHook({}, destroy_worked=True)
     spec = RentalSpec.of(job(hook, interruptible=True, deadline=timedelta(hours=2, minutes=30), **HOUR_JOB))
