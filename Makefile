@@ -165,6 +165,7 @@ bench: install $(PEERS_STAMP)
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_triggerer.py
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_provider.py --peers-python $(PEERS)/bin/python
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_market.py
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_market.py --bill-loading
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_deadlines.py
 
 # The same scripts as a smoke run (tiny sizes, the same code paths and lines; under a minute), part of test-fast so

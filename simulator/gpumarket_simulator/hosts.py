@@ -81,6 +81,8 @@ class HostProfile:
     outbid_seconds: tuple[float, float] = (300.0, 1800.0)
     #: Offers added to each GPU type of the generated world, with hosts of every kind.
     extra_offers_per_gpu_type: int = 100
+    #: Whether compute bills while an instance is ``loading`` (its image pulled), not only once ``running``.
+    bill_loading: bool = False
 
     def image_gb(self, image: str | None) -> float:
         return self.image_sizes_gb.get(image or "", self.default_image_gb)
@@ -183,6 +185,10 @@ def parse_profile(value: Any) -> HostProfile | None:
             if not isinstance(v, dict) or not all(is_number(x) and x > 0 for x in v.values()):
                 raise ValueError("market.image_sizes_gb must map image names to sizes in GB > 0")
             changes[name] = {str(k): float(x) for k, x in v.items()}
+        elif name == "bill_loading":
+            if not isinstance(v, bool):
+                raise ValueError(f"market.bill_loading must be true or false, got {v!r}")
+            changes[name] = v
         elif name == "extra_offers_per_gpu_type":
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 500:
                 raise ValueError(f"market.extra_offers_per_gpu_type must be an integer from 0 to 500, got {v!r}")

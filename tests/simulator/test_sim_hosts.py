@@ -145,6 +145,17 @@ def test_a_slow_boot_bills_its_disk_but_no_compute():
     assert inst.compute_seconds == 0 and inst.storage_seconds == pytest.approx(3600)
 
 
+def test_with_bill_loading_the_image_pull_bills_compute_but_provisioning_does_not():
+    market = {"preset": "typical", "image_sizes_gb": {"big": 20.0}, "bill_loading": True}
+    w = world(market, offer(1, inet_down=20.0, reliability=1.0))
+    inst = rent(w, 1, itertools.count(1), image="big")
+    (provisioned, _), *_ = inst.schedule
+    w.update(START + 3600)
+    assert inst.status == "loading"
+    assert inst.compute_seconds == pytest.approx(START + 3600 - provisioned)
+    assert inst.compute_cost == pytest.approx(inst.compute_seconds / 3600)
+
+
 def test_the_cheap_hosts_are_the_unreliable_unverified_slow_ones():
     w = build_world(0, START, {"market": "typical"})
     added = [o for o in w.offers.values() if o.id >= EXTRA_OFFER_BASE]
@@ -192,6 +203,7 @@ def test_an_on_demand_rental_is_never_outbid():
         ({"price_factor_healthy": [1.4, 0.85]}, "market.price_factor_healthy"),
         ({"verified_share_unreliable": 1.2}, "market.verified_share_unreliable"),
         ({"outage_hours": 0}, "market.outage_hours"),
+        ({"bill_loading": "yes"}, "market.bill_loading"),
         ({"lost_mid_job_share": 0.3}, "unknown market fields"),
         (3, "market must be"),
     ],
