@@ -77,7 +77,12 @@ SCENARIOS: dict[str, tuple[bool, str, dict]] = {
     # Its cheapest offer never runs (scenario.py): one failover, then success, seen running (its boot timed).
     "statsd": (False, "sleep 5; echo trained", {}),
     # Its cheapest offer's GPUs fail the preflight (scenario.py): a failover, then success.
-    "rent_well": (True, "echo trained", {"offer_choice": "expected_cost", "expected_runtime": timedelta(minutes=5)}),
+    # boot_timeout counts wall seconds and the ranking expects boots in the simulator's (20x): 10 wall minutes
+    "rent_well": (
+        True,
+        "echo trained",
+        {"offer_choice": "expected_cost", "expected_runtime": timedelta(minutes=5), "boot_timeout": 600},
+    ),
     "durable": (
         True,
         EPOCHS_WITH_OUTPUT,
@@ -144,7 +149,7 @@ def rental_arguments(name: str) -> dict:
 for _name, (_deferrable, _command, _extra) in SCENARIOS.items():
     with scenario_dag(_name):
         _common = dict(rental_arguments(_name), command=_command)
-        _job = GpuMarketRunJobOperator(task_id="job", deferrable=_deferrable, **_common, **_extra)
+        _job = GpuMarketRunJobOperator(task_id="job", deferrable=_deferrable, **{**_common, **_extra})
         if _name == "postgres_restart":  # the same job in a worker, beside the deferred one
             GpuMarketRunJobOperator(task_id="job_sync", deferrable=False, **_common)
         if _name in PROBED:
