@@ -87,6 +87,7 @@ class World:
         self.price_increases = PendingPriceIncreases(pending_price_increases, self.rng)
         self.bids = BidMarket(seed)
         self.profile = market
+        self.billed_statuses = ("running", "loading") if market is not None and market.bill_loading else ("running",)
         # A heterogeneous market's outcomes (see hosts.py) draw from a stream of their own as well.
         self.host_rng = random.Random(f"gpumarket-hosts-{seed}")
         self.bids.set_drift(bid_drift, start_time)
@@ -184,11 +185,6 @@ class World:
                 self._set_status(inst, status, at)
         self._account(inst, t)
 
-    def _bills_compute(self, inst: Instance) -> bool:
-        """Running bills compute; loading too in a market with ``bill_loading``."""
-        loading = inst.status == "loading" and self.profile is not None and self.profile.bill_loading
-        return inst.status == "running" or loading
-
     def _account(self, inst: Instance, t: float) -> None:
         """Bill the instance up to ``t``, into the ledger of each UTC day the time falls in."""
         while t > inst.accounted_until:
@@ -198,7 +194,7 @@ class World:
                 ledger = inst.day_ledger(a)
             b = t if t < ledger.next_day else ledger.next_day
             storage = (b - a) * inst.storage_rate
-            compute = (b - a) / 3600.0 * inst.hourly_price() if self._bills_compute(inst) else None
+            compute = (b - a) / 3600.0 * inst.hourly_price() if inst.status in self.billed_statuses else None
             ledger.add_time(a, b, storage, compute)
             self.account.spent += storage if compute is None else storage + compute
             inst.accounted_until = b
