@@ -68,6 +68,7 @@ def test_given_arguments_win_over_the_history(reach):
 
 
 def test_without_history_the_defaults_stand_in(reach, caplog):
+    caplog.set_level(logging.INFO, logger=LOG.name)  # an earlier test may leave the root logger at WARNING
     model = chooser(max_runtime=7200).cost_model()
     assert (model.expected_runtime, model.image_size_gb) == (7200.0, 6.0)
     assert "max_runtime (no earlier successful run)" in caplog.text
