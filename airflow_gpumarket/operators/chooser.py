@@ -173,7 +173,7 @@ class OfferChooser:
         try:
             return host_memory_client.host_memory_client(self.hook, self._conn_id)
         except Exception as exc:  # noqa: BLE001 - defaults stand in
-            self.log.warning("Could not read this task's earlier runs: %s", exc)
+            self.log.warning("Defaults stand in for this task's history: %s", exc)
             return None
 
     def _read_history(self) -> Learned:
@@ -188,6 +188,6 @@ class OfferChooser:
         try:
             learned = hosts.history(*self._task_ids, image if isinstance(image, str) and image.strip() else None)
         except Exception as exc:  # noqa: BLE001 - defaults stand in
-            self.log.warning("Could not read this task's earlier runs: %s", exc)
+            self.log.warning("Defaults stand in for this task's history: %s", exc)
             return Learned()
         return learned._replace(runtime=learned.runtime if api.is_positive_number(learned.runtime) else None)

@@ -90,4 +90,4 @@ def test_a_history_out_of_reach_warns_once_and_the_defaults_stand_in(monkeypatch
     monkeypatch.setattr(host_memory_client, "host_memory_client", unreachable)
     choice = chooser(avoid_failed_hosts=False)
     assert choice.cost_model().image_size_gb == 6.0 and choice.image_size_gb() is None
-    assert caplog.text.count("Could not read this task's earlier runs: api-server refused the connection") == 1
+    assert caplog.text.count("Defaults stand in for this task's history: api-server refused the connection") == 1
