@@ -48,22 +48,17 @@ with DAG("gpm_history", start_date=datetime(2026, 1, 1), schedule=None, catchup=
 
     job.expand(seconds=lengths())
 
-with DAG("gpm_history_job", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
-    GpuMarketRunJobOperator(
-        task_id="train",
-        command="sleep 0.5",
-        offer_filters={"num_gpus": {"gte": 1}},
-        image="img",
-        poll_interval=float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10")),
-    )
-
-with DAG("gpm_history_learns", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
-    GpuMarketRunJobOperator(
-        task_id="train",
-        command="sleep 0.5",
-        offer_filters={"num_gpus": {"gte": 1}},
-        image="img",
-        offer_choice="expected_cost",
-        expected_runtime=60,
-        poll_interval=float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10")),
-    )
+# A real job; the second DAG's ranks offers by expected cost, learning its image's size from its earlier boots.
+for _dag_id, _choice in (
+    ("gpm_history_job", {}),
+    ("gpm_history_learns", {"offer_choice": "expected_cost", "expected_runtime": 60}),
+):
+    with DAG(_dag_id, start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
+        GpuMarketRunJobOperator(
+            task_id="train",
+            command="sleep 0.5",
+            offer_filters={"num_gpus": {"gte": 1}},
+            image="img",
+            poll_interval=float(os.environ.get("GPUMARKET_POLL_INTERVAL", "10")),
+            **_choice,
+        )
