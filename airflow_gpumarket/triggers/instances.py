@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -13,8 +14,10 @@ from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
 from airflow_gpumarket.triggers.poller import poller_for
 from airflow_gpumarket.waiting import Observation
 
-#: Seconds ``cleanup`` waits for the task instance's state before leaving the instance to its lease.
+#: Seconds ``on_kill`` and ``cleanup`` wait for the task instance's state before leaving the instance to its lease.
 STATE_READ_TIMEOUT = 15
+#: Seconds one step of a wait (lease renewal, bid, log read) may take; a call still retrying then is cut short.
+STEP_TIMEOUT_SECONDS = 300.0
 
 
 class GpuMarketInstanceStatusTrigger(BaseTrigger):
@@ -97,7 +100,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
 
         return GpuMarketAsyncHook(self.gpumarket_conn_id)
 
-    async def _own_reads(self) -> AsyncIterator[Observation]:
+    async def _own_reads(self) -> AsyncGenerator[Observation, None]:
         """The naive pattern: this trigger reads its own instance every interval."""
         hook = self._hook()
         try:
@@ -107,7 +110,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         finally:
             await hook.aclose()
 
-    def _observations(self) -> AsyncIterator[Observation]:
+    def _observations(self) -> AsyncGenerator[Observation, None]:
         if self.shared_poller:
             return poller_for(self.gpumarket_conn_id, self._hook).watch(self.instance_id, self.poll_interval)
         return self._own_reads()
@@ -138,8 +141,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         wait = self._current = self._wait()
         hook = self._flow_hook
-        observations = self._observations()
-        try:
+        async with contextlib.aclosing(self._observations()) as observations:
             async for seen in observations:
                 if seen.error is not None and not api.is_retryable(seen.error):
                     event: dict[str, Any] | None = {
@@ -147,10 +149,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                         "message": str(seen.error),
                     }
                 else:
-                    try:
-                        event = await hook.run_flow(wait.step(hook, seen, time.time()))
-                    finally:
-                        await hook.aclose()
+                    event = await self._step(hook, wait, seen)
                 if event is not None:
                     if event.get("final_lines"):
                         self.log.info(
@@ -160,8 +159,22 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                         )
                     yield self._event(event, wait)
                     return
+
+    async def _step(self, hook: Any, wait: waiting.Wait, seen: Observation) -> dict[str, Any] | None:
+        """One read taken (lease, bid, log) within ``STEP_TIMEOUT_SECONDS``; a step cut short is taken again."""
+        try:
+            async with asyncio.timeout(STEP_TIMEOUT_SECONDS):  # unlike wait_for, never swallows a cancellation
+                return await hook.run_flow(wait.step(hook, seen, time.time()))
+        except TimeoutError:
+            self.log.warning(
+                "Instance %s: a step of the wait (lease, bid, log read) took over %.0f s and was cut short; "
+                "the next read takes it again",
+                self.instance_id,
+                STEP_TIMEOUT_SECONDS,
+            )
+            return None
         finally:
-            await observations.aclose()  # type: ignore[attr-defined]
+            await hook.aclose()
 
     def _event(self, event: dict[str, Any], wait: waiting.Wait) -> TriggerEvent:
         self._fired = True
@@ -180,9 +193,16 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         return TriggerEvent(event)
 
     async def on_kill(self) -> None:
-        """A user marked the deferred task failed or cleared it: stop the billing of what the task rented."""
-        if not self.destroy_on_kill:
-            return
+        """Airflow 3.3+ cancelled this trigger "by user action": destroy only if a person took the task out of it.
+
+        The triggerer takes that path for a hand-over to another triggerer too, so the task instance is read first
+        (``_destroy_if_left_by_a_user``), as ``cleanup`` does before 3.3.
+        """
+        if self.destroy_on_kill and not self._fired:
+            await self._destroy_if_left_by_a_user()
+
+    async def _destroy(self) -> None:
+        """Stop the billing of what the task rented, and record the rental's end."""
         hook = self._hook()
         try:
             await hook.destroy_instance(self.instance_id)
@@ -220,36 +240,51 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
 
         Before 3.3 Airflow never calls ``on_kill``; its triggerer calls ``cleanup`` whenever this trigger stops: after
         its event, when the triggerer stops or hands the trigger to another triggerer, and when the task left the
-        deferred state under it. Only a user's doing destroys: the task instance, read now, marked failed or cleared
-        (see ``_left_by_a_user``). 2.11's triggerer reads the metadata database; 3.0-3.2's asks the Task SDK, as the
-        standard provider's ``WorkflowTrigger`` does. 3.3+ calls ``on_kill`` instead.
+        deferred state under it. Only a user's doing destroys (``_destroy_if_left_by_a_user``). 3.3+ calls ``on_kill``
+        instead.
 
         The read and the destroy run as a task of their own: 3.2's triggerer cancels a trigger it dropped again on each
         pass of its loop (about every second), which would cut them off half-way.
         """
         if self._fired or not self.destroy_on_kill or _compat.triggerer_calls_on_kill():
             return
-        ti = getattr(self, "task_instance", None)  # set by the triggerer
-        if ti is None:
+        if getattr(self, "task_instance", None) is None:  # set by the triggerer
             return
-        work = asyncio.ensure_future(self._destroy_if_left_by_a_user(ti))
+        work = asyncio.ensure_future(self._destroy_if_left_by_a_user())
         _CLEANUPS.add(work)  # the loop keeps only a weak reference to a task
         work.add_done_callback(_CLEANUPS.discard)
         await asyncio.shield(work)
 
-    async def _destroy_if_left_by_a_user(self, ti: Any) -> None:
+    async def _destroy_if_left_by_a_user(self) -> None:
+        """Destroy the instance if the task instance, read now, was taken out of its deferral by a person.
+
+        That is marked failed or skipped, cleared, or its run deleted (``_left_by_a_user``). A hand-over to another
+        triggerer, an event fired elsewhere, or a state that cannot be read leaves the instance alone: the wait goes on
+        elsewhere, or the lease ends it. 2.11's triggerer reads the metadata database; 3.x's asks the Task SDK, as the
+        standard provider's ``WorkflowTrigger`` does.
+        """
+        ti = getattr(self, "task_instance", None)  # set by the triggerer
+        if ti is None:
+            self.log.warning("No task instance to read: instance %s left to its lease", self.instance_id)
+            return
         try:
-            now = await asyncio.wait_for(asyncio.to_thread(_task_instance_now, ti), timeout=STATE_READ_TIMEOUT)
+            async with asyncio.timeout(STATE_READ_TIMEOUT):
+                now = await asyncio.to_thread(_task_instance_now, ti)
         except Exception as exc:  # a database hiccup or a triggerer shutting down must not destroy a wanted job
             self.log.warning(
                 "Could not read the state of %s (%r); instance %s left to its lease", ti, exc, self.instance_id
             )
             return
         if not _left_by_a_user(now, ti.try_number):
-            self.log.info("Trigger stopped, the task goes on (%s): instance %s kept", now, self.instance_id)
+            self.log.info(
+                "Trigger stopped, but nobody took the task out of its deferral (%s): a hand-over to another "
+                "triggerer or an event fired elsewhere; instance %s kept",
+                now,
+                self.instance_id,
+            )
             return
         self.log.warning("The task left the deferred state under its trigger (%s)", now)
-        await self.on_kill()
+        await self._destroy()
 
 
 #: Keyword arguments of the earlier trigger that no longer travel: the rental carries its rate and its key's digest.

@@ -282,12 +282,56 @@ def test_deadline_ends_waiting(make_trigger, monkeypatch):
     assert event["status"] == lifecycle.EventKind.BOOT_TIMEOUT
 
 
-def test_on_kill_destroys_the_rented_instance(make_trigger, monkeypatch):
+def test_on_kill_destroys_the_rented_instance_of_a_task_marked_failed(make_trigger, monkeypatch):
+    hook = FakeAsyncHook(["running"])
+    trigger = make_trigger(destroy_on_kill=True)
+    trigger.task_instance = TI
+    monkeypatch.setattr(trigger, "_hook", lambda: hook)
+    monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: ("failed", None, None))
+    asyncio.run(trigger.on_kill())
+    assert hook.destroyed == [7] and hook.closed
+
+
+@pytest.mark.parametrize(("state", "destroyed"), [("deferred", []), ("failed", [7])])
+def test_rule_on_kill_after_a_user_action_cancel_destroys_only_a_task_a_person_took_out_of_deferral(
+    make_trigger, monkeypatch, state, destroyed
+):
+    """Airflow 3.3's triggerer cancels with its user-action message on a hand-over to another triggerer too.
+
+    As the triggerer does: the running trigger is cancelled, then on_kill is awaited. Still deferred: a hand-over, the
+    instance is kept; marked failed: destroyed.
+    """
+    hook = FakeAsyncHook(["running"])
+    trigger = make_trigger(destroy_on_kill=True, wait_for=lifecycle.WAIT_JOB)
+    trigger.task_instance = TI
+    monkeypatch.setattr(trigger, "_hook", lambda: hook)
+    monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: (state, None, None))
+
+    async def cancelled_by_user_action():
+        async def run():
+            async for _ in trigger.run():
+                raise AssertionError("a running job fires no event")
+
+        running = asyncio.ensure_future(run())
+        while hook.reads < 3:
+            await asyncio.sleep(0.01)
+        running.cancel("user action")
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        await trigger.on_kill()
+
+    asyncio.run(cancelled_by_user_action())
+    assert hook.destroyed == destroyed
+
+
+def test_on_kill_without_a_task_instance_to_read_leaves_the_instance_to_its_lease(make_trigger, monkeypatch):
     hook = FakeAsyncHook(["running"])
     trigger = make_trigger(destroy_on_kill=True)
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
+    said = []
+    monkeypatch.setattr(trigger.log, "warning", lambda message, *args: said.append(message % args))
     asyncio.run(trigger.on_kill())
-    assert hook.destroyed == [7] and hook.closed
+    assert hook.destroyed == [] and said == ["No task instance to read: instance 7 left to its lease"]
 
 
 def test_rule_a_deferred_task_marked_failed_writes_its_rentals_end_from_the_trigger(make_trigger, monkeypatch):
@@ -299,6 +343,7 @@ def test_rule_a_deferred_task_marked_failed_writes_its_rentals_end_from_the_trig
     trigger = make_trigger(destroy_on_kill=True)
     monkeypatch.setattr(trigger, "_hook", lambda: hook)
     trigger.task_instance = TI
+    monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: ("failed", None, None))
     trigger._current = trigger._wait()
     trigger._current.running_at = 1234.0  # the service's time of its first read that found the instance running
     asyncio.run(trigger.on_kill())
@@ -367,6 +412,22 @@ def test_cleanup_destroys_only_when_a_user_took_the_task_out_of_deferral_before_
     """Before 3.3 no triggerer calls a trigger's on_kill; from 3.3 cleanup runs where nothing may be destroyed."""
     hook = _clean_up(make_trigger(destroy_on_kill=destroy_on_kill), monkeypatch, lambda ti: now)
     assert hook.destroyed == ([7] if destroyed_without_on_kill and not calls_on_kill else [])
+
+
+@pytest.mark.parametrize(
+    ("now", "destroy_on_kill", "destroyed"),
+    [(("failed", None, None), True, True), (("deferred", None, None), True, False), ((None, None, None), True, True)]
+    + [(("scheduled", None, None), True, False), (("failed", None, None), False, False), (None, True, True)],
+)
+def test_on_kill_follows_the_same_rule_as_cleanup(make_trigger, monkeypatch, now, destroy_on_kill, destroyed):
+    """3.3+'s on_kill: marked failed, cleared or deleted destroys; still deferred (a hand-over) or resumed keeps."""
+    hook = FakeAsyncHook(["running"])
+    trigger = make_trigger(destroy_on_kill=destroy_on_kill)
+    trigger.task_instance = TI
+    monkeypatch.setattr(trigger, "_hook", lambda: hook)
+    monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: now)
+    asyncio.run(trigger.on_kill())
+    assert hook.destroyed == ([7] if destroyed else [])
 
 
 def test_cleanup_after_the_trigger_fired_never_destroys(make_trigger, monkeypatch, calls_on_kill):
@@ -466,8 +527,12 @@ def test_cleanup_reads_the_task_instance_state_through_the_task_sdk_on_airflow_3
 
 @pytest.mark.parametrize(
     ("by_a_user", "now", "destroyed"),
-    [(True, ("failed", 1, "execute_complete"), [7]), (False, ("deferred", 1, None), [])],
-    ids=["marked-failed", "triggerer-stopping"],
+    [
+        (True, ("failed", 1, "execute_complete"), [7]),
+        (True, ("deferred", 1, None), []),  # 3.3's triggerer cancels "by user action" on a hand-over too
+        (False, ("deferred", 1, None), []),
+    ],
+    ids=["marked-failed", "handed-over", "triggerer-stopping"],
 )
 def test_the_installed_triggerer_cancelling_a_trigger_destroys_only_for_a_user(
     make_trigger, monkeypatch, by_a_user, now, destroyed
