@@ -29,7 +29,7 @@ from airflow_gpumarket.exceptions import (
     GpuMarketRateLimitError,
 )
 from airflow_gpumarket.hooks.connection import ConnectionSettings, settings_from_connection
-from airflow_gpumarket.hooks.flow import FetchLog, Flow, Request, Sleep
+from airflow_gpumarket.hooks.flow import Book, FetchLog, Flow, Request, Sleep
 
 R = TypeVar("R")
 
@@ -92,15 +92,19 @@ class _GpuMarketHookBase(BaseHook):
         a little wider than the budget: sent exactly at the rate, clock jitter alone would draw 429s. The connection's
         ``rate_limit_scale`` scales the budgets (0: none).
         """
-        settings = self.settings
         budget = api.rate_budget(operation)
-        if budget is None or not settings.rate_limit_scale:
+        if budget is None or not self.paces(operation):
             return 0.0
+        settings = self.settings
         key = (settings.base_url, settings.api_key, budget[0])
         pacer = _PACERS.get(key)
         if pacer is None:
             pacer = _PACERS[key] = pacing.SharedPacer(settings.base_url, settings.api_key, budget[0])
         return pacer.book(slot_seconds(operation, settings.rate_limit_scale))
+
+    def paces(self, operation: str) -> bool:
+        """Whether ``operation``'s requests take a slot of a budget (``_pace``), with this connection."""
+        return api.rate_budget(operation) is not None and bool(self.settings.rate_limit_scale)
 
     def min_list_interval(self) -> float:
         """Seconds between two list calls that the connection's budget allows (0: it paces nothing).
@@ -205,7 +209,7 @@ class _GpuMarketHookBase(BaseHook):
 
     def _paced_flow(self, request: Request) -> Flow[Any]:
         """One try in a slot of the operation's budget (a retry sent outside it would draw the next call's 429)."""
-        if (wait := self._pace(request.operation)) > 0:
+        if (wait := (yield Book(request.operation))) > 0:
             yield Sleep(wait)
         return (yield from self._exchange_flow(request))
 

@@ -1,7 +1,8 @@
 """What a flow is: a generator that yields what it needs from the outside and gets the answer back.
 
 It yields a ``Request`` (the driver sends it and returns a ``Response``, or throws a ``GpuMarketTransportError``
-in), a ``Sleep`` (the driver sleeps, blocking or awaiting) or a ``FetchLog`` (the driver reads an uploaded log
+in), a ``Book`` (the driver books a slot of the request budget and returns the seconds to wait), a ``Sleep`` (the
+driver sleeps, blocking or awaiting) or a ``FetchLog`` (the driver reads an uploaded log
 without the API key, and returns a ``FetchedLog``). The flows are in ``hooks.core``; their drivers in
 ``hooks.gpumarket``.
 """
@@ -41,6 +42,16 @@ class Sleep:
 
 
 @dataclass(frozen=True)
+class Book:
+    """Book a slot of ``operation``'s request budget; the driver answers the seconds to wait for it.
+
+    Booking may touch a file shared by the machine's processes, so the async driver books in a thread.
+    """
+
+    operation: str
+
+
+@dataclass(frozen=True)
 class FetchLog:
     """Read an uploaded log from its result URL, without the API key (the storage host must never see it)."""
 
@@ -56,7 +67,7 @@ class FetchedLog:
 
 
 #: What a flow yields; what it gets back is the ``Response`` or ``FetchedLog`` (None after a ``Sleep``).
-Flow = Generator[Request | Sleep | FetchLog, Any, T]
+Flow = Generator[Request | Book | Sleep | FetchLog, Any, T]
 
 
 @dataclass(frozen=True)
@@ -66,7 +77,7 @@ class Done:
     value: Any
 
 
-def resume(flow: Flow[Any], reply: Any) -> Request | Sleep | FetchLog | Done:
+def resume(flow: Flow[Any], reply: Any) -> Request | Book | Sleep | FetchLog | Done:
     """The flow's next need after giving it ``reply``; ``Done`` once it returned.
 
     A ``GpuMarketTransportError`` reply is thrown in, at the request that failed. The flow's own exceptions go to the

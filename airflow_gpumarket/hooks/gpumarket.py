@@ -22,7 +22,7 @@ from airflow_gpumarket.exceptions import (
 from airflow_gpumarket.hooks import transport
 from airflow_gpumarket.hooks.connection import ConnectionSettings
 from airflow_gpumarket.hooks.core import _GpuMarketHookBase
-from airflow_gpumarket.hooks.flow import Done, FetchLog, Flow, Request, Response, Sleep, T, resume
+from airflow_gpumarket.hooks.flow import Book, Done, FetchLog, Flow, Request, Response, Sleep, T, resume
 
 if TYPE_CHECKING:
     import httpx
@@ -92,6 +92,8 @@ class GpuMarketHook(_GpuMarketHookBase):
             if isinstance(effect, Sleep):
                 time.sleep(effect.seconds)
                 reply = None
+            elif isinstance(effect, Book):
+                reply = self._pace(effect.operation)
             elif isinstance(effect, FetchLog):
                 reply = transport.fetch_log(self.storage_session, effect.url)
             else:
@@ -452,6 +454,8 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
             if isinstance(effect, Sleep):
                 await asyncio.sleep(effect.seconds)
                 reply = None
+            elif isinstance(effect, Book):  # the slot file's lock may be held by another process: off the loop
+                reply = await asyncio.to_thread(self._pace, effect.operation) if self.paces(effect.operation) else 0.0
             elif isinstance(effect, FetchLog):
                 reply = await transport.afetch_log(effect.url)
             else:

@@ -7,6 +7,7 @@ decides anything: that is ``hooks.core``'s; the messages are ``hooks.flow``'s.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import requests
@@ -18,6 +19,8 @@ from airflow_gpumarket.hooks.connection import ConnectionSettings
 from airflow_gpumarket.hooks.flow import FetchedLog, Request, Response
 
 if TYPE_CHECKING:
+    import ssl
+
     import httpx
 
 #: Seconds an idle pooled connection of the async client is kept. Below the idle timeout of the servers and load
@@ -99,6 +102,17 @@ def fetch_log(session: requests.Session, url: str) -> FetchedLog:
         return FetchedLog(failure=type(exc).__name__)
 
 
+@functools.cache
+def ssl_context(verify: bool | str, trust_env: bool) -> ssl.SSLContext:
+    """The TLS context for ``verify`` (and ``SSL_CERT_FILE`` with ``trust_env``), built once per process.
+
+    Building one loads the CA bundle (tens of milliseconds): done for each client, it blocked the triggerer's loop.
+    """
+    import httpx
+
+    return httpx.create_ssl_context(verify=verify, trust_env=trust_env)
+
+
 def httpx_client(settings: ConnectionSettings) -> httpx.AsyncClient:
     import httpx
 
@@ -107,7 +121,7 @@ def httpx_client(settings: ConnectionSettings) -> httpx.AsyncClient:
         headers={"Authorization": f"Bearer {settings.api_key}", "Accept": "application/json"},
         timeout=httpx.Timeout(settings.timeout, connect=min(CONNECT_TIMEOUT_SECONDS, settings.timeout)),
         limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_SECONDS),
-        verify=settings.verify,
+        verify=ssl_context(settings.verify, trust_env=False),
         trust_env=False,
     )
 
@@ -127,7 +141,9 @@ async def afetch_log(url: str) -> FetchedLog:
 
     try:
         async with (
-            httpx.AsyncClient(timeout=api.LOG_FETCH_TIMEOUT_SECONDS, follow_redirects=True) as storage,
+            httpx.AsyncClient(
+                timeout=api.LOG_FETCH_TIMEOUT_SECONDS, follow_redirects=True, verify=ssl_context(True, trust_env=True)
+            ) as storage,
             storage.stream("GET", url) as response,
         ):
             if response.status_code != 200:

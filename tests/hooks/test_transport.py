@@ -93,3 +93,42 @@ def test_async_client_keeps_idle_connections_shorter_than_servers_do(monkeypatch
 
     # uvicorn's default idle timeout is 5 s and load balancers use 60 s: a pooled connection must expire first
     assert captured["limits"].keepalive_expiry < 5
+
+
+# --- nothing of the async hook blocks the triggerer's event loop ----------------------------------------------------
+def test_rule_async_clients_share_one_tls_context_built_once_per_process(server, monkeypatch):
+    """Building a TLS context loads the CA bundle (tens of ms on the loop): one per process, not one per client."""
+    from airflow_gpumarket.hooks import transport
+
+    transport.ssl_context.cache_clear()
+    built = []
+    real = httpx.create_ssl_context
+    monkeypatch.setattr(httpx, "create_ssl_context", lambda **kw: built.append(kw) or real(**kw))
+
+    async def many_clients(hook):
+        for _ in range(5):
+            hook.client  # noqa: B018 - a new client each time, as a trigger's step makes
+            await hook.aclose()
+
+    run(many_clients)
+    assert built == [{"verify": True, "trust_env": False}]
+
+
+def test_rule_the_async_hook_books_its_request_slots_off_the_event_loop(server, monkeypatch):
+    """Booking a slot locks a file that other processes share: the async driver does it in a thread."""
+    import threading
+
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
+
+    server.add("GET", "/api/v0/instances/7/", httpx.Response(200, json={"instances": {"id": 7}}))
+    booked_on = []
+    monkeypatch.setattr(GpuMarketAsyncHook, "paces", lambda self, operation: True)
+    monkeypatch.setattr(
+        GpuMarketAsyncHook, "_pace", lambda self, operation: booked_on.append(threading.get_ident()) or 0.0
+    )
+
+    async def read(hook):
+        return threading.get_ident(), await hook.get_instance(7)
+
+    loop_thread, _ = run(read)
+    assert booked_on and loop_thread not in booked_on
