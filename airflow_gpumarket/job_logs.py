@@ -99,21 +99,31 @@ class LogFollower:
         self._shown_before = [line[:EVENT_LINE_CHARS] for line in shown]
         self.skipped = False
         self.exit_status: int | None = exit_status(self._shown_before)
+        self.advanced = 0  # lines of the log taken so far: a change means there is something new to record
 
     def take(self, lines: Sequence[str]) -> list[str]:
-        if self._shown_before:  # the first read after an earlier wait's
-            start = self._after_shown_before(lines)
-            self._seen.extend(lines[:start])
+        overlap = self._overlap(lines)
+        start = overlap
+        if self._shown_before:  # the first read after an earlier wait's, or lines another copy of this wait showed
+            start = max(overlap, self._after_shown_before(lines))
             self._shown_before = []
-        else:
-            start = self._overlap(lines)
         self.skipped = bool(self._seen) and start == 0 and len(lines) >= self.window
-        new = list(lines[start:])
-        self._seen.extend(new)
-        status = exit_status(new)
+        self._seen.extend(lines[overlap:])  # what another wait showed is seen too, though not returned
+        self.advanced += len(lines) - overlap
+        status = exit_status(lines[overlap:])
         if status is not None:
             self.exit_status = status
-        return new
+        return list(lines[start:])
+
+    def also_shown(self, lines: Sequence[str]) -> None:
+        """Take the last lines another copy of this wait showed: the next ``take`` returns only what follows them."""
+        cut = [line[:EVENT_LINE_CHARS] for line in lines]
+        if not cut or [line[:EVENT_LINE_CHARS] for line in self.recent(len(cut))] == cut:
+            return
+        self._shown_before = cut
+        status = exit_status(cut)
+        if status is not None:
+            self.exit_status = status
 
     def _overlap(self, lines: Sequence[str]) -> int:
         """How many leading lines of ``lines`` were already returned.
@@ -253,6 +263,20 @@ class LogPump:
         if self._began_running is None:
             fresh = self.since is not None and now is not None and now < self.since + self.interval
             self._began_running = running and not fresh
+
+    def shown_elsewhere(self, lines: Sequence[str]) -> None:
+        """Take the last lines another copy of this wait showed (``LogFollower.also_shown``): they are not shown again.
+
+        With those known, a wait that finds the job already running no longer needs to show the log's last lines.
+        """
+        if lines:
+            self.follower.also_shown(lines)
+            self._said_repeats = True
+            self.wrapper_seen = self.wrapper_seen or any(line.startswith(WRAPPER_LINE_PREFIX) for line in lines)
+
+    def read_due(self, now: float) -> bool:
+        """Whether a periodic read is due now, changing nothing (unlike ``due``)."""
+        return not self.off and self._next_at is not None and now >= self._next_at
 
     def due(self, now: float) -> bool:
         """True when a read should be made now.

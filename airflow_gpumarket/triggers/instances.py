@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from functools import cached_property
 from typing import Any
 
-from airflow_gpumarket import _compat, api, job_logs, lifecycle, waiting
+from airflow_gpumarket import _compat, api, job_logs, lifecycle, task_xcom, waiting
 from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
 from airflow_gpumarket.triggers.poller import poller_for
 from airflow_gpumarket.waiting import Observation
@@ -18,6 +18,16 @@ from airflow_gpumarket.waiting import Observation
 STATE_READ_TIMEOUT = 15
 #: Seconds one step of a wait (lease renewal, bid, log read) may take; a call still retrying then is cut short.
 STEP_TIMEOUT_SECONDS = 300.0
+#: The XCom key prefix of the job's log lines this task's triggers showed last (``shown_key``).
+SHOWN_KEY_PREFIX = "gpumarket_log_shown_"
+#: Lines that record keeps: the last ones shown, as ``job_logs.LogFollower`` takes an earlier wait's.
+SHOWN_LINES = 20
+#: Seconds a read or write of that record may take before the wait goes on without it.
+SHOWN_TIMEOUT_SECONDS = 10.0
+
+
+def shown_key(instance_id: int) -> str:
+    return f"{SHOWN_KEY_PREFIX}{int(instance_id)}"
 
 
 class GpuMarketInstanceStatusTrigger(BaseTrigger):
@@ -79,6 +89,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self.shared_poller = shared_poller
         self._fired = False  # an event was handed to Airflow: the task resumes and owns the instance again
         self._current: waiting.Wait | None = None  # the wait under way: its billing marks go into on_kill's record
+        self._lines_shared = True  # the record of lines shown is read and written (see _catch_up)
+        self._recorded: int | None = None  # the log follower's progress when the record was last read or written
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -149,7 +161,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                         "message": str(seen.error),
                     }
                 else:
-                    event = await self._step(hook, wait, seen)
+                    event = await self._step(hook, wait, seen, time.time())
                 if event is not None:
                     if event.get("final_lines"):
                         self.log.info(
@@ -160,11 +172,14 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                     yield self._event(event, wait)
                     return
 
-    async def _step(self, hook: Any, wait: waiting.Wait, seen: Observation) -> dict[str, Any] | None:
+    async def _step(self, hook: Any, wait: waiting.Wait, seen: Observation, now: float) -> dict[str, Any] | None:
         """One read taken (lease, bid, log) within ``STEP_TIMEOUT_SECONDS``; a step cut short is taken again."""
+        if self._may_read_the_log(wait, seen, now):
+            await self._catch_up(wait)
+        event = None
         try:
             async with asyncio.timeout(STEP_TIMEOUT_SECONDS):  # unlike wait_for, never swallows a cancellation
-                return await hook.run_flow(wait.step(hook, seen, time.time()))
+                event = await hook.run_flow(wait.step(hook, seen, now))
         except TimeoutError:
             self.log.warning(
                 "Instance %s: a step of the wait (lease, bid, log read) took over %.0f s and was cut short; "
@@ -172,9 +187,55 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
                 self.instance_id,
                 STEP_TIMEOUT_SECONDS,
             )
-            return None
         finally:
             await hook.aclose()
+        if event is None:  # the lines an ending step read are held for the event, not shown yet
+            await self._record_shown(wait)
+        return event
+
+    # Airflow may run this trigger on two triggerers at once (a hand-over under load). The job's lines each copy
+    # forwards are recorded on the task instance (an XCom), and each copy reads that record before it reads the log,
+    # so that a line one copy showed is not shown again by the other.
+    def _shares_lines(self) -> bool:
+        return self._lines_shared and getattr(self, "task_instance", None) is not None
+
+    def _may_read_the_log(self, wait: waiting.Wait, seen: Observation, now: float) -> bool:
+        """Whether this step may read the job's log: the first, a periodic read that is due, or a job's end."""
+        if not self._shares_lines() or wait.pump.off:
+            return False
+        first = wait.pump.follower.advanced == 0 and self._recorded is None
+        ending = seen.gone or seen.status != api.STATUS_RUNNING
+        return first or (wait.watch.reads_log() and (wait.pump.read_due(now) or ending))
+
+    async def _catch_up(self, wait: waiting.Wait) -> None:
+        lines = await self._shared_record(task_xcom.get_value, shown_key(self.instance_id))
+        if isinstance(lines, list) and all(isinstance(line, str) for line in lines):
+            wait.pump.shown_elsewhere(lines)
+        if self._recorded is None:
+            self._recorded = wait.pump.follower.advanced
+
+    async def _record_shown(self, wait: waiting.Wait) -> None:
+        follower = wait.pump.follower
+        if not self._shares_lines() or follower.advanced == (self._recorded or 0):
+            return
+        self._recorded = follower.advanced
+        lines = [line[: job_logs.EVENT_LINE_CHARS] for line in follower.recent(SHOWN_LINES)]
+        await self._shared_record(task_xcom.set_value, shown_key(self.instance_id), lines)
+
+    async def _shared_record(self, call: Any, *args: Any) -> Any:
+        """Read or write the record of lines shown; a failure turns sharing off for this run, said once."""
+        try:
+            async with asyncio.timeout(SHOWN_TIMEOUT_SECONDS):
+                return await asyncio.to_thread(call, getattr(self, "task_instance", None), *args)
+        except Exception as exc:
+            self._lines_shared = False
+            self.log.warning(
+                "Could not reach the record of the job's lines shown for instance %s (%r): should Airflow run this "
+                "trigger twice, some lines may show twice",
+                self.instance_id,
+                exc,
+            )
+            return None
 
     def _event(self, event: dict[str, Any], wait: waiting.Wait) -> TriggerEvent:
         self._fired = True

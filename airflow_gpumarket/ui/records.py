@@ -163,24 +163,10 @@ def stored_value(model: Any, row: Any) -> Any:
 
 
 def write_end(ti: Any, record: Mapping[str, Any]) -> None:
-    """Store an end record on the task instance ``ti`` names, from a triggerer (no ``xcom_push`` there).
+    """Store an end record on the task instance ``ti`` names, from a triggerer (no ``xcom_push`` there)."""
+    from airflow_gpumarket import task_xcom
 
-    Written through the Task SDK on Airflow 3, the metadata database on 2.11.
-    """
-    names = {
-        "dag_id": ti.dag_id,
-        "task_id": ti.task_id,
-        "run_id": ti.run_id,
-        "map_index": getattr(ti, "map_index", -1),
-    }
-    if is_airflow_2():
-        from airflow.models.xcom import XCom
-
-        XCom.set(key=end_key(record["instance_id"]), value=dict(record), **names)
-        return
-    from airflow.sdk.execution_time.xcom import XCom as SdkXCom
-
-    SdkXCom.set(end_key(record["instance_id"]), dict(record), **names)
+    task_xcom.set_value(ti, end_key(record["instance_id"]), dict(record))
 
 
 class RentalRecorder:

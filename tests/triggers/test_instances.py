@@ -18,6 +18,7 @@ from airflow_gpumarket import _compat, job_logs, lifecycle, waiting
 from airflow_gpumarket.exceptions import GpuMarketAuthError, GpuMarketNotFoundError, GpuMarketServerError
 from airflow_gpumarket.triggers import instances as trigger_module
 from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
+from airflow_gpumarket.waiting import Observation
 
 from .fakes import FakeAsyncHook, _run
 
@@ -615,3 +616,59 @@ def test_a_trigger_that_holds_nothing_never_changes_a_bid(make_trigger, monkeypa
     hook.bids = {"bid_price": 0.21, "min_bid": 0.3}
     event = _run(make_trigger(wait_for=lifecycle.WAIT_STATUS, target_status="reached"), hook, monkeypatch)
     assert hook.bid_changes == [] and "bid" not in event
+
+
+# --- one trigger run by two triggerers at once ---------------------------------------------------------------------
+
+
+def _ticks(n: int, *, ended: bool = False) -> str:
+    return "".join(f"tick {i}\n" for i in range(1, n + 1)) + ("gpumarket: job exited with status 0\n" if ended else "")
+
+
+def test_rule_two_copies_of_one_trigger_show_each_line_of_the_job_once(make_trigger, monkeypatch, task_log):
+    """Airflow may run one trigger on two triggerers at once (a hand-over under load): copy B starts while copy A
+    still reads. What each copy forwards and what the event that resumes the task carries hold each line once,
+    whichever copy's event Airflow takes."""
+    record: dict[str, object] = {}
+    monkeypatch.setattr(trigger_module.task_xcom, "get_value", lambda ti, key: record.get(key))
+    monkeypatch.setattr(trigger_module.task_xcom, "set_value", lambda ti, key, value: record.__setitem__(key, value))
+    copies = {}
+    for name in ("A", "B"):
+        hook = FakeAsyncHook(["running"])
+        trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=10.0)
+        trigger.task_instance = TI
+        copies[name] = (trigger, trigger._wait(), hook)
+
+    def step(name, status, now, log):
+        trigger, wait, hook = copies[name]
+        hook.log_texts = [log]
+        return asyncio.run(trigger._step(hook, wait, Observation(status=status, at=now), now))
+
+    assert step("A", "running", 0.0, _ticks(0)) is None  # A sees the job start
+    assert step("A", "running", 10.0, _ticks(5)) is None  # and shows ticks 1-5
+    assert step("B", "running", 12.0, _ticks(6)) is None  # B takes the trigger over: the job is running
+    assert step("A", "running", 20.0, _ticks(8)) is None  # A has not noticed yet: ticks 6-8
+    assert step("B", "running", 22.0, _ticks(9)) is None  # B's first read: tick 9 only
+    events = [step(name, "stopped", 30.0, _ticks(10, ended=True)) for name in ("A", "B")]
+
+    forwarded = re.findall(r"\[instance 7\] (tick \d+)", task_log())
+    for event in events:  # the resumed task shows one event's lines: either is whole and repeats nothing
+        assert event["status"] == lifecycle.EventKind.JOB_SUCCEEDED
+        held = [re.sub(r"^\[instance 7\] ", "", line) for line in event["final_lines"]]
+        assert forwarded + [line for line in held if line.startswith("tick")] == [f"tick {i}" for i in range(1, 11)]
+    assert "may repeat" not in task_log()  # B knew what A had shown: nothing is shown twice, so nothing is said
+
+
+def test_an_unreachable_record_of_lines_shown_is_said_once_and_the_wait_goes_on(make_trigger, monkeypatch, task_log):
+    def unreachable(ti, key, *value):
+        raise ConnectionError("api-server down")
+
+    monkeypatch.setattr(trigger_module.task_xcom, "get_value", unreachable)
+    monkeypatch.setattr(trigger_module.task_xcom, "set_value", unreachable)
+    hook = FakeAsyncHook(["running", "running", "running", "stopped"])
+    hook.log_texts = [_ticks(1), _ticks(2), _ticks(3, ended=True)]
+    trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=1e-9)
+    trigger.task_instance = TI
+    event = _run(trigger, hook, monkeypatch)
+    assert event["status"] == lifecycle.EventKind.JOB_SUCCEEDED and event["exit_status"] == 0
+    assert task_log().count("Could not reach the record of the job's lines shown") == 1
