@@ -162,3 +162,23 @@ def test_invalid_fault_rules_are_refused(sim, api, rules):
         sim.set_faults(rules)
     response = api.put("/_sim/faults", rules)
     assert response.status_code == 400 and response.json()["error"] == "invalid_args"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("PUT", "/api/v0/instances/request_logs/5/"),
+        ("PUT", "/api/v0/instances/bid_price/5/"),
+        ("GET", "/api/v0/charges/"),
+        ("GET", "/api/v1/invoices/"),
+        ("GET", "/api/v1/instances/"),
+    ],
+)
+def test_rule_every_operation_the_wire_names_can_be_given_a_fault(method, path):
+    """A rule may name any operation the simulator tells requests apart by (the log request's among them)."""
+    from gpumarket_simulator import faults, wire
+
+    operation = wire.classify(method, wire.tolerant_path(path))
+    assert operation is not None, (method, path)
+    (rule,) = faults.parse_rules([{"endpoint": operation, "kind": "latency", "seconds": 1}])
+    assert rule.applies_to(operation)
