@@ -345,16 +345,23 @@ def test_create_instance_operator_hands_over_a_running_instance_and_teardown_des
     assert alive(sim) == []
 
 
-def test_deferred_tasks_trigger_killed_by_a_user_destroys_the_instance(sim):
+@pytest.mark.parametrize(("state", "left_alive"), [("failed", 0), ("deferred", 1)], ids=["marked-failed", "handed-over"])
+def test_deferred_tasks_trigger_killed_by_a_user_destroys_the_instance(sim, monkeypatch, state, left_alive):
+    """Airflow 3.3's on_kill: a task marked failed loses its instance; a trigger handed to another triggerer keeps it."""
     import asyncio
+    from types import SimpleNamespace
 
+    from airflow_gpumarket.triggers import instances
     from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
     offer = cheapest_offers(1)[0]
     made = GpuMarketHook().create_instance(offer["id"], image="img", label="afgm-0123456789ab-9999999999")
     trigger = GpuMarketInstanceStatusTrigger(instance_id=made["new_contract"], destroy_on_kill=True)
+    trigger.task_instance = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=1)
+    monkeypatch.setattr(instances, "_task_instance_now", lambda ti: (state, 1, None))
+    monkeypatch.setattr(instances.task_xcom, "set_value", lambda ti, key, value: None)  # the rentals page's record
     asyncio.run(trigger.on_kill())
-    assert alive(sim) == []
+    assert len(alive(sim)) == left_alive
 
 
 def test_deferrable_job_succeeds_through_the_trigger(example_dag, sim):
