@@ -12,6 +12,9 @@
   start slowly.
 - The account's credit running out: 16 jobs (8 at a time) start on a few dollars, and the service stops every
   instance at $0. Each must fail naming the credit (or be refused before renting), none left alive.
+- 60 deferred lifecycles whose triggers run in one triggerer-like event loop and are cancelled at any moment, in a
+  step or between two, as a hand-over (a new copy goes on, sometimes beside the old) or after a user marked the task
+  failed (``bench/chaos_triggerer.py``).
 - 20 real Airflow task runs (`airflow dags test`) killed with SIGTERM mid-boot or mid-job.
 
 Seeded: the same seed draws the same world, jobs, kill times and fault probabilities (thread timing still
@@ -40,6 +43,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import chaos_triggerer  # bench/, beside this script
 import requests
 from urllib3.util.retry import Retry
 
@@ -511,10 +515,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--lifecycles", type=int, default=500)
     parser.add_argument("--sigterm-runs", type=int, default=20)
+    parser.add_argument("--deferred", type=int, default=60, help="deferred jobs whose triggers are cancelled")
     parser.add_argument("--workers", type=int, default=8)
     args = parser.parse_args()
     started = time.time()
-    sim = Simulator(args.seed, offers=args.lifecycles * 8)
+    sim = Simulator(args.seed, offers=(args.lifecycles + args.deferred) * 8)
     try:
         os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = connection(sim)
         forget_hosts("gpumarket_default")
@@ -537,6 +542,10 @@ def main() -> int:
         vanisher.join()
         market.join()
         sim.send("DELETE", "/_sim/faults")
+        deferred_results, cancels = chaos_triggerer.deferred_phase(
+            sim, args.seed, args.deferred, args.workers, faults=FAULTS, gpus=GPUS, classify=classify
+        )
+        results += deferred_results
         credit_results, credit_stops = credit_stop(sim, args.seed, args.workers)
         killed, sigterm_leaked, stuck = sigterm_runs(sim, args.sigterm_runs, args.seed)
 
@@ -553,7 +562,9 @@ def main() -> int:
         # The SIGTERM runs' tasks run in processes of their own: only this process's failovers are seen.
         ending_of = {r["key"]: r for r in results + credit_results}
         key_of = {i["id"]: (lc.parse_label(i.get("label")) or ("",))[0] for i in instances}
-        missed = sorted(i for i in set(reported) - recognised if key_of.get(i) in ending_of)
+        # A task marked failed while deferred never resumed to recognise its host's failed check.
+        resumed = {k for k, r in ending_of.items() if r["outcome"] != chaos_triggerer.MARKED}
+        missed = sorted(i for i in set(reported) - recognised if key_of.get(i) in resumed)
         memory = remembered("gpumarket_default")
         leaked = [i for i in instances if not i["destroyed"]]
         credit_outcomes = Counter(r["outcome"] for r in credit_results)
@@ -568,6 +579,10 @@ def main() -> int:
 
         print(f"R1 chaos seed {args.seed}: {len(results)} lifecycles + {killed} Airflow task runs killed with SIGTERM")
         print(f"R1 faults injected: {', '.join(f'{k} {v}' for k, v in sorted(faults.items()))}")
+        print(
+            f"R1 deferred: {len(deferred_results)} jobs in one triggerer-like loop; triggers cancelled: "
+            f"{', '.join(f'{k} {v}' for k, v in sorted(cancels.items())) or 'none'}"
+        )
         print(f"R1 jobs succeeded: {succeeded}")
         print(
             f"R1 jobs failed with a clear reason: {len(results) - succeeded - unclear} "
