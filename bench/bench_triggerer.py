@@ -12,6 +12,7 @@ seconds after the instance became running), CPU seconds, peak RSS growth. Each c
     python bench/bench_triggerer.py --case 1000 shared
     python bench/bench_triggerer.py --quick    # smoke run: N=10 only, same lines, fails on errors only
     python bench/bench_triggerer.py --ha       # P1-HA only (about 5 minutes)
+    python bench/bench_triggerer.py --iso      # P1-iso only (under a minute)
 
 Profile: ``live``, chosen on purpose for every case, so that the shared poller walks the paged
 ``GET /api/v1/instances/`` (25 ids a page) as it does against the service today (``spec`` would measure the v0
@@ -27,6 +28,10 @@ P1-HA (``--ha`` alone, and after the default cases): 300 waits on one key under 
 10x), split over 1, 2 and 3 triggerer-like processes on this machine, each with its own shared poller; once with
 the list slots booked machine-wide (``airflow_gpumarket.pacing``, as shipped) and once, as the baseline, with each
 process pacing alone (a slot folder of its own). Detection delays are in simulated seconds.
+
+P1-iso (``--iso`` alone, and after the default cases): 200 waits of one process beside 20 job waits whose every step
+takes 5 s, against the same 20 taking no time, alternated three times: a slow trigger must not hold up the others'
+detection.
 
 Exits non-zero when a case fails (its stderr's last lines are printed on stderr), so that ``make bench`` and
 ``make bench-quick`` fail with it.
@@ -68,6 +73,14 @@ HA_N = 300
 HA_PROCESSES = (1, 2, 3)
 HA_SPEED = 10.0
 HA_QUICK_N = 10
+#: P1-iso: the waits measured, beside this many triggers of the same process whose every step takes ISO_STEP seconds
+#: (a log read, a lease renewal or a bid held up by a slow answer), against none slow in the same sitting.
+ISO_N = 200
+ISO_SLOW = 20
+ISO_STEP = 5.0
+ISO_QUICK = (10, 2)
+#: P1-iso's alternated sittings (one of each case per sitting); the medians are reported.
+ISO_SITTINGS = 3
 
 
 def start_simulator(n: int, live_limits: bool = False, speed: float | None = None) -> tuple[subprocess.Popen, str, str]:
@@ -95,19 +108,23 @@ def rss_kb(field: str) -> int:
 
 
 def run_case(n: int, mode: str) -> dict:
+    """One P1 case: ``mode`` is shared, naive, live-shared, or iso-<k>-<s> (the shared poller beside k job waits of
+    s seconds a step)."""
     live = mode.startswith("live-")
+    slow, step = (int(mode.split("-")[1]), float(mode.split("-")[2])) if mode.startswith("iso-") else (0, 0.0)
     speed = LIVE_SPEED if live else SPEED
-    process, url, key = start_simulator(n, live_limits=live)
+    process, url, key = start_simulator(n + slow, live_limits=live)
     try:
         os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = json.dumps(
             {"conn_type": "gpumarket", "host": url, "password": key, "extra": {"max_retries": 8}}
         )
         session = requests.Session()
         session.headers["Authorization"] = f"Bearer {key}"
-        ids = [
+        made = [
             session.put(f"{url}/api/v0/asks/{i + 1}/", json={"image": "bench", "label": f"b{i}"}).json()["new_contract"]
-            for i in range(n)
+            for i in range(n + slow)
         ]
+        ids, slow_ids = made[:n], made[n:]
         if live:
             session.put(f"{url}/_sim/rate-limits", json={"enabled": True}).raise_for_status()
         else:
@@ -144,8 +161,28 @@ def run_case(n: int, mode: str) -> dict:
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.time()
 
+        class SlowSteps(GpuMarketInstanceStatusTrigger):
+            """A job's wait whose every step takes ``step`` seconds more: a slow answer on its own path."""
+
+            async def _step(self, *args, **kwargs):
+                await asyncio.sleep(step)
+                return await super()._step(*args, **kwargs)
+
+        async def slow_wait(instance_id: int) -> None:
+            trigger = SlowSteps(instance_id=instance_id, poll_interval=POLL, watch={"wait_for": "job"})
+            async with aclosing(trigger.run()) as events:
+                async for _event in events:
+                    return
+
         async def all_triggers() -> None:
-            await asyncio.wait_for(asyncio.gather(*(watch(i) for i in ids)), timeout=900)
+            slow_waits = [asyncio.ensure_future(slow_wait(i)) for i in slow_ids]
+            await asyncio.sleep(0)  # the slow ones subscribe first
+            try:
+                await asyncio.wait_for(asyncio.gather(*(watch(i) for i in ids)), timeout=900)
+            finally:
+                for waiting in slow_waits:
+                    waiting.cancel()
+                await asyncio.gather(*slow_waits, return_exceptions=True)
 
         asyncio.run(all_triggers())
         elapsed = time.time() - started
@@ -273,6 +310,32 @@ def run_ha(sizes: tuple[int, ...], n: int, speed: float, pacings: tuple[bool, ..
     return failed
 
 
+def run_iso(n: int, slow: int, sittings: int = ISO_SITTINGS) -> int:
+    """P1-iso: detection of ``n`` waits beside ``slow`` job waits of ISO_STEP seconds a step, against the same
+    job waits taking no time, alternated ``sittings`` times; medians of each."""
+    calm: list[dict] = []
+    held: list[dict] = []
+    for _ in range(sittings):
+        for mode, into in ((f"iso-{slow}-0", calm), (f"iso-{slow}-{ISO_STEP:g}", held)):
+            r = run_in_child(n, mode)
+            if r is None:
+                print(f"P1-iso N={n}: FAILED")
+                return 1
+            into.append(r)
+
+    def median(runs: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in runs)
+
+    ratio = median(held, "p99") / max(median(calm, "p99"), 1e-9)
+    print(
+        f"P1-iso {n} waits beside {slow} job waits taking {ISO_STEP:g} s a step, against the same taking none "
+        f"(medians of {sittings} alternated sittings): detection p99 {median(held, 'p99'):.2f} s against "
+        f"{median(calm, 'p99'):.2f} s, {ratio:.2f}x (goal <= 1.1x); p50 {median(held, 'p50'):.2f} s against "
+        f"{median(calm, 'p50'):.2f} s; list calls {median(held, 'requests'):.0f} against {median(calm, 'requests'):.0f}"
+    )
+    return 0
+
+
 def run_in_child(n: int, mode: str) -> dict | None:
     """One case in a fresh process; None (with the child's last stderr lines on stderr) when it failed."""
     out = subprocess.run([sys.executable, __file__, "--case", str(n), mode], capture_output=True, text=True)
@@ -294,6 +357,7 @@ def main() -> int:
     parser.add_argument("--live", action="store_true", help="only the cases under the live profile's buckets")
     parser.add_argument("--quick", action="store_true", help="a smoke run: N=10 only, same lines")
     parser.add_argument("--ha", action="store_true", help="only P1-HA: the waits split over 1, 2, 3 processes")
+    parser.add_argument("--iso", action="store_true", help="only P1-iso: waits beside slow triggers")
     parser.add_argument("--ha-child", nargs=4, metavar=("URL", "KEY", "IDS", "SPEED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
@@ -305,6 +369,8 @@ def main() -> int:
         return 0
     if args.ha:
         return 1 if run_ha(HA_PROCESSES, HA_N, HA_SPEED) else 0
+    if args.iso:
+        return run_iso(ISO_N, ISO_SLOW)
     failed = 0
     if args.live:
         print(f"# P1 live: the published buckets (list 0.5/s, no burst), poll {LIVE_POLL:g} s, clock 1x")
@@ -337,6 +403,7 @@ def main() -> int:
                 f"detection p50 {r['p50']:.2f} s p99 {r['p99']:.2f} s, CPU {r['cpu_s']:.2f} s, "
                 f"RSS +{r['rss_growth_mb']:.1f} MB (goal at N=1000: 0 429s, p99 <= {bound:g} s, RSS <= +100 MB)"
             )
+    failed += run_iso(*ISO_QUICK, sittings=1) if args.quick else run_iso(ISO_N, ISO_SLOW)
     if args.quick:  # boots of 1-5 s at 60x; the machine-wide pacing only
         failed += run_ha((1, 2), HA_QUICK_N, SPEED, pacings=(True,))
     else:
