@@ -74,6 +74,12 @@ class Processes:
         with self.lock:
             return {n: p.returncode for n, p in self.started.items() if n in names and p.poll() is not None}
 
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        """Send ``sig`` to the whole process group of one component (SIGSTOP freezes it, SIGCONT resumes it)."""
+        with self.lock:
+            process = self.started[name]
+        self._signal_group(process, sig)
+
     def kill_group(self, name: str) -> None:
         """kill -9 the whole process group of one component (and forget it)."""
         with self.lock:

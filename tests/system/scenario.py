@@ -24,6 +24,9 @@ POSTGRES_DOWN = 10  # seconds PostgreSQL stays down in postgres_restart
 FINISHED = {"success", "failed", "skipped", "upstream_failed", "removed"}
 T = TypeVar("T")
 
+#: The cancel_mid_step scenario's mapped jobs that end on their own, then those marked failed mid-step.
+CANCEL_MID_STEP_JOBS = 10
+CANCEL_MID_STEP_MARKED = 3
 #: The mapped jobs of the budget scenario, and the DAG's daily budget in dollars (the Variable the deployment sets).
 BUDGET_JOBS = 50
 BUDGET_PER_DAY = 1.0
@@ -49,6 +52,10 @@ GOALS = {
     # High availability (production shape only): the fault touches every scenario.
     "triggerer_ha": "kill -9 the triggerer running a deferred job, no restart: the other resumes it; no destroy, "
     "one rental, every line in the task log, success, 0 alive",
+    "triggerer_handover": "the triggerer running a deferred job frozen (SIGSTOP) until the other takes the trigger "
+    "over, then resumed: no destroy, one rental, each line in the task log once, success, 0 alive",
+    "cancel_mid_step": "10 deferred jobs end while 3 others are marked failed, their log reads slowed to 20 s: each of "
+    "the 10 fires within 5 s of its job's end, the 3 are destroyed, 0 alive",
     "scheduler_kill": "kill -9 one of two schedulers while a sync job runs: success on its one rental, 0 alive",
     "worker_kill": "kill -9 the Celery worker running a sync job, retries=0: destroyed <= 120 s after Airflow "
     "failed the TI, 0 alive",
@@ -74,7 +81,7 @@ ASSET_CONSUMER = "system_asset_downstream_evaluate"
 
 
 #: More offers than two: a preempted machine is never rented again; the budget admits ten rentals at once.
-_OFFERS_OF = {"interruptible": 3, "durable": 3, "budget": 30}
+_OFFERS_OF = {"interruptible": 3, "durable": 3, "budget": 30, "cancel_mid_step": 16}
 
 
 def _offers() -> tuple[dict, ...]:

@@ -10,7 +10,9 @@ and the market is driven through the simulator's admin surface.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -25,6 +27,8 @@ from .scenario import (
     ASSET_CONSUMER,
     BUDGET_JOBS,
     BUDGET_PER_DAY,
+    CANCEL_MID_STEP_JOBS,
+    CANCEL_MID_STEP_MARKED,
     EXECUTION_TIMEOUT,
     FINISHED,
     POSTGRES_DOWN,
@@ -445,6 +449,99 @@ def test_triggerer_ha(alone, scenario: Scenario):
     assert list(dict.fromkeys(ticks)) == [f"tick {i}" for i in range(1, 13)], (
         f"expected ticks 1-12 in order (repeats only where marked); found {ticks}"
     )
+
+
+@pytest.mark.production_shape
+def test_triggerer_handover(alone, scenario: Scenario):
+    """The triggerer running a deferred job freezes (SIGSTOP) until the other one takes the trigger over, then resumes.
+
+    Both copies of the trigger may run for a while. The resumed one is told its trigger was cancelled (Airflow 3.3
+    says "by user action" and calls on_kill): it reads the task, still deferred, and destroys nothing.
+    """
+    s = scenario
+    s.trigger()
+    s.wait_running("deferred")
+    time.sleep(4)  # a few lines read by the first triggerer
+    victim = s.triggerer_running_the_trigger()
+    s.deployment.processes.signal(victim, signal.SIGSTOP)
+    frozen = time.time()
+    s.say(f"{victim} frozen (SIGSTOP) while it runs the trigger")
+    try:
+        taker = s.wait(
+            "the other triggerer to take the trigger over",
+            120,
+            lambda: other if (other := s.triggerer_running_the_trigger()) != victim else None,
+            interval=2.0,
+        )
+    finally:
+        s.deployment.processes.signal(victim, signal.SIGCONT)
+    s.say(f"{taker} took the trigger over {time.time() - frozen:.0f} s after the freeze; {victim} resumed (SIGCONT)")
+    s.expect_state("success", 180)
+    s.wait_all_destroyed()
+    rented = s.instances()
+    assert len(rented) == 1, f"{len(rented)} instances rented for one task instance"
+    messages = s.task_messages()
+    assert "destroyed instance" not in messages, "a trigger destroyed the instance of a job that went on"
+    ticks = re.findall(r"^\[instance \d+\] (tick \d+)$", messages, re.M)
+    s.say(f"job lines in the task log: {ticks}")
+    assert ticks == [f"tick {i}" for i in range(1, 21)], f"expected ticks 1-20, each once; found {ticks}"
+
+
+#: A log read's answer in test_cancel_mid_step, and the most a wait may then take to see its job's end.
+SLOW_LOG_READ = 20.0
+JOB_END_SEEN_WITHIN = 5.0
+
+
+def test_cancel_mid_step(alone, scenario: Scenario):
+    """Ten deferred jobs end on their own while three others, their log reads slowed, are marked failed mid-step.
+
+    No wait on a triggerer waits for another: each of the ten sees its job end at its next poll, and the three are
+    destroyed.
+    """
+    s = scenario
+    total = CANCEL_MID_STEP_JOBS + CANCEL_MID_STEP_MARKED
+    s.trigger()
+    path = f"/dags/{s.dag_id}/dagRuns/{s.run_id}/taskInstances"
+
+    def tis() -> dict[int, dict]:
+        return {ti["map_index"]: ti for ti in s.api.call("GET", path, limit=100)["task_instances"]}
+
+    deferred = lambda: sum(t["state"] == "deferred" for t in tis().values()) == total or None  # noqa: E731
+    s.wait(f"{total} deferred jobs", 240, deferred)
+    slow = {"kind": "latency", "endpoint": "request_instance_logs", "seconds": SLOW_LOG_READ}
+    requests.put(f"{s.sim.url}/_sim/faults", json={"rules": [slow]}, timeout=30).raise_for_status()
+    try:
+        time.sleep(5)  # the marked jobs read their log every 3 s: a read of each is under way, waiting for its answer
+        for index in range(CANCEL_MID_STEP_JOBS, total):
+            s.api.call("PATCH", f"{path}/job/{index}", {"new_state": "failed"})
+        s.say(f"{CANCEL_MID_STEP_MARKED} jobs marked failed while their log reads wait {SLOW_LOG_READ:.0f} s")
+        s.wait("the end of the run", 240, lambda: st if (st := s.run_state()) in FINISHED else None, interval=2.0)
+    finally:
+        requests.delete(f"{s.sim.url}/_sim/faults", timeout=30)
+    s.sim.refresh()
+    s.wait_all_destroyed(60)
+    final = tis()
+    states = {index: ti["state"] for index, ti in final.items()}
+    assert all(states[i] == "success" for i in range(CANCEL_MID_STEP_JOBS)), states
+    assert all(states[i] == "failed" for i in range(CANCEL_MID_STEP_JOBS, total)), states
+    delays = []
+    for index in range(CANCEL_MID_STEP_JOBS):
+        fired, instance_id = _job_end_seen(s, index)
+        delays.append(fired - (s.destroyed_at(instance_id) or fired))
+    s.say(f"job end -> its trigger fired: {', '.join(f'{d:.1f}' for d in delays)} s")
+    assert max(delays) <= JOB_END_SEEN_WITHIN, f"a wait saw its job's end {max(delays):.1f} s late: {delays}"
+
+
+def _job_end_seen(s: Scenario, map_index: int) -> tuple[float, int]:
+    """When the trigger of map index ``map_index`` logged its job's end, and the job's instance."""
+    for path in sorted((s.log_folder / f"map_index={map_index}").glob("*.trigger.*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, TypeError):
+                record = json.loads(line)
+                found = re.search(r"the job on instance (\d+) exited 0", str(record.get("event", "")))
+                if found:
+                    return epoch(record["timestamp"]) or 0.0, int(found.group(1))
+    raise AssertionError(f"map index {map_index}: no trigger logged its job's end")
 
 
 @pytest.mark.production_shape

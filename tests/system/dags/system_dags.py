@@ -45,6 +45,8 @@ EPOCHS_WITH_OUTPUT = (
 )
 #: Numbered lines over about 30 s: long enough for a triggerer to die mid-job and the other to take over.
 TICKS_30S = "for i in $(seq 1 12); do echo tick $i; sleep 2.5; done"
+#: Numbered lines over about 50 s: a triggerer frozen past the health threshold, then resumed, while they print.
+TICKS_50S = "for i in $(seq 1 20); do echo tick $i; sleep 2.5; done"
 #: The model the asset_downstream scenario trains, in the simulator's integration `training-data` (type s3).
 MODEL_PATH = "system/asset_downstream/model"
 MODEL = cloud_asset("s3", MODEL_PATH)
@@ -66,6 +68,7 @@ SCENARIOS: dict[str, tuple[bool, str, dict]] = {
     "execution_timeout_sync": (False, "sleep 600", {"execution_timeout": timedelta(seconds=25)}),
     "interruptible": (True, THIRD_RUN_FINISHES, {"interruptible": True}),
     "triggerer_ha": (True, TICKS_30S, {"log_interval": 3}),
+    "triggerer_handover": (True, TICKS_50S, {"log_interval": 3}),
     "scheduler_kill": (False, "sleep 30", {}),
     "worker_kill": (False, "sleep 100000", {"retries": 0}),
     "postgres_restart": (True, "sleep 40", {}),  # with a second, sync task: see below
@@ -186,6 +189,23 @@ with scenario_dag("budget", max_active_tasks=64):
         max_offer_attempts=30,  # ten renters at once race for the same cheapest offers: the losers try the next
         retries=0,
     ).expand(command=["sleep 12"] * 50)
+
+
+# Ten deferred jobs that end on their own (long enough for all 13 to defer first), beside three that run until they
+# are marked failed while a log read of theirs is slow (test_cancel_mid_step; the counts are
+# scenario.CANCEL_MID_STEP_*). The ten read no log (the job wrapper destroys their instances): the simulator's slow
+# log answers hold up only the three.
+with scenario_dag("cancel_mid_step", max_active_tasks=32):
+    GpuMarketRunJobOperator.partial(
+        task_id="job",
+        **rental_arguments("cancel_mid_step"),
+        deferrable=True,
+        retries=0,
+        max_offer_attempts=16,  # thirteen renters at once race for the same cheapest offers: the losers try the next
+    ).expand_kwargs(
+        [{"command": "echo ends; sleep 90", "log_interval": 0}] * 10
+        + [{"command": "echo marked; sleep 600", "log_interval": 3}] * 3
+    )
 
 
 # Scheduled on the asset_downstream scenario's model: runs after each successful training, and returns what the
