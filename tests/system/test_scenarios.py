@@ -495,35 +495,22 @@ JOB_END_SEEN_WITHIN = 5.0
 def test_cancel_mid_step(alone, scenario: Scenario):
     """Ten deferred jobs end on their own while three others, their log reads slowed, are marked failed mid-step.
 
-    No wait on a triggerer waits for another: each of the ten sees its job end at its next poll, and the three are
-    destroyed.
+    Every trigger runs on one triggerer (the others are stopped for the scenario). No wait there waits for another:
+    each of the ten sees its job end at its next poll, and the three are destroyed.
     """
     s = scenario
     total = CANCEL_MID_STEP_JOBS + CANCEL_MID_STEP_MARKED
-    s.trigger()
-    path = f"/dags/{s.dag_id}/dagRuns/{s.run_id}/taskInstances"
-
-    def tis() -> dict[int, dict]:
-        return {ti["map_index"]: ti for ti in s.api.call("GET", path, limit=100)["task_instances"]}
-
-    deferred = lambda: sum(t["state"] == "deferred" for t in tis().values()) == total or None  # noqa: E731
-    s.wait(f"{total} deferred jobs", 240, deferred)
-    slow = {"kind": "latency", "endpoint": "request_instance_logs", "seconds": SLOW_LOG_READ}
-    requests.put(f"{s.sim.url}/_sim/faults", json={"rules": [slow]}, timeout=30).raise_for_status()
+    others = s.deployment.shape.of("triggerer")[1:]
+    for name in others:
+        s.deployment.processes.kill_group(name)
     try:
-        time.sleep(5)  # the marked jobs read their log every 3 s: a read of each is under way, waiting for its answer
-        for index in range(CANCEL_MID_STEP_JOBS, total):
-            s.api.call("PATCH", f"{path}/job/{index}", {"new_state": "failed"})
-        s.say(f"{CANCEL_MID_STEP_MARKED} jobs marked failed while their log reads wait {SLOW_LOG_READ:.0f} s")
-        s.wait("the end of the run", 240, lambda: st if (st := s.run_state()) in FINISHED else None, interval=2.0)
+        s.say(f"{', '.join(others) or 'no other triggerer'} stopped: every trigger runs on one")
+        _cancel_mid_step(s, total)
     finally:
-        requests.delete(f"{s.sim.url}/_sim/faults", timeout=30)
+        for name in others:
+            s.deployment.start_component(name)
     s.sim.refresh()
     s.wait_all_destroyed(60)
-    final = tis()
-    states = {index: ti["state"] for index, ti in final.items()}
-    assert all(states[i] == "success" for i in range(CANCEL_MID_STEP_JOBS)), states
-    assert all(states[i] == "failed" for i in range(CANCEL_MID_STEP_JOBS, total)), states
     delays = []
     for index in range(CANCEL_MID_STEP_JOBS):
         fired, instance_id = _job_end_seen(s, index)
@@ -532,9 +519,43 @@ def test_cancel_mid_step(alone, scenario: Scenario):
     assert max(delays) <= JOB_END_SEEN_WITHIN, f"a wait saw its job's end {max(delays):.1f} s late: {delays}"
 
 
+def _cancel_mid_step(s: Scenario, total: int) -> None:
+    s.trigger()
+    path = f"/dags/{s.dag_id}/dagRuns/{s.run_id}/taskInstances"
+
+    def states() -> dict[int, str]:
+        return {ti["map_index"]: ti["state"] for ti in s.api.call("GET", path, limit=100)["task_instances"]}
+
+    s.wait(f"{total} deferred jobs", 240, lambda: list(states().values()).count("deferred") == total or None)
+    marked = range(CANCEL_MID_STEP_JOBS, total)
+    read = lambda: all(_trigger_logged(s, i, "] marked") for i in marked) or None  # noqa: E731
+    s.wait("the marked jobs' first lines read", 120, read)
+    slow = {"kind": "latency", "endpoint": "request_instance_logs", "seconds": SLOW_LOG_READ}
+    requests.put(f"{s.sim.url}/_sim/faults", json={"rules": [slow]}, timeout=30).raise_for_status()
+    try:
+        time.sleep(5)  # the marked jobs read their log every 3 s: a read of each is under way, waiting for its answer
+        for index in marked:
+            s.api.call("PATCH", f"{path}/job/{index}", {"new_state": "failed"})
+        s.say(f"{CANCEL_MID_STEP_MARKED} jobs marked failed while their log reads wait {SLOW_LOG_READ:.0f} s")
+        s.wait("the end of the run", 240, lambda: st if (st := s.run_state()) in FINISHED else None, interval=2.0)
+    finally:
+        requests.delete(f"{s.sim.url}/_sim/faults", timeout=30)
+    final = states()
+    assert all(final[i] == "success" for i in range(CANCEL_MID_STEP_JOBS)), final
+    assert all(final[i] == "failed" for i in range(CANCEL_MID_STEP_JOBS, total)), final
+
+
+def _trigger_logged(s: Scenario, map_index: int, words: str) -> bool:
+    return any(words in path.read_text(errors="replace") for path in _trigger_logs(s, map_index))
+
+
+def _trigger_logs(s: Scenario, map_index: int) -> list:
+    return sorted((s.log_folder / f"map_index={map_index}").glob("*.trigger.*.log"))
+
+
 def _job_end_seen(s: Scenario, map_index: int) -> tuple[float, int]:
     """When the trigger of map index ``map_index`` logged its job's end, and the job's instance."""
-    for path in sorted((s.log_folder / f"map_index={map_index}").glob("*.trigger.*.log")):
+    for path in _trigger_logs(s, map_index):
         for line in path.read_text(errors="replace").splitlines():
             with contextlib.suppress(ValueError, TypeError):
                 record = json.loads(line)
