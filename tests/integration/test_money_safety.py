@@ -345,9 +345,11 @@ def test_create_instance_operator_hands_over_a_running_instance_and_teardown_des
     assert alive(sim) == []
 
 
-@pytest.mark.parametrize(("state", "left_alive"), [("failed", 0), ("deferred", 1)], ids=["marked-failed", "handed-over"])
+@pytest.mark.parametrize(
+    ("state", "left_alive"), [("failed", 0), ("deferred", 1)], ids=["marked-failed", "handed-over"]
+)
 def test_deferred_tasks_trigger_killed_by_a_user_destroys_the_instance(sim, monkeypatch, state, left_alive):
-    """Airflow 3.3's on_kill: a task marked failed loses its instance; a trigger handed to another triggerer keeps it."""
+    """Airflow 3.3's on_kill: a task marked failed loses its instance; a trigger handed over elsewhere keeps it."""
     import asyncio
     from types import SimpleNamespace
 
