@@ -27,7 +27,12 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from airflow_gpumarket import api
-from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketRateLimitError
+from airflow_gpumarket.exceptions import (
+    GpuMarketError,
+    GpuMarketNotFoundError,
+    GpuMarketRateLimitError,
+    GpuMarketTransportError,
+)
 from airflow_gpumarket.waiting import Observation
 
 log = logging.getLogger(__name__)
@@ -153,7 +158,7 @@ class SharedInstancePoller:
             async with asyncio.timeout(waited):
                 return await _read_one(hook, instance_id)
         except TimeoutError:
-            return Observation(error=GpuMarketError(f"reading instance {instance_id} alone took over {waited:.0f} s"))
+            return Observation(error=_timed_out(f"reading instance {instance_id} alone took over {waited:.0f} s"))
         finally:
             await hook.aclose()
 
@@ -207,7 +212,7 @@ class SharedInstancePoller:
             )
             stuck, self._hook = self._hook, self._hook_factory()
             await stuck.aclose()
-            self._deliver_all(held, Observation(error=GpuMarketError(f"a poll round took over {limit:.0f} s")))
+            self._deliver_all(held, Observation(error=_timed_out(f"a poll round took over {limit:.0f} s")))
             return
         self.rounds += 1
 
@@ -244,6 +249,11 @@ class SharedInstancePoller:
     def _deliver_all(self, instance_ids: list[int], observation: Observation) -> None:
         for instance_id in instance_ids:
             self._deliver(instance_id, observation)
+
+
+def _timed_out(message: str) -> GpuMarketTransportError:
+    """A read that took too long: a transport failure, so each wait judges its last status again and goes on."""
+    return GpuMarketTransportError(message, operation="list_instances")
 
 
 async def _read_one(hook: Any, instance_id: int) -> Observation:

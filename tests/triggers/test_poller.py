@@ -239,6 +239,7 @@ def test_rule_a_poller_round_that_hangs_is_cut_short_and_the_poller_starts_again
     poller, seen = asyncio.run(main())
     assert poller.restarts == 1 and len(hooks) == 2
     assert seen[0].error is not None and "took over" in str(seen[0].error)  # the cut round is said, not hidden
+    assert api.is_retryable(seen[0].error)  # a wait goes on after it: it judges its last status again
 
 
 def test_rule_a_subscriber_the_rounds_do_not_reach_reads_its_instance_alone(monkeypatch):
