@@ -644,10 +644,11 @@ def test_rule_two_copies_of_one_trigger_show_each_line_of_the_job_once(make_trig
         hook.log_texts = [log]
         return asyncio.run(trigger._step(hook, wait, Observation(status=status, at=now), now))
 
-    assert step("A", "running", 0.0, _ticks(0)) is None  # A sees the job start
-    assert step("A", "running", 10.0, _ticks(5)) is None  # and shows ticks 1-5
+    assert step("A", "loading", 0.0, _ticks(0)) is None  # A sees the instance boot
+    assert step("A", "running", 1.0, _ticks(0)) is None  # and the job start
+    assert step("A", "running", 11.0, _ticks(5)) is None  # then shows ticks 1-5
     assert step("B", "running", 12.0, _ticks(6)) is None  # B takes the trigger over: the job is running
-    assert step("A", "running", 20.0, _ticks(8)) is None  # A has not noticed yet: ticks 6-8
+    assert step("A", "running", 21.0, _ticks(8)) is None  # A has not noticed yet: ticks 6-8
     assert step("B", "running", 22.0, _ticks(9)) is None  # B's first read: tick 9 only
     events = [step(name, "stopped", 30.0, _ticks(10, ended=True)) for name in ("A", "B")]
 
@@ -657,6 +658,7 @@ def test_rule_two_copies_of_one_trigger_show_each_line_of_the_job_once(make_trig
         held = [re.sub(r"^\[instance 7\] ", "", line) for line in event["final_lines"]]
         assert forwarded + [line for line in held if line.startswith("tick")] == [f"tick {i}" for i in range(1, 11)]
     assert "may repeat" not in task_log()  # B knew what A had shown: nothing is shown twice, so nothing is said
+    assert len(forwarded) == 9  # A showed ticks 1-8 and B tick 9 while the job ran
 
 
 def test_an_unreachable_record_of_lines_shown_is_said_once_and_the_wait_goes_on(make_trigger, monkeypatch, task_log):
