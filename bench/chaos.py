@@ -542,11 +542,13 @@ def main() -> int:
         vanisher.join()
         market.join()
         sim.send("DELETE", "/_sim/faults")
+        credit_results, credit_stops = credit_stop(sim, args.seed, args.workers)
+        # After the $0-stop phase: a task marked failed while deferred keeps its reservation until its lease ends
+        # (its trigger's on_kill destroys, but does not settle), which the credit check would count as held.
         deferred_results, cancels = chaos_triggerer.deferred_phase(
             sim, args.seed, args.deferred, args.workers, faults=FAULTS, gpus=GPUS, classify=classify
         )
         results += deferred_results
-        credit_results, credit_stops = credit_stop(sim, args.seed, args.workers)
         killed, sigterm_leaked, stuck = sigterm_runs(sim, args.sigterm_runs, args.seed)
 
         state = sim.get("/_sim/state")
