@@ -9,6 +9,7 @@ with its rental through ``spec.Terms`` and judges how the wait ended in ``_compl
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -358,6 +359,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             if left <= 0:
                 raise AirflowTaskTimeout(timed_out(self, rental.instance_id))
             deadline, timeout = limit if deadline is None else min(deadline, limit), timedelta(seconds=left)
+        if watch.wait_for == lifecycle.WAIT_JOB and self.spec.job_log_interval() > 0:
+            _start_the_record_of_lines_shown(context, rental.instance_id, shown)
         self.defer(
             trigger=GpuMarketInstanceStatusTrigger(
                 instance_id=rental.instance_id,
@@ -376,3 +379,18 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         """The epoch second at which ``execution_timeout`` ends: a deferred wait carries it as its deadline."""
         started = self._started_at if self._started_at is not None else time.time()
         return execution_deadline(self.execution_timeout, context, started)
+
+
+def _start_the_record_of_lines_shown(context: Any, instance_id: int, shown: Sequence[str]) -> None:
+    """Write the lines this try showed so far where the trigger's copies record theirs (best effort).
+
+    The trigger reads that record before its first log read; written here, the read finds it (an XCom that does not
+    exist yet is logged as an error by Airflow 3's triggerer).
+    """
+    from airflow_gpumarket.triggers.instances import shown_key
+
+    ti: Any = context.get("ti") if isinstance(context, Mapping) else None
+    try:
+        ti.xcom_push(key=shown_key(instance_id), value=list(shown))
+    except Exception:  # noqa: BLE001 - a test's bare context, an XCom backend error: the trigger reads without it
+        logging.getLogger(__name__).debug("Could not start the record of lines shown of %s", instance_id, exc_info=True)

@@ -190,3 +190,16 @@ def test_a_command_with_an_onstart_in_the_dict_is_refused_naming_onstart():
         GpuMarketRunJobOperator(
             task_id="t", offer_filters=FILTERS, instance={"image": "i", "onstart": "echo"}, command="echo"
         )
+
+
+def test_rule_a_job_deferred_with_log_reads_starts_the_record_of_lines_its_triggers_show():
+    """The trigger's copies read that record before their first log read: it exists before the first copy starts."""
+    from airflow_gpumarket.triggers.instances import shown_key
+
+    pushed = {}
+    context = ctx()
+    context["ti"].xcom_push = lambda key, value: pushed.__setitem__(key, value)
+    hook = FakeHook({1: ["running"]})
+    with pytest.raises(TaskDeferred) as deferred:
+        job(hook, deferrable=True, log_interval=30).execute(context)
+    assert pushed[shown_key(deferred.value.trigger.instance_id)] == []
