@@ -24,6 +24,9 @@ SHOWN_KEY_PREFIX = "gpumarket_log_shown_"
 SHOWN_LINES = 20
 #: Seconds a read or write of that record may take before the wait goes on without it.
 SHOWN_TIMEOUT_SECONDS = 10.0
+#: Failures in a row after which a run stops reading and writing that record (a triggerer's supervisor may stall for
+#: half a minute under a burst of trigger starts; a task instance whose XComs cannot be reached never answers).
+SHOWN_FAILURES = 3
 
 
 def shown_key(instance_id: int) -> str:
@@ -90,6 +93,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self._fired = False  # an event was handed to Airflow: the task resumes and owns the instance again
         self._current: waiting.Wait | None = None  # the wait under way: its billing marks go into on_kill's record
         self._lines_shared = True  # the record of lines shown is read and written (see _catch_up)
+        self._record_failures = 0  # reads or writes of that record that failed in a row
         self._recorded: int | None = None  # the log follower's progress when the record was last read or written
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -223,19 +227,23 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         await self._shared_record(task_xcom.set_value, shown_key(self.instance_id), lines)
 
     async def _shared_record(self, call: Any, *args: Any) -> Any:
-        """Read or write the record of lines shown; a failure turns sharing off for this run, said once."""
+        """Read or write the record of lines shown; failures are said once, and the third turns sharing off."""
         try:
             async with asyncio.timeout(SHOWN_TIMEOUT_SECONDS):
-                return await asyncio.to_thread(call, getattr(self, "task_instance", None), *args)
+                answer = await asyncio.to_thread(call, getattr(self, "task_instance", None), *args)
         except Exception as exc:
-            self._lines_shared = False
-            self.log.warning(
-                "Could not reach the record of the job's lines shown for instance %s (%r): should Airflow run this "
-                "trigger twice, some lines may show twice",
-                self.instance_id,
-                exc,
-            )
+            self._record_failures += 1
+            self._lines_shared = self._record_failures < SHOWN_FAILURES
+            if self._record_failures == 1:
+                self.log.warning(
+                    "Could not reach the record of the job's lines shown for instance %s (%r): should Airflow run "
+                    "this trigger twice, some lines may show twice",
+                    self.instance_id,
+                    exc,
+                )
             return None
+        self._record_failures = 0
+        return answer
 
     def _event(self, event: dict[str, Any], wait: waiting.Wait) -> TriggerEvent:
         self._fired = True

@@ -674,3 +674,22 @@ def test_an_unreachable_record_of_lines_shown_is_said_once_and_the_wait_goes_on(
     event = _run(trigger, hook, monkeypatch)
     assert event["status"] == lifecycle.EventKind.JOB_SUCCEEDED and event["exit_status"] == 0
     assert task_log().count("Could not reach the record of the job's lines shown") == 1
+
+
+def test_a_record_of_lines_shown_that_fails_once_is_read_again(make_trigger, monkeypatch):
+    """A triggerer's supervisor may stall for half a minute: one failed read does not turn sharing off for good."""
+    answers = [TimeoutError(), ["tick 1"]]
+
+    def get_value(ti, key):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(trigger_module.task_xcom, "get_value", get_value)
+    trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=10.0)
+    trigger.task_instance = TI
+    read = trigger._shared_record
+
+    assert asyncio.run(read(trigger_module.task_xcom.get_value, "k")) is None and trigger._shares_lines()
+    assert asyncio.run(read(trigger_module.task_xcom.get_value, "k")) == ["tick 1"]
