@@ -8,8 +8,6 @@ DAG not named) and whose values give dollars per UTC ``day``, ISO ``week`` (from
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import hmac
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -268,13 +266,3 @@ def refusal(
             "the service's stop at $0. Nothing was rented; add credit or lower max_runtime or max_cost."
         )
     return None
-
-
-#: How far a signed ledger request's timestamp may be from the api-server's clock, either way; its nonce is remembered
-#: for as long, so a captured request cannot be replayed within it.
-SIGNATURE_MAX_AGE_SECONDS = 300
-
-
-def signature(api_key: str, timestamp: str, nonce: str, body: bytes) -> str:
-    """The HMAC-SHA256 a task signs a ledger request with: the connection's API key over timestamp, nonce and body."""
-    return hmac.new(api_key.encode(), f"{timestamp}.{nonce}.".encode() + body, hashlib.sha256).hexdigest()

@@ -38,7 +38,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from airflow_gpumarket import budgets
+from airflow_gpumarket import budgets, fields, signing
 
 metadata = MetaData()
 
@@ -73,7 +73,7 @@ RESERVATIONS = Table(
     Index("idx_gpumarket_reservation_instance", "instance_id"),
     Index("idx_gpumarket_reservation_key", "idempotency_key", unique=True),
 )
-#: The nonces of signed ledger requests seen within the signature's window (``budgets.SIGNATURE_MAX_AGE_SECONDS``).
+#: The nonces of signed ledger requests seen within the signature's window (``signing.MAX_AGE_SECONDS``).
 NONCES = Table(
     "gpumarket_ledger_nonce",
     metadata,
@@ -90,6 +90,14 @@ _ready_lock = threading.Lock()
 
 class BudgetRefused(Exception):
     """The rental does not fit a budget or the account's credit, or its budget is malformed; the message says which."""
+
+
+class Unknown(LookupError):
+    """The connection has no reservation of that id."""
+
+
+class Settled(Exception):
+    """The reservation is settled: it is final."""
 
 
 @dataclass(frozen=True)
@@ -144,36 +152,37 @@ class Request:
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
+    def __post_init__(self) -> None:
+        """A request's amounts are finite and not negative, wherever it was made: no row can hold NaN."""
+        fields.finite("worst", self.worst, high=fields.MAX_DOLLARS)
+        fields.finite("seconds", self.seconds, high=fields.MAX_SECONDS)
+        fields.finite("hourly", self.hourly, high=fields.MAX_DOLLARS)
+        if self.started is not None:
+            fields.finite("started", self.started, high=fields.MAX_EPOCH)
+        if self.available is not None:
+            fields.finite("available", self.available, low=-fields.MAX_DOLLARS, high=fields.MAX_DOLLARS)
+
     @classmethod
     def from_json(cls, body: Any) -> Request:
-        """Raises ValueError naming the field that is missing or of the wrong type."""
+        """Raises ValueError naming the field that is missing, of the wrong type or out of range."""
         if not isinstance(body, dict):
             raise ValueError("the body must be a JSON object")
-        fields: dict[str, Any] = {}
-        for name, kind in (("conn_id", str), ("dag_id", str), ("run_id", str), ("task_id", str)):
-            if not isinstance(body.get(name), kind) or not body[name]:
-                raise ValueError(f"{name} must be a non-empty string")
-            fields[name] = body[name]
-        for name in ("map_index", "try_number", "attempt"):
-            if isinstance(body.get(name), bool) or not isinstance(body.get(name), int):
-                raise ValueError(f"{name} must be an integer")
-            fields[name] = body[name]
-        if fields["attempt"] < 1:
-            raise ValueError("attempt must be an integer >= 1")
-        for name in ("worst", "seconds", "hourly", "available", "started"):
-            value = body.get(name)
-            if value is None and name in ("available", "started"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number")
-            if value < 0 and name != "available":  # a credit below $0: storage bills on after the service's stop
-                raise ValueError(f"{name} must be a number >= 0")
-            fields[name] = float(value)
-        if body.get("team") is not None:
-            if not isinstance(body["team"], str):
-                raise ValueError("team must be a string or null")
-            fields["team"] = body["team"]
-        return cls(**fields)  # a "limits" field (sent by earlier versions) is ignored: the Variable says
+        return cls(  # a "limits" field (sent by earlier versions) is ignored: the Variable says
+            conn_id=fields.text(body, "conn_id"),
+            dag_id=fields.text(body, "dag_id"),
+            run_id=fields.text(body, "run_id"),
+            task_id=fields.text(body, "task_id"),
+            map_index=fields.integer(body, "map_index", low=-1, high=fields.INT32),
+            try_number=fields.integer(body, "try_number", low=0, high=fields.INT32),
+            attempt=fields.integer(body, "attempt", low=1, high=fields.INT32),
+            worst=fields.number(body, "worst"),
+            seconds=fields.number(body, "seconds", high=fields.MAX_SECONDS),
+            hourly=fields.number(body, "hourly"),
+            # A credit below $0: storage bills on after the service's stop.
+            available=fields.number(body, "available", low=-fields.MAX_DOLLARS, required=False),
+            team=fields.text(body, "team", required=False),
+            started=fields.number(body, "started", high=fields.MAX_EPOCH, required=False),
+        )
 
 
 #: Passes over a creation step that other processes may run at the same time.
@@ -337,11 +346,26 @@ def last_attempt(
 
 
 def attach(engine: Any, conn_id: str, reservation_id: int, instance_id: int) -> None:
-    """Name the instance a reservation pays for, so that whatever destroys it settles the reservation."""
+    """Name the instance a reservation pays for, so that whatever destroys it settles the reservation.
+
+    Raises ``Unknown`` when the connection has no such reservation, ``Settled`` when it is settled (a settled
+    reservation is final: it is not pointed at another instance); either changes nothing.
+    """
     ensure_tables(engine)
     r = RESERVATIONS
+    mine = and_(r.c.id == reservation_id, r.c.conn_id == conn_id)
     with engine.begin() as conn:
-        conn.execute(r.update().where(r.c.id == reservation_id, r.c.conn_id == conn_id).values(instance_id=instance_id))
+        if conn.execute(r.update().where(mine, r.c.cost.is_(None)).values(instance_id=instance_id)).rowcount:
+            return
+        row = conn.execute(select(r.c.cost, r.c.instance_id).where(mine)).first()
+    if row is None:
+        raise Unknown(f"connection {conn_id!r} has no reservation {reservation_id}")
+    if row.cost is None:
+        return  # open, and named that instance already (MySQL counts the rows an update changed)
+    raise Settled(
+        f"reservation {reservation_id} was settled at ${row.cost:.4f} (instance {row.instance_id}); a settled "
+        f"reservation is final, so it is not attached to instance {instance_id}"
+    )
 
 
 def settle(
@@ -361,6 +385,10 @@ def settle(
     are known (``started``, ``ended``), else on this one's. Returns it (the cost it was settled at, when it was
     already), or None when no reservation matched.
     """
+    if ended is not None:
+        fields.finite("ended", ended, high=fields.MAX_EPOCH)
+    if cost is not None:
+        fields.finite("cost", cost, high=fields.MAX_DOLLARS)
     ensure_tables(engine)
     r = RESERVATIONS
     match = r.c.id == reservation_id if reservation_id is not None else r.c.instance_id == instance_id
@@ -397,7 +425,7 @@ def first_use(engine: Any, nonce: str, *, stamp: float, now: float) -> bool:
         return False
     try:
         with engine.begin() as conn:
-            conn.execute(NONCES.delete().where(NONCES.c.stamp < now - budgets.SIGNATURE_MAX_AGE_SECONDS))
+            conn.execute(NONCES.delete().where(NONCES.c.stamp < now - signing.MAX_AGE_SECONDS))
     except OperationalError:
         pass  # a purge that met another one's locks: the next request purges
     return True

@@ -128,15 +128,6 @@ def test_held_counts_open_reservations_of_the_connection_until_their_lease_ends(
     assert budgets.held(entries, conn_id="c", now=NOON) == 1.0
 
 
-def test_the_ledger_signature_depends_on_the_key_the_time_the_nonce_and_the_body():
-    one = budgets.signature("key", "100", "n1", b"{}")
-    assert one == budgets.signature("key", "100", "n1", b"{}")
-    assert one != budgets.signature("other", "100", "n1", b"{}")
-    assert one != budgets.signature("key", "101", "n1", b"{}")
-    assert one != budgets.signature("key", "100", "n2", b"{}")
-    assert one != budgets.signature("key", "100", "n1", b"{ }")
-
-
 @pytest.mark.parametrize("price", [0, 0.0, None, -1.0, float("nan"), "0.3"])
 def test_a_worst_case_without_a_known_price_is_refused_rather_than_reserved_at_zero(price):
     with pytest.raises(ValueError, match=r"needs its price in \$/h, above \$0"):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Column, MetaData, Table, create_engine, inspect
 
-from airflow_gpumarket import budgets, ledger
+from airflow_gpumarket import budgets, ledger, signing
 
 NOW = 1_790_000_000.0
 
@@ -118,9 +118,9 @@ def test_the_credit_check_counts_every_dag_still_renting_on_the_connection(engin
 def test_a_request_from_json_names_the_field_that_is_wrong():
     body = ask().to_json()
     assert ledger.Request.from_json(body) == ask()
-    with pytest.raises(ValueError, match="worst must be a number"):
+    with pytest.raises(ValueError, match="worst: must be a finite number"):
         ledger.Request.from_json({**body, "worst": "a lot"})
-    with pytest.raises(ValueError, match="dag_id must be a non-empty string"):
+    with pytest.raises(ValueError, match="dag_id: must be a non-empty string"):
         ledger.Request.from_json({**body, "dag_id": ""})
 
 
@@ -233,7 +233,7 @@ def test_a_repeated_settle_answers_the_same_cost_and_changes_nothing(engine):
 
 
 def test_a_nonce_is_accepted_once_within_the_signatures_window_and_purged_after(engine):
-    window = budgets.SIGNATURE_MAX_AGE_SECONDS
+    window = signing.MAX_AGE_SECONDS
     assert ledger.first_use(engine, "a" * 32, stamp=NOW, now=NOW)
     assert not ledger.first_use(engine, "a" * 32, stamp=NOW, now=NOW + window)
     assert ledger.first_use(engine, "b" * 32, stamp=NOW + window + 1, now=NOW + window + 1)  # purges "a"
@@ -299,3 +299,29 @@ def test_a_creation_pass_that_meets_another_processs_table_is_run_again_until_th
     with pytest.raises(OperationalError):
         ledger.create_racing(lambda: step(99))
     assert len(passes) == ledger.DDL_PASSES
+
+
+@pytest.mark.parametrize("worst", [float("nan"), float("inf"), -0.01])
+def test_rule_a_reservation_amount_is_finite_and_not_negative_wherever_it_is_made(worst):
+    with pytest.raises(ValueError, match="worst: must be a finite number"):
+        ask(worst=worst)
+
+
+@pytest.mark.parametrize(("name", "value"), [("ended", float("nan")), ("cost", float("-inf")), ("cost", -1.0)])
+def test_rule_a_settle_refuses_an_end_or_cost_that_is_not_finite(engine, name, value):
+    made = ledger.reserve(engine, ask(), now=NOW)
+    with pytest.raises(ValueError, match=f"{name}: must be a finite number"):
+        ledger.settle(engine, "gpumarket_default", now=NOW, reservation_id=made.id, **{name: value})
+    assert ledger.entries(engine, since=0)[0]["cost"] is None
+
+
+def test_rule_a_settled_reservation_is_not_attached_to_another_instance(engine):
+    made = ledger.reserve(engine, ask(), now=NOW)
+    ledger.attach(engine, "gpumarket_default", made.id, 7)
+    ledger.attach(engine, "gpumarket_default", made.id, 7)  # a retried attach: the same
+    ledger.settle(engine, "gpumarket_default", now=NOW, instance_id=7, cost=0.05)
+    with pytest.raises(ledger.Settled, match="final"):
+        ledger.attach(engine, "gpumarket_default", made.id, 8)
+    with pytest.raises(ledger.Unknown):
+        ledger.attach(engine, "gpumarket_other", made.id, 8)
+    assert ledger.entries(engine, since=0)[0]["instance_id"] == 7

@@ -2,29 +2,23 @@
 
 The ledger lives in the Airflow metadata database (``ledger.py``). A task reaches it directly where Airflow lets task
 code use that database (Airflow 2, ``dag.test()``), else through the api-server, where the provider's plugin runs the
-same transaction (``ui/ledger_api.py``); each request is signed with the connection's API key and a nonce. The
+same transaction (``ui/ledger_api.py``); each request is signed with the connection's API key (``signing``). The
 ledger reads the DAG's budgets from the Variable itself; the task reads it only when the ledger cannot be reached.
 """
 
 from __future__ import annotations
 
-import json
-import secrets
 import time
-from collections.abc import Callable
 from typing import Any
 
 from airflow_gpumarket import api, budgets, ledger, metrics
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
+from airflow_gpumarket.operators.signed_routes import APP_PATH, signed_post
 
-#: The plugin's ledger routes, under the api-server's base URL.
-LEDGER_PATH = "/gpumarket/ledger"
-#: Seconds a ledger request to the api-server may take.
-LEDGER_TIMEOUT_SECONDS = 30.0
-#: Sends of one ledger request whose answer did not come: each route is idempotent, so a lost answer is asked again.
-LEDGER_TRIES = 3
+#: The plugin's ledger routes, under the provider's app in the api-server.
+LEDGER_ROUTES = "/ledger"
 #: A prefix of the database URL that Airflow 3 gives task processes instead of the real one.
 _BLOCKED_DB = "airflow-db-not-allowed"
 
@@ -71,12 +65,14 @@ class _ApiServer:
     """The ledger through the provider's routes in the api-server (Airflow 3 task processes)."""
 
     def __init__(self, base_url: str, api_key: str) -> None:
-        self.url = base_url.rstrip("/") + LEDGER_PATH
+        self.app_url = base_url.rstrip("/") + APP_PATH
+        self.url = self.app_url + LEDGER_ROUTES
         self._api_key = api_key
 
     def _post(self, route: str, body: dict[str, Any]) -> Any:
         name = f"The budget ledger at {self.url}"
-        return signed_post(f"{self.url}/{route}", self._api_key, body, name=name, conflict=ledger.BudgetRefused)
+        route = f"{LEDGER_ROUTES}/{route}"
+        return signed_post(self.app_url, route, self._api_key, body, name=name, conflict=ledger.BudgetRefused)
 
     def reserve(self, request: ledger.Request) -> ledger.Reservation:
         return ledger.Reservation.from_json(self._post("reserve", request.to_json()))
@@ -105,71 +101,6 @@ class _ApiServer:
     ) -> Any:
         body = {"conn_id": conn_id, "id": reservation_id, "instance_id": instance_id, "ended": ended, "cost": cost}
         return self._post("settle", body).get("cost")
-
-
-def signed_post(
-    url: str, api_key: str, body: dict[str, Any], *, name: str, conflict: Callable[[str], Exception] | None = None
-) -> Any:
-    """The JSON answer of one of the provider's signed api-server routes to ``body``.
-
-    Sent again (a new nonce, the same body) when no answer came: the routes are safe to repeat. ``name`` names them
-    in messages. A 400 raises GpuMarketValidationError naming the field, a 409 ``conflict(detail)`` when given, any
-    other refusal, or no answer, an AirflowException.
-    """
-    import requests
-
-    failure = ""
-    for _ in range(LEDGER_TRIES):
-        data, headers = signed_request(api_key, body)
-        try:
-            reply = requests.post(url, data=data, headers=headers, timeout=LEDGER_TIMEOUT_SECONDS)
-        except requests.RequestException as exc:
-            failure = type(exc).__name__
-            continue
-        if reply.status_code == 400:
-            raise GpuMarketValidationError(*_field_and_problem(reply_detail(reply)))
-        if reply.status_code == 409 and conflict is not None:
-            raise conflict(reply_detail(reply))
-        if reply.status_code >= 400:
-            raise AirflowException(f"{name} refused the request: {reply_detail(reply)}")
-        try:
-            return reply.json()
-        except ValueError:
-            raise AirflowException(f"{name} answered with no JSON: {reply_detail(reply)}") from None
-    raise AirflowException(
-        f"{name} did not answer ({failure}). Install the provider on the api-server, and set [gpumarket] ledger_url "
-        "when the api-server is not the execution API's host."
-    )
-
-
-def _field_and_problem(detail: str) -> tuple[str, str]:
-    """A route's 400 sentence split into the field it names first and the problem ("worst must be a number")."""
-    head, colon, rest = detail.partition(": ")
-    if colon and head.isidentifier():
-        return head, rest
-    field, _, problem = detail.partition(" ")
-    return field, problem or "is invalid"
-
-
-def signed_request(api_key: str, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
-    """A ledger request's bytes and headers, signed with ``api_key`` over the time, a new nonce and the body."""
-    data = json.dumps(body, sort_keys=True).encode()
-    stamp, nonce = str(int(time.time())), secrets.token_hex(16)
-    return data, {
-        "Content-Type": "application/json",
-        "X-GpuMarket-Timestamp": stamp,
-        "X-GpuMarket-Nonce": nonce,
-        "X-GpuMarket-Signature": budgets.signature(api_key, stamp, nonce, data),
-    }
-
-
-def reply_detail(reply: Any) -> str:
-    """What an api-server route said of a refused request: its ``detail``, else the start of its body."""
-    try:
-        detail = reply.json().get("detail")
-    except ValueError:
-        detail = None
-    return str(detail or reply.text[:300] or reply.status_code)
 
 
 def ledger_client(hook: Any) -> _Direct | _ApiServer:

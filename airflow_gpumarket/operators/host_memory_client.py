@@ -13,12 +13,13 @@ from typing import Any
 
 from airflow_gpumarket import host_memory, task_history
 from airflow_gpumarket._compat import AirflowException
-from airflow_gpumarket.operators.budget import LEDGER_PATH, api_server_ledger, ledger_client, signed_post
+from airflow_gpumarket.operators.budget import api_server_ledger, ledger_client
+from airflow_gpumarket.operators.signed_routes import APP_PATH, signed_post
 
-#: The plugin's host memory routes, under the api-server's base URL.
-HOSTS_PATH = "/gpumarket/hosts"
-#: The plugin's route to the task's history, under the api-server's base URL.
-HISTORY_PATH = "/gpumarket/history"
+#: The plugin's host memory routes, under the provider's app in the api-server.
+HOSTS_ROUTES = "/hosts"
+#: The plugin's route to the task's history, under the provider's app in the api-server.
+HISTORY_ROUTES = "/history"
 
 
 class DirectHostMemory:
@@ -60,15 +61,17 @@ class ApiServerHostMemory:
     """Host memory through the provider's routes in the api-server (Airflow 3 task processes)."""
 
     def __init__(self, base_url: str, api_key: str, conn_id: str) -> None:
-        self.url = base_url.rstrip("/") + HOSTS_PATH
-        self.history_url = base_url.rstrip("/") + HISTORY_PATH
+        self.app_url = base_url.rstrip("/") + APP_PATH
+        self.url = self.app_url + HOSTS_ROUTES
+        self.history_url = self.app_url + HISTORY_ROUTES
         self._api_key = api_key
         self.conn_id = conn_id
 
     def _post(self, route: str, body: dict[str, Any], *, history: bool = False) -> Any:
-        url, name = (self.history_url, "The task history") if history else (self.url, "Host memory")
+        routes, name = (HISTORY_ROUTES, "The task history") if history else (HOSTS_ROUTES, "Host memory")
         body = {"conn_id": self.conn_id, **body}
-        return signed_post(f"{url}/{route}", self._api_key, body, name=f"{name} at {url}")
+        name = f"{name} at {self.app_url}{routes}"
+        return signed_post(self.app_url, f"{routes}/{route}", self._api_key, body, name=name)
 
     def remember(
         self, machine_id: int, reason: str, detail: str = "", ttl: float = host_memory.DEFAULT_TTL_SECONDS
@@ -109,5 +112,5 @@ def host_memory_client(hook: Any, conn_id: str) -> DirectHostMemory | ApiServerH
     engine = getattr(reach, "engine", None)
     if engine is not None:
         return DirectHostMemory(engine, hook.settings.api_key)
-    base = api_server_ledger(hook).url.removesuffix(LEDGER_PATH)
+    base = api_server_ledger(hook).app_url.removesuffix(APP_PATH)
     return ApiServerHostMemory(base, hook.settings.api_key, conn_id)

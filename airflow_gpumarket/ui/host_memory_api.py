@@ -1,8 +1,7 @@
 """Host memory's routes in the api-server, for Airflow 3 tasks, which may not use the metadata database.
 
-Signed as the budget ledger's routes are (``ui/ledger_api.py``); the account is the digest of the API key of the
-connection named, read where the api-server sees it, never taken from the body. Bad input answers 400 naming the
-field.
+Signed as the budget ledger's routes are (``ui/verify.py``); the account is the digest of the API key of the
+connection that signed, never taken from the body. Bad input answers 400 naming the field.
 """
 
 from __future__ import annotations
@@ -10,53 +9,60 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 
-from airflow_gpumarket import host_memory
+from airflow_gpumarket import fields, host_memory
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.ui import ledger_api
-from airflow_gpumarket.ui.ledger_api import signed_body_and_key
+from airflow_gpumarket.ui import verify
 
 router = APIRouter(prefix="/hosts")
 
 
-@router.post("/remember")
-async def remember(request: Request) -> dict[str, Any]:
-    body, api_key = await signed_body_and_key(request)
+def _machine(body: dict[str, Any], *, required: bool = True) -> Any:
+    machine_id = fields.integer(body, "machine_id", low=1, high=fields.INT64, required=required)
+    return None if machine_id is None else host_memory.check_machine_id(machine_id)
+
+
+def _failure(body: dict[str, Any]) -> dict[str, Any]:
     detail = body.get("detail", "")
     if not isinstance(detail, str):
-        raise HTTPException(400, "detail must be a string")
-    try:
-        memory = host_memory.remember(
-            ledger_api.metadata_engine(),
-            host_memory.account_of(api_key),
-            host_memory.check_machine_id(body.get("machine_id")),
-            host_memory.check_reason(body.get("reason")),
-            now=time.time(),
-            ttl=body.get("ttl_seconds", host_memory.DEFAULT_TTL_SECONDS),
-            detail=detail,
-        )
-    except GpuMarketValidationError as exc:
-        raise HTTPException(400, str(exc)) from None
-    return memory.to_json()
+        raise GpuMarketValidationError("detail", "must be a string")
+    return {
+        "machine_id": _machine(body),
+        "reason": host_memory.check_reason(body.get("reason")),
+        "ttl": host_memory.check_ttl(body.get("ttl_seconds", host_memory.DEFAULT_TTL_SECONDS)),
+        "detail": fields.clean("detail", detail[: host_memory.DETAIL_CHARS]),
+    }
+
+
+def _which(body: dict[str, Any]) -> int | None:
+    machine_id = _machine(body, required=False)
+    if machine_id is None and body.get("all") is not True:
+        raise GpuMarketValidationError("machine_id", "must be an integer, or give all: true to forget every machine")
+    return machine_id
+
+
+def _nothing(body: dict[str, Any]) -> None:
+    return None
+
+
+@router.post("/remember")
+async def remember(request: Request) -> dict[str, Any]:
+    signed = await verify.accept(request, _failure)
+    account = host_memory.account_of(signed.api_key)
+    return host_memory.remember(verify.metadata_engine(), account, now=time.time(), **signed.value).to_json()
 
 
 @router.post("/avoided")
 async def avoided(request: Request) -> dict[str, Any]:
-    _, api_key = await signed_body_and_key(request)
-    found = host_memory.avoided(ledger_api.metadata_engine(), host_memory.account_of(api_key), now=time.time())
+    signed = await verify.accept(request, _nothing)
+    found = host_memory.avoided(verify.metadata_engine(), host_memory.account_of(signed.api_key), now=time.time())
     return {"machines": [m.to_json() for m in found.values()]}
 
 
 @router.post("/clear")
 async def clear(request: Request) -> dict[str, Any]:
-    body, api_key = await signed_body_and_key(request)
-    if body.get("machine_id") is None and body.get("all") is not True:
-        raise HTTPException(400, "machine_id must be an integer, or give all: true to forget every machine")
-    try:
-        cleared = host_memory.clear(
-            ledger_api.metadata_engine(), host_memory.account_of(api_key), body.get("machine_id")
-        )
-    except GpuMarketValidationError as exc:
-        raise HTTPException(400, str(exc)) from None
-    return {"cleared": cleared}
+    signed = await verify.accept(request, _which)
+    return {
+        "cleared": host_memory.clear(verify.metadata_engine(), host_memory.account_of(signed.api_key), signed.value)
+    }

@@ -187,7 +187,7 @@ def test_the_route_answers_the_runtime_and_image_size_to_a_signed_request(routes
     assert routes.history(DAG_ID, "job", "img:1") == task_history.Learned(None, None, None)
     routes.run(60, 120)
     assert routes.history(DAG_ID, "job", "img:1") == (90.0, pytest.approx(5.2), pytest.approx(5.2))  # 300 s boots
-    unsigned = signed({"conn_id": CONN, "dag_id": DAG_ID, "task_id": "job"}, key="not-the-key")
+    unsigned = signed("/history/learned", {"conn_id": CONN, "dag_id": DAG_ID, "task_id": "job"}, key="not-the-key")
     assert routes.server.post("/history/learned", **unsigned).status_code == 401
 
 
@@ -195,10 +195,10 @@ def test_the_route_answers_the_runtime_and_image_size_to_a_signed_request(routes
 def test_the_route_answers_bad_names_with_a_400_naming_the_field(routes):
     from ui.test_ledger_api import signed
 
-    bad = signed({"conn_id": CONN, "dag_id": DAG_ID, "task_id": 3}, key=KEY)
+    bad = signed("/history/learned", {"conn_id": CONN, "dag_id": DAG_ID, "task_id": 3}, key=KEY)
     answer = routes.server.post("/history/learned", **bad)
     assert answer.status_code == 400 and answer.json()["detail"].startswith("task_id: ")
-    bad = signed({"conn_id": CONN, "dag_id": DAG_ID, "task_id": "job", "image": ["img"]}, key=KEY)
+    bad = signed("/history/learned", {"conn_id": CONN, "dag_id": DAG_ID, "task_id": "job", "image": ["img"]}, key=KEY)
     answer = routes.server.post("/history/learned", **bad)
     assert answer.status_code == 400 and answer.json()["detail"].startswith("image: ")
     with pytest.raises(GpuMarketValidationError, match="dag_id"):

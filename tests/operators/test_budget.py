@@ -11,6 +11,7 @@ from sqlalchemy import create_engine
 from airflow_gpumarket import budgets, ledger, lifecycle
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.operators import budget as budget_module
+from airflow_gpumarket.operators import signed_routes
 from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
 
 from .renting_fakes import DONE, FakeHook, ctx, fired, job
@@ -232,15 +233,15 @@ def test_a_route_that_did_not_answer_is_asked_again_with_a_new_nonce_then_named_
 ):
     import requests
 
-    lost = [requests.ConnectionError("reset")] * budget_module.LEDGER_TRIES
+    lost = [requests.ConnectionError("reset")] * signed_routes.TRIES
     wire, ledger_routes, hosts = routes(monkeypatch, *lost, *lost)
     with pytest.raises(AirflowException, match=r"ledger at http://api/gpumarket/ledger did not answer.*ledger_url"):
         ledger_routes.last_attempt(conn_id="conn")
     with pytest.raises(AirflowException, match=r"Host memory at http://api/gpumarket/hosts did not answer.*ledger_url"):
         hosts.avoided()
     nonces = [nonce for _, nonce, _, _ in wire.sent]
-    assert len(nonces) == len(set(nonces)) == 2 * budget_module.LEDGER_TRIES
-    assert {timeout for *_, timeout in wire.sent} == {budget_module.LEDGER_TIMEOUT_SECONDS}
+    assert len(nonces) == len(set(nonces)) == 2 * signed_routes.TRIES
+    assert {timeout for *_, timeout in wire.sent} == {signed_routes.TIMEOUT_SECONDS}
 
 
 def test_a_400_from_either_route_is_a_validation_error_naming_the_field(monkeypatch):

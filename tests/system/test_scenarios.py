@@ -712,11 +712,18 @@ def _ledger_post(s: Scenario, route: str, signed: tuple[bytes, dict[str, str]]) 
     return requests.post(f"{s.api.base}/gpumarket/ledger/{route}", data=data, headers=headers, timeout=30)
 
 
+def _signed(key: str, route: str, body: dict) -> tuple[bytes, dict[str, str]]:
+    """A ledger request to ``route`` (``reserve``, ...) signed as a task signs it."""
+    from airflow_gpumarket.operators.signed_routes import signed_request
+
+    return signed_request(key, f"/ledger/{route}", body)
+
+
 def _ledger_entries(s: Scenario) -> list[dict]:
     """The budget ledger's entries of the default connection, through the api-server's signed route."""
-    from airflow_gpumarket.operators.budget import signed_request
-
-    answer = _ledger_post(s, "entries", signed_request(_ledger_key(s), {"conn_id": "gpumarket_default", "since": 0}))
+    answer = _ledger_post(
+        s, "entries", _signed(_ledger_key(s), "entries", {"conn_id": "gpumarket_default", "since": 0})
+    )
     answer.raise_for_status()
     return [e for e in answer.json()["entries"] if e["dag_id"] == s.dag_id]
 
@@ -726,7 +733,6 @@ def _replay_refused(s: Scenario) -> None:
     limits in a body do not raise the DAG's budget. The phantom task's DAG has no budget, and its reservation is
     released."""
     from airflow_gpumarket import ledger
-    from airflow_gpumarket.operators.budget import signed_request
 
     key = _ledger_key(s)
     phantom = ledger.Request(
@@ -740,18 +746,18 @@ def _replay_refused(s: Scenario) -> None:
         seconds=600,
         hourly=0.6,
     )
-    captured = signed_request(key, phantom.to_json())
+    captured = _signed(key, "reserve", phantom.to_json())
     first = _ledger_post(s, "reserve", captured)
     assert first.status_code == 200, (first.status_code, first.text)
     replayed = _ledger_post(s, "reserve", captured)  # the same bytes, within the signature's window
     assert replayed.status_code == 401, (replayed.status_code, replayed.text)
-    retried = _ledger_post(s, "reserve", signed_request(key, phantom.to_json()))  # a new nonce, the same key
+    retried = _ledger_post(s, "reserve", _signed(key, "reserve", phantom.to_json()))  # a new nonce, the same key
     assert retried.status_code == 200 and retried.json()["id"] == first.json()["id"], retried.text
     generous = {**phantom.to_json(), "dag_id": s.dag_id, "worst": 5.0, "limits": {"day": 1000.0}}
-    claimed = _ledger_post(s, "reserve", signed_request(key, generous))
+    claimed = _ledger_post(s, "reserve", _signed(key, "reserve", generous))
     assert claimed.status_code == 409 and f"is ${BUDGET_PER_DAY:.2f}" in claimed.text, claimed.text
     release = {"conn_id": "gpumarket_default", "id": first.json()["id"]}
-    released = _ledger_post(s, "settle", signed_request(key, release))
+    released = _ledger_post(s, "settle", _signed(key, "settle", release))
     assert released.status_code == 200 and released.json()["cost"] == 0.0, released.text
     s.say(
         "a captured reservation replayed within the window: 401; sent again with a new nonce: the same reservation; "

@@ -23,10 +23,10 @@ def server(tmp_path, monkeypatch):
     from fastapi.testclient import TestClient
 
     from airflow_gpumarket.ui import app as app_module
-    from airflow_gpumarket.ui import ledger_api
+    from airflow_gpumarket.ui import verify
 
     engine = create_engine(f"sqlite:///{tmp_path}/airflow.db")
-    monkeypatch.setattr(ledger_api, "metadata_engine", lambda: engine)
+    monkeypatch.setattr(verify, "metadata_engine", lambda: engine)
     monkeypatch.setenv(
         f"AIRFLOW_CONN_{CONN.upper()}",
         json.dumps({"conn_type": "gpumarket", "host": "http://127.0.0.1:9", "password": KEY}),
@@ -38,18 +38,21 @@ def server(tmp_path, monkeypatch):
 
 def test_a_signed_remember_is_kept_for_the_account_of_the_connections_key(server):
     body = {"conn_id": CONN, "machine_id": 11, "reason": "preflight", "detail": "no driver", "ttl_seconds": 60}
-    made = server.post("/hosts/remember", **signed(body)).json()
+    made = server.post("/hosts/remember", **signed("/hosts/remember", body)).json()
     assert (made["machine_id"], made["failures"]) == (11, 1)
     account = host_memory.account_of(KEY)
     assert list(host_memory.avoided(server.engine, account, now=made["remembered_at"])) == [11]
-    listed = server.post("/hosts/avoided", **signed({"conn_id": CONN})).json()["machines"]
+    listed = server.post("/hosts/avoided", **signed("/hosts/avoided", {"conn_id": CONN})).json()["machines"]
     assert [m["machine_id"] for m in listed] == [11]
 
 
 def test_a_request_signed_with_another_key_is_refused(server):
     body = {"conn_id": CONN, "machine_id": 11, "reason": "preflight"}
-    assert server.post("/hosts/remember", **signed(body, key="not-the-key")).status_code == 401
-    assert server.post("/hosts/avoided", **signed({"conn_id": CONN}, key="not-the-key")).status_code == 401
+    assert server.post("/hosts/remember", **signed("/hosts/remember", body, key="not-the-key")).status_code == 401
+    assert (
+        server.post("/hosts/avoided", **signed("/hosts/avoided", {"conn_id": CONN}, key="not-the-key")).status_code
+        == 401
+    )
 
 
 @pytest.mark.parametrize(
@@ -62,14 +65,16 @@ def test_a_request_signed_with_another_key_is_refused(server):
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(server, body, field):
-    answer = server.post("/hosts/remember", **signed({"conn_id": CONN, **body}))
+    answer = server.post("/hosts/remember", **signed("/hosts/remember", {"conn_id": CONN, **body}))
     assert answer.status_code == 400 and answer.json()["detail"].startswith(f"{field}: ")
 
 
 def test_clear_needs_a_machine_or_all(server):
-    answer = server.post("/hosts/clear", **signed({"conn_id": CONN}))
+    answer = server.post("/hosts/clear", **signed("/hosts/clear", {"conn_id": CONN}))
     assert answer.status_code == 400 and "all: true" in answer.json()["detail"]
-    assert server.post("/hosts/clear", **signed({"conn_id": CONN, "machine_id": "x"})).status_code == 400
+    assert (
+        server.post("/hosts/clear", **signed("/hosts/clear", {"conn_id": CONN, "machine_id": "x"})).status_code == 400
+    )
 
 
 def test_the_task_client_remembers_lists_and_clears_through_the_routes(server, monkeypatch):

@@ -1,0 +1,138 @@
+"""The check each signed route of the provider's api-server app runs first: who signed, and what they asked.
+
+A task signs each request with its connection's API key (``signing``). In this order, so that a caller who cannot
+sign costs a bounded amount of work and learns nothing: the headers' shapes and the timestamp's age (401); the body,
+read up to ``signing.MAX_BODY_BYTES`` (413 beyond); the signature, checked against the key of the connection named
+when it is one of the provider's, else against a key nobody holds, the same way (401, one answer for every reason);
+then the body, parsed as JSON and by the route's own parser (400 naming the field); last the nonce, recorded once
+(401 for a replay). Only a request that passed every step reaches the route's transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from fastapi import HTTPException, Request
+
+from airflow_gpumarket import ledger, signing
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: The one answer to a request whose signature does not verify, whatever the reason: a caller who cannot sign
+#: learns nothing about which connections exist.
+_UNSIGNED = (
+    f"{signing.SIGNATURE} does not verify: sign with the API key of the connection named, a connection of type "
+    "gpumarket defined where the api-server reads connections"
+)
+#: What a request naming no usable connection is checked against: a key nobody holds, so that it takes the same path.
+_NOBODYS_KEY = secrets.token_hex(32)
+#: How much of what an unsigned caller sent may reach the api-server's log.
+_LOGGED_CHARS = 64
+
+
+@dataclass(frozen=True)
+class Accepted(Generic[T]):
+    """A request whose signature verified: the connection that signed, its API key, and the route's parsed body."""
+
+    conn_id: str
+    api_key: str
+    value: T
+
+
+def metadata_engine() -> Any:
+    """The metadata database's engine, as the api-server reaches it (the provider's routes and page read it here)."""
+    from airflow import settings
+
+    return settings.engine
+
+
+async def accept(request: Request, parse: Callable[[dict[str, Any]], T]) -> Accepted[T]:
+    """The request, checked as this module says, with its body parsed by ``parse`` (which raises ValueError)."""
+    try:
+        parts = signing.read_headers(request.headers)
+    except signing.Unsigned as exc:
+        raise HTTPException(401, str(exc)) from None
+    now = time.time()
+    if abs(now - int(parts.timestamp)) > signing.MAX_AGE_SECONDS:
+        off = f"{signing.TIMESTAMP} is more than {signing.MAX_AGE_SECONDS} s off the api-server's clock"
+        raise HTTPException(401, f"{off}; sync the clocks")
+    data = await _bounded_body(request)
+    api_key = _key_of(parts.conn_id)
+    expected = signing.signature(
+        api_key or _NOBODYS_KEY,
+        method=request.method,
+        route=request.scope["route"].path,
+        conn_id=parts.conn_id,
+        timestamp=parts.timestamp,
+        nonce=parts.nonce,
+        body=data,
+    )
+    if not signing.matches(expected, parts.signature) or api_key is None:
+        raise HTTPException(401, _UNSIGNED)
+    body = _json_object(data)
+    if body.get("conn_id", parts.conn_id) != parts.conn_id:
+        raise HTTPException(400, f"conn_id: must be the connection that signed, as {signing.CONNECTION} names it")
+    try:
+        value = parse(body)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    if not ledger.first_use(metadata_engine(), parts.nonce, stamp=int(parts.timestamp), now=now):
+        raise HTTPException(401, "this signed request was received before; each request is accepted once")
+    return Accepted(parts.conn_id, api_key, value)
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """The request's body; 413 as soon as it is over ``signing.MAX_BODY_BYTES``, before any of it is parsed."""
+    too_large = HTTPException(
+        413, f"the body is over {signing.MAX_BODY_BYTES} bytes; a signed route's request is a few hundred"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and (len(declared) > 12 or int(declared) > signing.MAX_BODY_BYTES):
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > signing.MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _key_of(conn_id: str) -> str | None:
+    """The API key of the provider's connection ``conn_id``, or None (the reason goes to the api-server's log only)."""
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    shown = conn_id[:_LOGGED_CHARS]
+    try:
+        conn = GpuMarketHook.get_connection(conn_id)
+    except Exception as exc:  # noqa: BLE001 - a connection the api-server cannot read, for any reason
+        why = type(exc).__name__
+        log.warning("A signed request names connection %r, which the api-server cannot read (%s)", shown, why)
+        return None
+    if conn.conn_type != GpuMarketHook.conn_type:
+        kind = str(conn.conn_type)[:_LOGGED_CHARS]
+        log.warning("A signed request names connection %r, of type %r: only gpumarket connections sign", shown, kind)
+        return None
+    return conn.password or None
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    """The body as a JSON object; 400 when it is none, or when a field holds NaN or Infinity (Python writes them)."""
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):  # RecursionError: nesting too deep for the parser
+        body = None
+    if not isinstance(body, dict):
+        raise HTTPException(400, "body: must be a JSON object")
+    for name, value in body.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise HTTPException(400, f"{name[:_LOGGED_CHARS]}: must be a finite number; JSON has no {value}")
+    return body
