@@ -5,11 +5,14 @@ sign costs a bounded amount of work and learns nothing: the headers' shapes and 
 read up to ``signing.MAX_BODY_BYTES`` (413 beyond); the signature, checked against the key of the connection named
 when it is one of the provider's, else against a key nobody holds, the same way (401, one answer for every reason);
 then the body, parsed as JSON and by the route's own parser (400 naming the field); last the nonce, recorded once
-(401 for a replay). Only a request that passed every step reaches the route's transaction.
+(401 for a replay). Only a request that passed every step reaches the route's transaction. A signature that does not
+verify is answered no sooner than ``UNSIGNED_FLOOR_SECONDS`` after the connection's lookup began, whether the
+connection exists or not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -36,6 +39,9 @@ _UNSIGNED = (
 _NOBODYS_KEY = secrets.token_hex(32)
 #: How much of what an unsigned caller sent may reach the api-server's log.
 _LOGGED_CHARS = 64
+#: The soonest a request whose signature does not verify is answered, from the start of its connection's lookup: a
+#: lookup that finds the connection, or reads every backend and finds none, then takes the same time to the caller.
+UNSIGNED_FLOOR_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ async def accept(request: Request, parse: Callable[[dict[str, Any]], T]) -> Acce
         off = f"{signing.TIMESTAMP} is more than {signing.MAX_AGE_SECONDS} s off the api-server's clock"
         raise HTTPException(401, f"{off}; sync the clocks")
     data = await _bounded_body(request)
+    looked_up = time.monotonic()
     api_key = _key_of(parts.conn_id)
     expected = signing.signature(
         api_key or _NOBODYS_KEY,
@@ -76,6 +83,7 @@ async def accept(request: Request, parse: Callable[[dict[str, Any]], T]) -> Acce
         body=data,
     )
     if not signing.matches(expected, parts.signature) or api_key is None:
+        await _not_before(looked_up + UNSIGNED_FLOOR_SECONDS)
         raise HTTPException(401, _UNSIGNED)
     body = _json_object(data)
     if body.get("conn_id", parts.conn_id) != parts.conn_id:
@@ -87,6 +95,11 @@ async def accept(request: Request, parse: Callable[[dict[str, Any]], T]) -> Acce
     if not ledger.first_use(metadata_engine(), parts.nonce, stamp=int(parts.timestamp), now=now):
         raise HTTPException(401, "this signed request was received before; each request is accepted once")
     return Accepted(parts.conn_id, api_key, value)
+
+
+async def _not_before(moment: float) -> None:
+    """Wait, without blocking the api-server, until ``moment`` on the monotonic clock."""
+    await asyncio.sleep(max(0.0, moment - time.monotonic()))
 
 
 async def _bounded_body(request: Request) -> bytes:

@@ -159,42 +159,52 @@ def edge_requests(route: str, *, key: str, conn_id: str) -> list[Sent]:
     return [signed(route, body, key=key, conn_id=conn_id) for body in bodies]
 
 
-def rows(engine: Any) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Every ledger reservation and host memory row: what a refused request must leave as it was."""
-    ledger.ensure_tables(engine)
-    host_memory.ensure_table(engine)
-    with engine.begin() as conn:
-        reservations = [tuple(r) for r in conn.execute(select(ledger.RESERVATIONS).order_by(ledger.RESERVATIONS.c.id))]
-        hosts = [tuple(r) for r in conn.execute(select(host_memory.HOSTS).order_by(*host_memory.HOSTS.primary_key))]
-    return reservations, hosts
+@dataclass(frozen=True)
+class Target:
+    """Where the requests go: ``post`` answers a request's status; ``engine`` is the database the routes write, where
+    the connection ``conn_id`` (of API key ``key``) owns the rows a request could write."""
+
+    post: Callable[[Sent], int]
+    engine: Any
+    conn_id: str
+    key: str
+
+    def rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """The connection's ledger reservations and its account's host memory: what a refused request must leave."""
+        r, h = ledger.RESERVATIONS, host_memory.HOSTS
+        ledger.ensure_tables(self.engine)
+        host_memory.ensure_table(self.engine)
+        with self.engine.begin() as conn:
+            reservations = conn.execute(select(r).where(r.c.conn_id == self.conn_id).order_by(r.c.id))
+            account = host_memory.account_of(self.key)
+            hosts = conn.execute(select(h).where(h.c.account == account).order_by(h.c.machine_id))
+            return [tuple(row) for row in reservations], [tuple(row) for row in hosts]
 
 
-def fuzz(
-    post: Callable[[Sent], int], engine: Any, route: str, *, key: str, conn_id: str, other_conn_id: str, examples: int
-) -> dict[int, int]:
-    """Send ``examples`` generated requests to ``route`` through ``post`` (which answers the status); the statuses
-    seen, counted. Fails on the first answer that breaks a rule of this module."""
+def fuzz(target: Target, route: str, *, other_conn_id: str, examples: int) -> dict[int, int]:
+    """Send ``examples`` generated requests to ``route``; the statuses seen, counted. Fails on the first answer that
+    breaks a rule of this module. ``other_conn_id`` is a connection whose key is not the target's."""
     seen: dict[int, int] = {}
 
     @settings(
         max_examples=examples, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
     )
-    @given(sent=requests_to(route, key, conn_id, other_conn_id))
+    @given(sent=requests_to(route, target.key, target.conn_id, other_conn_id))
     def one(sent: Sent) -> None:
-        status = check(post, engine, sent)
+        status = check(target, sent)
         seen[status] = seen.get(status, 0) + 1
 
     one()
     return seen
 
 
-def check(post: Callable[[Sent], int], engine: Any, sent: Sent) -> int:
-    """The status ``post`` answers ``sent``, once it is checked against this module's rules."""
-    before = rows(engine)
-    status = post(sent)
+def check(target: Target, sent: Sent) -> int:
+    """The status the target answers ``sent``, once it is checked against this module's rules."""
+    before = target.rows()
+    status = target.post(sent)
     assert status < 500, f"{sent.route} answered {status} to {sent}"
     if not sent.signed:
         assert status in (401, 413), f"{sent.route} answered {status} to a request not signed for it: {sent}"
     if status >= 400:
-        assert rows(engine) == before, f"{sent.route} answered {status} but changed rows: {sent}"
+        assert target.rows() == before, f"{sent.route} answered {status} but changed rows: {sent}"
     return status

@@ -56,14 +56,24 @@ def test_rule_a_malformed_signature_answers_the_same_401_for_known_and_unknown_c
 
 
 def test_rule_a_wrong_signature_takes_the_same_path_for_known_and_unknown_connections(server, monkeypatch):
-    """An unknown connection is checked against a key nobody holds: the same HMAC and comparison run."""
+    """An unknown connection is checked against a key nobody holds: the same HMAC and comparison run, and the answer
+    waits for the same floor after the lookup began."""
+    import time
+
     from airflow_gpumarket.ui import verify
 
-    compared = []
+    compared, waited = [], []
     monkeypatch.setattr(verify.signing, "matches", lambda a, b: compared.append((len(a), len(b))) or False)
+    monkeypatch.setattr(verify, "UNSIGNED_FLOOR_SECONDS", 0.25)
+
+    async def not_before(moment):
+        waited.append(moment - time.monotonic())
+
+    monkeypatch.setattr(verify, "_not_before", not_before)
     for conn_id in (CONN, "gpumarket_nowhere"):
         server.post("/ledger/version", **signed("/ledger/version", {"conn_id": conn_id}, key="wrong", conn_id=conn_id))
     assert compared == [(64, 64), (64, 64)]
+    assert len(waited) == 2 and all(0 < wait <= 0.25 for wait in waited), waited
 
 
 @pytest.mark.parametrize(
