@@ -406,7 +406,7 @@ def settle(
             cost = 0.0
         elif cost is None:
             seconds = ended - row.started if ended is not None and row.started is not None else now - row.created_at
-            cost = row.hourly * max(0.0, seconds) / 3600.0
+            cost = min(row.hourly * max(0.0, seconds) / 3600.0, fields.MAX_DOLLARS)
         cost = budgets.round_up(cost)
         conn.execute(r.update().where(r.c.id == row.id, r.c.cost.is_(None)).values(cost=cost, settled_at=now))
     return cost

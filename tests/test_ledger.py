@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Column, MetaData, Table, create_engine, inspect
 
-from airflow_gpumarket import budgets, ledger, signing
+from airflow_gpumarket import budgets, fields, ledger, signing
 
 NOW = 1_790_000_000.0
 
@@ -325,3 +325,10 @@ def test_rule_a_settled_reservation_is_not_attached_to_another_instance(engine):
     with pytest.raises(ledger.Unknown):
         ledger.attach(engine, "gpumarket_other", made.id, 8)
     assert ledger.entries(engine, since=0)[0]["instance_id"] == 7
+
+
+def test_rule_a_settled_estimate_is_never_above_the_largest_amount_a_row_holds(engine):
+    made = ledger.reserve(engine, dataclasses.replace(ask(), started=0.0, hourly=1e9), now=NOW)
+    ledger.attach(engine, "gpumarket_default", made.id, 7)
+    cost = ledger.settle(engine, "gpumarket_default", now=NOW, instance_id=7, ended=1e11)
+    assert cost == fields.MAX_DOLLARS

@@ -56,7 +56,7 @@ def _settlement(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _since(body: dict[str, Any]) -> float:
-    return float(fields.number(body, "since", high=fields.MAX_EPOCH))
+    return float(fields.number(body, "since", low=-fields.MAX_EPOCH, high=fields.MAX_EPOCH))
 
 
 def _nothing(body: dict[str, Any]) -> None:

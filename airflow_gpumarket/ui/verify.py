@@ -17,12 +17,15 @@ import json
 import logging
 import math
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from fastapi import HTTPException, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from airflow_gpumarket import ledger, signing
 
@@ -72,7 +75,7 @@ async def accept(request: Request, parse: Callable[[dict[str, Any]], T]) -> Acce
         raise HTTPException(401, f"{off}; sync the clocks")
     data = await _bounded_body(request)
     looked_up = time.monotonic()
-    api_key = _key_of(parts.conn_id)
+    api_key = await run_in_threadpool(_key_of, parts.conn_id)  # a secrets backend may be slow: not on the loop
     expected = signing.signature(
         api_key or _NOBODYS_KEY,
         method=request.method,
@@ -91,8 +94,11 @@ async def accept(request: Request, parse: Callable[[dict[str, Any]], T]) -> Acce
     try:
         value = parse(body)
     except ValueError as exc:
-        raise HTTPException(400, str(exc)) from None
-    if not ledger.first_use(metadata_engine(), parts.nonce, stamp=int(parts.timestamp), now=now):
+        raise HTTPException(400, _printable(str(exc))) from None
+    first = await run_in_threadpool(
+        ledger.first_use, metadata_engine(), parts.nonce, stamp=int(parts.timestamp), now=now
+    )
+    if not first:
         raise HTTPException(401, "this signed request was received before; each request is accepted once")
     return Accepted(parts.conn_id, api_key, value)
 
@@ -111,11 +117,14 @@ async def _bounded_body(request: Request) -> bytes:
     if declared.isascii() and declared.isdigit() and (len(declared) > 12 or int(declared) > signing.MAX_BODY_BYTES):
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > signing.MAX_BODY_BYTES:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > signing.MAX_BODY_BYTES:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise HTTPException(400, "body: the client left before sending it whole") from None
     return b"".join(chunks)
 
 
@@ -127,14 +136,36 @@ def _key_of(conn_id: str) -> str | None:
     try:
         conn = GpuMarketHook.get_connection(conn_id)
     except Exception as exc:  # noqa: BLE001 - a connection the api-server cannot read, for any reason
-        why = type(exc).__name__
-        log.warning("A signed request names connection %r, which the api-server cannot read (%s)", shown, why)
+        _unreadable.warn(f"names connection {shown!r}, which the api-server cannot read ({type(exc).__name__})")
         return None
     if conn.conn_type != GpuMarketHook.conn_type:
         kind = str(conn.conn_type)[:_LOGGED_CHARS]
-        log.warning("A signed request names connection %r, of type %r: only gpumarket connections sign", shown, kind)
+        _unreadable.warn(f"names connection {shown!r}, of type {kind!r}: only gpumarket connections sign")
         return None
     return conn.password or None
+
+
+class _FewLines:
+    """A warning written at most once a minute, with the number of its kind left out since the last one written."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last = -math.inf
+        self._left_out = 0
+
+    def warn(self, what: str) -> None:
+        with self._lock:
+            now = self._clock()
+            if now - self._last < 60.0:
+                self._left_out += 1
+                return
+            self._last, left_out, self._left_out = now, self._left_out, 0
+        more = f" ({left_out} more such requests in the last minute)" if left_out else ""
+        log.warning("A signed request %s%s", what, more)
+
+
+_unreadable = _FewLines()
 
 
 def _json_object(data: bytes) -> dict[str, Any]:
@@ -147,5 +178,12 @@ def _json_object(data: bytes) -> dict[str, Any]:
         raise HTTPException(400, "body: must be a JSON object")
     for name, value in body.items():
         if isinstance(value, float) and not math.isfinite(value):
-            raise HTTPException(400, f"{name[:_LOGGED_CHARS]}: must be a finite number; JSON has no {value}")
+            raise HTTPException(
+                400, _printable(f"{name[:_LOGGED_CHARS]}: must be a finite number; JSON has no {value}")
+            )
     return body
+
+
+def _printable(detail: str) -> str:
+    """``detail`` as JSON can carry it: a lone surrogate from the body is written as its escape."""
+    return detail.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -22,6 +22,7 @@ def server(tmp_path, monkeypatch):
     engine = create_engine(f"sqlite:///{tmp_path}/airflow.db")
     monkeypatch.setattr(verify, "metadata_engine", lambda: engine)
     monkeypatch.setattr(verify, "UNSIGNED_FLOOR_SECONDS", 0.0)  # test_signed_routes.py shows the floor
+    monkeypatch.setattr(verify, "_unreadable", verify._FewLines())  # each test sees its first warning
     monkeypatch.setenv(
         f"AIRFLOW_CONN_{CONN.upper()}",
         json.dumps({"conn_type": "gpumarket", "host": "http://127.0.0.1:9", "password": KEY}),

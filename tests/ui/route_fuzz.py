@@ -89,7 +89,7 @@ def _body(draw: Any, route: str, conn_id: str) -> bytes:
     elif kind == "drop":
         body.pop(draw(st.sampled_from(sorted(valid))))
     elif kind == "add":
-        body[draw(st.text(max_size=10))] = draw(_values)
+        body[draw(_texts)] = draw(_values)
     elif kind == "object":
         body = draw(st.dictionaries(st.text(max_size=10), _values, max_size=6))
     elif kind == "not_object":
@@ -156,6 +156,7 @@ def edge_requests(route: str, *, key: str, conn_id: str) -> list[Sent]:
     valid = valid_bodies(conn_id)[route]
     bodies = [{**valid, name: edge} for name in sorted(valid) for edge in EDGES]
     bodies += [{k: v for k, v in valid.items() if k != name} for name in valid]
+    bodies += [{**valid, name: edge} for name in _EDGE_TEXTS for edge in (float("nan"), "\ud800")]
     return [signed(route, body, key=key, conn_id=conn_id) for body in bodies]
 
 

@@ -137,3 +137,49 @@ def test_rule_a_connection_id_an_unsigned_caller_names_reaches_the_log_only_as_a
     long_name = "gpumarket_" + "n" * 240
     server.post("/ledger/version", **signed("/ledger/version", {"conn_id": long_name}, conn_id=long_name))
     assert "cannot read" in caplog.text and long_name not in caplog.text
+
+
+def test_rule_a_field_named_with_a_lone_surrogate_answers_400(server):
+    answer = server.post("/ledger/version", **signed("/ledger/version", {"conn_id": CONN, "\ud800": float("nan")}))
+    assert answer.status_code == 400 and "must be a finite number" in answer.json()["detail"]
+
+
+def test_rule_a_client_that_leaves_mid_body_gets_400_not_500():
+    import asyncio
+
+    from airflow_gpumarket.ui import app as app_module
+
+    sent = signed("/ledger/version", {"conn_id": CONN})
+    headers = [(name.lower().encode(), value if isinstance(value, bytes) else value.encode())
+               for name, value in sent["headers"].items()]  # fmt: skip
+    scope = {"type": "http", "method": "POST", "path": "/ledger/version", "raw_path": b"/ledger/version",
+             "query_string": b"", "headers": headers, "http_version": "1.1", "scheme": "http", "root_path": "",
+             "server": ("airflow.test", 80), "client": ("127.0.0.1", 1)}  # fmt: skip
+    arrivals = iter([{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}])
+    answered = []
+
+    async def receive():
+        return next(arrivals)
+
+    async def send(message):
+        answered.append(message)
+
+    asyncio.run(app_module.create_app()(scope, receive, send))
+    assert answered[0]["status"] == 400
+
+
+def test_rule_unsigned_callers_write_one_warning_a_minute_with_a_count(monkeypatch):
+    from airflow_gpumarket.ui import verify
+
+    now = [0.0]
+    lines = verify._FewLines(clock=lambda: now[0])
+    written = []
+    monkeypatch.setattr(verify.log, "warning", lambda fmt, *args: written.append(fmt % args))
+    for _ in range(3):
+        lines.warn("names connection 'x'")
+    now[0] = 61.0
+    lines.warn("names connection 'y'")
+    assert written == [
+        "A signed request names connection 'x'",
+        "A signed request names connection 'y' (2 more such requests in the last minute)",
+    ]
