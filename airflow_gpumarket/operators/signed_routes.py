@@ -68,7 +68,7 @@ def signed_post(
 
 
 def signed_request(api_key: str, route: str, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
-    """A POST to ``route``: its bytes and headers, signed with ``api_key`` over the time, a new nonce and the body."""
+    """A POST to ``route``: its bytes and headers, signed with ``api_key`` as ``signing`` says (a new nonce each)."""
     for field, value in body.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise GpuMarketValidationError(field, f"must be a finite number, got {value!r}; nothing was sent")
@@ -80,7 +80,7 @@ def signed_request(api_key: str, route: str, body: dict[str, Any]) -> tuple[byte
 
 
 def _field_and_problem(detail: str) -> tuple[str, str]:
-    """A route's 400 sentence split into the field it names first and the problem ("worst must be a number")."""
+    """A route's 400 sentence split into the field it names first and the problem ("worst: must be a number")."""
     head, colon, rest = detail.partition(": ")
     if colon and head.isidentifier():
         return head, rest

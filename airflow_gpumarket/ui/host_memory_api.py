@@ -42,10 +42,6 @@ def _which(body: dict[str, Any]) -> int | None:
     return machine_id
 
 
-def _nothing(body: dict[str, Any]) -> None:
-    return None
-
-
 @router.post("/remember")
 async def remember(request: Request) -> dict[str, Any]:
     signed = await verify.accept(request, _failure)
@@ -55,7 +51,7 @@ async def remember(request: Request) -> dict[str, Any]:
 
 @router.post("/avoided")
 async def avoided(request: Request) -> dict[str, Any]:
-    signed = await verify.accept(request, _nothing)
+    signed = await verify.accept(request, verify.no_fields)
     found = host_memory.avoided(verify.metadata_engine(), host_memory.account_of(signed.api_key), now=time.time())
     return {"machines": [m.to_json() for m in found.values()]}
 

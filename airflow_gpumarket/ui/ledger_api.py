@@ -59,10 +59,6 @@ def _since(body: dict[str, Any]) -> float:
     return float(fields.number(body, "since", low=-fields.MAX_EPOCH, high=fields.MAX_EPOCH))
 
 
-def _nothing(body: dict[str, Any]) -> None:
-    return None
-
-
 @router.post("/reserve")
 async def reserve(request: Request) -> dict[str, Any]:
     asked = (await verify.accept(request, ledger.Request.from_json)).value
@@ -99,7 +95,7 @@ async def settle(request: Request) -> dict[str, Any]:
 @router.post("/version")
 async def version(request: Request) -> dict[str, Any]:
     """The provider's and Airflow's versions in this api-server (``airflow gpumarket doctor`` compares them)."""
-    await verify.accept(request, _nothing)
+    await verify.accept(request, verify.no_fields)
     from airflow import __version__ as airflow_version
 
     from airflow_gpumarket import __version__

@@ -103,6 +103,11 @@ async def accept(request: Request, parse: Callable[[dict[str, Any]], T]) -> Acce
     return Accepted(parts.conn_id, api_key, value)
 
 
+def no_fields(body: dict[str, Any]) -> None:
+    """The parser of a route that reads no field but the connection (which ``accept`` checks)."""
+    return None
+
+
 async def _not_before(moment: float) -> None:
     """Wait, without blocking the api-server, until ``moment`` on the monotonic clock."""
     await asyncio.sleep(max(0.0, moment - time.monotonic()))
