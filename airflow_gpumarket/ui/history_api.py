@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 
 from airflow_gpumarket import fields, task_history
 from airflow_gpumarket.ui import verify
@@ -29,5 +30,7 @@ def _asked(body: dict[str, Any]) -> tuple[str, str, str | None]:
 @router.post("/learned")
 async def learned(request: Request) -> dict[str, Any]:
     dag_id, task_id, image = (await verify.accept(request, _asked)).value
-    runtime, image_gb, image_gb_max = task_history.learned(verify.metadata_engine(), dag_id, task_id, image)
+    runtime, image_gb, image_gb_max = await run_in_threadpool(
+        task_history.learned, verify.metadata_engine(), dag_id, task_id, image
+    )
     return {"runtime_seconds": runtime, "image_gb": image_gb, "image_gb_max": image_gb_max}

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 
 from airflow_gpumarket import fields, host_memory
 from airflow_gpumarket.exceptions import GpuMarketValidationError
@@ -46,19 +47,22 @@ def _which(body: dict[str, Any]) -> int | None:
 async def remember(request: Request) -> dict[str, Any]:
     signed = await verify.accept(request, _failure)
     account = host_memory.account_of(signed.api_key)
-    return host_memory.remember(verify.metadata_engine(), account, now=time.time(), **signed.value).to_json()
+    memory = await run_in_threadpool(
+        host_memory.remember, verify.metadata_engine(), account, now=time.time(), **signed.value
+    )
+    return memory.to_json()
 
 
 @router.post("/avoided")
 async def avoided(request: Request) -> dict[str, Any]:
     signed = await verify.accept(request, verify.no_fields)
-    found = host_memory.avoided(verify.metadata_engine(), host_memory.account_of(signed.api_key), now=time.time())
+    account = host_memory.account_of(signed.api_key)
+    found = await run_in_threadpool(host_memory.avoided, verify.metadata_engine(), account, now=time.time())
     return {"machines": [m.to_json() for m in found.values()]}
 
 
 @router.post("/clear")
 async def clear(request: Request) -> dict[str, Any]:
     signed = await verify.accept(request, _which)
-    return {
-        "cleared": host_memory.clear(verify.metadata_engine(), host_memory.account_of(signed.api_key), signed.value)
-    }
+    account = host_memory.account_of(signed.api_key)
+    return {"cleared": await run_in_threadpool(host_memory.clear, verify.metadata_engine(), account, signed.value)}

@@ -2,8 +2,9 @@
 
 Each request is signed with the API key of the connection it names and checked by ``ui/verify.py`` before its body
 is read; each route's parser below names every field it reads and its bounds (400 otherwise). The budgets come from
-the Variable as the api-server reads it, never from the body. Each route runs one ``ledger`` transaction; a refusal
-answers 409 with the sentence the task fails with.
+the Variable as the api-server reads it, never from the body. Each route runs one ``ledger`` transaction, in a thread
+(a lock wait must not hold the api-server's event loop); a refusal answers 409 with the sentence the task fails
+with.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
 from airflow_gpumarket import fields, ledger
 from airflow_gpumarket.exceptions import GpuMarketValidationError
@@ -63,22 +65,26 @@ def _since(body: dict[str, Any]) -> float:
 async def reserve(request: Request) -> dict[str, Any]:
     asked = (await verify.accept(request, ledger.Request.from_json)).value
     try:
-        return ledger.reserve(verify.metadata_engine(), asked, now=time.time()).to_json()
+        made = await run_in_threadpool(ledger.reserve, verify.metadata_engine(), asked, now=time.time())
     except ledger.BudgetRefused as exc:
         raise HTTPException(409, str(exc)) from None
+    return made.to_json()
 
 
 @router.post("/attempts")
 async def attempts(request: Request) -> dict[str, Any]:
     signed = await verify.accept(request, _task_try)
-    return {"last": ledger.last_attempt(verify.metadata_engine(), conn_id=signed.conn_id, **signed.value)}
+    last = await run_in_threadpool(
+        ledger.last_attempt, verify.metadata_engine(), conn_id=signed.conn_id, **signed.value
+    )
+    return {"last": last}
 
 
 @router.post("/attach")
 async def attach(request: Request) -> dict[str, Any]:
     signed = await verify.accept(request, _attachment)
     try:
-        ledger.attach(verify.metadata_engine(), signed.conn_id, *signed.value)
+        await run_in_threadpool(ledger.attach, verify.metadata_engine(), signed.conn_id, *signed.value)
     except ledger.Unknown as exc:
         raise HTTPException(404, str(exc)) from None
     except ledger.Settled as exc:
@@ -89,7 +95,9 @@ async def attach(request: Request) -> dict[str, Any]:
 @router.post("/settle")
 async def settle(request: Request) -> dict[str, Any]:
     signed = await verify.accept(request, _settlement)
-    return {"cost": ledger.settle(verify.metadata_engine(), signed.conn_id, now=time.time(), **signed.value)}
+    engine = verify.metadata_engine()
+    cost = await run_in_threadpool(ledger.settle, engine, signed.conn_id, now=time.time(), **signed.value)
+    return {"cost": cost}
 
 
 @router.post("/version")
@@ -106,4 +114,7 @@ async def version(request: Request) -> dict[str, Any]:
 @router.post("/entries")
 async def entries(request: Request) -> dict[str, Any]:
     signed = await verify.accept(request, _since)
-    return {"entries": ledger.entries(verify.metadata_engine(), since=signed.value, conn_id=signed.conn_id)}
+    found = await run_in_threadpool(
+        ledger.entries, verify.metadata_engine(), since=signed.value, conn_id=signed.conn_id
+    )
+    return {"entries": found}

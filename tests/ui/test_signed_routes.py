@@ -183,3 +183,35 @@ def test_rule_unsigned_callers_write_one_warning_a_minute_with_a_count(monkeypat
         "A signed request names connection 'x'",
         "A signed request names connection 'y' (2 more such requests in the last minute)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("route", "module", "name"),
+    [
+        ("/ledger/entries", "ledger", "entries"),
+        ("/ledger/reserve", "ledger", "reserve"),
+        ("/hosts/avoided", "host_memory", "avoided"),
+        ("/history/learned", "task_history", "learned"),
+    ],
+)
+def test_rule_a_routes_database_work_runs_off_the_event_loop(server, monkeypatch, route, module, name):
+    """A lock wait in the metadata database must not hold the api-server's loop (the UI and the execution API's)."""
+    import asyncio
+    import contextlib
+    import importlib
+
+    on_loop = []
+
+    def work(*args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        raise ledger.BudgetRefused("stop here")
+
+    monkeypatch.setattr(importlib.import_module(f"airflow_gpumarket.{module}"), name, work)
+    body = {**valid_bodies(CONN)[route], "dag_id": "fanout"} if route != "/hosts/avoided" else {"conn_id": CONN}
+    with contextlib.suppress(ledger.BudgetRefused):  # the test client raises what no route turned into an answer
+        server.post(route, **signed(route, body))
+    assert on_loop == [False]
