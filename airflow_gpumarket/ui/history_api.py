@@ -22,8 +22,8 @@ IMAGE_CHARS = 1000
 
 
 def _asked(body: dict[str, Any]) -> tuple[str, str, str | None]:
-    image = fields.text(body, "image", required=False, max_chars=IMAGE_CHARS)
     dag_id, task_id = task_history.check_task(fields.text(body, "dag_id"), fields.text(body, "task_id"))
+    image = fields.text(body, "image", required=False, max_chars=IMAGE_CHARS)
     return dag_id, task_id, task_history.check_image(image)
 
 
