@@ -36,7 +36,7 @@ T = TypeVar("T")
 #: learns nothing about which connections exist.
 _UNSIGNED = (
     f"{signing.SIGNATURE} does not verify: sign with the API key of the connection named, a connection of type "
-    "gpumarket defined where the api-server reads connections"
+    "gpumarket defined where the api-server reads connections, and run the api-server's provider version"
 )
 #: What a request naming no usable connection is checked against: a key nobody holds, so that it takes the same path.
 _NOBODYS_KEY = secrets.token_hex(32)
