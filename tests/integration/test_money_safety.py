@@ -515,7 +515,9 @@ def test_live_destroy_storm_destroys_everything_without_giving_up(sim, monkeypat
         hook.create_instance(o["id"], image="img", label=f"storm-{o['id']}")["new_contract"] for o in cheapest_offers(8)
     ]
     sim.set_speed(speed)
-    conn["extra"]["rate_limit_scale"] = speed if paced else 0
+    # Paced as for a budget half the bucket's compressed one: slots 0.32 s of real time apart against the bucket's
+    # 0.1 s, so that a request delayed by a loaded machine (make test runs two legs at once) still lands after it.
+    conn["extra"]["rate_limit_scale"] = speed / 2 if paced else 0
     monkeypatch.setenv("AIRFLOW_CONN_GPUMARKET_DEFAULT", json.dumps(conn))
     monkeypatch.setattr("airflow_gpumarket.api.retry.RATE_LIMIT_BACKOFF_CAP_SECONDS", 16 / speed)
     monkeypatch.setattr("airflow_gpumarket.api.retry.RATE_LIMIT_PATIENCE_SECONDS", 900 / speed)
