@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, String, Table, and_, delete, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from airflow_gpumarket import fields
+from airflow_gpumarket import columns
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.ledger import create_racing
 
@@ -81,7 +81,7 @@ class Memory:
 
 def check_machine_id(machine_id: Any) -> int:
     """``machine_id`` as an int; GpuMarketValidationError when it is not a positive integer."""
-    if isinstance(machine_id, bool) or not isinstance(machine_id, int) or not 0 < machine_id <= fields.INT64:
+    if isinstance(machine_id, bool) or not isinstance(machine_id, int) or not 0 < machine_id <= columns.INT64:
         raise GpuMarketValidationError(
             "machine_id", f"must be a positive integer (the offer's machine_id), got {machine_id!r}"
         )
@@ -89,7 +89,7 @@ def check_machine_id(machine_id: Any) -> int:
 
 
 def check_ttl(ttl: Any) -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= fields.MAX_SECONDS:
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= columns.MAX_SECONDS:
         raise GpuMarketValidationError("ttl_seconds", f"must be a number of seconds > 0 and <= 1e9, got {ttl!r}")
     return float(ttl)
 

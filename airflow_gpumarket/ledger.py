@@ -38,7 +38,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from airflow_gpumarket import budgets, fields, signing
+from airflow_gpumarket import budgets, columns, signing
 
 metadata = MetaData()
 
@@ -154,13 +154,13 @@ class Request:
 
     def __post_init__(self) -> None:
         """A request's amounts are finite and not negative, wherever it was made: no row can hold NaN."""
-        fields.finite("worst", self.worst, high=fields.MAX_DOLLARS)
-        fields.finite("seconds", self.seconds, high=fields.MAX_SECONDS)
-        fields.finite("hourly", self.hourly, high=fields.MAX_DOLLARS)
+        columns.finite("worst", self.worst, high=columns.MAX_DOLLARS)
+        columns.finite("seconds", self.seconds, high=columns.MAX_SECONDS)
+        columns.finite("hourly", self.hourly, high=columns.MAX_DOLLARS)
         if self.started is not None:
-            fields.finite("started", self.started, high=fields.MAX_EPOCH)
+            columns.finite("started", self.started, high=columns.MAX_EPOCH)
         if self.available is not None:
-            fields.finite("available", self.available, low=-fields.MAX_DOLLARS, high=fields.MAX_DOLLARS)
+            columns.finite("available", self.available, low=-columns.MAX_DOLLARS, high=columns.MAX_DOLLARS)
 
     @classmethod
     def from_json(cls, body: Any) -> Request:
@@ -168,20 +168,20 @@ class Request:
         if not isinstance(body, dict):
             raise ValueError("the body must be a JSON object")
         return cls(  # a "limits" field (sent by earlier versions) is ignored: the Variable says
-            conn_id=fields.text(body, "conn_id"),
-            dag_id=fields.text(body, "dag_id"),
-            run_id=fields.text(body, "run_id"),
-            task_id=fields.text(body, "task_id"),
-            map_index=fields.integer(body, "map_index", low=-1, high=fields.INT32),
-            try_number=fields.integer(body, "try_number", low=0, high=fields.INT32),
-            attempt=fields.integer(body, "attempt", low=1, high=fields.INT32),
-            worst=fields.number(body, "worst"),
-            seconds=fields.number(body, "seconds", high=fields.MAX_SECONDS),
-            hourly=fields.number(body, "hourly"),
+            conn_id=columns.text(body, "conn_id"),
+            dag_id=columns.text(body, "dag_id"),
+            run_id=columns.text(body, "run_id"),
+            task_id=columns.text(body, "task_id"),
+            map_index=columns.integer(body, "map_index", low=-1, high=columns.INT32),
+            try_number=columns.integer(body, "try_number", low=0, high=columns.INT32),
+            attempt=columns.integer(body, "attempt", low=1, high=columns.INT32),
+            worst=columns.number(body, "worst"),
+            seconds=columns.number(body, "seconds", high=columns.MAX_SECONDS),
+            hourly=columns.number(body, "hourly"),
             # A credit below $0: storage bills on after the service's stop.
-            available=fields.number(body, "available", low=-fields.MAX_DOLLARS, required=False),
-            team=fields.text(body, "team", required=False),
-            started=fields.number(body, "started", high=fields.MAX_EPOCH, required=False),
+            available=columns.number(body, "available", low=-columns.MAX_DOLLARS, required=False),
+            team=columns.text(body, "team", required=False),
+            started=columns.number(body, "started", high=columns.MAX_EPOCH, required=False),
         )
 
 
@@ -386,9 +386,9 @@ def settle(
     already), or None when no reservation matched.
     """
     if ended is not None:
-        fields.finite("ended", ended, high=fields.MAX_EPOCH)
+        columns.finite("ended", ended, high=columns.MAX_EPOCH)
     if cost is not None:
-        fields.finite("cost", cost, high=fields.MAX_DOLLARS)
+        columns.finite("cost", cost, high=columns.MAX_DOLLARS)
     ensure_tables(engine)
     r = RESERVATIONS
     match = r.c.id == reservation_id if reservation_id is not None else r.c.instance_id == instance_id
@@ -406,7 +406,7 @@ def settle(
             cost = 0.0
         elif cost is None:
             seconds = ended - row.started if ended is not None and row.started is not None else now - row.created_at
-            cost = min(row.hourly * max(0.0, seconds) / 3600.0, fields.MAX_DOLLARS)
+            cost = min(row.hourly * max(0.0, seconds) / 3600.0, columns.MAX_DOLLARS)
         cost = budgets.round_up(cost)
         conn.execute(r.update().where(r.c.id == row.id, r.c.cost.is_(None)).values(cost=cost, settled_at=now))
     return cost

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Column, MetaData, Table, create_engine, inspect
 
-from airflow_gpumarket import budgets, fields, ledger, signing
+from airflow_gpumarket import budgets, columns, ledger, signing
 
 NOW = 1_790_000_000.0
 
@@ -331,4 +331,4 @@ def test_rule_a_settled_estimate_is_never_above_the_largest_amount_a_row_holds(e
     made = ledger.reserve(engine, dataclasses.replace(ask(), started=0.0, hourly=1e9), now=NOW)
     ledger.attach(engine, "gpumarket_default", made.id, 7)
     cost = ledger.settle(engine, "gpumarket_default", now=NOW, instance_id=7, ended=1e11)
-    assert cost == fields.MAX_DOLLARS
+    assert cost == columns.MAX_DOLLARS

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from airflow_gpumarket import fields, host_memory
+from airflow_gpumarket import columns, host_memory
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.ui import verify
 
@@ -20,7 +20,7 @@ router = APIRouter(prefix="/hosts")
 
 
 def _machine(body: dict[str, Any], *, required: bool = True) -> Any:
-    machine_id = fields.integer(body, "machine_id", low=1, high=fields.INT64, required=required)
+    machine_id = columns.integer(body, "machine_id", low=1, high=columns.INT64, required=required)
     return None if machine_id is None else host_memory.check_machine_id(machine_id)
 
 
@@ -32,7 +32,7 @@ def _failure(body: dict[str, Any]) -> dict[str, Any]:
         "machine_id": _machine(body),
         "reason": host_memory.check_reason(body.get("reason")),
         "ttl": host_memory.check_ttl(body.get("ttl_seconds", host_memory.DEFAULT_TTL_SECONDS)),
-        "detail": fields.clean("detail", detail[: host_memory.DETAIL_CHARS]),
+        "detail": columns.clean("detail", detail[: host_memory.DETAIL_CHARS]),
     }
 
 

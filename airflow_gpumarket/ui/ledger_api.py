@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from airflow_gpumarket import fields, ledger
+from airflow_gpumarket import columns, ledger
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.ui import verify
 
@@ -25,20 +25,20 @@ router = APIRouter(prefix="/ledger")
 def _task_try(body: dict[str, Any]) -> dict[str, Any]:
     """The task try a request names (the connection is the one that signed)."""
     return {
-        "dag_id": fields.text(body, "dag_id"),
-        "run_id": fields.text(body, "run_id"),
-        "task_id": fields.text(body, "task_id"),
-        "map_index": fields.integer(body, "map_index", low=-1, high=fields.INT32),
-        "try_number": fields.integer(body, "try_number", low=0, high=fields.INT32),
+        "dag_id": columns.text(body, "dag_id"),
+        "run_id": columns.text(body, "run_id"),
+        "task_id": columns.text(body, "task_id"),
+        "map_index": columns.integer(body, "map_index", low=-1, high=columns.INT32),
+        "try_number": columns.integer(body, "try_number", low=0, high=columns.INT32),
     }
 
 
 def _reservation(body: dict[str, Any], *, required: bool = True) -> Any:
-    return fields.integer(body, "id", low=1, high=fields.INT32, required=required)
+    return columns.integer(body, "id", low=1, high=columns.INT32, required=required)
 
 
 def _instance(body: dict[str, Any], *, required: bool = True) -> Any:
-    return fields.integer(body, "instance_id", low=0, high=fields.INT64, required=required)
+    return columns.integer(body, "instance_id", low=0, high=columns.INT64, required=required)
 
 
 def _attachment(body: dict[str, Any]) -> tuple[int, int]:
@@ -49,8 +49,8 @@ def _settlement(body: dict[str, Any]) -> dict[str, Any]:
     asked = {
         "reservation_id": _reservation(body, required=False),
         "instance_id": _instance(body, required=False),
-        "ended": fields.number(body, "ended", high=fields.MAX_EPOCH, required=False),
-        "cost": fields.number(body, "cost", required=False),
+        "ended": columns.number(body, "ended", high=columns.MAX_EPOCH, required=False),
+        "cost": columns.number(body, "cost", required=False),
     }
     if asked["reservation_id"] is None and asked["instance_id"] is None:
         raise GpuMarketValidationError("id", "must name the reservation, or instance_id its instance")
@@ -58,7 +58,7 @@ def _settlement(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _since(body: dict[str, Any]) -> float:
-    return float(fields.number(body, "since", low=-fields.MAX_EPOCH, high=fields.MAX_EPOCH))
+    return float(columns.number(body, "since", low=-columns.MAX_EPOCH, high=columns.MAX_EPOCH))
 
 
 @router.post("/reserve")

@@ -1,4 +1,4 @@
-"""The checks of the fields a signed route reads from its JSON body, before anything touches the database.
+"""The checks of the fields a signed route reads from its JSON body against the columns that store them.
 
 Each check answers the field's value, or raises GpuMarketValidationError (a ValueError) naming the field and what it
 must be: numbers finite and within the column they are stored in, strings within their column's length and free of
