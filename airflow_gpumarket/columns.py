@@ -25,8 +25,12 @@ MAX_EPOCH = 1e11
 
 
 def text(body: dict[str, Any], name: str, *, required: bool = True, max_chars: int = ID_CHARS) -> Any:
-    """A string field, non-empty when required (None when absent and not required)."""
-    value = body.get(name)
+    """The string field ``name`` of ``body``, checked as ``string`` does."""
+    return string(name, body.get(name), required=required, max_chars=max_chars)
+
+
+def string(name: str, value: Any, *, required: bool = True, max_chars: int = ID_CHARS) -> Any:
+    """``value``: a non-empty string of at most ``max_chars``, storable (None when absent and not required)."""
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value:

@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from airflow_gpumarket import offer_cost
+from airflow_gpumarket import columns, offer_cost
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.ui.records import (
     END_KEY_PREFIX,
@@ -48,19 +48,22 @@ class Learned(NamedTuple):
     image_gb_max: float | None = None  # the largest its boots imply
 
 
+#: The longest image reference asked about (registry, path, tag and digest).
+IMAGE_CHARS = 1000
+
+
 def check_task(dag_id: Any, task_id: Any) -> tuple[str, str]:
-    """``dag_id`` and ``task_id`` as given; GpuMarketValidationError naming the one that is not a non-empty string."""
-    for name, value in (("dag_id", dag_id), ("task_id", task_id)):
-        if not isinstance(value, str) or not value:
-            raise GpuMarketValidationError(name, f"must be a non-empty string, got {value!r}")
-    return dag_id, task_id
+    """``dag_id`` and ``task_id`` as given; GpuMarketValidationError naming the one that is not an id Airflow
+    stores (a non-empty string of at most 250 characters, without NUL or a lone surrogate)."""
+    return columns.string("dag_id", dag_id), columns.string("task_id", task_id)
 
 
 def check_image(image: Any) -> str | None:
-    """``image`` as given (None: not asked); GpuMarketValidationError when it is not a non-empty string."""
-    if image is not None and (not isinstance(image, str) or not image.strip()):
-        raise GpuMarketValidationError("image", f"must be a non-empty string or null, got {image!r}")
-    return image
+    """``image`` as given (None: not asked); GpuMarketValidationError when it is not a non-blank string of at most
+    ``IMAGE_CHARS``, storable."""
+    if isinstance(image, str) and not image.strip():
+        raise GpuMarketValidationError("image", "must be a non-empty string or null")
+    return columns.string("image", image, required=False, max_chars=IMAGE_CHARS)
 
 
 def job_seconds(records: Iterable[Mapping[str, Any]]) -> float | None:

@@ -12,19 +12,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from airflow_gpumarket import columns, task_history
+from airflow_gpumarket import task_history
 from airflow_gpumarket.ui import verify
 
 router = APIRouter(prefix="/history")
 
-#: The longest image reference asked about (registry, path, tag and digest).
-IMAGE_CHARS = 1000
-
 
 def _asked(body: dict[str, Any]) -> tuple[str, str, str | None]:
-    dag_id, task_id = task_history.check_task(columns.text(body, "dag_id"), columns.text(body, "task_id"))
-    image = columns.text(body, "image", required=False, max_chars=IMAGE_CHARS)
-    return dag_id, task_id, task_history.check_image(image)
+    dag_id, task_id = task_history.check_task(body.get("dag_id"), body.get("task_id"))
+    return dag_id, task_id, task_history.check_image(body.get("image"))
 
 
 @router.post("/learned")

@@ -20,8 +20,8 @@ router = APIRouter(prefix="/hosts")
 
 
 def _machine(body: dict[str, Any], *, required: bool = True) -> Any:
-    machine_id = columns.integer(body, "machine_id", low=1, high=columns.INT64, required=required)
-    return None if machine_id is None else host_memory.check_machine_id(machine_id)
+    machine_id = body.get("machine_id")
+    return None if machine_id is None and not required else host_memory.check_machine_id(machine_id)
 
 
 def _failure(body: dict[str, Any]) -> dict[str, Any]:
