@@ -344,14 +344,9 @@ class LogPump:
             "(further failures of this wait are not reported)"
         )
 
-    def summary(self) -> dict[str, object]:
-        """What the event that ends a job carries from the log.
-
-        That is the last lines read, the exit status the wrapper printed (None when no status line was read), and
-        whether the log was read to its end (``log_read``: no final read failed, and the service has a logs endpoint).
-        """
-        tail = [line[:EVENT_LINE_CHARS] for line in self.follower.recent()]
-        return {"log_tail": tail, "exit_status": self.follower.exit_status, "log_read": not self.off}
+    def tail(self) -> list[str]:
+        """The last lines read, each cut to ``EVENT_LINE_CHARS``: what a wait's outcome carries of the log."""
+        return [line[:EVENT_LINE_CHARS] for line in self.follower.recent()]
 
 
 def forward_flow(hook: Any, pump: LogPump, log: Any, *, final: bool = False, hold_final: bool = False) -> Any:
@@ -391,12 +386,6 @@ def held_for_the_task(lines: Sequence[str], instance_id: int) -> list[str]:
     if left_out:
         kept.insert(0, f"[instance {instance_id}] ... ({left_out} earlier lines of the last read not shown)")
     return kept
-
-
-def show_held(event: dict[str, Any], log: Any) -> None:
-    """Log, in the resumed task, the lines a trigger's final read held for it (``held_for_the_task``)."""
-    for line in event.pop("final_lines", None) or ():
-        log.info("%s", line)
 
 
 def _report(pump: LogPump, log: Any, exc: GpuMarketError, final: bool) -> None:

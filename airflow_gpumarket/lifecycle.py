@@ -19,10 +19,10 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from enum import Enum
 from typing import Any
 
-from airflow_gpumarket import api, budgets, job_logs
+from airflow_gpumarket import api, budgets
+from airflow_gpumarket.outcome import Marks
 
 LABEL_PREFIX = "afgm-"
 _LABEL = re.compile(r"^afgm-([0-9a-f]{12})-(\d{1,12})$")
@@ -30,39 +30,6 @@ _LABEL = re.compile(r"^afgm-([0-9a-f]{12})-(\d{1,12})$")
 #: Wait modes of the trigger and the waiting loop.
 WAIT_STATUS = "status"  # until actual_status equals a target (default running)
 WAIT_JOB = "job"  # through boot and the onstart job, until the job ends its own billing
-
-
-class EventKind(str, Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2.11 runs on 3.10
-    """What ended a wait: the ``status`` key of every event the trigger, the operator's loop and the sensor make."""
-
-    REACHED = "reached"
-    NEVER_RUNS = "never_runs"
-    GONE = "gone"
-    JOB_SUCCEEDED = "job_succeeded"
-    JOB_FAILED = "job_failed"
-    BOOT_TIMEOUT = "boot_timeout"
-    TIMEOUT = "timeout"
-    ERROR = "error"
-    LEASE_EXPIRED = "lease_expired"
-    PREEMPTED = "preempted"  # a bid instance stopped by the market (see ``preempted``), or outbid for too long
-
-
-#: ``limit`` of a TIMEOUT event that max_runtime ended (other timeouts come from an absolute deadline).
-MAX_RUNTIME = "max_runtime"
-#: ``limit`` of a TIMEOUT event that max_cost ended: the rental's estimated cost reached it.
-MAX_COST = "max_cost"
-
-
-def event_kind(event: Any) -> EventKind:
-    """The kind of an event that came back from a trigger.
-
-    Raises ValueError naming the event for anything else (a payload of another provider version, or none at all).
-    """
-    kind = event.get("status") if isinstance(event, Mapping) else None
-    try:
-        return EventKind(kind)
-    except ValueError:
-        raise ValueError(f"not an event of this provider's trigger: {event!r}") from None
 
 
 #: A kept-alive lease is renewed once less than this share of ``keepalive`` is left (every third of it).
@@ -205,20 +172,6 @@ class Rental:
     cost: float | None = None  # then: what it cost, as ``cost_kind`` says (``operators.cost``)
     cost_kind: str | None = None
 
-    def note_billing(self, status: str | None, at: float) -> bool:
-        """Take one read's status at the service's time ``at`` (see ``billing_marks``).
-
-        Returns True when it is the first read that found the rental running.
-        """
-        first = self.running_at is None
-        previous = self.read_at if self.read_at is not None else self.recorded_at
-        self.running_at, self.stopped_at = billing_marks(self.running_at, self.stopped_at, status, at, previous)
-        self.read_at = at
-        return first and self.running_at is not None
-
-    def elapsed(self, now: float) -> float:
-        return now - self.created_at
-
     @property
     def billed_from(self) -> float:
         """When its bill starts: the service's time just before its create, or its start_date, when known."""
@@ -257,13 +210,25 @@ class Rental:
         """The bid was changed (``bid_strategy="hold"``): what an hour costs from now on."""
         self.bid = bid
 
-    def learn_ssh_host(self, ssh_host: str | None) -> None:
-        """The first SSH address an instance read reports is kept."""
-        self.ssh_host = self.ssh_host or ssh_host
+    def observe(self, marks: Marks) -> bool:
+        """Take what a wait learnt (``outcome.Marks``): the one place a wait's facts enter a rental.
 
-    def continue_attempts(self, attempts: Attempts) -> None:
-        """This rental carries on the task instance's attempts (its offer is the last one tried)."""
-        self.attempts = attempts
+        Returns True when this is the first time the rental is known running.
+        """
+        first = self.running_at is None and marks.running_at is not None
+        self.running_at, self.stopped_at = marks.running_at or self.running_at, marks.stopped_at
+        self.read_at = marks.read_at or self.read_at
+        if marks.label:
+            self.label = marks.label
+        if marks.bid is not None and self.bid is not None:
+            self.bid = marks.bid  # the wait held the bid (``bid_strategy="hold"``)
+        self.ssh_host = self.ssh_host or marks.ssh_host
+        return first
+
+    def marks(self) -> Marks:
+        """What a wait starts from: the billing marks so far, the bid, the label."""
+        read_at = self.read_at if self.read_at is not None else self.recorded_at
+        return Marks(self.running_at, self.stopped_at, read_at, self.bid, self.label, self.ssh_host)
 
     def give_up(self, reason: str) -> None:
         """This rental failed over: why, for the message if no offer works."""
@@ -314,112 +279,6 @@ def rentals_of(instances: Iterable[Mapping[str, Any]], key: str) -> list[Mapping
     """Instances rented by the task instance with this key (any try), oldest first."""
     found = [i for i in instances if (parsed := parse_label(i.get("label"))) and parsed[0] == key]
     return sorted(found, key=lambda i: i.get("id") or 0)
-
-
-def preempted(event: Mapping[str, Any]) -> bool:
-    """Whether a job's end is a preemption: its bid instance was stopped by the market, not by the job.
-
-    The job wrapper prints its exit status line before it stops its own instance, so a stopped instance whose log
-    was read to its end (``log_read``) without that line was stopped by someone else: on a bid instance, the market
-    (an outbid). The service's ``status_msg`` is logged, never parsed. A log that could not be read proves nothing,
-    and the job's end stays a failure. Only asked of bid instances: an on-demand instance stopped by hand is a
-    failure. A wait for the bid that ran out (``waited``) is a preemption too."""
-    kind = event.get("status")
-    if kind == EventKind.PREEMPTED.value:
-        return True
-    return (
-        kind == EventKind.JOB_FAILED.value
-        and event.get("actual_status") == api.STATUS_STOPPED
-        and "exit_status" in event
-        and event.get("exit_status") is None
-        and event.get("log_read") is True
-    )
-
-
-def destroyed_itself(event: Mapping[str, Any]) -> bool:
-    """True for a job that succeeded by destroying its own instance rather than stopping it.
-
-    The wrapper destroys it on success; nothing is left to destroy.
-    """
-    return event.get("status") == EventKind.JOB_SUCCEEDED.value and event.get("actual_status") is None
-
-
-def describe_event(event: Mapping[str, Any], instance_id: int) -> str:
-    """A sentence for the task log and for exception messages.
-
-    For a job that did not succeed, it has the exit status and last output lines when the event carries them; a success
-    quotes none, as the task log showed them.
-    """
-    try:
-        kind = event_kind(event)
-    except ValueError:
-        return f"instance {instance_id}: unexpected event {event!r}"
-    sentence = _sentence(kind, event, instance_id)
-    return sentence if kind is EventKind.JOB_SUCCEEDED else with_job_detail(sentence, event)
-
-
-def with_job_detail(sentence: str, event: Mapping[str, Any]) -> str:
-    """``sentence`` followed by the job's exit status and last output lines, when the event carries them."""
-    tail, status = event.get("log_tail"), event.get("exit_status")
-    lines = [str(line) for line in tail] if isinstance(tail, list) else []
-    detail = job_logs.failure_detail(lines, status if isinstance(status, int) else None)
-    return f"{sentence}; {detail}" if detail else sentence
-
-
-def _sentence(kind: EventKind, event: Mapping[str, Any], instance_id: int) -> str:
-    status = event.get("actual_status")
-    return {
-        EventKind.REACHED: f"instance {instance_id} reached status {status!r}",
-        EventKind.NEVER_RUNS: (
-            f"the job on instance {instance_id} never started: the instance ran {event['never_started'] / 60:.0f} min "
-            "and its log holds no line of the provider's job wrapper, so its onstart script did not run; it must be "
-            "destroyed and another offer tried"
-            if api.is_positive_number(event.get("never_started"))
-            else f"instance {instance_id} ended in status {status!r}, which never becomes running "
-            "(the host failed); it must be destroyed and another offer tried"
-        ),
-        EventKind.GONE: f"instance {instance_id} no longer exists (destroyed)",
-        EventKind.JOB_SUCCEEDED: (
-            f"the job on instance {instance_id} exited 0 and the instance destroyed itself"
-            if status is None
-            else f"the job on instance {instance_id} exited 0 and stopped its instance (compute billing ended)"
-        ),
-        EventKind.JOB_FAILED: _job_failed_sentence(event, instance_id),
-        EventKind.BOOT_TIMEOUT: f"instance {instance_id} did not reach running before boot_timeout "
-        f"(last status {status!r})",
-        EventKind.TIMEOUT: (
-            f"the job on instance {instance_id} ran longer than max_runtime (last status {status!r})"
-            if event.get("limit") == MAX_RUNTIME
-            else f"the job on instance {instance_id} reached max_cost: {event.get('cost_text') or 'its cost limit'}; "
-            f"its log is read and its instance destroyed (last status {status!r})"
-            if event.get("limit") == MAX_COST
-            else f"instance {instance_id} hit its time limit (last status {status!r})"
-        ),
-        EventKind.ERROR: f"waiting for instance {instance_id} failed: {event.get('message')}",
-        EventKind.PREEMPTED: (
-            f"bid instance {instance_id} was still outbid (status {status!r}) when max_outbid_wait ran out"
-            if event.get("waited")
-            else f"bid instance {instance_id} was preempted: the market stopped it (status {status!r}) before the "
-            "job ended (its log has no exit status line)"
-        ),
-        EventKind.LEASE_EXPIRED: f"instance {instance_id} is gone, but its lease had expired before (nothing "
-        "renewed it), so the reaper may have destroyed it: the job's outcome is unknown",
-    }[kind]
-
-
-def _job_failed_sentence(event: Mapping[str, Any], instance_id: int) -> str:
-    status = event.get("actual_status")
-    if "exit_status" in event and event.get("exit_status") is None:
-        return (
-            f"the job on instance {instance_id} ended (the instance is in status {status!r}), but no exit status "
-            "could be read from its log, so it is not reported as a success (the final log read failed, the host "
-            "failed or someone stopped the instance before the command ended, or the service has no logs "
-            "endpoint: set log_interval=0 there)"
-        )
-    return (
-        f"the job on instance {instance_id} failed: the instance is in status {status!r} "
-        "(the job wrapper stops the instance when the command exits non-zero, or the host failed mid-job)"
-    )
 
 
 def format_duration(seconds: float) -> str:

@@ -93,18 +93,18 @@ def rental_ended(outcome: str, *, failover: bool = False) -> None:
         _send("incr", f"rental.failover.{outcome}", tags={"reason": outcome})
 
 
-def outcome(event: Mapping[str, Any]) -> str:
-    """How a watched job's rental ended, from the event its wait ended with."""
-    from airflow_gpumarket import lifecycle
+def outcome(ended: Any) -> str:
+    """How a watched job's rental ended, from the ``outcome.WaitOutcome`` its wait ended with."""
+    from airflow_gpumarket.outcome import MAX_COST as COST_LIMIT
+    from airflow_gpumarket.outcome import EventKind
 
-    kind = lifecycle.event_kind(event)
-    if kind is lifecycle.EventKind.JOB_SUCCEEDED:
+    if ended.kind is EventKind.JOB_SUCCEEDED:
         return SUCCEEDED
-    if event.get("limit") == lifecycle.MAX_COST:
+    if ended.limit == COST_LIMIT:
         return MAX_COST
-    if kind is lifecycle.EventKind.TIMEOUT:
+    if ended.kind is EventKind.TIMEOUT:
         return TIMED_OUT
-    return JOB_FAILED if kind is lifecycle.EventKind.JOB_FAILED else LOST
+    return JOB_FAILED if ended.kind is EventKind.JOB_FAILED else LOST
 
 
 def booted(rental: Any) -> None:

@@ -3,21 +3,22 @@
 ``Watch`` is the wait as a pure state machine (what a read means, its deadlines, the lease's renewals) that
 serialises itself for the trigger (``to_dict``/``from_dict``). Each read of the instance (an ``Observation``) goes
 to ``Wait.step``, a flow either hook runs (``hook.run_flow``): it renews the lease, holds the bid, judges the read
-(``Watch.observe``), reads the job's log when due, and returns the event that ends the wait, or None. The callers
-differ only in how they read and sleep: the operator reads and sleeps in the worker, the trigger gets its reads from
-the shared poller, the sensor reads once a poke.
+(``Watch.observe``), reads the job's log when due, and returns the ``outcome.WaitOutcome`` that ends the wait, or
+None. The callers differ only in how they read and sleep: the operator reads and sleeps in the worker, the trigger
+gets its reads from the shared poller, the sensor reads once a poke.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from airflow_gpumarket import api, bidding, job_logs, lifecycle
 from airflow_gpumarket.exceptions import GpuMarketError
-from airflow_gpumarket.lifecycle import MAX_COST, MAX_RUNTIME, WAIT_JOB, WAIT_STATUS, EventKind, lease_of, renewed_label
+from airflow_gpumarket.lifecycle import WAIT_JOB, WAIT_STATUS, lease_of, renewed_label
+from airflow_gpumarket.outcome import MAX_COST, MAX_RUNTIME, EventKind, Marks, WaitOutcome
 
 
 class Observation:
@@ -107,8 +108,8 @@ def evaluate(
     outbid_wait_until: float | None = None,
     cost_deadline: float | None = None,
     service_at: float | None = None,
-) -> dict[str, Any] | None:
-    """What one observation means: an event dict when waiting is over, None to keep waiting.
+) -> WaitOutcome | None:
+    """What one observation means: the outcome when waiting is over, None to keep waiting.
 
     ``status``: the instance's actual_status (ignored when ``gone``, i.e. the instance answered 404).
     In job mode, the job wrapper destroys the instance after exit 0 (gone = success) and stops it otherwise; gone
@@ -122,34 +123,34 @@ def evaluate(
     """
     if wait_for == WAIT_JOB:
         if gone and lease_until is not None and now > lease_until:
-            return {"status": EventKind.LEASE_EXPIRED.value}
+            return WaitOutcome(EventKind.LEASE_EXPIRED)
         if gone:
-            return {"status": EventKind.JOB_SUCCEEDED.value}
+            return WaitOutcome(EventKind.JOB_SUCCEEDED)
         if status == api.STATUS_RUNNING:
             pass
         elif outbid_wait_until is not None:
             # Booting: the bid won, boot_deadline rules.
             if status in api.FAILED_STATUSES or (now >= outbid_wait_until and not api.is_booting(status)):
-                return {"status": EventKind.PREEMPTED.value, "actual_status": status, "waited": True}
+                return WaitOutcome(EventKind.PREEMPTED, actual_status=status, waited=True)
         elif status in api.FAILED_STATUSES and not seen_running:
-            return {"status": EventKind.NEVER_RUNS.value, "actual_status": status}
+            return WaitOutcome(EventKind.NEVER_RUNS, actual_status=status)
         elif not api.is_booting(status):
-            return {"status": EventKind.JOB_FAILED.value, "actual_status": status}
+            return WaitOutcome(EventKind.JOB_FAILED, actual_status=status)
     else:
         if gone:
-            return {"status": EventKind.GONE.value}
+            return WaitOutcome(EventKind.GONE)
         if status == target_status:
-            return {"status": EventKind.REACHED.value, "actual_status": status}
+            return WaitOutcome(EventKind.REACHED, actual_status=status)
         if status in api.FAILED_STATUSES or (target_status == api.STATUS_RUNNING and api.will_never_run(status)):
-            return {"status": EventKind.NEVER_RUNS.value, "actual_status": status}
+            return WaitOutcome(EventKind.NEVER_RUNS, actual_status=status)
     if boot_deadline is not None and not seen_running and api.is_booting(status) and now >= boot_deadline:
-        return {"status": EventKind.BOOT_TIMEOUT.value, "actual_status": status}
+        return WaitOutcome(EventKind.BOOT_TIMEOUT, actual_status=status)
     if deadline is not None and now >= deadline:
-        return {"status": EventKind.TIMEOUT.value, "actual_status": status}
+        return WaitOutcome(EventKind.TIMEOUT, actual_status=status)
     if max_runtime is not None and running_since is not None and now >= running_since + max_runtime:
-        return {"status": EventKind.TIMEOUT.value, "actual_status": status, "limit": MAX_RUNTIME}
+        return WaitOutcome(EventKind.TIMEOUT, actual_status=status, limit=MAX_RUNTIME)
     if cost_deadline is not None and (now if service_at is None else service_at) >= cost_deadline:
-        return {"status": EventKind.TIMEOUT.value, "actual_status": status, "limit": MAX_COST}
+        return WaitOutcome(EventKind.TIMEOUT, actual_status=status, limit=MAX_COST)
     return None
 
 
@@ -159,7 +160,7 @@ class Watch:
 
     The operator's loop (in the worker), the trigger (in the triggerer) and the sensor (one poke per read) differ
     only in how they read and sleep; what a read means, when the job started, and when the lease in the label is
-    due for renewal are decided here, the same way for all three. ``observe`` returns the event that ends the wait,
+    due for renewal are decided here, the same way for all three. ``observe`` returns the outcome that ends the wait,
     or None to keep waiting.
     """
 
@@ -204,7 +205,7 @@ class Watch:
         gone: bool = False,
         unread: bool = False,
         service_at: float | None = None,
-    ) -> dict | None:
+    ) -> WaitOutcome | None:
         """Take one read: ``status``, or ``gone`` (the instance answered 404), or ``unread``.
 
         ``unread``: the read failed after the hook's retries; nothing new was learnt, so the last status read is judged
@@ -263,21 +264,17 @@ _READ_STATE = ("status", "shown", "changed")
 ENDS_WITH_LOG = (EventKind.JOB_FAILED, EventKind.TIMEOUT, EventKind.PREEMPTED)
 
 
-def ends_with_log(event: Mapping[str, Any]) -> bool:
-    return event.get("status") in {kind.value for kind in ENDS_WITH_LOG}
-
-
-def needs_final_read(event: Mapping[str, Any], pump: job_logs.LogPump) -> bool:
-    """Whether the wait that ``event`` ends reads the job's log once more first.
+def needs_final_read(outcome: WaitOutcome, pump: job_logs.LogPump) -> bool:
+    """Whether the wait that ``outcome`` ends reads the job's log once more first.
 
     It does when the job ended (its last lines and its exit status are in the log) and reads are on. The operator, the
     sensor and the trigger ask this alike.
     """
-    return ends_with_log(event) and pump.interval > 0 and not pump.off
+    return outcome.kind in ENDS_WITH_LOG and pump.interval > 0 and not pump.off
 
 
-def ended_while_waiting(watch: Watch, pump: job_logs.LogPump) -> dict[str, Any] | None:
-    """The event ending a preempted bid instance's wait once its log shows the job ended, else None.
+def ended_while_waiting(watch: Watch, pump: job_logs.LogPump) -> WaitOutcome | None:
+    """The outcome ending a preempted bid instance's wait once its log shows the job ended, else None.
 
     While such an instance is left to win its machine back, a read of its log that found the job wrapper's exit status
     line means the resumed run ended (and stopped its instance) between two reads of its status. The wait ends there,
@@ -285,7 +282,7 @@ def ended_while_waiting(watch: Watch, pump: job_logs.LogPump) -> dict[str, Any] 
     """
     if watch.outbid_wait_until is None or pump.follower.exit_status is None:
         return None
-    return {"status": EventKind.JOB_FAILED.value, "actual_status": watch.status}
+    return WaitOutcome(EventKind.JOB_FAILED, actual_status=watch.status)
 
 
 #: Seconds (on the service's clock) a running instance's log may hold no line of the job wrapper before its onstart
@@ -295,8 +292,8 @@ WRAPPER_START_SECONDS = 300.0
 
 def never_started(
     watch: Watch, pump: job_logs.LogPump, running_at: float | None, at: float | None
-) -> dict[str, Any] | None:
-    """The event failing over an instance whose job wrapper never started, else None.
+) -> WaitOutcome | None:
+    """The outcome failing over an instance whose job wrapper never started, else None.
 
     That is a running instance whose whole log, read ``WRAPPER_START_SECONDS`` after it began running, holds lines and
     none of the wrapper's: its onstart script did not run (a host that does not run it, or a simulator that does not
@@ -306,45 +303,12 @@ def never_started(
         return None
     if at - running_at < WRAPPER_START_SECONDS:
         return None
-    return {
-        "status": EventKind.NEVER_RUNS.value,
-        "actual_status": watch.status,
-        "never_started": round(at - running_at),
-        "log_tail": pump.summary()["log_tail"],
-    }
-
-
-def end_of_wait(event: dict[str, Any], pump: job_logs.LogPump) -> dict[str, Any]:
-    """``event`` as every wait ends it.
-
-    A job's end is judged by what the log reads found (``with_job_end``), and the instance is named.
-    """
-    if ends_with_log(event) and pump.interval > 0:
-        with_job_end(event, pump.summary())
-    event["instance_id"] = pump.instance_id
-    return event
-
-
-def with_job_end(event: dict[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
-    """``event`` with what the final read of the job's log found (``job_logs.LogPump.summary``), judged.
-
-    The job wrapper stops its instance whatever the command's exit status when it stops on success (see
-    ``airflow_gpumarket.job_script``), and prints the status first: an instance no longer running whose log
-    ends with exit status 0 is a job that succeeded (whatever the service shows after a stop: the spec does not
-    say, and the live service is reported to show "stopped" or "exited"). Anything else (another status, a host
-    failure or a stop by hand before the command ended, no status line read) stays a failure: an outcome the
-    log does not prove is never reported as a success. A time limit whose wait ends with the log's exit status 0
-    came after the job had ended well: a success too.
-    """
-    event.update(summary)
-    if event.get("status") == EventKind.PREEMPTED.value and event.get("exit_status") is not None:
-        # A preempted run never prints the line: this one is the resumed run's, which ended unseen.
-        event["status"] = EventKind.JOB_FAILED.value
-        event.pop("waited", None)
-    if event.get("status") in (EventKind.JOB_FAILED.value, EventKind.TIMEOUT.value) and event.get("exit_status") == 0:
-        event["status"] = EventKind.JOB_SUCCEEDED.value  # a time limit read after the job had ended well
-        event.pop("limit", None)
-    return event
+    return WaitOutcome(
+        EventKind.NEVER_RUNS,
+        actual_status=watch.status,
+        never_started=round(at - running_at),
+        log_tail=tuple(pump.tail()),
+    )
 
 
 class Wait:
@@ -353,9 +317,8 @@ class Wait:
     :param watch: what the wait waits for, and its deadlines.
     :param pump: the job's log reader (interval 0: no reads).
     :param log: where status changes and the job's lines go.
-    :param bid: the bid as last placed, when known.
-    :param hold_final: return the final read's lines in the event (``final_lines``) instead of logging them.
-    :param read_at: the service's time of the last read before this wait, if any (for the billing marks).
+    :param marks: what earlier waits learnt of the rental (billing marks, bid, label), when it is known.
+    :param hold_final: return the final read's lines in the outcome (``final_lines``) instead of logging them.
     """
 
     def __init__(
@@ -364,25 +327,31 @@ class Wait:
         pump: job_logs.LogPump,
         log: Any,
         *,
-        bid: float | None = None,
+        marks: Marks | None = None,
         hold_final: bool = False,
-        read_at: float | None = None,
     ) -> None:
+        marks = marks or Marks()
         self.watch = watch
         self.pump = pump
         self.log = log
-        self.bid = bid
+        self.bid = marks.bid
         self.hold_final = hold_final
-        self.read_at = read_at
-        self.running_at: float | None = None
-        self.stopped_at: float | None = None
+        self.read_at = marks.read_at
+        self.running_at = marks.running_at
+        self.stopped_at = marks.stopped_at
+        self.ssh_host = marks.ssh_host
 
     @property
     def instance_id(self) -> int:
         return self.pump.instance_id
 
+    def marks(self) -> Marks:
+        """What this wait learnt of the rental so far (the bid only when it holds one)."""
+        bid = self.bid if self.watch.hold_bid_up_to is not None else None
+        return Marks(self.running_at, self.stopped_at, self.read_at, bid, self.watch.label, self.ssh_host)
+
     def step(self, hook: Any, seen: Observation, now: float) -> Any:
-        """Take one read: the event that ends the wait, or None.
+        """Take one read: the ``WaitOutcome`` that ends the wait, or None.
 
         A read that failed (after the hook's retries) is judged as the last status read; the caller ends the wait on a
         failure that retries cannot mend.
@@ -395,7 +364,7 @@ class Wait:
             self.pump.began(seen.status == api.STATUS_RUNNING, now)
             yield from hook.renew_lease_flow(self.instance_id, self.watch, now, self.log)
             yield from self._hold_bid(hook, seen)
-        event = self.watch.observe(
+        outcome = self.watch.observe(
             now,
             status=seen.status,
             gone=seen.gone,
@@ -407,20 +376,23 @@ class Wait:
                 self.running_at, self.stopped_at, self.watch.status, seen.at, self.read_at
             )
             self.read_at = seen.at
+            self.ssh_host = self.ssh_host or seen.ssh_host
         if self.watch.changed:
             self.log.info("Instance %s: status %s", self.instance_id, self.watch.shown)
-        if event is None and self.watch.reads_log() and self.pump.due(now):
+        if outcome is None and self.watch.reads_log() and self.pump.due(now):
             yield from job_logs.forward_flow(hook, self.pump, self.log)
-            event = ended_while_waiting(self.watch, self.pump) or never_started(
+            outcome = ended_while_waiting(self.watch, self.pump) or never_started(
                 self.watch, self.pump, self.running_at, seen.at if seen.error is None else None
             )
-        if event is None:
+        if outcome is None:
             return None
-        if needs_final_read(event, self.pump):
+        final: tuple[str, ...] = ()
+        if needs_final_read(outcome, self.pump):
             lines = yield from job_logs.forward_flow(hook, self.pump, self.log, final=True, hold_final=self.hold_final)
-            if lines:
-                event["final_lines"] = job_logs.held_for_the_task(lines, self.instance_id)
-        return end_of_wait(event, self.pump)
+            final = tuple(job_logs.held_for_the_task(lines, self.instance_id)) if lines else ()
+        if outcome.kind in ENDS_WITH_LOG and self.pump.interval > 0:
+            outcome = outcome.with_job_end(self.pump.tail(), self.pump.follower.exit_status, not self.pump.off)
+        return replace(outcome, instance_id=self.instance_id, final_lines=final, marks=self.marks())
 
     def _hold_bid(self, hook: Any, seen: Observation) -> Any:
         cap = self.watch.hold_bid_up_to

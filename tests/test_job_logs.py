@@ -133,16 +133,13 @@ def test_read_prefixes_lines_with_the_instance_and_reports_skips():
     ]
 
 
-def test_summary_carries_the_last_lines_the_exit_status_and_whether_the_log_was_read_to_its_end():
+def test_a_pump_tells_the_last_lines_the_exit_status_and_whether_the_log_was_read_to_its_end():
     pump = pump_with()
     pump.read(0.0, "boom\ngpumarket: job exited with status 3\n", final=True)
-    assert pump.summary() == {
-        "log_tail": ["boom", "gpumarket: job exited with status 3"],
-        "exit_status": 3,
-        "log_read": True,
-    }
+    assert pump.tail() == ["boom", "gpumarket: job exited with status 3"]
+    assert pump.follower.exit_status == 3 and not pump.off
     pump.failed(1.0, GpuMarketServerError("503"), final=True)
-    assert pump.summary()["log_read"] is False  # a preemption is never concluded from a log not read
+    assert pump.off  # a preemption is never concluded from a log not read
 
 
 class LogsHook(FlowsOverMethods):
@@ -237,4 +234,4 @@ def test_rule_an_exit_status_among_the_lines_an_earlier_wait_showed_is_the_jobs(
     ]
     pump = LogPump(7, 30.0, shown=shown)
     assert pump.read(0.0, "\n".join(shown) + "\n", final=True) == []  # nothing shown twice
-    assert pump.summary()["exit_status"] == 75 and pump.summary()["log_tail"] == shown
+    assert pump.follower.exit_status == 75 and pump.tail() == shown

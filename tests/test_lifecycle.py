@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_gpumarket import lifecycle
 from airflow_gpumarket import lifecycle as lc
+from airflow_gpumarket.outcome import Marks
 
 KEY = "0123456789ab"
-STOPPED_NO_EXIT_LINE = {"status": "job_failed", "actual_status": "stopped", "exit_status": None, "log_read": True}
 
 
 def test_rental_key_is_the_same_for_every_try_and_differs_per_task_instance():
@@ -61,18 +60,6 @@ def test_an_instance_started_at_its_start_date_when_plausible(start_date, expect
     assert lc.started_at({"start_date": start_date}, fallback=1900.0, now=2000.0) == expected
 
 
-def test_every_event_has_a_sentence_naming_the_instance():
-    for kind in lc.EventKind:
-        assert "instance 42" in lc.describe_event({"status": kind.value, "actual_status": "x"}, 42)
-
-
-@pytest.mark.parametrize("event", [None, {}, {"status": "finished"}, {"status": None}, "reached"])
-def test_an_event_of_unknown_kind_is_refused_by_name(event):
-    with pytest.raises(ValueError, match="not an event of this provider's trigger"):
-        lc.event_kind(event)
-    assert "unexpected event" in lc.describe_event(event if isinstance(event, dict) else {}, 42)
-
-
 def test_rental_round_trips_through_the_event_and_refuses_anything_else():
     attempts = lc.Attempts(tried=[5, 2], reasons=["r"], preemptions=1, lost_machines=[9], round_start=1)
     rental = lc.Rental(1, 2, 0.5, "RTX 4090", "afgm-x", 1000.0, lease_cap=2000.0, bid=0.21, attempts=attempts)
@@ -97,30 +84,13 @@ def test_a_rental_changes_only_through_what_it_learns_while_held():
     rental = lc.Rental(
         instance_id=1, offer_id=2, dph_total=0.5, gpu_name="g", label="old", created_at=0.0, ssh_host=None
     )
-    rental.relabel(None)  # an event without a label keeps the one the task knows
+    assert rental.observe(Marks(label=None)) is False  # a wait without a label keeps the one the task knows
     assert rental.label == "old"
-    rental.relabel("renewed")
-    rental.learn_ssh_host("ssh1.example")
-    rental.learn_ssh_host("ssh2.example")  # the first address stays
-    rental.continue_attempts(lc.Attempts(tried=[7, 2], reasons=["offer 7 was taken"]))
+    assert rental.observe(Marks(running_at=5.0, read_at=6.0, label="renewed", ssh_host="ssh1.example")) is True
+    assert rental.observe(Marks(running_at=5.0, read_at=9.0, ssh_host="ssh2.example", bid=0.3)) is False
     rental.give_up("instance 1 never ran")
-    assert (rental.label, rental.ssh_host, rental.attempts.tried) == ("renewed", "ssh1.example", [7, 2])
-    assert rental.attempts.reasons == ["offer 7 was taken", "instance 1 never ran"]
+    assert (rental.label, rental.ssh_host, rental.running_at, rental.read_at) == ("renewed", "ssh1.example", 5.0, 9.0)
+    assert rental.bid is None  # a held bid changes a bid rental's price only: this one is on demand
+    assert rental.attempts.reasons == ["instance 1 never ran"]
     assert lc.Rental.from_resume(rental.to_resume()) == rental
-
-
-# --- Preemptions and the wait for the bid ----------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("event", "is_preemption"),
-    [
-        (STOPPED_NO_EXIT_LINE, True),
-        ({**STOPPED_NO_EXIT_LINE, "exit_status": 3}, False),  # the job's own stop: it printed its status first
-        ({**STOPPED_NO_EXIT_LINE, "log_read": False}, False),  # a log not read proves nothing: a failure
-        ({**STOPPED_NO_EXIT_LINE, "actual_status": "exited"}, False),  # the host failed
-        ({"status": "job_failed", "actual_status": "stopped"}, False),  # no final read at all
-        ({"status": "preempted", "actual_status": "stopped", "waited": True}, True),
-        ({"status": "job_succeeded", "exit_status": 0, "log_read": True}, False),
-    ],
-)
-def test_rule_a_preemption_is_a_stop_the_job_did_not_announce_in_a_log_read_to_its_end(event, is_preemption):
-    assert lifecycle.preempted(event) is is_preemption
+    assert rental.marks() == Marks(5.0, None, 9.0, None, "renewed", "ssh1.example")

@@ -78,7 +78,9 @@ def test_boot_time_is_from_creation_to_first_seen_running(stats):
     ],
 )
 def test_a_watched_jobs_outcome_comes_from_the_event_its_wait_ended_with(event, outcome):
-    assert metrics.outcome(event) == outcome
+    from airflow_gpumarket.outcome import from_event
+
+    assert metrics.outcome(from_event(event)[0]) == outcome
 
 
 def test_a_task_sends_its_dag_and_task_as_tags(stats, monkeypatch):

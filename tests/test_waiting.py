@@ -8,7 +8,7 @@ import logging
 import pytest
 from fake_flows import FlowsOverMethods
 
-from airflow_gpumarket import job_logs, lifecycle, waiting
+from airflow_gpumarket import job_logs, lifecycle, outcome, waiting
 from airflow_gpumarket.exceptions import GpuMarketServerError
 from airflow_gpumarket.waiting import Observation, Wait, hold_bid_flow
 
@@ -42,8 +42,18 @@ class Service(FlowsOverMethods):
         yield
 
 
+def as_event(ended: outcome.WaitOutcome | None) -> dict | None:
+    """An outcome as its trigger's payload (``outcome.to_event``) without an unnamed instance: what rules compare."""
+    if ended is None:
+        return None
+    event = outcome.to_event(ended)
+    if event["instance_id"] is None:
+        del event["instance_id"]
+    return event
+
+
 def step(wait: Wait, hook: Service, now: float, **seen) -> dict | None:
-    return hook.run_flow(wait.step(hook, Observation(at=now, **seen), now))
+    return as_event(hook.run_flow(wait.step(hook, Observation(at=now, **seen), now)))
 
 
 def test_a_wait_for_a_status_ends_when_the_status_is_read_and_marks_billing_halfway_between_two_reads():
@@ -51,7 +61,7 @@ def test_a_wait_for_a_status_ends_when_the_status_is_read_and_marks_billing_half
     wait = Wait(waiting.Watch(boot_deadline=1000.0), job_logs.LogPump(7, 0), LOG)
     assert step(wait, hook, 100.0, status="loading") is None
     event = step(wait, hook, 110.0, status="running")
-    assert event["status"] == lifecycle.EventKind.REACHED.value and event["actual_status"] == "running"
+    assert event["status"] == outcome.EventKind.REACHED.value and event["actual_status"] == "running"
     assert wait.running_at == 105.0 and hook.log_reads == 0  # started between the reads; no job: no log read
 
 
@@ -61,7 +71,7 @@ def test_a_jobs_end_is_judged_by_the_last_read_of_its_log():
     assert step(wait, hook, 100.0, status="running") is None
     assert hook.log_reads == 0  # the first periodic read is due an interval after the job started
     event = step(wait, hook, 110.0, status="stopped")  # stopped: a failure, unless its log says exit 0
-    assert event["status"] == lifecycle.EventKind.JOB_SUCCEEDED.value and event["exit_status"] == 0
+    assert event["status"] == outcome.EventKind.JOB_SUCCEEDED.value and event["exit_status"] == 0
     assert hook.log_reads == 1
 
 
@@ -69,7 +79,7 @@ def test_a_job_stopped_without_an_exit_status_in_its_log_failed():
     hook = Service("gpumarket: job started\nepoch 1\n")
     wait = Wait(waiting.Watch(wait_for=lifecycle.WAIT_JOB), job_logs.LogPump(7, 3600), LOG)
     step(wait, hook, 100.0, status="running")
-    assert step(wait, hook, 110.0, status="stopped")["status"] == lifecycle.EventKind.JOB_FAILED.value
+    assert step(wait, hook, 110.0, status="stopped")["status"] == outcome.EventKind.JOB_FAILED.value
 
 
 def test_a_failed_read_keeps_the_wait_going_on_the_last_status_read(caplog):
@@ -120,7 +130,9 @@ KEY = "0123456789ab"
 
 
 def _status(status, **kw):
-    return waiting.evaluate(wait_for=lifecycle.WAIT_STATUS, status=status, gone=False, now=0, seen_running=False, **kw)
+    return as_event(
+        waiting.evaluate(wait_for=lifecycle.WAIT_STATUS, status=status, gone=False, now=0, seen_running=False, **kw)
+    )
 
 
 @pytest.mark.parametrize("status", [None, "loading"])
@@ -129,46 +141,46 @@ def test_provisioning_and_loading_keep_waiting(status):
 
 
 def test_running_is_reached():
-    assert _status("running") == {"status": lifecycle.EventKind.REACHED, "actual_status": "running"}
+    assert _status("running") == {"status": outcome.EventKind.REACHED, "actual_status": "running"}
 
 
 @pytest.mark.parametrize("status", ["exited", "unknown", "offline"])
 def test_rule_exited_unknown_offline_never_become_running(status):
-    assert _status(status) == {"status": lifecycle.EventKind.NEVER_RUNS, "actual_status": status}
+    assert _status(status) == {"status": outcome.EventKind.NEVER_RUNS, "actual_status": status}
 
 
 def test_a_status_the_spec_does_not_name_is_treated_as_not_going_to_run():
-    assert _status("stopped")["status"] == lifecycle.EventKind.NEVER_RUNS
+    assert _status("stopped")["status"] == outcome.EventKind.NEVER_RUNS
 
 
 def test_other_target_status_is_waited_for():
     assert _status("running", target_status="stopped") is None
-    assert _status("stopped", target_status="stopped")["status"] == lifecycle.EventKind.REACHED
+    assert _status("stopped", target_status="stopped")["status"] == outcome.EventKind.REACHED
 
 
 def test_gone_while_waiting_for_a_status_is_reported():
     event = waiting.evaluate(wait_for=lifecycle.WAIT_STATUS, status=None, gone=True, now=0, seen_running=False)
-    assert event == {"status": lifecycle.EventKind.GONE}
+    assert as_event(event) == {"status": outcome.EventKind.GONE}
 
 
 def test_boot_deadline_applies_only_while_booting():
-    assert _status("loading", boot_deadline=0)["status"] == lifecycle.EventKind.BOOT_TIMEOUT
+    assert _status("loading", boot_deadline=0)["status"] == outcome.EventKind.BOOT_TIMEOUT
     assert _status("loading", boot_deadline=1) is None
-    assert _status("running", boot_deadline=0)["status"] == lifecycle.EventKind.REACHED
+    assert _status("running", boot_deadline=0)["status"] == outcome.EventKind.REACHED
 
 
 def _job(status, *, gone=False, seen_running=False, **kw):
-    return waiting.evaluate(
-        wait_for=lifecycle.WAIT_JOB, status=status, gone=gone, now=0, seen_running=seen_running, **kw
+    return as_event(
+        waiting.evaluate(wait_for=lifecycle.WAIT_JOB, status=status, gone=gone, now=0, seen_running=seen_running, **kw)
     )
 
 
 def test_job_gone_means_the_command_exited_zero():
-    assert _job(None, gone=True) == {"status": lifecycle.EventKind.JOB_SUCCEEDED}
+    assert _job(None, gone=True) == {"status": outcome.EventKind.JOB_SUCCEEDED}
 
 
 def test_job_stopped_means_the_command_failed():
-    assert _job("stopped", seen_running=True) == {"status": lifecycle.EventKind.JOB_FAILED, "actual_status": "stopped"}
+    assert _job("stopped", seen_running=True) == {"status": outcome.EventKind.JOB_FAILED, "actual_status": "stopped"}
 
 
 def test_job_running_and_booting_keep_waiting():
@@ -177,12 +189,12 @@ def test_job_running_and_booting_keep_waiting():
 
 
 def test_job_host_failure_before_running_fails_over_and_after_running_fails_the_job():
-    assert _job("exited")["status"] == lifecycle.EventKind.NEVER_RUNS
-    assert _job("offline", seen_running=True)["status"] == lifecycle.EventKind.JOB_FAILED
+    assert _job("exited")["status"] == outcome.EventKind.NEVER_RUNS
+    assert _job("offline", seen_running=True)["status"] == outcome.EventKind.JOB_FAILED
 
 
 def test_job_deadline_stops_waiting():
-    assert _job("running", seen_running=True, deadline=0)["status"] == lifecycle.EventKind.TIMEOUT
+    assert _job("running", seen_running=True, deadline=0)["status"] == outcome.EventKind.TIMEOUT
 
 
 def test_max_runtime_counts_from_when_the_job_started_not_from_creation():
@@ -190,23 +202,21 @@ def test_max_runtime_counts_from_when_the_job_started_not_from_creation():
     assert _job("loading", max_runtime=10, running_since=None) is None  # still booting: no job time used yet
     assert _job("running", seen_running=True, max_runtime=10, running_since=-9) is None
     event = _job("running", seen_running=True, max_runtime=10, running_since=-10)
-    assert event == {"status": lifecycle.EventKind.TIMEOUT, "actual_status": "running", "limit": lifecycle.MAX_RUNTIME}
-    assert "ran longer than max_runtime" in lifecycle.describe_event(event, 42)
+    assert event == {"status": outcome.EventKind.TIMEOUT, "actual_status": "running", "limit": outcome.MAX_RUNTIME}
+    assert "ran longer than max_runtime" in outcome.from_event(event)[0].describe(42)
 
 
 def test_job_gone_after_its_lease_expired_is_not_a_success():
     """The reaper may destroy an instance whose lease expired: gone then proves nothing about the job."""
-    assert _job(None, gone=True, lease_until=-1) == {"status": lifecycle.EventKind.LEASE_EXPIRED}
-    assert _job(None, gone=True, lease_until=0) == {
-        "status": lifecycle.EventKind.JOB_SUCCEEDED
-    }  # gone within the lease
+    assert _job(None, gone=True, lease_until=-1) == {"status": outcome.EventKind.LEASE_EXPIRED}
+    assert _job(None, gone=True, lease_until=0) == {"status": outcome.EventKind.JOB_SUCCEEDED}  # gone within the lease
     assert _job("running", seen_running=True, lease_until=-1) is None  # still there: keep watching
 
 
 def test_event_kinds_travel_as_plain_strings():
     """Trigger events are serialised by Airflow: the kinds put in them are str values, read back as the Enum."""
-    event = waiting.Watch().observe(0, status="running")
-    assert type(event["status"]) is str and lifecycle.event_kind(event) is lifecycle.EventKind.REACHED
+    event = outcome.to_event(waiting.Watch().observe(0, status="running"))
+    assert type(event["status"]) is str and outcome.from_event(event)[0].kind is outcome.EventKind.REACHED
 
 
 def test_watch_counts_the_job_from_the_first_running_read_and_judges_a_failed_read_by_the_last_status():
@@ -215,10 +225,10 @@ def test_watch_counts_the_job_from_the_first_running_read_and_judges_a_failed_re
     assert watch.observe(20, status="running") is None and watch.running_since == 20 and watch.changed
     assert watch.observe(30, unread=True) is None and watch.status == "running" and not watch.changed
     assert watch.observe(69, status="running") is None
-    assert watch.observe(70, status="running") == {
+    assert as_event(watch.observe(70, status="running")) == {
         "status": "timeout",
         "actual_status": "running",
-        "limit": lifecycle.MAX_RUNTIME,
+        "limit": outcome.MAX_RUNTIME,
     }
 
 
@@ -229,9 +239,9 @@ def test_watch_reads_the_lease_from_the_label_it_last_wrote():
     assert watch.lease_renewal(20) is None  # 80 of 90 s left
     renewed = watch.lease_renewal(50)
     assert renewed == lifecycle.make_label(KEY, 140)
-    assert watch.observe(120, gone=True) == {"status": "lease_expired"}  # the renewal was never written
+    assert as_event(watch.observe(120, gone=True)) == {"status": "lease_expired"}  # the renewal was never written
     watch.label = renewed
-    assert watch.observe(120, gone=True) == {"status": "job_succeeded"}
+    assert as_event(watch.observe(120, gone=True)) == {"status": "job_succeeded"}
 
 
 def test_watch_without_keepalive_never_renews():
@@ -239,18 +249,25 @@ def test_watch_without_keepalive_never_renews():
 
 
 def test_every_wait_ends_alike_a_final_read_only_for_a_job_that_ended_with_reads_on():
-    from airflow_gpumarket import job_logs
-
     reading, silent = job_logs.LogPump(7, 30.0), job_logs.LogPump(7, 0.0)
-    failed = {"status": lifecycle.EventKind.JOB_FAILED.value, "actual_status": "stopped"}
-    reached = {"status": lifecycle.EventKind.REACHED.value, "actual_status": "running"}
+    failed = outcome.WaitOutcome(outcome.EventKind.JOB_FAILED, actual_status="stopped")
+    reached = outcome.WaitOutcome(outcome.EventKind.REACHED, actual_status="running")
     assert waiting.needs_final_read(failed, reading) and not waiting.needs_final_read(failed, silent)
     assert not waiting.needs_final_read(reached, reading)
     reading.off = True  # the server has no logs endpoint: no read, yet the end is judged from what was read
     assert not waiting.needs_final_read(failed, reading)
-    ended = waiting.end_of_wait(dict(failed), reading)
-    assert ended["instance_id"] == 7 and "exit_status" in ended
-    assert waiting.end_of_wait(dict(reached), reading) == {**reached, "instance_id": 7}
+
+
+def test_a_jobs_end_without_reads_is_not_judged_by_a_log_and_a_status_wait_never_is():
+    hook = Service("gpumarket: exit status 0\n")
+    silent = Wait(waiting.Watch(wait_for=lifecycle.WAIT_JOB), job_logs.LogPump(7, 0), LOG)
+    step(silent, hook, 100.0, status="running")
+    ended = hook.run_flow(silent.step(hook, Observation(at=110.0, status="stopped"), 110.0))
+    assert ended.kind is outcome.EventKind.JOB_FAILED and ended.log_read is None and hook.log_reads == 0
+    assert ended.instance_id == 7
+    status = Wait(waiting.Watch(), job_logs.LogPump(7, 30.0), LOG)
+    reached = hook.run_flow(status.step(hook, Observation(at=120.0, status="running"), 120.0))
+    assert reached.kind is outcome.EventKind.REACHED and reached.log_read is None and reached.instance_id == 7
 
 
 def test_rule_an_outbid_instance_left_to_wait_is_waited_through_until_max_outbid_wait():
@@ -259,28 +276,35 @@ def test_rule_an_outbid_instance_left_to_wait_is_waited_through_until_max_outbid
     watch.outbid_wait_until = 100.0
     assert watch.observe(50.0, status="stopped") is None  # still outbid
     assert watch.observe(60.0, status="scheduling") is None
-    assert watch.observe(100.0, status="stopped") == {"status": "preempted", "actual_status": "stopped", "waited": True}
+    assert as_event(watch.observe(100.0, status="stopped")) == {
+        "status": "preempted",
+        "actual_status": "stopped",
+        "waited": True,
+    }
     assert watch.observe(101.0, status="loading") is None  # the bid won: booting again is not a boot timeout
     assert watch.outbid_wait_until is None  # back: its next stop is judged anew, even if no read sees it running
     assert watch.observe(102.0, status="running") is None
-    assert watch.observe(103.0, status="stopped") == {"status": "job_failed", "actual_status": "stopped"}
-    assert watch.observe(104.0, status="offline")["status"] == "job_failed"  # a failed host is never waited for
+    assert as_event(watch.observe(103.0, status="stopped")) == {"status": "job_failed", "actual_status": "stopped"}
+    assert (
+        as_event(watch.observe(104.0, status="offline"))["status"] == "job_failed"
+    )  # a failed host is never waited for
 
 
 def test_rule_a_wait_for_the_bid_that_ran_out_ends_as_the_log_says_when_the_resumed_run_ended_unseen():
-    ran_out = {"status": "preempted", "actual_status": "stopped", "waited": True}
-    assert waiting.with_job_end(dict(ran_out), {"exit_status": 0, "log_read": True})["status"] == "job_succeeded"
-    assert waiting.with_job_end(dict(ran_out), {"exit_status": 2, "log_read": True})["status"] == "job_failed"
-    still = waiting.with_job_end(dict(ran_out), {"exit_status": None, "log_read": True})
-    assert still["status"] == "preempted" and lifecycle.preempted(still)
+    ran_out = outcome.WaitOutcome(outcome.EventKind.PREEMPTED, actual_status="stopped", waited=True)
+    assert ran_out.with_job_end([], 0, True).kind is outcome.EventKind.JOB_SUCCEEDED
+    assert ran_out.with_job_end([], 2, True).kind is outcome.EventKind.JOB_FAILED
+    assert not ran_out.with_job_end([], 2, True).waited
+    still = ran_out.with_job_end([], None, True)
+    assert still.kind is outcome.EventKind.PREEMPTED and still.preempted and still.waited
 
 
 def test_max_cost_ends_the_wait_on_the_services_clock():
     watch = waiting.Watch(wait_for=lifecycle.WAIT_JOB, cost_deadline=2000.0)
     assert watch.observe(10.0, status="running", service_at=1999.0) is None
-    event = watch.observe(11.0, status="running", service_at=2000.0)
-    assert event == {"status": "timeout", "actual_status": "running", "limit": lifecycle.MAX_COST}
-    described = lifecycle.describe_event(event, 7)
+    ended = watch.observe(11.0, status="running", service_at=2000.0)
+    assert as_event(ended) == {"status": "timeout", "actual_status": "running", "limit": outcome.MAX_COST}
+    described = ended.describe(7)
     assert "reached max_cost" in described and "destroyed" in described
 
 
@@ -304,10 +328,8 @@ def test_rule_a_running_instance_whose_whole_log_holds_no_wrapper_line_never_sta
     event = waiting.never_started(watch, pump, running_at=1000.0, at=1000.0 + ran_for)
     assert (event is not None) is fails_over
     if fails_over:
-        assert event["status"] == lifecycle.EventKind.NEVER_RUNS.value and event["log_tail"][-1].startswith("simulator")
-        assert "never started" in lifecycle.describe_event(
-            event, 7
-        ) and "onstart is not executed" in lifecycle.describe_event(event, 7)
+        assert event.kind is outcome.EventKind.NEVER_RUNS and event.log_tail[-1].startswith("simulator")
+        assert "never started" in event.describe(7) and "onstart is not executed" in event.describe(7)
 
 
 def test_a_wrapper_line_shown_by_an_earlier_wait_counts_as_the_wrapper_running():

@@ -14,10 +14,11 @@ import inspect
 import textwrap
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import python_job
-from airflow_gpumarket._compat import AirflowException, DecoratedOperator, task_decorator_factory
+from airflow_gpumarket._compat import DecoratedOperator, task_decorator_factory
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
@@ -25,13 +26,13 @@ from airflow_gpumarket.operators.spec import Terms
 from airflow_gpumarket.utils import RunTimeModule, is_templated, resolved_at_run_time
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import assets, job_logs, lifecycle, metrics
+    from airflow_gpumarket import assets, job_logs, lifecycle, metrics, outcome
     from airflow_gpumarket.operators import cost
     from airflow_gpumarket.operators.session import RentalResult
 else:  # what only a running task needs
     assets, metrics = RunTimeModule("airflow_gpumarket.assets"), RunTimeModule("airflow_gpumarket.metrics")
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
-    cost = RunTimeModule("airflow_gpumarket.operators.cost")
+    cost, outcome = RunTimeModule("airflow_gpumarket.operators.cost"), RunTimeModule("airflow_gpumarket.outcome")
 
 #: Lines of the job's log read for the return value (the marker line comes after everything the function printed).
 RESULT_TAIL_LINES = 100
@@ -156,29 +157,28 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             return super().execute_complete(context, event, **kwargs)
 
     def _complete(self, result: RentalResult) -> Any:
+        from airflow_gpumarket.operators.failures import GpuMarketOutcomeUnknown
         from airflow_gpumarket.operators.session import Outcome, summary
 
-        session, rental, event = self._held(), result.rental, result.event
-        assert event is not None  # a job is always waited for
-        if lifecycle.destroyed_itself(event):  # stopped after success, so gone means someone destroyed it
-            session.end(rental, Outcome.GONE)
-            metrics.rental_ended(metrics.LOST)
-            raise AirflowException(
+        session, rental, ended = self._held(), result.rental, result.outcome
+        assert ended is not None  # a job is always waited for
+        if ended.destroyed_itself:  # stopped after success, so gone means someone destroyed it
+            session.end(rental, Outcome.GONE, metric=metrics.LOST, why="destroyed before its value was read")
+            raise GpuMarketOutcomeUnknown(
                 f"instance {rental.instance_id} was destroyed before the function's return value was read from its "
                 "log (by hand, or by the reaper after its lease ran out); the value is lost"
             )
-        if result.kind not in (lifecycle.EventKind.JOB_FAILED, lifecycle.EventKind.JOB_SUCCEEDED):
+        if result.kind not in (outcome.EventKind.JOB_FAILED, outcome.EventKind.JOB_SUCCEEDED):
             return super()._complete(result)
         # The wait's final read forwarded the output but keeps no whole marker line: the value is read again.
         text = self._result_log(rental)
         lines = job_logs.split_lines(text, complete_only=False)
         status = job_logs.exit_status(lines)
         if status is None:
-            status = event.get("exit_status")  # what the wait's final read saw
+            status = ended.exit_status  # what the wait's final read saw
         found, value = python_job.read_result(text, session.key)
         if status == 0 and found:
-            metrics.rental_ended(metrics.SUCCEEDED)
-            session.end(rental, Outcome.SUCCEEDED)
+            session.end(rental, Outcome.SUCCEEDED, metric=metrics.SUCCEEDED)
             done = summary(rental, result.status, self.hook.service_now)
             self.log.info(
                 "%s returned on instance %s after %s; cost %s (at $%s/h, disk included)",
@@ -190,18 +190,20 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             )
             assets.annotate_outlet_events(result.context, done)
             return value
+        tail = ended.log_tail
         if text:
-            shown = [line for line in lines if not python_job.is_marker_line(line)]
-            event.update({"log_tail": shown[-job_logs.FAILURE_TAIL_LINES :]})
-        event.update({"status": lifecycle.EventKind.JOB_FAILED.value, "exit_status": status})
+            tail = tuple(
+                [line for line in lines if not python_job.is_marker_line(line)][-job_logs.FAILURE_TAIL_LINES :]
+            )
+        read = ended.log_read if ended.log_read is not None else bool(text)
+        ended = replace(ended, kind=outcome.EventKind.JOB_FAILED, exit_status=status, log_tail=tail, log_read=read)
         if status == 0:
-            session.destroy(rental.instance_id)
-            metrics.rental_ended(metrics.JOB_FAILED)
-            raise AirflowException(
+            session.end(rental, Outcome.DESTROYED, metric=metrics.JOB_FAILED, why="its return value was unreadable")
+            raise GpuMarketOutcomeUnknown(
                 f"{self._name} returned on instance {rental.instance_id}, but its return value could not be read "
                 "from the instance's log; the instance is destroyed"
             )
-        return super()._complete(result)
+        return super()._complete(result._replace(outcome=ended))
 
     def _result_log(self, rental: lifecycle.Rental) -> str:
         try:

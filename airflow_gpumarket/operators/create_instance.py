@@ -6,17 +6,17 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api
-from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketError
+from airflow_gpumarket.operators.failures import GpuMarketOutcomeUnknown
 from airflow_gpumarket.operators.renting import GpuMarketRentingBaseOperator
 from airflow_gpumarket.operators.spec import Terms
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import lifecycle, metrics
+    from airflow_gpumarket import metrics, outcome
     from airflow_gpumarket.operators.session import RentalResult
 else:  # what only a running task needs: not imported when a DAG file is parsed
-    lifecycle, metrics = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.metrics")
+    metrics, outcome = RunTimeModule("airflow_gpumarket.metrics"), RunTimeModule("airflow_gpumarket.outcome")
 
 
 class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
@@ -44,11 +44,11 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
     def _complete(self, result: RentalResult) -> Any:
         from airflow_gpumarket.operators.session import Outcome, summary
 
-        rental, event = result.rental, result.event
-        if event is not None and result.kind is not lifecycle.EventKind.REACHED:
-            raise AirflowException(lifecycle.describe_event(event, rental.instance_id))
-        if event is not None:
-            self.log.info("%s", lifecycle.describe_event(event, rental.instance_id))
+        rental, ended = result.rental, result.outcome
+        if ended is not None and ended.kind is not outcome.EventKind.REACHED:
+            raise GpuMarketOutcomeUnknown(ended.describe(rental.instance_id))
+        if ended is not None:
+            self.log.info("%s", ended.describe(rental.instance_id))
         done = summary(rental, result.status, self.hook.service_now)
         if done["actual_status"] == api.STATUS_RUNNING:
             try:
@@ -57,6 +57,5 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
             except GpuMarketError as exc:
                 self.log.warning("Could not read the SSH address of instance %s: %s", rental.instance_id, exc)
         assert self.session is not None  # made by execute and execute_complete
-        self.session.end(rental, Outcome.HANDED_OVER)  # the DAG's (and its teardown's) from now on
-        metrics.rental_ended(metrics.HANDED_OVER)
+        self.session.end(rental, Outcome.HANDED_OVER, metric=metrics.HANDED_OVER, why="handed over to the DAG")
         return done

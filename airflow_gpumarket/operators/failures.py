@@ -44,3 +44,18 @@ class GpuMarketBudgetExceeded(AirflowException):
 
     Raised before anything is rented, or after the instance that reached ``max_cost`` was destroyed.
     """
+
+
+class GpuMarketOutcomeUnknown(AirflowException):
+    """The wait ended on neither a result nor a known failure: the instance vanished, or the wait itself failed.
+
+    Neither the job's failure nor the market's: the retry policy leaves it to the task's standard retries.
+    """
+
+
+class GpuMarketDestroyFailed(AirflowException):
+    """A destroy still failed after the hook's retries: the instance may still bill.
+
+    The message names it, for a person (or the reaper) to destroy it; the retry policy leaves the task to its standard
+    retries.
+    """

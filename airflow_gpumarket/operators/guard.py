@@ -21,32 +21,26 @@ from airflow_gpumarket.utils import RunTimeModule
 if TYPE_CHECKING:
     from airflow_gpumarket import job_logs, lifecycle, metrics
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
-    from airflow_gpumarket.operators import cost
     from airflow_gpumarket.operators.budget import Budget
+    from airflow_gpumarket.operators.ending import Disposal
     from airflow_gpumarket.ui.records import RentalRecorder
 else:  # what only a running task needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
-    cost, metrics = RunTimeModule("airflow_gpumarket.operators.cost"), RunTimeModule("airflow_gpumarket.metrics")
+    metrics = RunTimeModule("airflow_gpumarket.metrics")
 
 #: The task state store's key (Airflow 3.3+) of the rental a task instance holds: a retry reconnects to it.
 STATE_KEY = "gpumarket_rental"
 
 
 def destroy_rentals(
-    hook: GpuMarketHook,
-    key: str,
-    log: Any,
-    reason: str,
-    *,
-    keep: Collection[int] = (),
-    destroy: Callable[[int], Any] | None = None,
+    hook: GpuMarketHook, key: str, log: Any, reason: str, end: Callable[[int], Any], *, keep: Collection[int] = ()
 ) -> None:
-    """Destroy every instance whose label carries the task instance's ``key``, but those in ``keep``."""
+    """End (``end``) every instance whose label carries the task instance's ``key``, but those in ``keep``."""
     for instance in lifecycle.rentals_of(hook.list_instances(), key):
         if instance.get("id") in keep:
             continue
         log.warning("%s: destroying instance %s so it stops billing", reason, instance["id"])
-        (destroy or hook.destroy_instance)(int(instance["id"]))
+        end(int(instance["id"]))
 
 
 def destroy_rentals_on_failure(context: Any) -> None:
@@ -69,17 +63,15 @@ def destroy_rentals_on_failure(context: Any) -> None:
     else:  # a mapped task is never unmapped here: its connection comes from the partial() arguments
         partial_kwargs = getattr(task, "partial_kwargs", None) or {}
         hook = GpuMarketHook(partial_kwargs.get("gpumarket_conn_id", GpuMarketHook.default_conn_name))
-    key = task_key(task, context)
-    from airflow_gpumarket.operators.budget import settle_ended
+    from airflow_gpumarket.operators.ending import Books, Disposal, end_rental
 
     log = getattr(task, "log", None) or hook.log
+    books = Books(hook, log, conn_id=getattr(hook, "gpumarket_conn_id", ""))
 
-    def destroy(instance_id: int) -> None:
-        hook.destroy_instance(instance_id)
-        metrics.rental_ended(metrics.TASK_FAILED)
-        settle_ended(hook, getattr(hook, "gpumarket_conn_id", ""), instance_id, log)
+    def end(instance_id: int) -> None:
+        end_rental(books, instance_id, Disposal.DESTROY, metric=metrics.TASK_FAILED, why="the task failed")
 
-    destroy_rentals(hook, key, log, "The task failed", destroy=destroy)
+    destroy_rentals(hook, task_key(task, context), log, "The task failed", end)
 
 
 def task_key(task: Any, context: Any) -> str:
@@ -122,6 +114,7 @@ class RentalGuard:
         self.attempts: lifecycle.Attempts | None = None  # the task instance's attempts: their kept checkpoint source
         self.killed = False
         self._rental: lifecycle.Rental | None = None  # the rental held: what it cost is known when it ends
+        self._counted: set[int] = set()  # the instances whose end the metrics counted
 
     @contextmanager
     def on_failure(self) -> Iterator[None]:
@@ -133,8 +126,7 @@ class RentalGuard:
         except BaseException as exc:
             for instance_id in self._held(self.instance_id or self.find_in_flight()):
                 self.log.warning("Task failed (%s): destroying instance %s so it stops billing", exc, instance_id)
-                metrics.rental_ended(metrics.TASK_FAILED)
-                self.destroy(instance_id)
+                self.end(instance_id, metric=metrics.TASK_FAILED, why="the task failed")
             raise
 
     def kill(self) -> None:
@@ -142,9 +134,7 @@ class RentalGuard:
         self.killed = True
         for instance_id in self._held(self.instance_id or self.find_in_flight()):
             try:
-                metrics.rental_ended(metrics.TASK_FAILED)
-                self.destroy(instance_id)
-                self.log.warning("Task killed: destroyed instance %s", instance_id)
+                self.end(instance_id, metric=metrics.TASK_FAILED, why="the task was killed")
             except Exception as exc:  # on_kill must not raise; the message names the instance
                 self.log.error("Task killed: %s", exc)
 
@@ -169,6 +159,7 @@ class RentalGuard:
 
     def stop_if_killed(self, instance_id: int) -> None:
         if self.killed:
+            # Untyped on purpose: the task is being killed, and its on_kill ends what it holds; nothing retries on this.
             raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
 
     def find_in_flight(self) -> int | None:
@@ -191,36 +182,38 @@ class RentalGuard:
         """After a deferral: this try holds ``rental`` again (saved for a retry when it was first held)."""
         self.instance_id, self._rental = rental.instance_id, rental
 
-    def release(self) -> None:
-        """The instance is handed over to the DAG: no longer this try's to destroy."""
-        self.instance_id = None
+    def end(
+        self,
+        instance_id: int,
+        disposal: Disposal | None = None,
+        *,
+        metric: str | None,
+        why: str,
+        failover: bool = False,
+    ) -> None:
+        """This try is done with ``instance_id``: ended through ``ending.end_rental``, then no longer held.
 
-    def destroy(self, instance_id: int) -> None:
-        """Destroy with the hook's retries; if it still fails, fail loudly with the id (it is still billing)."""
-        try:
-            result = self.hook.destroy_instance(instance_id)
-        except GpuMarketError as exc:
-            metrics.destroy_failed()
-            raise AirflowException(
-                f"DESTROY FAILED for instance {instance_id}: it may still be billing. Destroy it by hand "
-                f"(DELETE /api/v0/instances/{instance_id}/) or let the reaper DAG do it. Cause: {exc}"
-            ) from exc
-        self.log.info(
-            "Destroyed instance %s%s", instance_id, " (it was already gone)" if result.get("already_gone") else ""
+        Destroyed by default; handed over or kept, it is only no longer this try's to destroy.
+        """
+        from airflow_gpumarket.operators.ending import Books, Disposal, end_rental
+
+        disposal = Disposal.DESTROY if disposal is None else disposal
+        if instance_id in self._counted:  # an end that failed to destroy is tried again, and counted once
+            metric = None
+        elif metric is not None:
+            self._counted.add(instance_id)
+        books = Books(
+            self.hook,
+            self.log,
+            rental=self._rental,
+            record_end=None if self.recorder is None else self.recorder.end,
+            release=None if self.budget is None else self.budget.ended,
         )
-        self.forget(instance_id)
-
-    def forget(self, instance_id: int) -> None:
-        """The instance is gone: its cost is known, its record and budget reservation end, and nothing holds it."""
-        rental = self._rental if self._rental is not None and self._rental.instance_id == instance_id else None
-        if rental is not None:
-            cost.settle(self.hook, rental, self.hook.service_now(), read_charge=not self.killed)
-        if self.recorder is not None:
-            self.recorder.end(instance_id)
-        if self.budget is not None:
-            self.budget.ended(instance_id, None if rental is None else rental.cost)
+        end_rental(books, instance_id, disposal, metric=metric, why=why, read_charge=not self.killed, failover=failover)
         if self.instance_id == instance_id:
             self.instance_id = None
+        if disposal in (Disposal.HAND_OVER, Disposal.KEEP):
+            return
         if self.attempts is not None and self.attempts.source_id == instance_id:
             self.attempts.source_id = None
         if self._saved_instance_id() == instance_id:
@@ -228,13 +221,14 @@ class RentalGuard:
 
     def destroy_duplicates(self, rental: lifecycle.Rental) -> None:
         """After an ambiguous create: destroy every instance of this task's key but ``rental``'s and a kept source."""
+        why = "a duplicate left by an ambiguous create"
         destroy_rentals(
             self.hook,
             self.key,
             self.log,
-            "A duplicate left by an ambiguous create",
+            why[0].upper() + why[1:],
+            lambda instance_id: self.end(instance_id, metric=None, why=why),
             keep=self._held(rental.instance_id),
-            destroy=self.destroy,
         )
 
     def adopt(self, try_number: int, *, waits_for_job: bool) -> Mapping[str, Any] | None:
@@ -256,7 +250,7 @@ class RentalGuard:
                 adopted = instance
             else:
                 self.log.warning("Destroying instance %s left by an earlier try", instance.get("id"))
-                self.destroy(int(instance["id"]))
+                self.end(int(instance["id"]), metric=None, why="left by an earlier try")
         if adopted is not None:
             self.instance_id = int(adopted["id"])
             self.log.warning(

@@ -11,18 +11,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_gpumarket import api, bidding, deadlines, lifecycle, metrics, offer_cost, waiting
 from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.operators.failures import GpuMarketPreemptedTooOften
+from airflow_gpumarket.outcome import EventKind
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
-    from airflow_gpumarket.operators.guard import RentalGuard
     from airflow_gpumarket.operators.spec import RentalSpec
     from airflow_gpumarket.operators.stager import Stager
+    from airflow_gpumarket.outcome import WaitOutcome
     from airflow_gpumarket.task_history import Learned
+
+
+class Answer(NamedTuple):
+    """What a preemption leads to: the policy's step, the deadline's word, and the wait or the instance's fate."""
+
+    step: bidding.Next
+    decision: deadlines.Decision | None
+    watch: waiting.Watch | None = None  # the wait for the bid to win the machine back
+    kept: bool = False  # the instance is kept as the next rental's checkpoint source (else destroyed)
+
+    @property
+    def fails(self) -> bool:
+        return self.step is bidding.Next.FAIL
 
 
 class Preemptions:
@@ -31,7 +46,6 @@ class Preemptions:
     :param hook: the task's hook.
     :param log: the task's logger.
     :param spec: the task's arguments (its ``bidding`` policy, ``boot_timeout``, ``deadline``).
-    :param guard: the session's guard, which destroys a preempted instance.
     :param stager: the session's stager when the task stages data (the checkpoint's source is kept), else None.
     :param started: when the try started (epoch seconds), from which a ``timedelta`` deadline counts.
     :param learned: what the task's earlier successes tell (``task_history``), when read: the deadline's expected
@@ -43,7 +57,6 @@ class Preemptions:
         hook: GpuMarketHook,
         log: Any,
         spec: RentalSpec,
-        guard: RentalGuard,
         stager: Stager | None,
         *,
         started: float | None = None,
@@ -52,7 +65,6 @@ class Preemptions:
         self.hook = hook
         self.log = log
         self.spec = spec
-        self.guard = guard
         self.stager = stager
         self.learned_runtime: float | None = learned.runtime if learned else None
         self.learned_image_gb: float | None = learned.image_gb_max if learned else None  # cautious: the largest
@@ -72,19 +84,16 @@ class Preemptions:
         self.log.warning("Deadline: %s", decision.why)
         attempts.fall_back_to_on_demand()
 
-    def after(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> waiting.Watch | None:
-        """Handle a preempted bid instance of this job.
+    def after(self, rental: lifecycle.Rental, ended: WaitOutcome) -> Answer:
+        """What a preempted bid instance of this job leads to (the session ends it, then calls ``conclude``).
 
-        Returns the watch of the wait for it to win its machine back, or None once it is destroyed (or kept as the
-        checkpoint's source) and another is to be rented. Fails after ``max_preemptions``. A deadline that leaves no
-        room for one more preemption ends the bidding here: no wait, and on-demand rentals from now on.
+        The wait for it to win its machine back, or its end: kept as the checkpoint's source, or destroyed, before
+        another is rented or the task fails (after ``max_preemptions``). A deadline that leaves no room for one more
+        preemption ends the bidding here: no wait, and on-demand rentals from now on.
         """
         attempts, policy, stager = rental.attempts, self.spec.bidding, self.stager
-        sentence = lifecycle.describe_event(
-            {**event, "status": lifecycle.EventKind.PREEMPTED.value}, rental.instance_id
-        )
-        waited = bool(event.get("waited"))  # the wait for the bid ran out: that preemption was counted already
-        if not waited:
+        sentence = replace(ended, kind=EventKind.PREEMPTED).describe(rental.instance_id)
+        if not ended.waited:  # a wait for the bid that ran out: that preemption was counted already
             attempts.count_preemption()
             metrics.preempted()
             self._learn(rental)
@@ -96,33 +105,36 @@ class Preemptions:
             policy.holds()
             and bids
             and instance is not None
-            and policy.may_wait(attempts.preemptions, waited=waited)
+            and policy.may_wait(attempts.preemptions, waited=ended.waited)
             and self._bids_back(rental, instance)
         )
         step = policy.after_preemption(
-            attempts.preemptions, waited=waited, won_back=won_back, on_demand=attempts.on_demand, bids=bids
+            attempts.preemptions, waited=ended.waited, won_back=won_back, on_demand=attempts.on_demand, bids=bids
         )
         if step is bidding.Next.WAIT:
-            return self._wait_for_the_bid(rental, won_back, None if decision is None else decision.bid_until)
+            watch = self._wait_for_the_bid(rental, won_back, None if decision is None else decision.bid_until)
+            return Answer(step, decision, watch=watch)
         if step is bidding.Next.FAIL and stager is not None:
             stager.save(rental.instance_id)
-        if step is bidding.Next.FAIL or stager is None or not stager.keep_source(rental):
-            self.guard.destroy(rental.instance_id)  # answered, or the task fails here: never two alive at once
+        kept = step is not bidding.Next.FAIL and stager is not None and stager.keep_source(rental)
         attempts.lose_machine(rental.machine_id, sentence)
-        metrics.rental_ended(metrics.PREEMPTED, failover=step is not bidding.Next.FAIL)
-        if step is bidding.Next.FAIL:
+        return Answer(step, decision, kept=kept)
+
+    def conclude(self, answer: Answer, attempts: lifecycle.Attempts) -> None:
+        """After the preempted instance ended: fail after ``max_preemptions``, or rent on demand from now on."""
+        policy, decision = self.spec.bidding, answer.decision
+        if answer.fails:
             raise GpuMarketPreemptedTooOften(
                 f"The job was preempted {attempts.preemptions} times, more than max_preemptions="
                 f"{policy.max_preemptions}; every instance it rented is destroyed. Raise max_preemptions or set "
                 "fallback_on_demand=True."
             )
-        if step is bidding.Next.ON_DEMAND:
+        if answer.step is bidding.Next.ON_DEMAND:
             if decision is not None and not decision.bids:
                 self.log.warning("Deadline: %s", decision.why)
             else:
                 self.log.warning("max_preemptions=%d reached: renting on demand from now on", policy.max_preemptions)
             attempts.fall_back_to_on_demand()
-        return None
 
     def _decide(self, attempts: lifecycle.Attempts) -> deadlines.Decision | None:
         """The deadline's word on the next rental, now; None without a deadline."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +28,19 @@ from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, RunTimeModule, duration_
 if TYPE_CHECKING:
     from airflow_gpumarket import lifecycle, metrics, waiting
     from airflow_gpumarket.operators.session import RentalResult, RentalSession
+    from airflow_gpumarket.outcome import WaitOutcome
 else:  # what only a running task needs: not imported when a DAG file is parsed
     lifecycle, metrics = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.metrics")
+
+
+@dataclass
+class Try:
+    """Where one try stands: the rental held, how its last wait ended, the wait to run next, the log lines shown."""
+
+    rental: lifecycle.Rental | None = None
+    outcome: WaitOutcome | None = None  # None: not waited for since it was rented
+    watch: waiting.Watch | None = None  # the next wait, when already made (a preempted bid instance's)
+    shown: Sequence[str] = ()  # the job's log lines the wait before showed last
 
 
 class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
@@ -268,14 +279,14 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         with session.guarded():
             from airflow_gpumarket.operators.session import try_number
 
-            return self._run(context, session.adopt(try_number(context)), None)
+            return self._run(context, Try(rental=session.adopt(try_number(context))))
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         """Resume after the trigger fired; everything needed comes in the event."""
         session = self._session(context)
         with session.guarded():
-            rental, event = session.resume(event)
-            return self._run(context, rental, event)
+            rental, ended = session.resume(event)
+            return self._run(context, Try(rental=rental, outcome=ended))
 
     def on_kill(self) -> None:
         """SIGTERM or execution_timeout: destroy what this try holds now."""
@@ -297,55 +308,52 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         self.session = RentalSession(self.hook, self.log, spec, context, task=self)
         return self.session
 
-    def _run(self, context: Any, rental: lifecycle.Rental | None, event: dict[str, Any] | None) -> Any:
-        """Rent, wait and judge, over offers and preemptions, until the task's outcome."""
-        from airflow_gpumarket.operators.session import RentalResult, preflight_failed
+    def _run(self, context: Any, now: Try) -> Any:
+        """Rent, wait and judge, one step of ``plan.next_step`` at a time, until the task's outcome."""
+        from airflow_gpumarket.operators import plan
+        from airflow_gpumarket.operators.session import Outcome, RentalResult
 
         spec, session = self.spec, self.session
         assert spec is not None and session is not None
-        attempts = lifecycle.Attempts() if rental is None else rental.attempts
+        attempts = lifecycle.Attempts() if now.rental is None else now.rental.attempts
         session.prepare(attempts)
-        watch: waiting.Watch | None = None
-        shown: Sequence[str] = ()  # the log lines the wait before a preemption showed last
         while True:
-            if rental is None:
-                rental = session.rent(attempts)
-            if event is None:
-                if not spec.terms.waits:
-                    return self._complete(RentalResult(rental, None, context))
-                watch = watch or session.watch(rental)
-                if self.deferrable:
-                    self._defer(context, rental, watch, shown)
-                event = session.wait(rental, watch, shown)
-            shown = ()
-            session.check_duplicates(rental)  # a create delayed past the first sweep may have landed since
-            kind = lifecycle.event_kind(event)
-            limit = self._execution_deadline(context)
-            if kind is lifecycle.EventKind.TIMEOUT and spec.execution_timeout_binds(limit, rental, event):
-                session.destroy(rental.instance_id)
-                metrics.rental_ended(metrics.TIMED_OUT)
-                raise AirflowTaskTimeout(lifecycle.with_job_detail(timed_out(self, rental.instance_id), event))
-            host_failed = kind in (lifecycle.EventKind.NEVER_RUNS, lifecycle.EventKind.BOOT_TIMEOUT)
-            if host_failed or preflight_failed(spec, event) is not None:
-                session.fail_over(rental, event)
-                rental, event, watch = None, None, None
-                continue
-            if kind is lifecycle.EventKind.REACHED and session.stages_in(rental):
-                shown = session.stage_in(rental)
-                if not spec.terms.job:
-                    return self._complete(RentalResult(rental, event, context))
-                event, watch = None, None
-                continue
-            if rental.bid is not None and lifecycle.preempted(event):
-                watch = session.after_preemption(rental, event)
-                shown = () if watch is None else event.get("log_tail") or ()  # the wait for the bid shows what follows
-                rental = None if watch is None else rental
-                event = None
-                continue
-            return self._complete(RentalResult(rental, event, context))
+            if now.rental is not None and now.outcome is not None:
+                session.check_duplicates(now.rental)  # a create delayed past the first sweep may have landed since
+            match plan.next_step(spec, now.rental, now.outcome, limit=self._execution_deadline(context)):
+                case plan.Rent():
+                    now.rental = session.rent(attempts)
+                case plan.Wait():
+                    assert now.rental is not None
+                    now.watch = now.watch or session.watch(now.rental)
+                    if self.deferrable:
+                        self._defer(context, now.rental, now.watch, now.shown)
+                    now.outcome, now.shown = session.wait(now.rental, now.watch, now.shown), ()
+                case plan.TimedOut(ended):
+                    assert now.rental is not None
+                    session.end(now.rental, Outcome.DESTROYED, metric=metrics.TIMED_OUT, why="execution_timeout")
+                    raise AirflowTaskTimeout(ended.with_detail(timed_out(self, now.rental.instance_id)))
+                case plan.FailOver(ended, preflight):
+                    assert now.rental is not None
+                    session.fail_over(now.rental, ended, preflight)
+                    now = Try()
+                case plan.StageIn(ended, wait):
+                    assert now.rental is not None
+                    shown = session.stage_in(now.rental)
+                    if not wait:
+                        return self._complete(RentalResult(now.rental, ended, context))
+                    now = Try(rental=now.rental, shown=shown)
+                case plan.AfterPreemption(ended):
+                    assert now.rental is not None
+                    # None: rent another; else wait for the bid, showing what follows the lines this wait showed
+                    watch = session.after_preemption(now.rental, ended)
+                    now = Try() if watch is None else Try(rental=now.rental, watch=watch, shown=ended.log_tail)
+                case plan.Finish(ended):
+                    assert now.rental is not None
+                    return self._complete(RentalResult(now.rental, ended, context))
 
     def _complete(self, result: RentalResult) -> Any:
-        """What the task returns, or the failure it raises, once the wait ended (``result.event`` None: no wait)."""
+        """What the task returns, or the failure it raises, once the wait ended (``result.outcome`` None: no wait)."""
         raise NotImplementedError
 
     # --- deferring and timeouts ------------------------------------------------------------------------

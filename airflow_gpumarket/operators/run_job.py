@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.operators.failures import (
     GpuMarketBudgetExceeded,
     GpuMarketHostFailed,
     GpuMarketJobFailed,
+    GpuMarketOutcomeUnknown,
     GpuMarketStagingFailed,
 )
 from airflow_gpumarket.operators.renting import GpuMarketRentingBaseOperator
@@ -18,12 +18,13 @@ from airflow_gpumarket.operators.spec import Terms
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import assets, lifecycle, metrics
+    from airflow_gpumarket import assets, lifecycle, metrics, outcome
     from airflow_gpumarket.operators import cost
     from airflow_gpumarket.operators.session import RentalResult, RentalSession
 else:  # what only a running task needs: not imported when a DAG file is parsed
     lifecycle, cost = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.operators.cost")
     assets, metrics = RunTimeModule("airflow_gpumarket.assets"), RunTimeModule("airflow_gpumarket.metrics")
+    outcome = RunTimeModule("airflow_gpumarket.outcome")
 
 
 class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
@@ -67,21 +68,20 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
     def _complete(self, result: RentalResult) -> Any:
         from airflow_gpumarket.operators.session import Outcome, summary
 
-        session, rental, event = self._held(), result.rental, result.event
-        assert event is not None  # a job is always waited for
-        succeeded = result.kind is lifecycle.EventKind.JOB_SUCCEEDED
+        session, rental, ended = self._held(), result.rental, result.outcome
+        assert ended is not None  # a job is always waited for
+        succeeded = ended.kind is outcome.EventKind.JOB_SUCCEEDED
         not_started = self._staging_gave_up(result)
-        metrics.rental_ended(metrics.outcome(event))
-        if succeeded and lifecycle.destroyed_itself(event):
-            session.end(rental, Outcome.GONE)
+        if succeeded and ended.destroyed_itself:
+            session.end(rental, Outcome.GONE, metric=metrics.outcome(ended), why="its job destroyed it")
             if self.spec is not None and self.spec.stops_on_success():  # so somebody else destroyed it
-                raise AirflowException(
+                raise GpuMarketOutcomeUnknown(
                     f"instance {rental.instance_id} was destroyed before the end of its job could be read (by hand, "
                     "or by the reaper after its lease ran out): the job's outcome and its last output are unknown"
                 )
         else:
-            outcome = Outcome.SUCCEEDED if succeeded else Outcome.NOT_STARTED if not_started else Outcome.FAILED
-            session.end(rental, outcome)
+            how = Outcome.SUCCEEDED if succeeded else Outcome.NOT_STARTED if not_started else Outcome.FAILED
+            session.end(rental, how, metric=metrics.outcome(ended))
         done = summary(rental, result.status, self.hook.service_now)
         done["job_status"] = "succeeded" if succeeded else "failed"
         self.log.info(
@@ -98,42 +98,48 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         return done
 
     def _fail(self, result: RentalResult, done: dict[str, Any], not_started: bool) -> None:
-        """Raise the failure a job that did not succeed ends in, each named by its cause."""
-        rental, event = result.rental, result.event or {}
-        if event.get("limit") == lifecycle.MAX_COST:
+        """Raise the failure a job that did not succeed ends in, each named by its cause (``plan.failure``)."""
+        from airflow_gpumarket.operators.plan import Failure, failure, may_be_credit
+
+        rental, ended = result.rental, result.outcome
+        assert ended is not None  # a job is always waited for
+        credit = self._held().credit_ran_out() if may_be_credit(ended) else None
+        why = failure(ended, not_started=not_started, credit_ran_out=credit is not None)
+        sentence = ended.describe(rental.instance_id)
+        if why is Failure.MAX_COST:
             raise GpuMarketBudgetExceeded(
                 f"The job on instance {rental.instance_id} reached max_cost=${self.max_cost:g}: "
                 f"it cost {cost.text(done['cost'], done['cost_kind'])} (at ${rental.hourly:g}/h, disk "
                 "included). Its log was read and the instance destroyed; raise max_cost, or make the job shorter."
             )
-        sentence = lifecycle.describe_event(event, rental.instance_id)
-        if event.get("exit_status") is None and (credit := self._held().credit_ran_out()) is not None:
+        if why is Failure.CREDIT:
             raise GpuMarketBudgetExceeded(
                 f"The account's credit ran out (${credit:.2f}): the service stopped every instance of the account, "
                 f"this job's too ({sentence}). The instance is destroyed; add credit before running it again."
             )
-        if self._held().host_lost(rental, event):
+        if why is Failure.HOST_LOST:
+            self._held().remember_lost(rental, ended)
             raise GpuMarketHostFailed(
                 f"{sentence[0].upper()}{sentence[1:]}. The host failed, not the job: a retry rents again, elsewhere "
                 "while host memory keeps this machine."
             )
-        if result.kind is lifecycle.EventKind.JOB_FAILED:
-            if not_started:
-                raise GpuMarketStagingFailed(
-                    f"The job on instance {rental.instance_id} did not start: its staged data did not arrive (see "
-                    "the wrapper's lines above; on_restore_failure, staging_timeout). The instance is destroyed."
-                )
-            raise GpuMarketJobFailed(sentence, exit_status=event.get("exit_status"))
-        raise AirflowException(sentence)
+        if why is Failure.NOT_STARTED:
+            raise GpuMarketStagingFailed(
+                f"The job on instance {rental.instance_id} did not start: its staged data did not arrive (see "
+                "the wrapper's lines above; on_restore_failure, staging_timeout). The instance is destroyed."
+            )
+        if why is Failure.JOB_FAILED:
+            raise GpuMarketJobFailed(sentence, exit_status=ended.exit_status)
+        raise GpuMarketOutcomeUnknown(sentence)
 
     def _staging_gave_up(self, result: RentalResult) -> bool:
         """Whether the job wrapper ended without starting the job: its staged data did not arrive."""
         from airflow_gpumarket.job_script import NOT_STARTED
 
         plan = None if self.spec is None else self.spec.data_plan()
-        if plan is None or not plan.active or result.kind is not lifecycle.EventKind.JOB_FAILED:
+        if plan is None or not plan.active or result.outcome is None or result.kind is not outcome.EventKind.JOB_FAILED:
             return False
-        return any(NOT_STARTED in line for line in (result.event or {}).get("log_tail") or ())
+        return any(NOT_STARTED in line for line in result.outcome.log_tail)
 
     def _held(self) -> RentalSession:
         assert self.session is not None  # made by execute and execute_complete

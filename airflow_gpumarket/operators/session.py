@@ -16,15 +16,21 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_gpumarket import api, budgets, job_logs, lifecycle, metrics, waiting
-from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketError, GpuMarketOfferUnavailableError
 from airflow_gpumarket.operators import cost, offers
 from airflow_gpumarket.operators.budget import Budget
 from airflow_gpumarket.operators.chooser import OfferChooser
-from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer, GpuMarketStagingFailed
+from airflow_gpumarket.operators.ending import Disposal
+from airflow_gpumarket.operators.failures import (
+    GpuMarketNoWorkingOffer,
+    GpuMarketOutcomeUnknown,
+    GpuMarketStagingFailed,
+)
 from airflow_gpumarket.operators.guard import RentalGuard, task_key
+from airflow_gpumarket.operators.plan import stages_in
 from airflow_gpumarket.operators.preemption import Preemptions
 from airflow_gpumarket.operators.spec import try_started
+from airflow_gpumarket.outcome import EventKind, WaitOutcome, from_event
 from airflow_gpumarket.ui.records import RentalRecorder
 
 if TYPE_CHECKING:
@@ -39,25 +45,26 @@ class Outcome(str, Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2.11 runs o
     SUCCEEDED = "succeeded"  # the job exited 0: its checkpoint saved, its outputs copied, then destroyed
     FAILED = "failed"  # the job ended otherwise: its checkpoint saved, then destroyed
     NOT_STARTED = "not_started"  # the job never started (its staged data did not arrive): destroyed
+    DESTROYED = "destroyed"  # ended here with nothing saved (a timeout, a failover): destroyed
     HANDED_OVER = "handed_over"  # the instance outlives the task, for later tasks of its DAG run
     GONE = "gone"  # the instance is gone already (the job destroyed it, or somebody did)
 
 
 class RentalResult(NamedTuple):
-    """How a rental's wait ended, for the operator to judge: the rental, and the event (None: it was not waited for)."""
+    """How a rental's wait ended, for the operator to judge: the rental and the outcome (None: not waited for)."""
 
     rental: lifecycle.Rental
-    event: dict[str, Any] | None
+    outcome: WaitOutcome | None
     context: Any = None  # the task's context (its outlets' asset events)
 
     @property
-    def kind(self) -> lifecycle.EventKind | None:
-        return None if self.event is None else lifecycle.event_kind(self.event)
+    def kind(self) -> EventKind | None:
+        return None if self.outcome is None else self.outcome.kind
 
     @property
     def status(self) -> str | None:
         """The instance's status as the wait last read it."""
-        return None if self.event is None else self.event.get("actual_status")
+        return None if self.outcome is None else self.outcome.actual_status
 
 
 class RentalSession:
@@ -130,31 +137,26 @@ class RentalSession:
         self._start(rental)
         return rental
 
-    def resume(self, event: Any) -> tuple[lifecycle.Rental, dict[str, Any]]:
-        """The rental a trigger's event brings back, with what the trigger learnt; its held log lines shown."""
+    def resume(self, event: Any) -> tuple[lifecycle.Rental, WaitOutcome]:
+        """The rental a trigger's event brings back, with what its wait learnt; its held log lines shown."""
         instance_id = event.get("instance_id") if isinstance(event, Mapping) else None
         if isinstance(instance_id, int):
             self._guard.take(instance_id)  # whatever else is wrong with the event, the guard destroys it
         try:
-            lifecycle.event_kind(event)
-            rental = lifecycle.Rental.from_resume(event.get("resume"))
+            ended, rental = from_event(event)
+            if rental is None:
+                raise ValueError(f"no rental to resume in {event!r}")
         except ValueError as exc:
-            raise AirflowException(f"Cannot resume waiting for instance {instance_id}: {exc}") from None
+            raise GpuMarketOutcomeUnknown(f"Cannot resume waiting for instance {instance_id}: {exc}") from None
         if rental.instance_id != instance_id:
-            raise AirflowException(f"Unexpected trigger event for instance {rental.instance_id}: {event!r}")
+            raise GpuMarketOutcomeUnknown(f"Unexpected trigger event for instance {rental.instance_id}: {event!r}")
         self._guard.resumed(rental)
-        rental.relabel(event.get("label"))  # the trigger's renewals came later
         self._start(rental, write=False)
-        if rental.running_at is None and api.is_positive_number(running_at := event.get("running_at")):
-            rental.running_at = running_at
+        if rental.observe(ended.marks):
             self._recorder.running(rental)
-        if api.is_positive_number(stopped_at := event.get("stopped_at")):
-            rental.stopped_at = stopped_at
-        if api.is_positive_number(bid := event.get("bid")):
-            rental.rebid(bid)  # the trigger held the bid
-        event = dict(event)
-        job_logs.show_held(event, self.log)
-        return rental, event
+        for line in ended.final_lines:
+            self.log.info("%s", line)
+        return rental, ended
 
     def prepare(self, attempts: lifecycle.Attempts) -> None:
         """Before renting: the task instance's attempts followed, its durable data's integration found."""
@@ -163,16 +165,22 @@ class RentalSession:
         if plan is not None and plan.active:
             from airflow_gpumarket.operators.stager import Stager
 
-            lease = self.spec.source_lease(plan)
-            self._stager = Stager(self.hook, self.log, plan, self._guard, self.spec.poll_interval, source_lease=lease)
+            self._stager = Stager(
+                self.hook,
+                self.log,
+                plan,
+                self.spec.poll_interval,
+                source_lease=self.spec.source_lease(plan),
+                key=self._guard.key,
+                stop_if_killed=self._guard.stop_if_killed,
+                end_source=self._end_source,
+            )
             self._stager.resolve()
         spec = self.spec
         learned = None
         if spec.deadline is not None and None in (spec.expected_runtime, spec.image_size_gb):
             learned = self._chooser.history()  # the deadline's work and boot: learnt from history
-        self._preemptions = Preemptions(
-            self.hook, self.log, spec, self._guard, self._stager, started=self._started, learned=learned
-        )
+        self._preemptions = Preemptions(self.hook, self.log, spec, self._stager, started=self._started, learned=learned)
 
     def rent(self, attempts: lifecycle.Attempts) -> lifecycle.Rental:
         """Create on the next untried offer until one is made or ``max_offer_attempts`` offers were tried.
@@ -285,18 +293,14 @@ class RentalSession:
     # --- the wait ------------------------------------------------------------------------------------------
     def watch(self, rental: lifecycle.Rental) -> waiting.Watch:
         """The wait for ``rental``: for its job, or (its data still to be staged, or no job) for it to run."""
-        return self.spec.watch(rental, stages_in=self.stages_in(rental), now=time.time())
-
-    def stages_in(self, rental: lifecycle.Rental) -> bool:
-        """Whether the rental still waits for its data to be copied in before its job is watched."""
-        return self._stager is not None and self._stager.stages_in(rental)
+        return self.spec.watch(rental, stages_in=stages_in(self.spec, rental), now=time.time())
 
     def stage_in(self, rental: lifecycle.Rental) -> list[str]:
         """Copy the rental's data in until its job started; the job's lines shown meanwhile."""
-        assert self._stager is not None  # asked only when ``stages_in``
+        assert self._stager is not None  # asked only when ``plan.stages_in``
         return self._stager.stage_in(rental)
 
-    def wait(self, rental: lifecycle.Rental, watch: waiting.Watch, shown: Sequence[str]) -> dict[str, Any]:
+    def wait(self, rental: lifecycle.Rental, watch: waiting.Watch, shown: Sequence[str]) -> WaitOutcome:
         """The wait in the worker: read, sleep, and hand each read to a ``waiting.Wait``; log the cost so far."""
         guard, instance_id = self._guard, rental.instance_id
         watch.shown_lines = list(shown)
@@ -307,14 +311,7 @@ class RentalSession:
             shown=watch.shown_lines,
             since=rental.created_at,
         )
-        wait = waiting.Wait(
-            watch,
-            pump,
-            self.log,
-            bid=rental.bid,
-            read_at=rental.read_at if rental.read_at is not None else rental.recorded_at,
-        )
-        wait.running_at, wait.stopped_at = rental.running_at, rental.stopped_at
+        wait = waiting.Wait(watch, pump, self.log, marks=rental.marks())
         while True:
             time.sleep(self.spec.poll_interval)  # right after creating (or a read) the answer cannot have changed yet
             guard.stop_if_killed(instance_id)
@@ -322,106 +319,105 @@ class RentalSession:
             if seen.error is not None and not api.is_retryable(seen.error):
                 raise seen.error
             guard.stop_if_killed(instance_id)  # on_kill ran during the read: "gone" would not be the job's doing
-            rental.learn_ssh_host(seen.ssh_host)
-            now = time.time()
-            event = self.hook.run_flow(wait.step(self.hook, seen, now))
-            rental.relabel(watch.label)
-            if wait.bid is not None and rental.bid is not None and wait.bid != rental.bid:
-                rental.rebid(wait.bid)
-            first_running = rental.running_at is None and wait.running_at is not None
-            rental.running_at, rental.stopped_at, rental.read_at = wait.running_at, wait.stopped_at, wait.read_at
-            if first_running:
+            ended = self.hook.run_flow(wait.step(self.hook, seen, time.time()))
+            if rental.observe(wait.marks()):
                 self._recorder.running(rental)
             log_progress(self.log, rental, watch, self.hook.service_now())
-            if event is not None:
-                return event
+            if ended is not None:
+                return ended
 
     def check_duplicates(self, rental: lifecycle.Rental) -> None:
         """After an ambiguous create (a duplicate may have landed since): destroy every other instance of the key."""
         if rental.ambiguous:
             self._guard.destroy_duplicates(rental)
 
-    def after_preemption(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> waiting.Watch | None:
-        """The wait for a preempted bid instance to win its machine back, or None: rent another (``Preemptions``)."""
+    def after_preemption(self, rental: lifecycle.Rental, ended: WaitOutcome) -> waiting.Watch | None:
+        """The wait for a preempted bid instance to win its machine back, or None: rent another (``Preemptions``).
+
+        A preempted instance not waited for is destroyed, or kept as the next rental's checkpoint source.
+        """
         assert self._preemptions is not None  # made by ``prepare``, before anything is rented
-        return self._preemptions.after(rental, event)
+        answer = self._preemptions.after(rental, ended)
+        if answer.watch is not None:
+            return answer.watch
+        disposal = Disposal.KEEP if answer.kept else Disposal.DESTROY
+        why = "preempted; kept as the checkpoint's source" if answer.kept else "preempted"
+        self._guard.end(rental.instance_id, disposal, metric=metrics.PREEMPTED, why=why, failover=not answer.fails)
+        self._preemptions.conclude(answer, rental.attempts)
+        return None
 
     # --- where a rental ends -------------------------------------------------------------------------------
-    def fail_over(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> None:
+    def fail_over(
+        self, rental: lifecycle.Rental, ended: WaitOutcome, preflight: job_logs.PreflightFailure | None
+    ) -> None:
         """The rental's host failed before the job ran: destroyed, its machine remembered, and why kept for the end.
 
-        It never ran, did not boot in time, or failed the job wrapper's preflight (``preflight_failed``).
+        It never ran, did not boot in time, or failed the job wrapper's preflight (``preflight``).
         """
-        preflight = preflight_failed(self.spec, event) or preflight_in_log(self.hook, self.spec, rental, event)
+        preflight = preflight or preflight_in_log(self.hook, self.spec, rental, ended)
         if preflight is not None:
             sentence = f"instance {rental.instance_id}: {preflight.describe(rental.machine_id)}; the job did not run"
         else:
-            sentence = lifecycle.describe_event(event, rental.instance_id)
+            sentence = ended.describe(rental.instance_id)
         self.log.warning("Failover: %s", sentence)
         if preflight is None:
             self._log_daemon_tail(rental.instance_id)
-        self.destroy(rental.instance_id)
-        metrics.rental_ended(metrics.NEVER_RAN, failover=True)
-        status, kind = event.get("actual_status"), lifecycle.event_kind(event)
+        self._guard.end(rental.instance_id, metric=metrics.NEVER_RAN, why="its host failed", failover=True)
         if preflight is not None:
             self._chooser.remember(rental, "preflight", preflight.describe())
-        elif kind is lifecycle.EventKind.BOOT_TIMEOUT:
+        elif ended.kind is EventKind.BOOT_TIMEOUT:
             self._chooser.remember(rental, "boot_timeout", sentence)
-        elif status in api.FAILED_STATUSES:
-            self._chooser.remember(rental, str(status), sentence)
+        elif ended.actual_status in api.FAILED_STATUSES:
+            self._chooser.remember(rental, str(ended.actual_status), sentence)
         rental.give_up(sentence)
 
-    def host_lost(self, rental: lifecycle.Rental, event: Mapping[str, Any]) -> bool:
-        """Whether the host failed under the running job (a failed status, no exit status): its machine remembered."""
-        status = event.get("actual_status")
-        lost = (
-            lifecycle.event_kind(event) is lifecycle.EventKind.JOB_FAILED
-            and status in api.FAILED_STATUSES
-            and event.get("exit_status") is None
+    def remember_lost(self, rental: lifecycle.Rental, ended: WaitOutcome) -> None:
+        """The host failed under the running job: its machine remembered (host memory)."""
+        self._chooser.remember(
+            rental, "lost", f"instance {rental.instance_id} went {ended.actual_status} while its job ran"
         )
-        if lost:
-            self._chooser.remember(rental, "lost", f"instance {rental.instance_id} went {status} while its job ran")
-        return lost
 
-    def destroy(self, instance_id: int) -> None:
-        """Destroy with the hook's retries; its record and budget reservation end. Fails loudly naming the instance."""
-        self._guard.destroy(instance_id)
+    def end(self, rental: lifecycle.Rental, how: Outcome, *, metric: str | None, why: str = "") -> None:
+        """The task is done with ``rental``: saved, copied out, then destroyed, handed over or kept, as ``how`` says.
 
-    def end(self, rental: lifecycle.Rental, outcome: Outcome) -> None:
-        """The task is done with ``rental``: saved, copied out, destroyed or handed over, as ``outcome`` says.
-
-        Fails naming each output lost (the instance is destroyed, or kept under ``keep_on_output_failure``).
+        Ends through the guard (``ending.end_rental``), which settles, records and releases the budget; ``metric`` is
+        the outcome counted. Fails naming each output lost (the instance is destroyed, or kept under
+        ``keep_on_output_failure``).
         """
-        if outcome is Outcome.GONE:
-            self._guard.forget(rental.instance_id)  # a 404 proved it: billing has ended
+        why = why or f"the task is done with it ({how.value})"
+        if how is Outcome.GONE:
+            self._guard.end(rental.instance_id, Disposal.GONE, metric=metric, why=why)  # a 404 proved it
             return
         if self._stager is not None:  # a kept checkpoint source is no longer needed
             self._stager.drop_source(rental.attempts, "the job no longer needs its checkpoint")
-        if outcome is Outcome.HANDED_OVER:
-            self._guard.release()  # the DAG's (and its teardown's) from now on: no longer this task's to destroy
+        if how is Outcome.HANDED_OVER:
+            self._guard.end(rental.instance_id, Disposal.HAND_OVER, metric=metric, why=why)
             return
         lost: dict[str, str] = {}
-        if self._stager is not None:
-            if outcome is not Outcome.NOT_STARTED:
-                self._stager.save(rental.instance_id)
-            if outcome is Outcome.SUCCEEDED:
+        if self._stager is not None and how in (Outcome.SUCCEEDED, Outcome.FAILED):
+            self._stager.save(rental.instance_id)
+            if how is Outcome.SUCCEEDED:
                 lost = self._stager.stage_out(rental.instance_id)
         if lost and self.spec.keep_on_output_failure:
             self._keep_for_outputs(rental, self.spec.keep_on_output_failure)
+            self._guard.end(rental.instance_id, Disposal.KEEP, metric=metric, why="its outputs are to be copied")
         else:
-            self.destroy(rental.instance_id)
+            self._guard.end(rental.instance_id, metric=metric, why=why)
         if lost:
             raise GpuMarketStagingFailed(
                 f"The job on instance {rental.instance_id} succeeded, but {len(lost)} output(s) did not reach the "
                 "cloud integration: " + "; ".join(f"{path} -> {why}" for path, why in lost.items())
             )
 
+    def _end_source(self, instance_id: int) -> None:
+        """A kept checkpoint source is no longer needed: destroyed (its preemption was counted then)."""
+        self._guard.end(instance_id, metric=None, why="its checkpoint is no longer needed")
+
     def _keep_for_outputs(self, rental: lifecycle.Rental, seconds: float) -> None:
         """Keep the stopped instance (storage bills) under a lease the reaper honours, to copy its outputs by hand."""
         # Under a key of its own: the task's failure callback destroys what carries the task's key.
         label = lifecycle.make_label(lifecycle.kept_key(self._guard.key), time.time() + seconds)
         self.hook.label_instance(rental.instance_id, label)
-        self._guard.release()
         self.log.error(
             "Keeping stopped instance %s for %s (keep_on_output_failure; storage bills, compute does not), for its "
             "outputs to be copied by hand (`vastai cloud copy`); the reaper destroys it after that",
@@ -487,21 +483,14 @@ def summary(rental: lifecycle.Rental, status: str | None, service_now: Callable[
     }
 
 
-def preflight_failed(spec: RentalSpec, event: Mapping[str, Any]) -> job_logs.PreflightFailure | None:
-    """What the job wrapper's preflight found wrong with the host, when a job's wait ended on it; else None."""
-    if lifecycle.event_kind(event) is not lifecycle.EventKind.JOB_FAILED or spec.command is None:
-        return None
-    return job_logs.preflight_failure(event.get("log_tail") or (), event.get("exit_status"))
-
-
 def preflight_in_log(
-    hook: GpuMarketHook, spec: RentalSpec, rental: lifecycle.Rental, event: Mapping[str, Any]
+    hook: GpuMarketHook, spec: RentalSpec, rental: lifecycle.Rental, ended: WaitOutcome
 ) -> job_logs.PreflightFailure | None:
     """A job's instance that stopped before it was seen running: whether its wrapper's preflight stopped it.
 
     Only a wait for the status (data still to be staged) ends that way; its log was not read yet.
     """
-    if event.get("actual_status") != api.STATUS_STOPPED or spec.command is None or spec.job_log_interval() <= 0:
+    if ended.actual_status != api.STATUS_STOPPED or spec.command is None or spec.job_log_interval() <= 0:
         return None
     try:
         text = hook.get_instance_logs(rental.instance_id, tail=job_logs.FAILURE_TAIL_LINES, retry=False)

@@ -421,13 +421,6 @@ class RentalSpec(_Frozen):
         cap = self.bidding.hold_cap(bid, dph_total)
         return float(bid) if cap is None else max(float(bid), cap)
 
-    def execution_timeout_binds(self, limit: float | None, rental: lifecycle.Rental, event: Any) -> bool:
-        """Whether a wait's time limit is ``execution_timeout``'s (its epoch second ``limit``), not the job's own."""
-        if event.get("limit") in (lifecycle.MAX_RUNTIME, lifecycle.MAX_COST):
-            return False
-        own = self.runtime_deadline(rental)
-        return limit is not None and (own is None or limit <= own)
-
     def watch(self, rental: lifecycle.Rental, *, stages_in: bool, now: float) -> waiting.Watch:
         """The wait for ``rental``: for its job, or (its data still to be staged, or no job) for it to run."""
         cost_deadline = None

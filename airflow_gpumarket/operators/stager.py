@@ -1,13 +1,15 @@
 """Durable data for a renting task: the part that copies checkpoints, inputs and outputs through the service.
 
-A ``Stager`` is held by the ``RentalSession``, as the ``RentalGuard`` is. It starts the service's copies, watches
-them, and tells the operator when a rental's job may be watched. It never destroys anything on its own: what must
-go goes through the guard. The rules (what is copied where, the bounds) are in ``airflow_gpumarket.staging``.
+A ``Stager`` is a part of the ``RentalSession`` and holds none of its other parts. It starts the service's
+copies, watches them, and tells the operator when a rental's job may be watched. It never destroys anything on its
+own: a checkpoint source no longer needed goes to the ``end_source`` it was given (the session's end of a rental).
+The rules (what is copied where, the bounds) are in ``airflow_gpumarket.staging``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, staging
@@ -19,7 +21,6 @@ from airflow_gpumarket.utils import RunTimeModule
 if TYPE_CHECKING:
     from airflow_gpumarket import job_logs, lifecycle
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
-    from airflow_gpumarket.operators.guard import RentalGuard
 else:
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
 
@@ -70,9 +71,11 @@ class Stager:
     :param hook: the task's hook.
     :param log: the task's logger.
     :param plan: what the task asked for (``staging.DataPlan``).
-    :param guard: the task's ``RentalGuard``: it holds (and on failure destroys) a kept checkpoint source too.
     :param poll_interval: seconds between two reads of an instance while a copy runs.
     :param source_lease: seconds a kept checkpoint source's lease runs: past the next rental's boots and staging.
+    :param key: the task instance's label key, which a kept checkpoint source keeps.
+    :param stop_if_killed: raises when the task was killed meanwhile (given the instance a copy waits on).
+    :param end_source: ends a kept checkpoint source no longer needed (the session's end of a rental).
     """
 
     def __init__(
@@ -80,17 +83,21 @@ class Stager:
         hook: GpuMarketHook,
         log: Any,
         plan: staging.DataPlan,
-        guard: RentalGuard,
         poll_interval: float,
         *,
         source_lease: float,
+        key: str,
+        stop_if_killed: Callable[[int], None],
+        end_source: Callable[[int], None],
     ) -> None:
         self.hook = hook
         self.log = log
         self.plan = plan
-        self.guard = guard
         self.poll_interval = poll_interval
         self.source_lease = source_lease
+        self.key = key
+        self.stop_if_killed = stop_if_killed
+        self.end_source = end_source
         self._integration: int | None = None
         self._shown: list[str] = []  # the wrapper's lines read while a rental's data is staged
         self._running = True  # whether the rental ran at the read before the last read of those lines
@@ -253,7 +260,7 @@ class Stager:
         """
         instance_id = rental.instance_id
         while True:
-            self.guard.stop_if_killed(instance_id)
+            self.stop_if_killed(instance_id)
             try:
                 instance = self.hook.find_instance(instance_id)
                 text = self.hook.get_instance_logs(instance_id)  # after the status: a job that ended shows its end
@@ -373,7 +380,7 @@ class Stager:
                         self.log.warning("Cancelling the cloud copy of instance %s failed: %s", instance_id, exc)
                 return f"it did not end within staging_timeout ({self.plan.staging_timeout:g} s)"
             time.sleep(self.poll_interval)
-            self.guard.stop_if_killed(instance_id)
+            self.stop_if_killed(instance_id)
             try:
                 instance = self.hook.find_instance(instance_id)
             except GpuMarketError as exc:
@@ -410,7 +417,7 @@ class Stager:
             self.drop_source(attempts, f"instance {rental.instance_id} holds a newer checkpoint")
         attempts.source_id = rental.instance_id
         try:
-            label = lifecycle.make_label(self.guard.key, time.time() + self.source_lease)
+            label = lifecycle.make_label(self.key, time.time() + self.source_lease)
             self.hook.label_instance(rental.instance_id, label)
         except GpuMarketError as exc:
             self.log.warning("Could not extend the lease of instance %s: %s", rental.instance_id, exc)
@@ -481,7 +488,7 @@ class Stager:
         self.finish_source_save(attempts, time.time() + self.plan.staging_timeout)
         self.log.info("Destroying preempted instance %s: %s", source, why)
         attempts.source_id = None
-        self.guard.destroy(source)
+        self.end_source(source)
 
     # --- stage out -----------------------------------------------------------------------------------
     def stage_out(self, instance_id: int) -> dict[str, str]:

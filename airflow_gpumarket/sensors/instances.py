@@ -20,11 +20,11 @@ from airflow_gpumarket.utils import (
 )
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import job_logs, lifecycle, waiting
+    from airflow_gpumarket import job_logs, lifecycle, outcome, waiting
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 else:  # what only a running sensor needs: not imported when a DAG file is parsed
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
-    waiting = RunTimeModule("airflow_gpumarket.waiting")
+    waiting, outcome = RunTimeModule("airflow_gpumarket.waiting"), RunTimeModule("airflow_gpumarket.outcome")
 
 
 class GpuMarketInstanceStatusSensor(BaseSensorOperator):
@@ -117,18 +117,21 @@ class GpuMarketInstanceStatusSensor(BaseSensorOperator):
         seen = self.hook.run_flow(waiting.read_flow(self.hook, instance_id))
         if seen.error is not None and not api.is_retryable(seen.error):
             raise seen.error
-        event = self.hook.run_flow(self._wait.step(self.hook, seen, time.time()))
-        return event is not None and self._conclude(event)
+        ended = self.hook.run_flow(self._wait.step(self.hook, seen, time.time()))
+        return ended is not None and self._conclude(ended)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
-        event = dict(event)
-        job_logs.show_held(event, self.log)
-        return self._conclude(event)
+        try:
+            ended, _ = outcome.from_event(event)
+        except ValueError as exc:
+            raise AirflowFailException(f"Cannot resume waiting for instance {self.instance_id}: {exc}") from None
+        for line in ended.final_lines:
+            self.log.info("%s", line)
+        return self._conclude(ended)
 
-    def _conclude(self, event: dict[str, Any]) -> bool:
-        instance_id = event.get("instance_id")
-        sentence = lifecycle.describe_event(event, instance_id)  # type: ignore[arg-type]
-        if lifecycle.event_kind(event) in (lifecycle.EventKind.REACHED, lifecycle.EventKind.JOB_SUCCEEDED):
+    def _conclude(self, ended: outcome.WaitOutcome) -> bool:
+        sentence = ended.describe()
+        if ended.kind in (outcome.EventKind.REACHED, outcome.EventKind.JOB_SUCCEEDED):
             self.log.info("%s", sentence)
             return True
         raise AirflowFailException(sentence)

@@ -6,11 +6,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
 from airflow_gpumarket import _compat, api, job_logs, lifecycle, task_xcom, waiting
 from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
+from airflow_gpumarket.outcome import EventKind, Marks, WaitOutcome, to_event
 from airflow_gpumarket.triggers.poller import poller_for
 from airflow_gpumarket.waiting import Observation
 
@@ -61,8 +63,8 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         watch's fields one by one, ``resume``); read into ``watch`` and ``rental``, so that a task deferred during
         an upgrade resumes.
 
-    Events carry ``status`` (one of the ``airflow_gpumarket.lifecycle`` event kinds), ``instance_id`` and, when
-    known, ``actual_status``. 429 answers are retried by the hook, honouring Retry-After; transient failures
+    Events carry a ``WaitOutcome`` as ``outcome.to_event`` writes it: ``status`` (its kind), ``instance_id`` and,
+    when known, ``actual_status``. 429 answers are retried by the hook, honouring Retry-After; transient failures
     left after those retries are logged and polling goes on until a deadline.
     """
 
@@ -152,7 +154,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             shown=watch.shown_lines,
             since=created if api.is_positive_number(created) else None,
         )
-        return waiting.Wait(watch, pump, self.log, hold_final=True)
+        return waiting.Wait(watch, pump, self.log, marks=_marks_of(rental), hold_final=True)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         wait = self._current = self._wait()
@@ -160,30 +162,27 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         async with contextlib.aclosing(self._observations()) as observations:
             async for seen in observations:
                 if seen.error is not None and not api.is_retryable(seen.error):
-                    event: dict[str, Any] | None = {
-                        "status": lifecycle.EventKind.ERROR.value,
-                        "message": str(seen.error),
-                    }
+                    ended: WaitOutcome | None = WaitOutcome(EventKind.ERROR, message=str(seen.error))
                 else:
-                    event = await self._step(hook, wait, seen, time.time())
-                if event is not None:
-                    if event.get("final_lines"):
+                    ended = await self._step(hook, wait, seen, time.time())
+                if ended is not None:
+                    if ended.final_lines:
                         self.log.info(
                             "The last read of the log of instance %s found %d new lines: the resumed task shows them",
                             self.instance_id,
-                            len(event["final_lines"]),
+                            len(ended.final_lines),
                         )
-                    yield self._event(event, wait)
+                    yield self._event(ended, wait)
                     return
 
-    async def _step(self, hook: Any, wait: waiting.Wait, seen: Observation, now: float) -> dict[str, Any] | None:
+    async def _step(self, hook: Any, wait: waiting.Wait, seen: Observation, now: float) -> WaitOutcome | None:
         """One read taken (lease, bid, log) within ``STEP_TIMEOUT_SECONDS``; a step cut short is taken again."""
         if self._may_read_the_log(wait, seen, now):
             await self._catch_up(wait)
-        event = None
+        ended = None
         try:
             async with asyncio.timeout(STEP_TIMEOUT_SECONDS):  # unlike wait_for, never swallows a cancellation
-                event = await hook.run_flow(wait.step(hook, seen, now))
+                ended = await hook.run_flow(wait.step(hook, seen, now))
         except TimeoutError:
             self.log.warning(
                 "Instance %s: a step of the wait (lease, bid, log read) took over %.0f s and was cut short; "
@@ -193,9 +192,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             )
         finally:
             await hook.aclose()
-        if event is None:  # the lines an ending step read are held for the event, not shown yet
+        if ended is None:  # the lines an ending step read are held for the event, not shown yet
             await self._record_shown(wait)
-        return event
+        return ended
 
     # Airflow may run this trigger on two triggerers at once (a hand-over under load). The job's lines each copy
     # forwards are recorded on the task instance (an XCom), and each copy reads that record before it reads the log,
@@ -245,21 +244,12 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         self._record_failures = 0
         return answer
 
-    def _event(self, event: dict[str, Any], wait: waiting.Wait) -> TriggerEvent:
+    def _event(self, ended: WaitOutcome, wait: waiting.Wait) -> TriggerEvent:
+        """The event that ends this trigger: the outcome as its payload, with the rental the task takes back."""
         self._fired = True
-        event["instance_id"] = self.instance_id
-        if wait.running_at is not None:
-            event["running_at"] = wait.running_at
-        if wait.stopped_at is not None:
-            event["stopped_at"] = wait.stopped_at
-        if wait.watch.hold_bid_up_to is not None and wait.bid is not None:
-            event["bid"] = wait.bid
-        if wait.watch.label is not None:
-            event["label"] = wait.watch.label  # as renewed: the resumed operator's copy is older
-        if self.rental is not None:
-            event["resume"] = self.rental
-        self.log.info("%s", lifecycle.describe_event(event, self.instance_id))
-        return TriggerEvent(event)
+        ended = replace(ended, instance_id=self.instance_id, marks=wait.marks())
+        self.log.info("%s", ended.describe())
+        return TriggerEvent(to_event(ended, self.rental))
 
     async def on_kill(self) -> None:
         """Airflow 3.3+ cancelled this trigger "by user action": destroy only if a person took the task out of it.
@@ -271,19 +261,54 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             await self._destroy_if_left_by_a_user()
 
     async def _destroy(self) -> None:
-        """Stop the billing of what the task rented, and record the rental's end."""
+        """End the rental as its task would have (``ending.end_rental``): destroyed, settled, recorded, released.
+
+        The books are written in a thread (the ledger and the XComs are blocking calls); the destroy itself runs on
+        this loop, with this trigger's async hook, whose connection is read first.
+        """
         hook = self._hook()
+        loop = asyncio.get_running_loop()
+
+        def destroy(instance_id: int) -> Any:
+            return asyncio.run_coroutine_threadsafe(hook.destroy_instance(instance_id), loop).result()
+
         try:
-            await hook.destroy_instance(self.instance_id)
-            self.log.warning("Task killed while deferred: destroyed instance %s", self.instance_id)
+            await hook.asettings()  # read on the loop: the thread reads no connection
+            await asyncio.to_thread(self._end, hook, destroy)
         except Exception as exc:  # best effort: the reaper is the last line of defence
             self.log.error("Task killed while deferred, and destroying instance %s failed: %s", self.instance_id, exc)
             return
         finally:
             await hook.aclose()
-        await self._record_end(hook)
+        self.log.warning("Task killed while deferred: destroyed instance %s", self.instance_id)
 
-    async def _record_end(self, hook: Any) -> None:
+    def _end(self, hook: Any, destroy: Any) -> None:
+        """``_destroy``'s books, in a thread: settled at the estimate on the service's clock, recorded, released."""
+        from airflow_gpumarket import metrics
+        from airflow_gpumarket.operators.ending import Books, Disposal, end_rental
+
+        books = Books(
+            hook,
+            self.log,
+            conn_id=self.gpumarket_conn_id,
+            rental=self._rental(),
+            record_end=lambda instance_id: self._record_end(instance_id, hook.service_now()),
+            destroy=destroy,
+        )
+        why = "task killed while deferred"
+        end_rental(books, self.instance_id, Disposal.DESTROY, metric=metrics.TASK_FAILED, why=why, read_charge=False)
+
+    def _rental(self) -> lifecycle.Rental | None:
+        """The rental as the task deferred it, with what this wait saw since (its cost is settled from it)."""
+        try:
+            rental = lifecycle.Rental.from_resume(self.rental)
+        except ValueError:
+            return None
+        if self._current is not None:
+            rental.observe(self._current.marks())
+        return rental
+
+    def _record_end(self, instance_id: int, ended_at: float) -> None:
         """The rental's end on its task instance's XComs: a task marked failed writes nothing more itself."""
         from airflow_gpumarket.ui import records
 
@@ -291,18 +316,16 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         if ti is None:
             return
         end = records.end_only(
-            instance_id=self.instance_id,
-            ended_at=hook.service_now(),
+            instance_id=instance_id,
+            ended_at=ended_at,
             ended_by="trigger (task left deferred)",
             running_at=None if self._current is None else self._current.running_at,
             stopped_at=None if self._current is None else self._current.stopped_at,
         )
         try:
-            await asyncio.to_thread(records.write_end, ti, end)
+            records.write_end(ti, end)
         except Exception as exc:  # the page is a view: nothing else depends on this record
-            self.log.warning(
-                "Could not record the end of instance %s for the GPU rentals page: %s", self.instance_id, exc
-            )
+            self.log.warning("Could not record the end of instance %s for the GPU rentals page: %s", instance_id, exc)
 
     async def cleanup(self) -> None:
         """Destroy the instance when a user took the task out of the deferred state (Airflow before 3.3).
@@ -438,3 +461,17 @@ def _task_instance_now_from_the_task_sdk(ti: Any) -> tuple[str | None, None, Non
         return None
     state = states[key]
     return (None if state is None else getattr(state, "value", state), None, None)  # the enum's value
+
+
+def _marks_of(rental: Mapping[str, Any] | None) -> Marks | None:
+    """What the rental's earlier waits learnt, from its ``to_resume`` dict (a value of another shape: nothing)."""
+    if not rental:
+        return None
+
+    def number(key: str) -> float | None:
+        value = rental.get(key)
+        return float(value) if api.is_positive_number(value) else None
+
+    read_at = number("read_at") or number("recorded_at")
+    label = rental.get("label") if isinstance(rental.get("label"), str) else None
+    return Marks(number("running_at"), number("stopped_at"), read_at, number("bid"), label, None)

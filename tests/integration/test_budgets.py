@@ -98,3 +98,25 @@ def test_rule_the_worst_case_counts_the_disk_at_the_offers_storage_cost(sim):
     (entry,) = reservations()
     assert offer["storage_cost"] > 0
     assert entry["hourly"] == pytest.approx(result["dph_total"] + 200 * offer["storage_cost"] / 720, abs=1e-6)
+
+
+def test_rule_a_deferred_task_marked_failed_ends_its_rental_and_settles_its_reservation(sim, monkeypatch):
+    """The trigger's on_kill ends the rental through the same function as the task: destroyed, then settled."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from airflow_gpumarket._compat import TaskDeferred
+    from airflow_gpumarket.triggers import instances as trigger_module
+
+    budgets_variable(monkeypatch, {"*": {"day": 50.0}})
+    with pytest.raises(TaskDeferred) as deferred:
+        in_dag("marked_dag", command="sleep 100000", deferrable=True).execute(context())
+    (held,) = reservations()
+    assert held["cost"] is None and held["instance_id"] == deferred.value.trigger.instance_id
+    trigger = deferred.value.trigger
+    trigger.task_instance = SimpleNamespace(try_number=1, dag_id="marked_dag", task_id="job", run_id="r", map_index=-1)
+    monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: ("failed", 1, "execute_complete"))
+    asyncio.run(trigger._destroy_if_left_by_a_user())
+    assert alive(sim) == []
+    (settled,) = reservations()
+    assert settled["cost"] is not None and 0 <= settled["cost"] < held["reserved"]  # its estimate, not its worst case

@@ -425,7 +425,7 @@ def test_deferring_passes_what_is_left_of_execution_timeout_as_timeout_and_trigg
     assert deferred.value.timeout.total_seconds() == pytest.approx(50, abs=5)
     # The trigger's own deadline is the earlier of max_runtime's and execution_timeout's.
     assert deferred.value.trigger.watch["deadline"] == pytest.approx(start.timestamp() + 60, abs=1)
-    op.session.destroy(deferred.value.trigger.instance_id)
+    op.session.kill()  # the deferred try still holds it: on_kill destroys it
     assert alive(sim) == []
 
 

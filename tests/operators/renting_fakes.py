@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from fake_flows import FlowsOverMethods
 
-from airflow_gpumarket import lifecycle
+from airflow_gpumarket import lifecycle, outcome
 from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketServerError
 from airflow_gpumarket.operators.guard import task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
@@ -129,7 +129,7 @@ def earlier_try_left(hook: FakeHook, op, status: str, log_text: str) -> None:
     hook.log_text = log_text
 
 
-def fired(deferred: pytest.ExceptionInfo, kind: lifecycle.EventKind, **facts) -> dict:
+def fired(deferred: pytest.ExceptionInfo, kind: outcome.EventKind, **facts) -> dict:
     """The event the deferred task's trigger would send (it carries the rental back, as the trigger does)."""
     trigger = deferred.value.trigger
     return {"status": kind.value, "instance_id": trigger.instance_id, "resume": trigger.rental, **facts}
@@ -159,3 +159,20 @@ class BidMarketHook(FakeHook):
             destroyed=self.destroy_worked,
             operation="create_instance",
         )
+
+
+class PreemptionsOfASession:
+    """A try's answer to a preemption as its operator gets it: ``RentalSession.after_preemption`` over an event."""
+
+    def __init__(self, hook, log, **kwargs) -> None:
+        from airflow_gpumarket.operators.session import RentalSession
+        from airflow_gpumarket.operators.spec import RentalSpec
+
+        op = job(hook, interruptible=True, **kwargs)
+        self.session = RentalSession(hook, log, RentalSpec.of(op), ctx(1), task=op)
+
+    def after(self, rental, event):
+        from airflow_gpumarket.outcome import from_event
+
+        self.session.prepare(rental.attempts)
+        return self.session.after_preemption(rental, from_event(event)[0])

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import create_engine
 
-from airflow_gpumarket import budgets, ledger, lifecycle
+from airflow_gpumarket import budgets, ledger, outcome
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.operators import budget as budget_module
 from airflow_gpumarket.operators import signed_routes
@@ -135,7 +135,7 @@ def test_a_resumed_task_keeps_its_reservation_whatever_the_variable_became(monke
         job(hook, deferrable=True).execute(ctx())
     (reserved,) = ledger.entries(direct, since=0)
     monkeypatch.setenv("AIRFLOW_VAR_GPUMARKET_BUDGETS", edited)  # while the job runs in the triggerer
-    event = fired(deferred, lifecycle.EventKind.JOB_SUCCEEDED, actual_status="stopped")
+    event = fired(deferred, outcome.EventKind.JOB_SUCCEEDED, actual_status="stopped")
     result = job(hook, deferrable=True).execute_complete(ctx(), event)  # a new Budget: it reads no Variable
     assert result["job_status"] == "succeeded" and hook.alive() == []
     (settled,) = ledger.entries(direct, since=0)

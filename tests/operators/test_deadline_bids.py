@@ -12,13 +12,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from airflow_gpumarket import deadlines, lifecycle, task_history
+from airflow_gpumarket import deadlines, lifecycle, outcome, task_history
 from airflow_gpumarket._compat import TaskDeferred
-from airflow_gpumarket.operators.guard import RentalGuard
 from airflow_gpumarket.operators.preemption import Preemptions
 from airflow_gpumarket.operators.spec import RentalSpec
 
-from .renting_fakes import DONE, BidMarketHook, ctx, fired, job, use_clock
+from .renting_fakes import DONE, BidMarketHook, PreemptionsOfASession, ctx, fired, job, use_clock
 
 LOG = logging.getLogger("tests.deadline_bids")
 FIRST_RUN = "gpumarket: job started\nepoch 1\n"  # a preempted run: no exit status line
@@ -93,7 +92,7 @@ def test_rule_a_deferred_task_resumed_after_a_preemption_counts_its_deadline_fro
         job(hook, interruptible=True, deadline=timedelta(hours=3), deferrable=True, **HOUR_JOB).execute(context)
     assert deferred.value.trigger.rental["bid"] == 0.21
     clock.now += HOUR
-    event = fired(deferred, lifecycle.EventKind.JOB_FAILED, **PREEMPTED)
+    event = fired(deferred, outcome.EventKind.JOB_FAILED, **PREEMPTED)
     with pytest.raises(TaskDeferred) as again:  # Airflow resumes on a fresh operator object, with the same TI
         job(hook, interruptible=True, deadline=timedelta(hours=3), deferrable=True, **HOUR_JOB).execute_complete(
             context, event
@@ -103,16 +102,15 @@ def test_rule_a_deferred_task_resumed_after_a_preemption_counts_its_deadline_fro
     assert hook.destroyed == [1001]
 
 
-def preemptions(hook, **kwargs) -> Preemptions:
-    spec = RentalSpec.of(job(hook, interruptible=True, **kwargs))
-    return Preemptions(hook, LOG, spec, RentalGuard(hook, LOG, "0123456789ab"), None)
+def preemptions(hook, **kwargs) -> PreemptionsOfASession:
+    return PreemptionsOfASession(hook, LOG, **kwargs)
 
 
 def preempted_rental(hook, *, ran: float = 0.0) -> lifecycle.Rental:
     """A bid rental on offer 2 that booted in 5 minutes and ran ``ran`` seconds before the market stopped it."""
     made = hook.create_instance(2, label="afgm-0123456789ab-1")["new_contract"]
     rental = lifecycle.Rental(made, 2, 0.5, "x", "afgm-0123456789ab-1", 0.0, bid=0.21, machine_id=502)
-    rental.continue_attempts(lifecycle.Attempts(tried=[2]))
+    rental.attempts = lifecycle.Attempts(tried=[2])
     rental.recorded_at, rental.running_at, rental.stopped_at = 1000.0, 1300.0, 1300.0 + ran
     return rental
 
@@ -180,7 +178,7 @@ def test_rule_the_deadline_expects_boots_of_the_largest_image_size_earlier_boots
     use_clock(monkeypatch)
     hook = BidMarketHook({}, destroy_worked=True)
     spec = RentalSpec.of(job(hook, interruptible=True, deadline=timedelta(hours=2, minutes=30), **HOUR_JOB))
-    handler = Preemptions(hook, LOG, spec, RentalGuard(hook, LOG, "0123456789ab"), None, learned=learned)
+    handler = Preemptions(hook, LOG, spec, None, learned=learned)
     attempts = lifecycle.Attempts()
     handler.before_renting(attempts)
     assert attempts.on_demand is not bids

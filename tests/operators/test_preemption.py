@@ -8,11 +8,8 @@ import pytest
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.operators.failures import GpuMarketPreemptedTooOften
-from airflow_gpumarket.operators.guard import RentalGuard
-from airflow_gpumarket.operators.preemption import Preemptions
-from airflow_gpumarket.operators.spec import RentalSpec
 
-from .renting_fakes import FakeHook, job
+from .renting_fakes import FakeHook, PreemptionsOfASession
 
 LOG = logging.getLogger("tests.preemption")
 PREEMPTED = {"status": "job_failed", "actual_status": "stopped", "exit_status": None, "log_read": True}
@@ -24,9 +21,8 @@ def preempted_rental(hook: FakeHook, preemptions: int = 0) -> lifecycle.Rental:
     return lifecycle.Rental(made, 1, 0.5, "x", "afgm-0123456789ab-1", 0.0, bid=0.21, machine_id=9, attempts=attempts)
 
 
-def preemptions(hook: FakeHook, **kwargs) -> Preemptions:
-    spec = RentalSpec.of(job(hook, interruptible=True, **kwargs))
-    return Preemptions(hook, LOG, spec, RentalGuard(hook, LOG, "0123456789ab"), None)
+def preemptions(hook: FakeHook, **kwargs) -> PreemptionsOfASession:
+    return PreemptionsOfASession(hook, LOG, **kwargs)
 
 
 def test_rule_a_preemption_destroys_the_instance_and_never_rents_its_machine_again():

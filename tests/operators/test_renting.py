@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from bad_input import refused_at_parse_time
 
-from airflow_gpumarket import lifecycle
+from airflow_gpumarket import lifecycle, outcome
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketServerError, GpuMarketValidationError
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
@@ -176,7 +176,7 @@ def test_deferring_creates_then_defers_and_a_failed_event_destroys():
     with pytest.raises(TaskDeferred) as deferred:
         job(hook, deferrable=True).execute(ctx())
     assert deferred.value.kwargs is None  # the rental travels once: in the trigger and back in its event
-    event = fired(deferred, lifecycle.EventKind.JOB_FAILED, actual_status="stopped")
+    event = fired(deferred, outcome.EventKind.JOB_FAILED, actual_status="stopped")
     with pytest.raises(AirflowException, match="failed"):
         job(hook, deferrable=True).execute_complete(ctx(), event)  # Airflow resumes on a fresh operator object
     assert hook.alive() == []
@@ -204,7 +204,7 @@ def test_a_deferred_wait_ended_by_execution_timeout_destroys_and_says_so():
     op = job(hook, deferrable=True, execution_timeout=timedelta(seconds=60))
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx())
-    event = fired(deferred, lifecycle.EventKind.TIMEOUT, actual_status="running")
+    event = fired(deferred, outcome.EventKind.TIMEOUT, actual_status="running")
     with pytest.raises(AirflowTaskTimeout, match="execution_timeout .* elapsed"):
         job(hook, deferrable=True, execution_timeout=timedelta(seconds=60)).execute_complete(ctx(), event)
     assert hook.alive() == []
@@ -261,7 +261,7 @@ def test_a_deferred_execution_timeout_names_the_jobs_last_lines():
     op = job(hook, deferrable=True, execution_timeout=timedelta(seconds=60))
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx())
-    event = fired(deferred, lifecycle.EventKind.TIMEOUT, actual_status="running", log_tail=["epoch 7 of 9"])
+    event = fired(deferred, outcome.EventKind.TIMEOUT, actual_status="running", log_tail=["epoch 7 of 9"])
     with pytest.raises(AirflowTaskTimeout, match="(?s)execution_timeout .* elapsed.*epoch 7 of 9"):
         job(hook, deferrable=True, execution_timeout=timedelta(seconds=60)).execute_complete(ctx(), event)
     assert hook.alive() == []

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from bad_input import refused_at_parse_time
 
-from airflow_gpumarket import lifecycle
+from airflow_gpumarket import lifecycle, outcome
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketServerError, GpuMarketValidationError
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
@@ -160,7 +160,7 @@ def test_a_resumed_job_that_succeeded_reports_its_cost_from_the_rental_in_the_ev
     with pytest.raises(TaskDeferred) as deferred:
         job(hook, deferrable=True).execute(ctx())
     renewed = lifecycle.make_label("0" * 12, time.time() + 900)
-    event = fired(deferred, lifecycle.EventKind.JOB_SUCCEEDED, label=renewed, actual_status="stopped", exit_status=0)
+    event = fired(deferred, outcome.EventKind.JOB_SUCCEEDED, label=renewed, actual_status="stopped", exit_status=0)
     result = job(hook, deferrable=True).execute_complete(ctx(), event)
     assert result["job_status"] == "succeeded" and result["dph_total"] == 0.5 and result["offer_id"] == 1
     assert hook.alive() == []  # the job stopped its instance; the resumed task destroyed it

@@ -17,6 +17,7 @@ from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer
 from airflow_gpumarket.operators.guard import task_key
 from airflow_gpumarket.operators.session import Outcome, RentalSession, summary
 from airflow_gpumarket.operators.spec import RentalSpec
+from airflow_gpumarket.outcome import EventKind, WaitOutcome
 
 from .renting_fakes import FakeHook, ctx, job
 
@@ -59,7 +60,7 @@ def test_rent_fails_naming_why_once_no_offer_is_left():
 def test_a_rental_that_never_ran_is_destroyed_and_why_is_kept_for_the_end():
     hook = FakeHook({1: ["offline"]})
     session, rental = rented(hook)
-    session.fail_over(rental, {"status": "never_runs", "actual_status": "offline"})
+    session.fail_over(rental, WaitOutcome(EventKind.NEVER_RUNS, actual_status="offline"), None)
     assert hook.destroyed == [1001] and "which never becomes running" in rental.attempts.reasons[-1]
 
 
@@ -76,7 +77,7 @@ def test_a_rental_that_never_ran_is_destroyed_and_why_is_kept_for_the_end():
 def test_end_destroys_or_hands_over_as_the_outcome_says_and_nothing_is_held_after(outcome, destroyed, alive):
     hook = FakeHook({1: ["running"]})
     session, rental = rented(hook)
-    session.end(rental, outcome)
+    session.end(rental, outcome, metric=None)
     session.kill()  # on_kill after the end: nothing of this try's is left to destroy
     assert hook.destroyed == destroyed and hook.alive() == alive
 

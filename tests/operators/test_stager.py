@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 
@@ -60,8 +59,16 @@ def stager_for(hook, **plan) -> Stager:
         on_restore_failure="restart",
         staging_timeout=plan.get("staging_timeout", 600.0),
     )
-    guard = SimpleNamespace(stop_if_killed=lambda instance_id: None, key="0123456789ab")
-    stager = Stager(hook, logging.getLogger("test"), plan, guard, poll_interval=10.0, source_lease=3600.0)
+    stager = Stager(
+        hook,
+        logging.getLogger("test"),
+        plan,
+        poll_interval=10.0,
+        source_lease=3600.0,
+        key="0123456789ab",
+        stop_if_killed=lambda instance_id: None,
+        end_source=lambda instance_id: None,
+    )
     stager.resolve()  # the integration named "s3" is id 1
     return stager
 

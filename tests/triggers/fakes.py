@@ -99,6 +99,13 @@ class FakeAsyncHook:
         return {"success": True}
         yield
 
+    async def asettings(self):
+        """The connection as the trigger reads it before ending a rental (the fake service's address and key)."""
+        from airflow_gpumarket.hooks.connection import ConnectionSettings
+
+        self.settings = ConnectionSettings(base_url="http://127.0.0.1:9", api_key="k")
+        return self.settings
+
     async def destroy_instance(self, instance_id):
         self.destroyed.append(instance_id)
         return {"success": True}

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_gpumarket import _compat, job_logs, lifecycle, waiting
+from airflow_gpumarket import _compat, job_logs, lifecycle, outcome, waiting
 from airflow_gpumarket.exceptions import GpuMarketAuthError, GpuMarketNotFoundError, GpuMarketServerError
 from airflow_gpumarket.triggers import instances as trigger_module
 from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
@@ -113,7 +113,7 @@ def test_a_trigger_row_written_by_the_previous_version_resumes_with_its_wait_and
     assert trigger.rental == old_row["resume"] and trigger.destroy_on_kill
     assert rebuilt(trigger).serialize() == trigger.serialize()
     event = _run(trigger, FakeAsyncHook(["running", "stopped"]), monkeypatch)
-    assert event["status"] == lifecycle.EventKind.JOB_FAILED and event["resume"] == old_row["resume"]
+    assert event["status"] == outcome.EventKind.JOB_FAILED and event["resume"] == old_row["resume"]
     with pytest.raises(TypeError, match="colour"):
         GpuMarketInstanceStatusTrigger(**old_row, colour="red")
 
@@ -123,24 +123,25 @@ def test_waits_through_provisioning_and_loading_until_running(make_trigger, monk
     before = time.time()
     event = _run(make_trigger(), hook, monkeypatch)
     running_at = event.pop("running_at")  # the service's time of the first read that found it running
-    assert event == {"status": lifecycle.EventKind.REACHED, "actual_status": "running", "instance_id": 7}
+    assert event.pop("read_at") >= running_at  # the service's time of the last read
+    assert event == {"status": outcome.EventKind.REACHED, "actual_status": "running", "instance_id": 7}
     assert hook.reads == 4 and before <= running_at <= time.time()
 
 
 @pytest.mark.parametrize("status", ["exited", "unknown", "offline"])
 def test_fails_fast_on_statuses_that_never_run(make_trigger, monkeypatch, status):
     event = _run(make_trigger(), FakeAsyncHook([None, status]), monkeypatch)
-    assert event["status"] == lifecycle.EventKind.NEVER_RUNS and event["actual_status"] == status
+    assert event["status"] == outcome.EventKind.NEVER_RUNS and event["actual_status"] == status
 
 
 def test_job_mode_gone_is_success_and_stopped_is_failure(make_trigger, monkeypatch):
     ok = _run(
         make_trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", GpuMarketNotFoundError("x")]), monkeypatch
     )
-    assert ok["status"] == lifecycle.EventKind.JOB_SUCCEEDED
+    assert ok["status"] == outcome.EventKind.JOB_SUCCEEDED
     bad = _run(make_trigger(wait_for=lifecycle.WAIT_JOB), FakeAsyncHook(["running", "stopped"]), monkeypatch)
-    assert bad.pop("running_at") <= bad.pop("stopped_at")  # the service's times of the run and the stop
-    assert bad == {"status": lifecycle.EventKind.JOB_FAILED, "actual_status": "stopped", "instance_id": 7}
+    assert bad.pop("running_at") <= bad.pop("stopped_at") <= bad.pop("read_at")  # the service's times of the reads
+    assert bad == {"status": outcome.EventKind.JOB_FAILED, "actual_status": "stopped", "instance_id": 7}
 
 
 def test_job_output_is_forwarded_while_it_runs_and_a_failure_event_has_the_tail(make_trigger, monkeypatch, task_log):
@@ -149,7 +150,7 @@ def test_job_output_is_forwarded_while_it_runs_and_a_failure_event_has_the_tail(
     trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=1e-9, key_digest="cd" * 32)
     event = _run(trigger, hook, monkeypatch)
     assert event["exit_status"] == 3 and event["log_tail"][-2:] == ["boom", "gpumarket: job exited with status 3"]
-    assert "exit status 3" in lifecycle.describe_event(event, 7)
+    assert "exit status 3" in outcome.from_event({**event, "resume": None})[0].describe()
     forwarded = re.findall(r"\[instance 7\] (\S+)", task_log())
     assert forwarded == ["a", "b", "boom", "gpumarket:"]
     assert hook.log_reads[0] == {"tail": 1000, "retry": False, "key_digests": ("cd" * 32,)}
@@ -163,7 +164,7 @@ def test_a_job_that_stopped_its_instance_after_exit_zero_succeeds_with_every_lin
     hook = FakeAsyncHook(["loading", "running", "stopped"])  # a 3-second job: no read happened while it ran
     hook.log_texts = ["gpumarket: job started\none\ntwo\nthree\ngpumarket: job exited with status 0\n"]
     event = _run(make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=30), hook, monkeypatch)
-    assert event["status"] == lifecycle.EventKind.JOB_SUCCEEDED and event["actual_status"] == "stopped"
+    assert event["status"] == outcome.EventKind.JOB_SUCCEEDED and event["actual_status"] == "stopped"
     assert event["exit_status"] == 0 and hook.destroyed == []  # the resumed task destroys it
     assert [re.sub(r"^\[instance 7\] ", "", line) for line in event["final_lines"]] == [
         "gpumarket: job started",
@@ -221,8 +222,8 @@ def test_an_unreadable_final_log_is_not_a_success_and_says_what_was_lost(make_tr
     hook = FakeAsyncHook(["running", "stopped"])
     hook.log_texts = [GpuMarketServerError("logs: HTTP 503 after retries", status_code=503)]
     event = _run(make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=30), hook, monkeypatch)
-    assert event["status"] == lifecycle.EventKind.JOB_FAILED and event["exit_status"] is None
-    assert "no exit status could be read" in lifecycle.describe_event(event, 7)
+    assert event["status"] == outcome.EventKind.JOB_FAILED and event["exit_status"] is None
+    assert "no exit status could be read" in outcome.from_event(event)[0].describe()
     assert "The final read of the log of instance 7 failed after retries" in task_log()
 
 
@@ -239,7 +240,7 @@ def test_job_mode_max_runtime_counts_from_the_first_running_read(make_trigger, m
     trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, max_runtime=0.0)
     hook = FakeAsyncHook([None, "loading", "loading", "running"])
     event = _run(trigger, hook, monkeypatch)
-    assert event["status"] == lifecycle.EventKind.TIMEOUT and event["limit"] == lifecycle.MAX_RUNTIME
+    assert event["status"] == outcome.EventKind.TIMEOUT and event["limit"] == outcome.MAX_RUNTIME
     assert hook.reads == 4  # the boot's reads did not count against it
 
 
@@ -253,7 +254,7 @@ def test_job_watch_keeps_the_lease_alive_through_the_label(make_trigger, monkeyp
         lease_cap=now + 3600,
     )
     hook = FakeAsyncHook(["running", "running", GpuMarketNotFoundError("x")])
-    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.JOB_SUCCEEDED
+    assert _run(trigger, hook, monkeypatch)["status"] == outcome.EventKind.JOB_SUCCEEDED
     ((instance_id, label),) = hook.labels  # renewed once: the renewed lease is far from due on the next read
     assert instance_id == 7 and lifecycle.lease_of(label) == pytest.approx(now + 900, abs=5)
 
@@ -261,26 +262,26 @@ def test_job_watch_keeps_the_lease_alive_through_the_label(make_trigger, monkeyp
 def test_job_gone_after_the_lease_expired_is_reported_as_unknown_not_success(make_trigger, monkeypatch):
     trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, label=lifecycle.make_label("0123456789ab", time.time() - 5))
     event = _run(trigger, FakeAsyncHook(["running", GpuMarketNotFoundError("x")]), monkeypatch)
-    assert event["status"] == lifecycle.EventKind.LEASE_EXPIRED
-    assert "outcome is unknown" in lifecycle.describe_event(event, 7)
+    assert event["status"] == outcome.EventKind.LEASE_EXPIRED
+    assert "outcome is unknown" in outcome.from_event(event)[0].describe()
 
 
 def test_transient_errors_after_the_hooks_retries_keep_polling(make_trigger, monkeypatch):
     hook = FakeAsyncHook(["loading", GpuMarketServerError("503", status_code=503), "running"])
-    assert _run(make_trigger(), hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
+    assert _run(make_trigger(), hook, monkeypatch)["status"] == outcome.EventKind.REACHED
     assert hook.reads == 3
 
 
 def test_non_retryable_error_ends_with_an_error_event(make_trigger, monkeypatch):
     event = _run(make_trigger(), FakeAsyncHook([GpuMarketAuthError("refused", status_code=401)]), monkeypatch)
-    assert event["status"] == lifecycle.EventKind.ERROR and "refused" in event["message"]
+    assert event["status"] == outcome.EventKind.ERROR and "refused" in event["message"]
 
 
 def test_deadline_ends_waiting(make_trigger, monkeypatch):
     event = _run(make_trigger(deadline=0.0), FakeAsyncHook(["running"]), monkeypatch)
-    assert event["status"] == lifecycle.EventKind.REACHED  # reaching the target wins over a deadline in the same read
+    assert event["status"] == outcome.EventKind.REACHED  # reaching the target wins over a deadline in the same read
     event = _run(make_trigger(boot_deadline=0.0), FakeAsyncHook(["loading"]), monkeypatch)
-    assert event["status"] == lifecycle.EventKind.BOOT_TIMEOUT
+    assert event["status"] == outcome.EventKind.BOOT_TIMEOUT
 
 
 def test_on_kill_destroys_the_rented_instance_of_a_task_marked_failed(make_trigger, monkeypatch):
@@ -436,7 +437,7 @@ def test_cleanup_after_the_trigger_fired_never_destroys(make_trigger, monkeypatc
     hook = FakeAsyncHook(["running"])
     trigger = make_trigger(destroy_on_kill=True)
     trigger.task_instance = TI
-    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
+    assert _run(trigger, hook, monkeypatch)["status"] == outcome.EventKind.REACHED
     monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: ("failed", 1, "execute_complete"))
     asyncio.run(trigger.cleanup())
     assert hook.destroyed == []
@@ -654,8 +655,8 @@ def test_rule_two_copies_of_one_trigger_show_each_line_of_the_job_once(make_trig
 
     forwarded = re.findall(r"\[instance 7\] (tick \d+)", task_log())
     for event in events:  # the resumed task shows one event's lines: either is whole and repeats nothing
-        assert event["status"] == lifecycle.EventKind.JOB_SUCCEEDED
-        held = [re.sub(r"^\[instance 7\] ", "", line) for line in event["final_lines"]]
+        assert event.kind is outcome.EventKind.JOB_SUCCEEDED
+        held = [re.sub(r"^\[instance 7\] ", "", line) for line in event.final_lines]
         assert forwarded + [line for line in held if line.startswith("tick")] == [f"tick {i}" for i in range(1, 11)]
     assert "may repeat" not in task_log()  # B knew what A had shown: nothing is shown twice, so nothing is said
     assert len(forwarded) == 9  # A showed ticks 1-8 and B tick 9 while the job ran
@@ -672,7 +673,7 @@ def test_an_unreachable_record_of_lines_shown_is_said_once_and_the_wait_goes_on(
     trigger = make_trigger(wait_for=lifecycle.WAIT_JOB, log_interval=1e-9)
     trigger.task_instance = TI
     event = _run(trigger, hook, monkeypatch)
-    assert event["status"] == lifecycle.EventKind.JOB_SUCCEEDED and event["exit_status"] == 0
+    assert event["status"] == outcome.EventKind.JOB_SUCCEEDED and event["exit_status"] == 0
     assert task_log().count("Could not reach the record of the job's lines shown") == 1
 
 

@@ -9,7 +9,7 @@ from contextlib import aclosing
 
 import pytest
 
-from airflow_gpumarket import api, lifecycle
+from airflow_gpumarket import api, outcome
 from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
 from .fakes import FakeAsyncHook, _run
@@ -35,7 +35,7 @@ def test_shared_poller_makes_one_list_call_per_round_for_many_triggers(monkeypat
         return await asyncio.gather(*(first(t) for t in triggers))
 
     events = asyncio.run(all_three())
-    assert [e["status"] for e in events] == [lifecycle.EventKind.REACHED] * 3
+    assert [e["status"] for e in events] == [outcome.EventKind.REACHED] * 3
     assert hook.lists == 3  # rounds, not triggers x rounds
     assert hook.asked_ids == [1, 2, 3]  # only the watched instances are asked for
 
@@ -59,7 +59,7 @@ def test_shared_poller_confirms_a_missing_instance_before_reporting_it_gone(monk
 
     hook.list_instances = list_without_it  # type: ignore[method-assign]
     trigger = GpuMarketInstanceStatusTrigger(instance_id=7, poll_interval=0, gpumarket_conn_id="q")
-    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
+    assert _run(trigger, hook, monkeypatch)["status"] == outcome.EventKind.REACHED
 
 
 def test_shared_poller_rounds_never_go_faster_than_the_live_list_budget(monkeypatch):
@@ -82,7 +82,7 @@ def test_shared_poller_rounds_never_go_faster_than_the_live_list_budget(monkeypa
     monkeypatch.setattr(poller, "asyncio", PollersAsyncio())
     hook = FakeAsyncHook([None, "loading", "running"])
     trigger = GpuMarketInstanceStatusTrigger(instance_id=7, poll_interval=0, gpumarket_conn_id="budget")
-    assert _run(trigger, hook, monkeypatch)["status"] == lifecycle.EventKind.REACHED
+    assert _run(trigger, hook, monkeypatch)["status"] == outcome.EventKind.REACHED
     assert waits and min(waits) > 1.9  # 2 s between list calls, although the trigger asked for 0 s
 
 

@@ -93,18 +93,28 @@ def test_rule_a_rental_is_timed_on_the_services_clock_from_its_start_to_its_end(
     assert ended["ended_at"] == 8600.0 and ended["cost"] == 0.5  # an hour at 0.5 $/h on the service's clock
 
 
+def read(held, status: str, at: float) -> bool:
+    """One read of a wait at the service's time ``at``, as the rental observes it (``Rental.observe``)."""
+    from airflow_gpumarket.lifecycle import billing_marks
+    from airflow_gpumarket.outcome import Marks
+
+    previous = held.read_at if held.read_at is not None else held.recorded_at
+    running, stopped = billing_marks(held.running_at, held.stopped_at, status, at, previous)
+    return held.observe(Marks(running_at=running, stopped_at=stopped, read_at=at))
+
+
 def test_rule_a_rental_costs_its_price_from_first_seen_running_until_first_seen_stopped_or_destroyed():
     ti = PushingTi()
     recorder = records.RentalRecorder({"ti": ti}, LOG, "c", clock=Clock(start=1000.0, step=7200.0))
     held = rental()
     recorder.start(held)  # created at 1000.0 on the service's clock, then boots
-    assert held.note_billing("loading", 1100.0) is False and held.running_at is None
-    assert held.note_billing("running", 1300.0) is True  # the first read that found it running: written
+    assert read(held, "loading", 1100.0) is False and held.running_at is None
+    assert read(held, "running", 1300.0) is True  # the first read that found it running: written
     recorder.running(held)
     assert ti.pushed[records.record_key(41)]["running_at"] == 1200.0  # halfway from the read before
-    assert held.note_billing("running", 4700.0) is False
-    held.note_billing("stopped", 4900.0)  # its job ended and stopped it: compute billing ended by then
-    held.note_billing("stopped", 5000.0)
+    assert read(held, "running", 4700.0) is False
+    read(held, "stopped", 4900.0)  # its job ended and stopped it: compute billing ended by then
+    read(held, "stopped", 5000.0)
     recorder.end(41)  # destroyed at 8200.0, after its log was read
     ended = ti.pushed[records.record_key(41)]
     assert (ended["running_at"], ended["stopped_at"], ended["ended_at"]) == (1200.0, 4800.0, 8200.0)
