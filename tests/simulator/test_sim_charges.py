@@ -95,7 +95,9 @@ def test_charges_are_one_per_instance_per_utc_day(live, money):
 def test_charge_items_break_it_into_gpu_storage_and_bandwidth_summing_to_the_amount(live, money):
     rent(live, 1)
     money.advance(DAY)
-    for charge in listing(live, CHARGES)["results"]:
+    charges = listing(live, CHARGES)["results"]
+    assert charges, "a day of one rental lists its charge"
+    for charge in charges:
         assert_item_shape(charge)
         assert [i["type"] for i in charge["items"]] == ["gpu", "storage", "bandwidth"]
         gpu, storage, bandwidth = (i["amount"] for i in charge["items"])

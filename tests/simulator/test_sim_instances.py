@@ -125,7 +125,9 @@ def test_boot_goes_null_then_loading_then_running(sim, api):
 
 
 def test_boot_takes_one_to_five_minutes(sim, api):
-    for offer in api.search({"verified": {"eq": True}, "reliability": {"gte": 0.95}, "limit": 3}):
+    offers = api.search({"verified": {"eq": True}, "reliability": {"gte": 0.95}, "limit": 3})
+    assert len(offers) == 3
+    for offer in offers:
         seen = first_boot_times(sim, api, api.create(offer["id"])["new_contract"])
         assert 60 <= seen["running"] <= 301
 

@@ -85,7 +85,7 @@ def test_a_connections_charges_and_account_are_read_once_then_reused_for_a_while
     first = sources.charges("a", 100.0, 200.0)
     clock.now += sources.MONEY_CACHE_SECONDS - 1
     assert sources.charges("a", 100.0, 250.0) == first  # the page's refreshes: from the same midnight to now
-    assert sources.account("a") == sources.account("a")
+    assert sources.account("a") is sources.account("a")  # the answer read once, then the same object
     sources.charges("a", 50.0, 250.0)  # another window: read
     sources.charges("b", 100.0, 250.0)  # another connection: read
     assert calls == [("charges", "a", 100.0, 200.0), ("account", "a"), ("charges", "a", 50.0, 250.0)] + [
