@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-import subprocess
+import re
 from pathlib import Path
 
 import pytest
@@ -19,18 +19,13 @@ FACES = ("airflow_gpumarket/operators", "airflow_gpumarket/sensors", "airflow_gp
 
 
 def tracked_modules(*folders: str) -> list[str]:
-    """The Python modules git tracks under ``folders`` (an untracked build copy is not the project's)."""
-    try:
-        listed = subprocess.run(
-            ["git", "ls-files", "--", *(f"{folder}/*.py" for folder in folders)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-    except (OSError, subprocess.CalledProcessError):
-        return []
-    return sorted(listed)
+    """The Python modules under ``folders``, read from the tree (a clean clone, an unpacked sdist, a CI checkout)."""
+    return sorted(
+        path.relative_to(ROOT).as_posix()
+        for folder in folders
+        for path in (ROOT / folder).rglob("*.py")
+        if "__pycache__" not in path.parts
+    )
 
 
 @pytest.mark.parametrize("module", tracked_modules(*PACKAGES))
@@ -57,7 +52,28 @@ def test_no_operator_sensor_or_trigger_class_defines_more_than_25_methods(module
 def test_the_limits_see_the_modules_they_check():
     """A pattern that matched nothing would let every check above pass."""
     modules = tracked_modules(*PACKAGES)
-    if not modules:
-        pytest.skip("not a git checkout: git ls-files lists nothing")
     assert "simulator/gpumarket_simulator/world.py" in modules
     assert "airflow_gpumarket/operators/renting.py" in tracked_modules(*FACES)
+
+
+LAYOUT = ROOT / "docs" / "contributing" / "layout.md"
+
+
+@pytest.mark.parametrize("module", tracked_modules("airflow_gpumarket"))
+def test_every_module_of_the_provider_is_listed_with_its_role_in_the_layout_page(module):
+    """The layout page names each module, by its path or by its name under its folder's entry."""
+    text = LAYOUT.read_text(encoding="utf-8")
+    path = module.removeprefix("airflow_gpumarket/")
+    folder, _, name = path.rpartition("/")
+    listed = re.search(rf"^ *{re.escape(path)}\s", text, re.MULTILINE) is not None
+    grouped = bool(folder) and re.search(rf"^  {re.escape(folder)}/\s[^\n]*(\n    .*)*?\b{re.escape(name)}", text, re.M)
+    assert listed or grouped or name == "__init__.py" and folder, f"docs/contributing/layout.md does not list {path}"
+
+
+def test_every_module_the_layout_page_lists_exists():
+    text = LAYOUT.read_text(encoding="utf-8")
+    block = text.split("```text", 1)[1].split("```", 1)[0]
+    named = re.findall(r"^  ([a-z_]+(?:/[a-z_]+)*\.py)\s", block, re.MULTILINE)
+    assert named, "no module found in the layout page's tree"
+    missing = [path for path in named if not (ROOT / "airflow_gpumarket" / path).exists()]
+    assert not missing, f"the layout page lists modules that do not exist: {missing}"
