@@ -8,8 +8,10 @@ the ``airflow_db`` fixture. The DAGs folder holds copies of ``example_dags/`` an
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
+import re
 import shutil
 import tempfile
 from importlib.metadata import version
@@ -37,6 +39,41 @@ import airflow  # noqa: E402,F401  (pins the configuration above)
 import pytest  # noqa: E402
 
 AIRFLOW_2 = version("apache-airflow").startswith("2.")
+
+
+#: Folders whose tests drive Airflow's own machinery (triggers, the UI and its plugin, the CLI, decorators, sensors,
+#: notifications, connections): their code paths differ between Airflow versions.
+EVERY_AIRFLOW_FOLDERS = ("triggers", "ui", "commands", "decorators", "sensors", "notifications", "hooks")
+
+
+#: The names by which a test module tells Airflow versions apart (``_compat``'s switches and this conftest's).
+VERSION_SWITCHES = ("AIRFLOW_2", "airflow_version", "is_airflow_2", "has_retry_policies", "triggerer_calls_on_kill")
+
+
+def every_airflow(item: pytest.Item) -> bool:
+    """Whether a test's code path differs between Airflow versions: ``make test`` runs those on 2.11 too.
+
+    That is a test that uses the metadata database (``airflow_db``: DAG runs, XComs, Variables, the ledger as a task
+    reaches it), lives in one of ``EVERY_AIRFLOW_FOLDERS``, carries a ``skipif``, or whose module names a version
+    switch (``VERSION_SWITCHES``). The others call the provider's rules and operators on plain contexts and fakes, the
+    same code on every version: they run on the newest Airflow, and on both in ``make test-all``.
+    """
+    parts = item.path.relative_to(Path(__file__).parent).parts
+    if "airflow_db" in getattr(item, "fixturenames", ()) or (len(parts) > 1 and parts[0] in EVERY_AIRFLOW_FOLDERS):
+        return True
+    return item.get_closest_marker("skipif") is not None or _names_a_version(item.path)
+
+
+@functools.cache
+def _names_a_version(path: Path) -> bool:
+    source = path.read_text(encoding="utf-8")
+    return any(re.search(rf"\b{name}\b", source) for name in VERSION_SWITCHES)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if every_airflow(item):
+            item.add_marker(pytest.mark.every_airflow)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
