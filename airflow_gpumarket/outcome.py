@@ -259,6 +259,12 @@ def from_event(event: Any) -> tuple[WaitOutcome, Rental | None]:
     return outcome, None if resume is None else Rental.from_resume(resume)
 
 
+def instance_of(event: Any) -> int | None:
+    """The instance a trigger's event names, even when nothing else of it can be read (the task still ends it)."""
+    found = event.get("instance_id") if isinstance(event, Mapping) else None
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+
 def _optional(event: Mapping[str, Any], key: str, kind: type) -> Any:
     value = event.get(key)
     if value is None:

@@ -30,7 +30,7 @@ from airflow_gpumarket.operators.guard import RentalGuard, task_key
 from airflow_gpumarket.operators.plan import stages_in
 from airflow_gpumarket.operators.preemption import Preemptions
 from airflow_gpumarket.operators.spec import try_started
-from airflow_gpumarket.outcome import EventKind, WaitOutcome, from_event
+from airflow_gpumarket.outcome import EventKind, WaitOutcome, from_event, instance_of
 from airflow_gpumarket.ui.records import RentalRecorder
 
 if TYPE_CHECKING:
@@ -139,8 +139,8 @@ class RentalSession:
 
     def resume(self, event: Any) -> tuple[lifecycle.Rental, WaitOutcome]:
         """The rental a trigger's event brings back, with what its wait learnt; its held log lines shown."""
-        instance_id = event.get("instance_id") if isinstance(event, Mapping) else None
-        if isinstance(instance_id, int):
+        instance_id = instance_of(event)
+        if instance_id is not None:
             self._guard.take(instance_id)  # whatever else is wrong with the event, the guard destroys it
         try:
             ended, rental = from_event(event)
