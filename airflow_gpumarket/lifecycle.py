@@ -201,13 +201,8 @@ class Rental:
         return None if price is None else round(price + self.disk_hourly, 6)
 
     # What a rental learns while it is held; nothing else changes it.
-    def relabel(self, label: str | None) -> None:
-        """The lease was renewed (by this task or, while deferred, by the trigger): the label now on the instance."""
-        if label:
-            self.label = label
-
     def rebid(self, bid: float) -> None:
-        """The bid was changed (``bid_strategy="hold"``): what an hour costs from now on."""
+        """The bid was changed after a preemption (``bid_strategy="hold"``): what an hour costs from now on."""
         self.bid = bid
 
     def observe(self, marks: Marks) -> bool:

@@ -1,8 +1,9 @@
 """Destroy on every failure path: the object a renting task holds for what it rented, and the failure callback.
 
-What a try rented is destroyed when the try fails in any way: an exception (``RentalGuard.on_failure``), SIGTERM
-or ``execution_timeout`` (``RentalGuard.kill`` from the operator's ``on_kill``), a worker lost without a trace
-(``destroy_rentals_on_failure``, which Airflow runs elsewhere). A retry adopts what an earlier try left
+What a try rented is ended (``ending.end_rental``) when the try fails in any way: an exception
+(``RentalGuard.on_failure``), SIGTERM or ``execution_timeout`` (``RentalGuard.kill`` from the operator's
+``on_kill``), a worker lost without a trace (``destroy_rentals_on_failure``, which Airflow runs elsewhere). The
+session ends its rentals through ``RentalGuard.end`` too. A retry adopts what an earlier try left
 (``RentalGuard.adopt``) rather than renting again.
 """
 

@@ -3,8 +3,10 @@
 ``Preemptions`` is held by the ``RentalSession``. It counts the preemption, reads the stopped instance, bids again
 under ``bid_strategy="hold"``, and asks the ``bidding.BidPolicy`` what follows: the wait for the bid to win the
 machine back, a failover (the instance destroyed, or kept as the checkpoint's source), on-demand rentals, or the
-task's failure. With a ``deadline`` it also asks ``airflow_gpumarket.deadlines`` before each rental and after each
-preemption whether the job may still bid. The rules are in ``airflow_gpumarket.bidding`` and ``deadlines``.
+task's failure. It returns that as an ``Answer``; the session ends the instance, then ``conclude`` fails the task
+or turns to on-demand rentals. With a ``deadline`` it also asks ``airflow_gpumarket.deadlines`` before each rental
+and after each preemption whether the job may still bid. The rules are in ``airflow_gpumarket.bidding`` and
+``deadlines``.
 """
 
 from __future__ import annotations

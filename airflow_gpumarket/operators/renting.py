@@ -2,9 +2,10 @@
 
 ``RentalSpec`` (``spec.py``) checks the arguments and builds what a create sends; ``offers.py`` chooses the offer;
 the ``RentalSession`` (``session.py``) that ``execute`` makes holds the try's rentals: it adopts, rents, waits in
-the worker, hands preemptions to ``preemption.py``, and destroys or hands over. Deferred, the wait runs in
-``triggers/instances.py``, carrying a ``waiting.Watch`` and the ``lifecycle.Rental``. Each operator says what it does
-with its rental through ``spec.Terms`` and judges how the wait ended in ``_complete``.
+the worker, hands preemptions to ``preemption.py``, and ends them. What comes next is ``plan.next_step``'s word,
+one step at a time, on one ``Try``. Deferred, the wait runs in ``triggers/instances.py``, carrying a
+``waiting.Watch`` and the ``lifecycle.Rental``, and comes back as an ``outcome.WaitOutcome``. Each operator says what
+it does with its rental through ``spec.Terms`` and judges how the wait ended in ``_complete``.
 """
 
 from __future__ import annotations

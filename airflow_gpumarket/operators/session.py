@@ -1,10 +1,10 @@
 """One try of a renting task: the ``RentalSession`` its operator holds, as ``KubernetesPodOperator`` holds a PodManager.
 
-The session owns the hook's rentals for one try: the ``RentalGuard`` (destroy on every failure path), the ``Budget``
-(reserve before a create, settle at the end), the ``RentalRecorder`` (the GPU rentals page) and, for durable data,
-the ``Stager``. A rental starts in one place (``_start``: created by ``rent``, adopted by ``adopt`` or resumed by
-``resume``) and ends in ``end`` (or ``fail_over``, ``destroy``, or the guard on a failure path). Nothing outside
-writes the guard's fields.
+The session owns the hook's rentals for one try. Its parts hold none of each other: the ``RentalGuard`` (what the
+try holds, ended on every failure path), the ``Budget`` (reserve before a create), the ``RentalRecorder`` (the GPU
+rentals page), the ``OfferChooser``, ``Preemptions`` and, for durable data, the ``Stager``. A rental starts in one
+place (``_start``: created by ``rent``, adopted by ``adopt`` or resumed by ``resume``) and ends through the guard's
+``end``, which calls ``ending.end_rental`` (from ``end``, ``fail_over``, ``after_preemption``, or a failure path).
 """
 
 from __future__ import annotations
