@@ -158,12 +158,12 @@ def count_client_faults(counter: Counter) -> None:
 
 
 def count_preflight_failovers(recognised: set[int]) -> None:
-    """Collect the instances whose failed GPU preflight the renting session recognised (and so failed over from), by
-    wrapping the two functions that read the wrapper's verdict: from a job's event, and from a stopped instance's log
-    (a job whose data was still to be staged)."""
-    from airflow_gpumarket.operators import session
+    """Collect the instances whose failed GPU preflight the renting task recognised (and so failed over from), by
+    wrapping the two functions that read the wrapper's verdict: from a wait's outcome (``plan.preflight_failed``), and
+    from a stopped instance's log (``session.preflight_in_log``: a job whose data was still to be staged)."""
+    from airflow_gpumarket.operators import plan, session
 
-    from_event, from_log = session.preflight_failed, session.preflight_in_log
+    from_event, from_log = plan.preflight_failed, session.preflight_in_log
     lock = threading.Lock()
 
     def seen(found: Any, instance_id: Any) -> Any:
@@ -172,7 +172,7 @@ def count_preflight_failovers(recognised: set[int]) -> None:
                 recognised.add(instance_id)
         return found
 
-    session.preflight_failed = lambda spec, event: seen(from_event(spec, event), event.get("instance_id"))
+    plan.preflight_failed = lambda spec, ended: seen(from_event(spec, ended), ended.instance_id)
     session.preflight_in_log = lambda hook, spec, rental, event: seen(
         from_log(hook, spec, rental, event), rental.instance_id
     )
