@@ -45,7 +45,7 @@ class Outcome(str, Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2.11 runs o
     SUCCEEDED = "succeeded"  # the job exited 0: its checkpoint saved, its outputs copied, then destroyed
     FAILED = "failed"  # the job ended otherwise: its checkpoint saved, then destroyed
     NOT_STARTED = "not_started"  # the job never started (its staged data did not arrive): destroyed
-    DESTROYED = "destroyed"  # ended here with nothing saved (a timeout, a failover): destroyed
+    DESTROYED = "destroyed"  # destroyed with nothing saved or waited for (execution_timeout): the task fails next
     HANDED_OVER = "handed_over"  # the instance outlives the task, for later tasks of its DAG run
     GONE = "gone"  # the instance is gone already (the job destroyed it, or somebody did)
 
@@ -388,13 +388,16 @@ class RentalSession:
         if how is Outcome.GONE:
             self._guard.end(rental.instance_id, Disposal.GONE, metric=metric, why=why)  # a 404 proved it
             return
+        if how is Outcome.DESTROYED:  # the task fails next: its failure path ends a kept source, unsaved
+            self._guard.end(rental.instance_id, metric=metric, why=why)
+            return
         if self._stager is not None:  # a kept checkpoint source is no longer needed
             self._stager.drop_source(rental.attempts, "the job no longer needs its checkpoint")
         if how is Outcome.HANDED_OVER:
             self._guard.end(rental.instance_id, Disposal.HAND_OVER, metric=metric, why=why)
             return
         lost: dict[str, str] = {}
-        if self._stager is not None and how in (Outcome.SUCCEEDED, Outcome.FAILED):
+        if self._stager is not None and how is not Outcome.NOT_STARTED:
             self._stager.save(rental.instance_id)
             if how is Outcome.SUCCEEDED:
                 lost = self._stager.stage_out(rental.instance_id)

@@ -82,6 +82,24 @@ def test_end_destroys_or_hands_over_as_the_outcome_says_and_nothing_is_held_afte
     assert hook.destroyed == destroyed and hook.alive() == alive
 
 
+def test_an_end_with_nothing_saved_neither_saves_nor_waits_for_a_kept_checkpoint_source():
+    """execution_timeout ends the rental at once: a save, or the wait for a kept source's save, would outlast it."""
+    from types import SimpleNamespace
+
+    hook = FakeHook({1: ["running"]})
+    session, rental = rented(hook)
+    staged: list[str] = []
+    session._stager = SimpleNamespace(  # a stager that records what it is asked, nothing more
+        drop_source=lambda *args: staged.append("drop_source"),
+        save=lambda *args: staged.append("save"),
+        stage_out=lambda *args: staged.append("stage_out") or {},
+    )
+    session.end(rental, Outcome.DESTROYED, metric=None)
+    assert hook.destroyed == [1001] and staged == []
+    session.end(rental, Outcome.FAILED, metric=None)
+    assert staged == ["drop_source", "save"]  # a failed job's end saves its checkpoint first
+
+
 def test_a_retry_adopts_what_an_earlier_try_left_counted_from_its_own_start():
     hook = FakeHook({1: ["running"]})
     session = session_of(hook, try_number=2)
