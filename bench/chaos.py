@@ -543,8 +543,7 @@ def main() -> int:
         market.join()
         sim.send("DELETE", "/_sim/faults")
         credit_results, credit_stops = credit_stop(sim, args.seed, args.workers)
-        # After the $0-stop phase: a task marked failed while deferred keeps its reservation until its lease ends
-        # (its trigger's on_kill destroys, but does not settle), which the credit check would count as held.
+        # After the $0-stop phase, which counts the account's credit: the deferred phase's jobs bill as they run.
         deferred_results, cancels = chaos_triggerer.deferred_phase(
             sim, args.seed, args.deferred, args.workers, faults=FAULTS, gpus=GPUS, classify=classify
         )
