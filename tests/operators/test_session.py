@@ -1,7 +1,7 @@
 """RentalSession (operators/session.py): one try's rentals, driven through its public methods with a fake hook.
 
 A rental starts by ``rent`` (reserve, create, record, hold), ``adopt`` or ``resume``, and ends by ``end`` (as its
-outcome says), ``fail_over`` or ``destroy``; whatever fails inside ``guarded`` destroys what the session holds.
+outcome says) or ``fail_over``; whatever fails inside ``guarded`` destroys what the session holds.
 """
 
 from __future__ import annotations
