@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow_gpumarket import _compat, api, job_logs, lifecycle, task_xcom, waiting
 from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
-from airflow_gpumarket.outcome import EventKind, Marks, WaitOutcome, to_event
+from airflow_gpumarket.outcome import EventKind, WaitOutcome, to_event
 from airflow_gpumarket.triggers.poller import poller_for
 from airflow_gpumarket.waiting import Observation
 
@@ -154,7 +154,9 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             shown=watch.shown_lines,
             since=created if api.is_positive_number(created) else None,
         )
-        return waiting.Wait(watch, pump, self.log, marks=_marks_of(rental), hold_final=True)
+        deferred = self._deferred()
+        marks = None if deferred is None else deferred.marks()  # what the rental's earlier waits learnt
+        return waiting.Wait(watch, pump, self.log, marks=marks, hold_final=True)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         wait = self._current = self._wait()
@@ -298,13 +300,17 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
         why = "task killed while deferred"
         end_rental(books, self.instance_id, Disposal.DESTROY, metric=metrics.TASK_FAILED, why=why, read_charge=False)
 
-    def _rental(self) -> lifecycle.Rental | None:
-        """The rental as the task deferred it, with what this wait saw since (its cost is settled from it)."""
+    def _deferred(self) -> lifecycle.Rental | None:
+        """The rental as the task deferred it; None for a sensor's trigger, or a value of another shape."""
         try:
-            rental = lifecycle.Rental.from_resume(self.rental)
+            return lifecycle.Rental.from_resume(self.rental)
         except ValueError:
             return None
-        if self._current is not None:
+
+    def _rental(self) -> lifecycle.Rental | None:
+        """The rental as the task deferred it, with what this wait saw since (its cost is settled from it)."""
+        rental = self._deferred()
+        if rental is not None and self._current is not None:
             rental.observe(self._current.marks())
         return rental
 
@@ -461,17 +467,3 @@ def _task_instance_now_from_the_task_sdk(ti: Any) -> tuple[str | None, None, Non
         return None
     state = states[key]
     return (None if state is None else getattr(state, "value", state), None, None)  # the enum's value
-
-
-def _marks_of(rental: Mapping[str, Any] | None) -> Marks | None:
-    """What the rental's earlier waits learnt, from its ``to_resume`` dict (a value of another shape: nothing)."""
-    if not rental:
-        return None
-
-    def number(key: str) -> float | None:
-        value = rental.get(key)
-        return float(value) if api.is_positive_number(value) else None
-
-    read_at = number("read_at") or number("recorded_at")
-    label = rental.get("label") if isinstance(rental.get("label"), str) else None
-    return Marks(number("running_at"), number("stopped_at"), read_at, number("bid"), label, None)
