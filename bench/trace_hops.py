@@ -1,10 +1,12 @@
 """Count what a reader follows from a deferrable RunJob to ``defer()``: file switches, files and functions.
 
 The service is mocked (requests-mock: one offer, one create); every call into the provider's own code is recorded,
-and a hop is a call or return that lands in another file than the one before it. Printed for the trace from
-construction and from ``execute``: the hops among all of the provider's files and among ``airflow_gpumarket/operators/``
-files, and the distinct functions run (``--functions`` lists those of ``execute``, in the order first run). Run it on
-another tree (``PYTHONPATH=<tree>``) for its figures before a change.
+and a hop is a call or return that lands in another file than the one before it. A module's first import runs its
+body, which is no hop a reader follows: those hops are counted apart ("import hops"), and what runs inside an import
+is left out of the path. Printed for the trace from construction and from ``execute``: the hops among all of the
+provider's files and among ``airflow_gpumarket/operators/`` files, and the distinct functions run (``--functions``
+lists those of ``execute``, in the order first run). Run it on another tree (``PYTHONPATH=<tree>``) for its figures
+before a change.
 
     python bench/trace_hops.py [--functions]
 """
@@ -38,7 +40,8 @@ def _mock_service(mocker: requests_mock.Mocker) -> None:
 
 def trace(module: str) -> tuple[list[str], list[str], int]:
     """The provider's files and functions, in the order a deferrable RunJob's code runs through them; where
-    ``execute`` starts (an index of both lists)."""
+    ``execute`` starts (an index of both lists). A module body's entries are named ``<module>``, and what runs
+    inside it is left out."""
     os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = json.dumps(
         {"conn_type": "gpumarket", "host": BASE, "password": "trace-key-0123456789"}
     )
@@ -51,8 +54,21 @@ def trace(module: str) -> tuple[list[str], list[str], int]:
     files: list[str] = []
     functions: list[str] = []
     executed = 0
+    importing: list[object] = []  # the module bodies running now, outermost first
 
     def profile(frame, event, arg):  # noqa: ARG001 - the profiler's signature
+        if frame.f_code.co_name == "<module>" and event in ("call", "return"):
+            if event == "call":
+                importing.append(frame)
+                if len(importing) == 1 and frame.f_code.co_filename.startswith(str(PACKAGE)):
+                    name = os.path.relpath(frame.f_code.co_filename, PACKAGE.parent)
+                    files.append(name)
+                    functions.append(f"{name}:<module>")
+            elif importing and importing[-1] is frame:
+                importing.pop()
+            return
+        if importing:
+            return
         now = frame if event == "call" else frame.f_back if event == "return" else None
         if now is not None and now.f_code.co_filename.startswith(str(PACKAGE)):
             name = os.path.relpath(now.f_code.co_filename, PACKAGE.parent)
@@ -84,6 +100,12 @@ def _runs(files: list[str]) -> list[str]:
     return [name for i, name in enumerate(files) if i == 0 or files[i - 1] != name]
 
 
+def _hops(files: list[str], functions: list[str]) -> tuple[int, int]:
+    """The switches among ``files`` without the imports, and those the imports add."""
+    called = [file for file, function in zip(files, functions, strict=True) if not function.endswith(":<module>")]
+    return len(_runs(called)) - 1, (len(_runs(files)) - 1) - (len(_runs(called)) - 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", default="airflow_gpumarket.operators.run_job", help="where the operator lives")
@@ -94,11 +116,13 @@ def main() -> None:
         ("construction", files, functions),
         ("execute", files[executed:], functions[executed:]),
     ):
-        path = _runs(part)
-        operators = _runs([name for name in path if name.startswith("airflow_gpumarket/operators/")])
+        hops, import_hops = _hops(part, called)
+        inside = [(f, c) for f, c in zip(part, called, strict=True) if f.startswith("airflow_gpumarket/operators/")]
+        operator_hops, operator_import_hops = _hops([f for f, _ in inside], [c for _, c in inside])
         print(
-            f"from {start} to defer(): {len(path) - 1} hops among {len(set(path))} provider files; "
-            f"{len(operators) - 1} hops among {len(set(operators))} operator files; {len(set(called))} functions"
+            f"from {start} to defer(): {hops} hops among {len(set(part))} provider files (+{import_hops} import "
+            f"hops); {operator_hops} hops among {len({f for f, _ in inside})} operator files (+{operator_import_hops} "
+            f"import hops); {len(set(called))} functions"
         )
         read = {}
         for name in dict.fromkeys(called):
