@@ -135,6 +135,13 @@ class BidPolicy(NamedTuple):
         """The most a rental bidding ``bid`` may raise it to, or None when it does not hold its bid."""
         return bid_cap(self.max_bid, on_demand) if self.holds() and bid is not None else None
 
+    def reserved_price(self, dph_total: Any, bid: float | None) -> float | None:
+        """The compute price a rental is reserved and capped at: its price, or the cap a held bid may rise to."""
+        if bid is None:
+            return float(dph_total) if api.is_positive_number(dph_total) else None
+        cap = self.hold_cap(bid, dph_total)
+        return float(bid) if cap is None else max(float(bid), cap)
+
     def may_wait(self, preemptions: int, *, waited: bool) -> bool:
         """Whether the stopped instance may wait to win its machine back after preemption ``preemptions``.
 

@@ -201,6 +201,29 @@ def preflight_failure(lines: Iterable[str], status: int | None = None) -> Prefli
     return None
 
 
+def preflight_in_log(hook: Any, instance_id: int) -> PreflightFailure | None:
+    """Whether the job wrapper's preflight stopped ``instance_id``, as its log says (an unreadable log: no)."""
+    try:
+        text = hook.get_instance_logs(instance_id, tail=FAILURE_TAIL_LINES, retry=False)
+    except GpuMarketError:
+        return None
+    lines = split_lines(text, complete_only=False)
+    return preflight_failure(lines, exit_status(lines))
+
+
+def log_daemon_tail(hook: Any, log: Any, instance_id: int) -> None:
+    """Before giving up an instance that never ran: what its host daemon said, for diagnosis."""
+    try:
+        text = hook.get_instance_logs(instance_id, tail=FAILURE_TAIL_LINES, daemon_logs=True, retry=False)
+    except GpuMarketError as exc:
+        log.warning("Could not read the host daemon's log of instance %s: %s", instance_id, exc)
+        return
+    lines = split_lines(text, complete_only=False)[-FAILURE_TAIL_LINES:]
+    log.warning("The host daemon's log of instance %s ends with %d line(s):", instance_id, len(lines))
+    for line in lines:
+        log.warning("[instance %s daemon] %s", instance_id, line)
+
+
 def failure_detail(lines: Sequence[str], status: int | None) -> str:
     """What a failure's exception message adds: the exit status and the last lines the job printed."""
     parts = []

@@ -42,6 +42,14 @@ def rental_key(dag_id: str, run_id: str, task_id: str, map_index: int | None) ->
     return hashlib.sha256(raw.encode()).hexdigest()[:12]
 
 
+def task_key(task: Any, context: Any) -> str:
+    """The label key of ``task``'s task instance in ``context``: the same for every try (``rental_key``)."""
+    ti = context.get("ti") if isinstance(context, Mapping) else None
+    run_id = context.get("run_id") if isinstance(context, Mapping) else None
+    map_index = getattr(ti, "map_index", -1) if ti is not None else -1
+    return rental_key(task.dag_id or "", str(run_id), task.task_id, map_index)
+
+
 def kept_key(key: str) -> str:
     """The key of an instance a task kept on purpose (``keep_on_output_failure``): its failure paths skip it."""
     return hashlib.sha256(f"{key}|kept".encode()).hexdigest()[:12]

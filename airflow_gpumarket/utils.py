@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow_gpumarket import api
@@ -72,6 +72,36 @@ def duration_seconds(name: str, value: timedelta | float, *, zero_ok: bool = Fal
     else:
         api.require_positive_number(name, seconds)
     return float(seconds)
+
+
+def try_number(context: Any) -> int:
+    """The try of the task instance in ``context`` (1 when it does not tell)."""
+    ti = context.get("ti") if isinstance(context, Mapping) else None
+    return getattr(ti, "try_number", 1) or 1
+
+
+def try_started(context: Any, fallback: float) -> float:
+    """When this try started: its task instance's ``start_date`` (the same across deferrals), else ``fallback``."""
+    ti = context.get("ti") if isinstance(context, Mapping) else None
+    start_date = getattr(ti, "start_date", None)
+    return start_date.timestamp() if isinstance(start_date, datetime) else fallback
+
+
+#: A prefix of the database URL that Airflow 3 gives task processes instead of the real one.
+_BLOCKED_DB = "airflow-db-not-allowed"
+
+
+def metadata_engine() -> Any:
+    """The metadata database's engine when task code may use it in this process, else None."""
+    try:
+        from airflow import settings
+
+        engine = getattr(settings, "engine", None)
+    except Exception:  # noqa: BLE001 - any failure means: not from this process
+        return None
+    if engine is None or str(getattr(engine, "url", "")).startswith(_BLOCKED_DB):
+        return None
+    return engine
 
 
 def read_default_deferrable() -> bool:

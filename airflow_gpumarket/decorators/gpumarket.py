@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import python_job
 from airflow_gpumarket._compat import DecoratedOperator, task_decorator_factory
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
-from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
+from airflow_gpumarket.lifecycle import task_key
+from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.spec import Terms
 from airflow_gpumarket.utils import RunTimeModule, is_templated, resolved_at_run_time

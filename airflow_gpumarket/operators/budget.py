@@ -15,12 +15,11 @@ from airflow_gpumarket import api, budgets, ledger, metrics
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
-from airflow_gpumarket.operators.signed_routes import APP_PATH, signed_post
+from airflow_gpumarket.operators.signed_routes import APP_PATH, api_server_url, signed_post
+from airflow_gpumarket.utils import metadata_engine
 
 #: The plugin's ledger routes, under the provider's app in the api-server.
 LEDGER_ROUTES = "/ledger"
-#: A prefix of the database URL that Airflow 3 gives task processes instead of the real one.
-_BLOCKED_DB = "airflow-db-not-allowed"
 
 
 class _Direct:
@@ -105,7 +104,7 @@ class _ApiServer:
 
 def ledger_client(hook: Any) -> _Direct | _ApiServer:
     """The ledger as this process may reach it (through the api-server: signed with ``hook``'s API key)."""
-    engine = _usable_engine()
+    engine = metadata_engine()
     if engine is not None:
         return _Direct(engine)
     return api_server_ledger(hook)
@@ -113,27 +112,7 @@ def ledger_client(hook: Any) -> _Direct | _ApiServer:
 
 def api_server_ledger(hook: Any) -> _ApiServer:
     """The ledger's routes in the api-server, as a task process reaches them, signed with ``hook``'s API key."""
-    from airflow.configuration import conf
-
-    base = conf.get("gpumarket", "ledger_url", fallback="") or ""
-    if not base:
-        execution = conf.get("core", "execution_api_server_url", fallback="") or ""
-        base = execution.rstrip("/").removesuffix("/execution") if execution else ""
-        base = base or conf.get("api", "base_url", fallback="") or "http://localhost:8080"
-    return _ApiServer(base, hook.settings.api_key)
-
-
-def _usable_engine() -> Any:
-    """The metadata database's engine when task code may use it here, else None."""
-    try:
-        from airflow import settings
-
-        engine = getattr(settings, "engine", None)
-    except Exception:  # noqa: BLE001 - any failure means: not from this process
-        return None
-    if engine is None or str(getattr(engine, "url", "")).startswith(_BLOCKED_DB):
-        return None
-    return engine
+    return _ApiServer(api_server_url(), hook.settings.api_key)
 
 
 def settle_ended(

@@ -3,7 +3,7 @@
 An end, in this order and once: the instance is destroyed (or found gone, handed over, or kept), its cost settled
 on the service's clock, its record on the GPU rentals page ended, its budget reservation released at that cost, the
 metric sent. The parts an end touches are given as ``Books``; each is optional, and none holds another. What the
-caller held of the instance (the guard's fields, the task state store's entry) it clears itself, after.
+caller held of the instance (the session's fields, the task state store's entry) it clears itself, after.
 """
 
 from __future__ import annotations

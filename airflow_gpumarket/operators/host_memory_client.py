@@ -2,8 +2,8 @@
 api-server's signed routes.
 
 As the budget ledger is reached (``operators/budget.py``): directly where task code may use the metadata database
-(Airflow 2, ``dag.test()``), else through the provider's routes in the api-server (``ui/host_memory_api.py``), each
-request signed with the connection's API key.
+(``utils.metadata_engine``: Airflow 2, ``dag.test()``), else through the provider's routes in the api-server
+(``ui/host_memory_api.py``), each request signed with the connection's API key.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from airflow_gpumarket import host_memory, task_history
 from airflow_gpumarket._compat import AirflowException
-from airflow_gpumarket.operators.budget import api_server_ledger, ledger_client
-from airflow_gpumarket.operators.signed_routes import APP_PATH, signed_post
+from airflow_gpumarket.operators.signed_routes import APP_PATH, api_server_url, signed_post
+from airflow_gpumarket.utils import metadata_engine
 
 #: The plugin's host memory routes, under the provider's app in the api-server.
 HOSTS_ROUTES = "/hosts"
@@ -108,9 +108,7 @@ class ApiServerHostMemory:
 
 def host_memory_client(hook: Any, conn_id: str) -> DirectHostMemory | ApiServerHostMemory:
     """Host memory as this process may reach it, for the account of ``hook``'s API key."""
-    reach = ledger_client(hook)
-    engine = getattr(reach, "engine", None)
+    engine = metadata_engine()
     if engine is not None:
         return DirectHostMemory(engine, hook.settings.api_key)
-    base = api_server_ledger(hook).app_url.removesuffix(APP_PATH)
-    return ApiServerHostMemory(base, hook.settings.api_key, conn_id)
+    return ApiServerHostMemory(api_server_url(), hook.settings.api_key, conn_id)

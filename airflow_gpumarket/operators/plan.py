@@ -21,12 +21,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Rent:
-    """No rental is held: rent on the next untried offer."""
+    """No rental is held: rent on the next untried offer (a retry's first takes back what an earlier try left)."""
 
 
 @dataclass(frozen=True)
 class Wait:
-    """A rental is held and not waited for yet: wait for it (in the worker, or deferred to the triggerer)."""
+    """A rental is held and not waited for yet: wait for it (in the worker, or deferred to the triggerer).
+
+    ``stages_in``: its data is still to be copied in, so the wait is for it to run, not for its job.
+    """
+
+    stages_in: bool
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ def next_step(spec: RentalSpec, rental: Rental | None, outcome: WaitOutcome | No
     if rental is None:
         return Rent()
     if outcome is None:
-        return Wait() if spec.terms.waits else Finish(None)
+        return Wait(stages_in(spec, rental)) if spec.terms.waits else Finish(None)
     if outcome.kind is EventKind.TIMEOUT and execution_timeout_binds(spec, rental, outcome, limit):
         return TimedOut(outcome)
     preflight = preflight_failed(spec, outcome)
@@ -92,7 +97,7 @@ def next_step(spec: RentalSpec, rental: Rental | None, outcome: WaitOutcome | No
 
 def stages_in(spec: RentalSpec, rental: Rental) -> bool:
     """Whether the rental still waits for its data to be copied in before its job is watched."""
-    plan = spec.data_plan()
+    plan = spec.data_plan
     return plan is not None and plan.active and not rental.staged and plan.stages_in(rental.attempts.source_id)
 
 

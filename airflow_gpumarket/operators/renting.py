@@ -1,37 +1,39 @@
 """The renting operators' base: their arguments, and a rental's whole life in ``execute``, read top to bottom.
 
-``RentalSpec`` (``spec.py``) checks the arguments and builds what a create sends; ``offers.py`` chooses the offer;
-the ``RentalSession`` (``session.py``) that ``execute`` makes holds the try's rentals: it adopts, rents, waits in
-the worker, hands preemptions to ``preemption.py``, and ends them. What comes next is ``plan.next_step``'s word,
-one step at a time, on one ``Try``. Deferred, the wait runs in ``triggers/instances.py``, carrying a
-``waiting.Watch`` and the ``lifecycle.Rental``, and comes back as an ``outcome.WaitOutcome``. Each operator says what
-it does with its rental through ``spec.Terms`` and judges how the wait ended in ``_complete``.
+``RentalSpec`` (``spec.py``) checks the arguments and builds what a create sends. The ``RentalSession``
+(``session.py``) that ``execute`` makes owns the try's rentals: it rents (``chooser.py`` picks the offer; a retry
+adopts first), waits in the worker, and ends each one. What comes next is ``plan.next_step``'s word, one step at a
+time, on one ``Try``, each step one call of the session. Deferred, the wait runs in ``triggers/instances.py``,
+carrying a ``waiting.Watch`` and the ``lifecycle.Rental``, and comes back as an ``outcome.WaitOutcome``. Each operator
+says what it does with its rental through ``spec.Terms`` and judges how the wait ended in ``_complete``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, bidding
-from airflow_gpumarket._compat import AirflowTaskTimeout
+from airflow_gpumarket._compat import AirflowTaskTimeout, TaskDeferred
 from airflow_gpumarket.creation import creation_fields
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
-from airflow_gpumarket.operators.spec import RentalSpec, Terms, execution_deadline, timed_out
+from airflow_gpumarket.operators.spec import RentalSpec, Terms
 from airflow_gpumarket.ui.links import GpuRentalLink
-from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, RunTimeModule, duration_seconds
+from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, RunTimeModule, duration_seconds, try_started
 
 if TYPE_CHECKING:
     from airflow_gpumarket import lifecycle, metrics, waiting
+    from airflow_gpumarket.operators import plan
     from airflow_gpumarket.operators.session import RentalResult, RentalSession
     from airflow_gpumarket.outcome import WaitOutcome
 else:  # what only a running task needs: not imported when a DAG file is parsed
     lifecycle, metrics = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.metrics")
+    plan = RunTimeModule("airflow_gpumarket.operators.plan")
 
 
 @dataclass
@@ -271,23 +273,18 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         callbacks = [] if callbacks is None else [callbacks] if callable(callbacks) else callbacks
         if destroy_rentals_on_failure not in callbacks:  # a mapped task's partial() may carry it already
             self.on_failure_callback = [*callbacks, destroy_rentals_on_failure]
-        RentalSpec.of(self).validate(parse_time=True)
+        RentalSpec.check(self)
 
     # --- the task --------------------------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
         self._started_at = time.time()
-        session = self._session(context)
-        with session.guarded():
-            from airflow_gpumarket.operators.session import try_number
-
-            return self._run(context, Try(rental=session.adopt(try_number(context))))
+        self._session(context)
+        return self._run(context, Try)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         """Resume after the trigger fired; everything needed comes in the event."""
         session = self._session(context)
-        with session.guarded():
-            rental, ended = session.resume(event)
-            return self._run(context, Try(rental=rental, outcome=ended))
+        return self._run(context, lambda: Try(*session.resume(event)))
 
     def on_kill(self) -> None:
         """SIGTERM or execution_timeout: destroy what this try holds now."""
@@ -305,35 +302,43 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         from airflow_gpumarket.operators.session import RentalSession
 
         spec = self.spec = RentalSpec.of(self)
-        spec.validate()
         self.session = RentalSession(self.hook, self.log, spec, context, task=self)
         return self.session
 
-    def _run(self, context: Any, now: Try) -> Any:
+    def _run(self, context: Any, start: Callable[[], Try]) -> Any:
+        """Start (``start``: anew, or resumed), then the steps; whatever fails ends what the try holds."""
+        assert self.session is not None
+        try:
+            return self._steps(context, start())
+        except TaskDeferred:
+            raise
+        except BaseException as exc:
+            self.session.failed(exc)
+            raise
+
+    def _steps(self, context: Any, now: Try) -> Any:
         """Rent, wait and judge, one step of ``plan.next_step`` at a time, until the task's outcome."""
-        from airflow_gpumarket.operators import plan
         from airflow_gpumarket.operators.session import Outcome, RentalResult
 
         spec, session = self.spec, self.session
         assert spec is not None and session is not None
-        attempts = lifecycle.Attempts() if now.rental is None else now.rental.attempts
-        session.prepare(attempts)
+        limit = self._execution_deadline(context)
         while True:
             if now.rental is not None and now.outcome is not None:
                 session.check_duplicates(now.rental)  # a create delayed past the first sweep may have landed since
-            match plan.next_step(spec, now.rental, now.outcome, limit=self._execution_deadline(context)):
+            match plan.next_step(spec, now.rental, now.outcome, limit=limit):
                 case plan.Rent():
-                    now.rental = session.rent(attempts)
-                case plan.Wait():
+                    now.rental = session.rent()
+                case plan.Wait(stages_in):
                     assert now.rental is not None
-                    now.watch = now.watch or session.watch(now.rental)
+                    now.watch = now.watch or spec.watch(now.rental, stages_in=stages_in, now=time.time())
                     if self.deferrable:
-                        self._defer(context, now.rental, now.watch, now.shown)
+                        self._defer(context, now.rental, now.watch, now.shown, limit)
                     now.outcome, now.shown = session.wait(now.rental, now.watch, now.shown), ()
                 case plan.TimedOut(ended):
                     assert now.rental is not None
                     session.end(now.rental, Outcome.DESTROYED, metric=metrics.TIMED_OUT, why="execution_timeout")
-                    raise AirflowTaskTimeout(ended.with_detail(timed_out(self, now.rental.instance_id)))
+                    raise AirflowTaskTimeout(ended.with_detail(self._timed_out(now.rental.instance_id)))
                 case plan.FailOver(ended, preflight):
                     assert now.rental is not None
                     session.fail_over(now.rental, ended, preflight)
@@ -358,17 +363,20 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         raise NotImplementedError
 
     # --- deferring and timeouts ------------------------------------------------------------------------
-    def _defer(self, context: Any, rental: lifecycle.Rental, watch: waiting.Watch, shown: Sequence[str]) -> None:
+    def _defer(
+        self, context: Any, rental: lifecycle.Rental, watch: waiting.Watch, shown: Sequence[str], limit: float | None
+    ) -> None:
+        """Hand the wait to the triggerer; ``limit``: the epoch second at which ``execution_timeout`` ends."""
         from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
         assert self.spec is not None
         deadline, timeout = watch.deadline, None
-        if (limit := self._execution_deadline(context)) is not None:
+        if limit is not None:
             left = limit - time.time()
             if left <= 0:
-                raise AirflowTaskTimeout(timed_out(self, rental.instance_id))
+                raise AirflowTaskTimeout(self._timed_out(rental.instance_id))
             deadline, timeout = limit if deadline is None else min(deadline, limit), timedelta(seconds=left)
-        if watch.wait_for == lifecycle.WAIT_JOB and self.spec.job_log_interval() > 0:
+        if watch.wait_for == lifecycle.WAIT_JOB and self.spec.job_log_interval > 0:
             _start_the_record_of_lines_shown(context, rental.instance_id, shown)
         self.defer(
             trigger=GpuMarketInstanceStatusTrigger(
@@ -377,7 +385,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 watch=replace(watch, deadline=deadline, shown_lines=list(shown)).to_dict(),
                 rental=rental.to_resume(),
                 poll_interval=self.poll_interval,
-                log_interval=self.spec.job_log_interval(),
+                log_interval=self.spec.job_log_interval,
                 destroy_on_kill=True,
             ),
             method_name="execute_complete",
@@ -385,9 +393,18 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         )
 
     def _execution_deadline(self, context: Any) -> float | None:
-        """The epoch second at which ``execution_timeout`` ends: a deferred wait carries it as its deadline."""
+        """The epoch second at which ``execution_timeout`` ends, counted from the start of this try, if it is set."""
+        if not self.execution_timeout:
+            return None
         started = self._started_at if self._started_at is not None else time.time()
-        return execution_deadline(self.execution_timeout, context, started)
+        return try_started(context, started) + self.execution_timeout.total_seconds()
+
+    def _timed_out(self, instance_id: int) -> str:
+        """The message of a try that ``execution_timeout`` ended while it waited for ``instance_id``."""
+        return (
+            f"execution_timeout ({self.execution_timeout}) elapsed while waiting for instance {instance_id}; "
+            "the instance is destroyed"
+        )
 
 
 def _start_the_record_of_lines_shown(context: Any, instance_id: int, shown: Sequence[str]) -> None:

@@ -136,7 +136,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         """Whether the job wrapper ended without starting the job: its staged data did not arrive."""
         from airflow_gpumarket.job_script import NOT_STARTED
 
-        plan = None if self.spec is None else self.spec.data_plan()
+        plan = None if self.spec is None else self.spec.data_plan
         if plan is None or not plan.active or result.outcome is None or result.kind is not outcome.EventKind.JOB_FAILED:
             return False
         return any(NOT_STARTED in line for line in result.outcome.log_tail)

@@ -1,40 +1,42 @@
-"""One try of a renting task: the ``RentalSession`` its operator holds, as ``KubernetesPodOperator`` holds a PodManager.
+"""One try of a renting task: the ``RentalSession`` its operator holds, the one owner of what the try rents.
 
-The session owns the hook's rentals for one try. Its parts hold none of each other: the ``RentalGuard`` (what the
-try holds, ended on every failure path), the ``Budget`` (reserve before a create), the ``RentalRecorder`` (the GPU
-rentals page), the ``OfferChooser``, ``Preemptions`` and, for durable data, the ``Stager``. A rental starts in one
-place (``_start``: created by ``rent``, adopted by ``adopt`` or resumed by ``resume``) and ends through the guard's
-``end``, which calls ``ending.end_rental`` (from ``end``, ``fail_over``, ``after_preemption``, or a failure path).
+The session rents, adopts and resumes rentals, waits for them in the worker, and is the only in-process place that
+ends one (``end``, through ``ending.end_rental``: destroyed, handed over or kept, then settled, recorded, released
+and counted, once). It holds what the try holds, so that a failure (``failed``), SIGTERM or ``execution_timeout``
+(``kill``) destroys it; a durable task saves it in the task state store for a retry to reconnect to. Its parts hold
+none of each other: the ``Budget`` (reserve before a create), the ``RentalRecorder`` (the GPU rentals page), the
+``OfferChooser``, ``Preemptions`` (bid rentals) and, for durable data, the ``Stager``. Which of the instances
+earlier tries left a retry takes back is ``adoption.py``'s rule.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_gpumarket import api, budgets, job_logs, lifecycle, metrics, waiting
+from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketError, GpuMarketOfferUnavailableError
-from airflow_gpumarket.operators import cost, offers
+from airflow_gpumarket.operators import adoption, cost
+from airflow_gpumarket.operators.adoption import STATE_KEY
 from airflow_gpumarket.operators.budget import Budget
-from airflow_gpumarket.operators.chooser import OfferChooser
-from airflow_gpumarket.operators.ending import Disposal
+from airflow_gpumarket.operators.chooser import OfferChooser, Pick
+from airflow_gpumarket.operators.ending import Books, Disposal, end_rental
 from airflow_gpumarket.operators.failures import (
     GpuMarketNoWorkingOffer,
     GpuMarketOutcomeUnknown,
     GpuMarketStagingFailed,
 )
-from airflow_gpumarket.operators.guard import RentalGuard, task_key
-from airflow_gpumarket.operators.plan import stages_in
-from airflow_gpumarket.operators.preemption import Preemptions
-from airflow_gpumarket.operators.spec import try_started
+from airflow_gpumarket.operators.guard import destroy_rentals
 from airflow_gpumarket.outcome import EventKind, WaitOutcome, from_event, instance_of
 from airflow_gpumarket.ui.records import RentalRecorder
+from airflow_gpumarket.utils import try_number, try_started
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators.preemption import Preemptions
     from airflow_gpumarket.operators.spec import RentalSpec
     from airflow_gpumarket.operators.stager import Stager
 
@@ -82,21 +84,24 @@ class RentalSession:
         self.log = log
         self.spec = spec
         conn_id = task.gpumarket_conn_id
+        #: The task instance's label key: the same for every try (``lifecycle.rental_key``).
+        self.key = lifecycle.task_key(task, context)
+        self._try_number = try_number(context)
+        self._started = try_started(context, time.time())  # a deadline's timedelta counts from here
+        self._store = context.get("task_state_store") if task.durable and isinstance(context, Mapping) else None
         self._recorder = RentalRecorder(context, log, conn_id, clock=hook.service_now, image=spec.instance.get("image"))
         self._budget = Budget(hook, log, context, dag_id=task.dag_id or "", task_id=task.task_id, conn_id=conn_id)
-        store = context.get("task_state_store") if task.durable and isinstance(context, Mapping) else None
-        self._guard = RentalGuard(
-            hook, log, task_key(task, context), store=store, recorder=self._recorder, budget=self._budget
-        )
-        self._stager: Stager | None = None
-        self._preemptions: Preemptions | None = None  # made by ``prepare``, with the stager if any
         self._chooser = OfferChooser(hook, log, spec, conn_id=conn_id, task_ids=(task.dag_id or "", task.task_id))
-        self._started = try_started(context, time.time())  # a deadline's timedelta counts from here
-
-    @property
-    def key(self) -> str:
-        """The task instance's label key: the same for every try (``lifecycle.rental_key``)."""
-        return self._guard.key
+        self._stager: Stager | None = None
+        self._preemptions: Preemptions | None = None  # a bid rental's, made by ``_prepare``
+        self.attempts = lifecycle.Attempts()  # the task instance's offers tried, preemptions and checkpoint source
+        self._prepared = False  # ``_prepare`` ran: before the first rental, or on resuming
+        # What this try holds, and ends whenever it fails.
+        self.instance_id: int | None = None
+        self._creating: str | None = None  # a create in flight: its instance is found by this label
+        self._rental: lifecycle.Rental | None = None  # the rental held: what it cost is known when it ends
+        self.killed = False
+        self._counted: set[int] = set()  # the instances whose end the metrics counted
 
     @property
     def recorded(self) -> bool:
@@ -104,64 +109,84 @@ class RentalSession:
         return self._recorder.recorded
 
     # --- failure paths -------------------------------------------------------------------------------------
-    def guarded(self) -> AbstractContextManager[None]:
-        """Destroy what this try holds when anything fails inside; deferring is not a failure."""
-        return self._guard.on_failure()
+    def failed(self, exc: BaseException) -> None:
+        """The try fails (``exc``; deferring is no failure): end what it holds, so that nothing bills on."""
+        for instance_id in self._held(self.instance_id or self._find_in_flight()):
+            self.log.warning("Task failed (%s): destroying instance %s so it stops billing", exc, instance_id)
+            self._end(instance_id, metric=metrics.TASK_FAILED, why="the task failed")
 
     def kill(self) -> None:
-        """SIGTERM or execution_timeout: destroy what this try holds now."""
-        self._guard.kill()
+        """SIGTERM or execution_timeout: destroy now (the process may be killed for good any moment)."""
+        self.killed = True
+        for instance_id in self._held(self.instance_id or self._find_in_flight()):
+            try:
+                self._end(instance_id, metric=metrics.TASK_FAILED, why="the task was killed")
+            except Exception as exc:  # on_kill must not raise; the message names the instance
+                self.log.error("Task killed: %s", exc)
+
+    def stop_if_killed(self, instance_id: int) -> None:
+        if self.killed:
+            # Untyped on purpose: the task is being killed, and its on_kill ends what it holds; nothing retries on this.
+            raise AirflowException(f"Task was killed while waiting for instance {instance_id}")
+
+    def _held(self, instance_id: int | None) -> list[int]:
+        """What a failure destroys: the instance held and a kept checkpoint source."""
+        return [i for i in (instance_id, self.attempts.source_id) if i is not None]
+
+    def _find_in_flight(self) -> int | None:
+        """A create whose answer never came may still have made an instance: look for its label."""
+        if self._creating is None:
+            return None
+        try:
+            found = api.find_by_label(self.hook.list_instances(label=self._creating), self._creating)
+        except GpuMarketError as exc:
+            self.log.error("Could not check for an instance labelled %s: %s", self._creating, exc)
+            return None
+        return int(found["id"]) if found else None
 
     # --- where a rental starts -----------------------------------------------------------------------------
-    def adopt(self, try_number: int) -> lifecycle.Rental | None:
-        """On a retry, the rental an earlier try left (the rest destroyed), as this try holds it; else None."""
-        adopted = self._guard.adopt(try_number, waits_for_job=self.spec.terms.job)
-        if adopted is None:
+    def _adopt(self) -> lifecycle.Rental | None:
+        """On a retry, the rental an earlier try left (the rest ended), as this try holds it; else None."""
+        if self._try_number <= 1:
             return None
-        now = time.time()
-        created_at = lifecycle.started_at(adopted, fallback=now, now=now)
-        offer_id = adopted.get("offer_id")
-        rental = lifecycle.Rental(
-            instance_id=int(adopted["id"]),
-            offer_id=offer_id,
-            dph_total=adopted.get("dph_total"),
-            gpu_name=adopted.get("gpu_name"),
-            label=adopted.get("label"),
-            created_at=created_at,
-            lease_cap=created_at + self.spec.lease_seconds(),
-            bid=adopted.get("bid_price") if adopted.get("is_bid") else None,
-            machine_id=adopted.get("machine_id"),
-            attempts=lifecycle.Attempts(tried=[] if offer_id is None else [int(offer_id)]),
-            recorded_at=start if api.is_positive_number(start := adopted.get("start_date")) else None,
-        )
-        self._start(rental)
-        return rental
+        saved = self._store_call("get")
+        choice = adoption.choose(self.hook, self.log, self.key, saved, waits_for_job=self.spec.terms.job)
+        for instance_id in choice.leftovers:
+            self.log.warning("Destroying instance %s left by an earlier try", instance_id)
+            self._end(instance_id, metric=None, why="left by an earlier try")
+        if choice.adopted is None:
+            return None
+        adopted = adoption.rental_of(choice.adopted, lease=self.spec.lease_seconds, now=time.time())
+        self.instance_id, self.attempts = adopted.instance_id, adopted.attempts
+        self._start(adopted)
+        return adopted
 
     def resume(self, event: Any) -> tuple[lifecycle.Rental, WaitOutcome]:
         """The rental a trigger's event brings back, with what its wait learnt; its held log lines shown."""
-        instance_id = instance_of(event)
-        if instance_id is not None:
-            self._guard.take(instance_id)  # whatever else is wrong with the event, the guard destroys it
+        self.instance_id = instance_of(event)  # whatever else is wrong with the event, a failure destroys it
         try:
             ended, rental = from_event(event)
             if rental is None:
                 raise ValueError(f"no rental to resume in {event!r}")
         except ValueError as exc:
-            raise GpuMarketOutcomeUnknown(f"Cannot resume waiting for instance {instance_id}: {exc}") from None
-        if rental.instance_id != instance_id:
+            raise GpuMarketOutcomeUnknown(f"Cannot resume waiting for instance {self.instance_id}: {exc}") from None
+        if rental.instance_id != self.instance_id:
             raise GpuMarketOutcomeUnknown(f"Unexpected trigger event for instance {rental.instance_id}: {event!r}")
-        self._guard.resumed(rental)
+        self._rental = rental
         self._start(rental, write=False)
         if rental.observe(ended.marks):
             self._recorder.running(rental)
         for line in ended.final_lines:
             self.log.info("%s", line)
+        self.attempts = rental.attempts
+        self._prepare()
         return rental, ended
 
-    def prepare(self, attempts: lifecycle.Attempts) -> None:
-        """Before renting: the task instance's attempts followed, its durable data's integration found."""
-        self._guard.follow(attempts)
-        plan = self.spec.data_plan()
+    def _prepare(self) -> None:
+        """Before the first rental (or resumed wait): its durable data's integration found, a bid's preemptions."""
+        self._prepared = True
+        spec = self.spec
+        plan = spec.data_plan
         if plan is not None and plan.active:
             from airflow_gpumarket.operators.stager import Stager
 
@@ -169,51 +194,58 @@ class RentalSession:
                 self.hook,
                 self.log,
                 plan,
-                self.spec.poll_interval,
-                source_lease=self.spec.source_lease(plan),
-                key=self._guard.key,
-                stop_if_killed=self._guard.stop_if_killed,
-                end_source=self._end_source,
+                spec.poll_interval,
+                source_lease=spec.source_lease(plan),
+                key=self.key,
+                stop_if_killed=self.stop_if_killed,
+                end_source=lambda instance_id: self._end(instance_id, metric=None, why="its checkpoint is not needed"),
             )
             self._stager.resolve()
-        spec = self.spec
-        learned = None
-        if spec.deadline is not None and None in (spec.expected_runtime, spec.image_size_gb):
-            learned = self._chooser.history()  # the deadline's work and boot: learnt from history
-        self._preemptions = Preemptions(self.hook, self.log, spec, self._stager, started=self._started, learned=learned)
+        if spec.interruptible:
+            from airflow_gpumarket.operators.preemption import Preemptions
 
-    def rent(self, attempts: lifecycle.Attempts) -> lifecycle.Rental:
-        """Create on the next untried offer until one is made or ``max_offer_attempts`` offers were tried.
+            learned = None
+            if spec.deadline is not None and None in (spec.expected_runtime, spec.image_size_gb):
+                learned = self._chooser.history()  # the deadline's work and boot: learnt from history
+            self._preemptions = Preemptions(
+                self.hook, self.log, spec, self._stager, started=self._started, learned=learned
+            )
 
-        Offers are counted since the last preemption. Machines in host memory are skipped (not a pinned offer's).
+    def rent(self) -> lifecycle.Rental:
+        """The rental to wait for: first, on a retry, the one an earlier try left (``adoption``); else a new one.
+
+        Created on the next untried offer until one is made or ``max_offer_attempts`` offers were tried, counted since
+        the last preemption. Machines in host memory are skipped (not a pinned offer's).
         """
-        spec = self.spec
-        if self._preemptions is not None:  # made by ``prepare``
+        if not self._prepared:
+            self._prepare()
+            if (adopted := self._adopt()) is not None:
+                return adopted
+        attempts = self.attempts
+        if self._preemptions is not None:
             self._preemptions.before_renting(attempts)  # a deadline may end the bidding
-        self._chooser.start()
-        while attempts.offers_this_round() < spec.max_offer_attempts:
-            offer, bid, why_not = self._chooser.next_offer(attempts)
-            if offer is None:
-                attempts.reasons.append(why_not)
+        first = True
+        while attempts.offers_this_round() < self.spec.max_offer_attempts:
+            pick, first = self._chooser.next_offer(attempts, first=first), False
+            if isinstance(pick, str):
+                attempts.reasons.append(pick)
                 break
-            attempts.tried.append(int(offer["id"]))
-            rental = self._create(offer, bid, attempts)
+            attempts.tried.append(int(pick.offer["id"]))
+            rental = self._create(pick)
             if rental is not None:
-                self._guard.stop_if_killed(rental.instance_id)  # killed during the create: neither waited for nor kept
+                self.stop_if_killed(rental.instance_id)  # killed during the create: neither waited for nor kept
                 return rental
+        why = "; ".join(attempts.reasons) or "no offer matched"
         raise GpuMarketNoWorkingOffer(
             f"Could not get a working instance after trying {attempts.offers_this_round()} offer(s) "
-            f"(max_offer_attempts={spec.max_offer_attempts}): {'; '.join(attempts.reasons) or 'no offer matched'}. "
-            "Nothing is left running."
+            f"(max_offer_attempts={self.spec.max_offer_attempts}): {why}. Nothing is left running."
         )
 
-    def _create(
-        self, offer: Mapping[str, Any], bid: float | None, attempts: lifecycle.Attempts
-    ) -> lifecycle.Rental | None:
-        """Rent ``offer``: reserve, create, attach, record, hold; None when nothing was made (why: in ``attempts``)."""
-        spec, guard, budget = self.spec, self._guard, self._budget
+    def _create(self, pick: Pick) -> lifecycle.Rental | None:
+        """Rent ``pick``: reserve, create, record, hold; None when nothing was made (why: in ``attempts``)."""
+        spec, budget, attempts, offer, bid = self.spec, self._budget, self.attempts, pick.offer, pick.bid
         created_at = time.time()
-        label = lifecycle.make_label(guard.key, created_at + spec.first_lease())
+        label = lifecycle.make_label(self.key, created_at + spec.first_lease)
         staged = None if self._stager is None else self._stager.wrapper(attempts.source_id)
         body = spec.creation_body(
             label=label,
@@ -221,7 +253,7 @@ class RentalSession:
             bid=bid,
             preemptions=attempts.preemptions,
             staged=staged,
-            gpu_count=offers.gpu_count(offer),
+            gpu_count=pick.gpus,
         )
         self.log.info(
             "Renting offer %s (%s x %s at $%s/h%s) with label %s",
@@ -232,14 +264,13 @@ class RentalSession:
             "" if bid is None else f" on demand; bidding ${bid}/h, interruptible, attempt {attempts.preemptions + 1}",
             label,
         )
-        cost_start = self.hook.service_now()
-        budget.reserve(offers.worst_case(spec, offer, bid), started=cost_start)  # refused: nothing is rented
-        guard.creating(label)  # until the answer names the instance, a failure (or on_kill) looks for it by this label
+        budget.reserve(pick.worst, started=self.hook.service_now())  # refused: nothing is rented
+        self._creating = label  # until the answer names the instance, a failure (or on_kill) looks for it by label
         try:
             result = self.hook.create_instance(int(offer["id"]), **body)
         except GpuMarketOfferUnavailableError as exc:
             budget.not_created()
-            guard.creating(None)
+            self._creating = None
             self.log.warning("Offer %s is no longer available (%s); trying the next one", offer["id"], exc.msg or exc)
             attempts.reasons.append(f"offer {offer['id']} was taken before creation")
             return None
@@ -249,7 +280,7 @@ class RentalSession:
             if not exc.destroyed or bid is None:
                 raise
             budget.not_created()
-            guard.creating(None)
+            self._creating = None
             self.log.warning("Offer %s refused the bid of $%s/h (%s); trying the next one", offer["id"], bid, exc)
             attempts.reasons.append(f"offer {offer['id']} refused the bid of ${bid}/h (its minimum rose)")
             return None
@@ -257,10 +288,10 @@ class RentalSession:
             if exc.status_code is not None and 400 <= exc.status_code < 500:
                 budget.not_created()  # refused as asked: nothing was made
             raise
-        # The rental takes its id from the answer, not back from the guard: on_kill (SIGTERM's handler, or another
-        # thread) may destroy the instance meanwhile, and the guard then forgets it.
+        # The rental takes its id from the answer, not back from what is held: on_kill (SIGTERM's handler, or
+        # another thread) may end the instance meanwhile, and it is then no longer held.
         instance_id = int(result["new_contract"])
-        guard.take(instance_id)
+        self.instance_id = instance_id
         budget.created(instance_id)
         metrics.rental_started(interruptible=bid is not None)
         self.log.info("Created instance %s on offer %s", instance_id, offer["id"])
@@ -271,13 +302,13 @@ class RentalSession:
             gpu_name=offer.get("gpu_name"),
             label=label,
             created_at=created_at,
-            lease_cap=created_at + spec.lease_seconds(),
+            lease_cap=created_at + spec.lease_seconds,
             ambiguous=bool(result.get("ambiguous")),
             key_digest=job_logs.key_digest(own_key) if (own_key := result.get("instance_api_key")) else None,
             bid=bid,
             machine_id=offer.get("machine_id"),
             attempts=attempts,
-            disk_hourly=budgets.storage_hourly(spec.disk_gb(), offer.get("storage_cost")),
+            disk_hourly=budgets.storage_hourly(spec.disk_gb, offer.get("storage_cost")),
             inet_down=float(down) if api.is_positive_number(down := offer.get("inet_down")) else None,
         )
         self._start(rental)
@@ -285,16 +316,28 @@ class RentalSession:
         return rental
 
     def _start(self, rental: lifecycle.Rental, *, write: bool = True) -> None:
-        """The task holds ``rental`` from now on: recorded, and (unless resumed) saved for a retry to reconnect to."""
+        """The try holds ``rental`` from now on: recorded, and (unless resumed) saved for a retry to reconnect to."""
         self._recorder.start(rental, write=write, handed_over=self.spec.terms.hands_over)
         if write:
-            self._guard.hold(rental)
+            self.instance_id, self._creating, self._rental = rental.instance_id, None, rental
+            saved = {"instance_id": rental.instance_id, "label": rental.label, "offer_id": rental.offer_id}
+            self._store_call("set", saved)
+
+    def check_duplicates(self, rental: lifecycle.Rental) -> None:
+        """After an ambiguous create (a duplicate may have landed since): end every other instance of the key."""
+        if not rental.ambiguous:
+            return
+        why = "a duplicate left by an ambiguous create"
+        destroy_rentals(
+            self.hook,
+            self.key,
+            self.log,
+            why[0].upper() + why[1:],
+            lambda instance_id: self._end(instance_id, metric=None, why=why),
+            keep=self._held(rental.instance_id),
+        )
 
     # --- the wait ------------------------------------------------------------------------------------------
-    def watch(self, rental: lifecycle.Rental) -> waiting.Watch:
-        """The wait for ``rental``: for its job, or (its data still to be staged, or no job) for it to run."""
-        return self.spec.watch(rental, stages_in=stages_in(self.spec, rental), now=time.time())
-
     def stage_in(self, rental: lifecycle.Rental) -> list[str]:
         """Copy the rental's data in until its job started; the job's lines shown meanwhile."""
         assert self._stager is not None  # asked only when ``plan.stages_in``
@@ -302,11 +345,11 @@ class RentalSession:
 
     def wait(self, rental: lifecycle.Rental, watch: waiting.Watch, shown: Sequence[str]) -> WaitOutcome:
         """The wait in the worker: read, sleep, and hand each read to a ``waiting.Wait``; log the cost so far."""
-        guard, instance_id = self._guard, rental.instance_id
+        instance_id = rental.instance_id
         watch.shown_lines = list(shown)
         pump = job_logs.LogPump(
             instance_id,
-            self.spec.job_log_interval(),
+            self.spec.job_log_interval,
             key_digest=rental.key_digest,
             shown=watch.shown_lines,
             since=rental.created_at,
@@ -314,11 +357,11 @@ class RentalSession:
         wait = waiting.Wait(watch, pump, self.log, marks=rental.marks())
         while True:
             time.sleep(self.spec.poll_interval)  # right after creating (or a read) the answer cannot have changed yet
-            guard.stop_if_killed(instance_id)
+            self.stop_if_killed(instance_id)
             seen = self.hook.run_flow(waiting.read_flow(self.hook, instance_id))
             if seen.error is not None and not api.is_retryable(seen.error):
                 raise seen.error
-            guard.stop_if_killed(instance_id)  # on_kill ran during the read: "gone" would not be the job's doing
+            self.stop_if_killed(instance_id)  # on_kill ran during the read: "gone" would not be the job's doing
             ended = self.hook.run_flow(wait.step(self.hook, seen, time.time()))
             if rental.observe(wait.marks()):
                 self._recorder.running(rental)
@@ -326,23 +369,18 @@ class RentalSession:
             if ended is not None:
                 return ended
 
-    def check_duplicates(self, rental: lifecycle.Rental) -> None:
-        """After an ambiguous create (a duplicate may have landed since): destroy every other instance of the key."""
-        if rental.ambiguous:
-            self._guard.destroy_duplicates(rental)
-
     def after_preemption(self, rental: lifecycle.Rental, ended: WaitOutcome) -> waiting.Watch | None:
         """The wait for a preempted bid instance to win its machine back, or None: rent another (``Preemptions``).
 
         A preempted instance not waited for is destroyed, or kept as the next rental's checkpoint source.
         """
-        assert self._preemptions is not None  # made by ``prepare``, before anything is rented
+        assert self._preemptions is not None  # made by ``_prepare`` for every bid rental
         answer = self._preemptions.after(rental, ended)
         if answer.watch is not None:
             return answer.watch
         disposal = Disposal.KEEP if answer.kept else Disposal.DESTROY
         why = "preempted; kept as the checkpoint's source" if answer.kept else "preempted"
-        self._guard.end(rental.instance_id, disposal, metric=metrics.PREEMPTED, why=why, failover=not answer.fails)
+        self._end(rental.instance_id, disposal, metric=metrics.PREEMPTED, why=why, failover=not answer.fails)
         self._preemptions.conclude(answer, rental.attempts)
         return None
 
@@ -354,15 +392,17 @@ class RentalSession:
 
         It never ran, did not boot in time, or failed the job wrapper's preflight (``preflight``).
         """
-        preflight = preflight or preflight_in_log(self.hook, self.spec, rental, ended)
+        if preflight is None and ended.actual_status == api.STATUS_STOPPED and self.spec.command is not None:
+            # only a wait for the status (data still to be staged) ends so; the job's log was not read yet
+            preflight = job_logs.preflight_in_log(self.hook, rental.instance_id) if self.spec.job_log_interval else None
         if preflight is not None:
             sentence = f"instance {rental.instance_id}: {preflight.describe(rental.machine_id)}; the job did not run"
         else:
             sentence = ended.describe(rental.instance_id)
         self.log.warning("Failover: %s", sentence)
-        if preflight is None:
-            self._log_daemon_tail(rental.instance_id)
-        self._guard.end(rental.instance_id, metric=metrics.NEVER_RAN, why="its host failed", failover=True)
+        if preflight is None and self.spec.log_interval > 0:
+            job_logs.log_daemon_tail(self.hook, self.log, rental.instance_id)
+        self._end(rental.instance_id, metric=metrics.NEVER_RAN, why="its host failed", failover=True)
         if preflight is not None:
             self._chooser.remember(rental, "preflight", preflight.describe())
         elif ended.kind is EventKind.BOOT_TIMEOUT:
@@ -380,21 +420,20 @@ class RentalSession:
     def end(self, rental: lifecycle.Rental, how: Outcome, *, metric: str | None, why: str = "") -> None:
         """The task is done with ``rental``: saved, copied out, then destroyed, handed over or kept, as ``how`` says.
 
-        Ends through the guard (``ending.end_rental``), which settles, records and releases the budget; ``metric`` is
-        the outcome counted. Fails naming each output lost (the instance is destroyed, or kept under
+        ``metric`` is the outcome counted. Fails naming each output lost (the instance is destroyed, or kept under
         ``keep_on_output_failure``).
         """
         why = why or f"the task is done with it ({how.value})"
         if how is Outcome.GONE:
-            self._guard.end(rental.instance_id, Disposal.GONE, metric=metric, why=why)  # a 404 proved it
+            self._end(rental.instance_id, Disposal.GONE, metric=metric, why=why)  # a 404 proved it
             return
         if how is Outcome.DESTROYED:  # the task fails next: its failure path ends a kept source, unsaved
-            self._guard.end(rental.instance_id, metric=metric, why=why)
+            self._end(rental.instance_id, metric=metric, why=why)
             return
         if self._stager is not None:  # a kept checkpoint source is no longer needed
             self._stager.drop_source(rental.attempts, "the job no longer needs its checkpoint")
         if how is Outcome.HANDED_OVER:
-            self._guard.end(rental.instance_id, Disposal.HAND_OVER, metric=metric, why=why)
+            self._end(rental.instance_id, Disposal.HAND_OVER, metric=metric, why=why)
             return
         lost: dict[str, str] = {}
         if self._stager is not None and how is not Outcome.NOT_STARTED:
@@ -403,23 +442,49 @@ class RentalSession:
                 lost = self._stager.stage_out(rental.instance_id)
         if lost and self.spec.keep_on_output_failure:
             self._keep_for_outputs(rental, self.spec.keep_on_output_failure)
-            self._guard.end(rental.instance_id, Disposal.KEEP, metric=metric, why="its outputs are to be copied")
+            self._end(rental.instance_id, Disposal.KEEP, metric=metric, why="its outputs are to be copied")
         else:
-            self._guard.end(rental.instance_id, metric=metric, why=why)
+            self._end(rental.instance_id, metric=metric, why=why)
         if lost:
             raise GpuMarketStagingFailed(
                 f"The job on instance {rental.instance_id} succeeded, but {len(lost)} output(s) did not reach the "
                 "cloud integration: " + "; ".join(f"{path} -> {why}" for path, why in lost.items())
             )
 
-    def _end_source(self, instance_id: int) -> None:
-        """A kept checkpoint source is no longer needed: destroyed (its preemption was counted then)."""
-        self._guard.end(instance_id, metric=None, why="its checkpoint is no longer needed")
+    def _end(
+        self,
+        instance_id: int,
+        disposal: Disposal = Disposal.DESTROY,
+        *,
+        metric: str | None,
+        why: str,
+        failover: bool = False,
+    ) -> None:
+        """This try is done with ``instance_id``: ended through ``ending.end_rental``, then no longer held.
+
+        Handed over or kept, it is only no longer this try's to destroy.
+        """
+        if instance_id in self._counted:  # an end that failed to destroy is tried again, and counted once
+            metric = None
+        elif metric is not None:
+            self._counted.add(instance_id)
+        books = Books(
+            self.hook, self.log, rental=self._rental, record_end=self._recorder.end, release=self._budget.ended
+        )
+        end_rental(books, instance_id, disposal, metric=metric, why=why, read_charge=not self.killed, failover=failover)
+        if self.instance_id == instance_id:
+            self.instance_id = None
+        if disposal in (Disposal.HAND_OVER, Disposal.KEEP):
+            return
+        if self.attempts.source_id == instance_id:
+            self.attempts.source_id = None
+        if adoption.saved_instance(self._store_call("get")) == instance_id:
+            self._store_call("delete")
 
     def _keep_for_outputs(self, rental: lifecycle.Rental, seconds: float) -> None:
         """Keep the stopped instance (storage bills) under a lease the reaper honours, to copy its outputs by hand."""
         # Under a key of its own: the task's failure callback destroys what carries the task's key.
-        label = lifecycle.make_label(lifecycle.kept_key(self._guard.key), time.time() + seconds)
+        label = lifecycle.make_label(lifecycle.kept_key(self.key), time.time() + seconds)
         self.hook.label_instance(rental.instance_id, label)
         self.log.error(
             "Keeping stopped instance %s for %s (keep_on_output_failure; storage bills, compute does not), for its "
@@ -427,6 +492,21 @@ class RentalSession:
             rental.instance_id,
             lifecycle.format_duration(seconds),
         )
+
+    def _store_call(self, method: str, *args: Any) -> Any:
+        """One call to the task state store; a store that fails is reported and the label path goes on alone."""
+        if self._store is None:
+            return None
+        try:
+            result = getattr(self._store, method)(STATE_KEY, *args)
+        except Exception as exc:  # noqa: BLE001 - durability is a help; the label still finds the rental
+            self.log.warning(
+                "The task state store failed (%s %s: %s); a retry finds the rental by its label", method, STATE_KEY, exc
+            )
+            return None
+        if method == "set":
+            self.log.info("Instance %s saved in the task state store (key %r)", args[0]["instance_id"], STATE_KEY)
+        return result
 
     # --- what the task reports -----------------------------------------------------------------------------
     def lineage_facts(self) -> tuple[Any, str | None]:
@@ -437,22 +517,6 @@ class RentalSession:
         """The account's credit when it is $0 or less (the service then stops every instance), else None."""
         available = self._budget.credit()
         return available if available is not None and available <= 0 else None
-
-    def _log_daemon_tail(self, instance_id: int) -> None:
-        """Before giving up an instance that never ran: what its host daemon said, for diagnosis."""
-        if self.spec.log_interval <= 0:
-            return
-        try:
-            text = self.hook.get_instance_logs(
-                instance_id, tail=job_logs.FAILURE_TAIL_LINES, daemon_logs=True, retry=False
-            )
-        except GpuMarketError as exc:
-            self.log.warning("Could not read the host daemon's log of instance %s: %s", instance_id, exc)
-            return
-        lines = job_logs.split_lines(text, complete_only=False)[-job_logs.FAILURE_TAIL_LINES :]
-        self.log.warning("The host daemon's log of instance %s ends with %d line(s):", instance_id, len(lines))
-        for line in lines:
-            self.log.warning("[instance %s daemon] %s", instance_id, line)
 
 
 def log_progress(log: Any, rental: lifecycle.Rental, watch: waiting.Watch, service_now: float) -> None:
@@ -484,26 +548,3 @@ def summary(rental: lifecycle.Rental, status: str | None, service_now: Callable[
         "cost": estimate if rental.cost is None else rental.cost,
         "cost_kind": rental.cost_kind or cost.ESTIMATED,
     }
-
-
-def preflight_in_log(
-    hook: GpuMarketHook, spec: RentalSpec, rental: lifecycle.Rental, ended: WaitOutcome
-) -> job_logs.PreflightFailure | None:
-    """A job's instance that stopped before it was seen running: whether its wrapper's preflight stopped it.
-
-    Only a wait for the status (data still to be staged) ends that way; its log was not read yet.
-    """
-    if ended.actual_status != api.STATUS_STOPPED or spec.command is None or spec.job_log_interval() <= 0:
-        return None
-    try:
-        text = hook.get_instance_logs(rental.instance_id, tail=job_logs.FAILURE_TAIL_LINES, retry=False)
-    except GpuMarketError:
-        return None
-    lines = job_logs.split_lines(text, complete_only=False)
-    return job_logs.preflight_failure(lines, job_logs.exit_status(lines))
-
-
-def try_number(context: Any) -> int:
-    """The try of the task instance in ``context`` (1 when it does not tell)."""
-    ti = context.get("ti") if isinstance(context, Mapping) else None
-    return getattr(ti, "try_number", 1) or 1

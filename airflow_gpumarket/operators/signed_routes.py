@@ -26,6 +26,18 @@ TIMEOUT_SECONDS = 30.0
 TRIES = 3
 
 
+def api_server_url() -> str:
+    """The api-server's base URL as a task process reaches it (``[gpumarket] ledger_url`` first)."""
+    from airflow.configuration import conf
+
+    base = conf.get("gpumarket", "ledger_url", fallback="") or ""
+    if not base:
+        execution = conf.get("core", "execution_api_server_url", fallback="") or ""
+        base = execution.rstrip("/").removesuffix("/execution") if execution else ""
+        base = base or conf.get("api", "base_url", fallback="") or "http://localhost:8080"
+    return base
+
+
 def signed_post(
     app_url: str,
     route: str,

@@ -1,8 +1,9 @@
 """What a renting task asked for, checked: the arguments' rules, the lease and limits, the create body, the job script.
 
-A ``RentalSpec`` is made from the operator's arguments when the DAG is parsed (templated ones wait) and again, rendered,
-when the task runs (``RentalSpec.of``). The renting operators differ only by their ``Terms``: values each passes
-(waits for a job or a status, hands its instance over, lease, max runtime, keepalive), not flags it overrides.
+A ``RentalSpec`` is made from the operator's arguments when the DAG is parsed (``RentalSpec.check``: templated ones
+wait) and again, rendered, when the task runs (``RentalSpec.of``: checked, with the values derived from them, such as
+the lease, as plain attributes). The renting operators differ only by their ``Terms``: values each passes (waits for a
+job or a status, hands its instance over, lease, max runtime, keepalive), not flags it overrides.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class Terms(_Frozen):
 class RentalSpec(_Frozen):
     """A renting task's arguments as values, and the rules they follow (see ``GpuMarketRentingBaseOperator``)."""
 
-    __slots__ = (
+    ARGUMENTS = (
         "terms",
         "instance",
         "command",
@@ -123,6 +124,9 @@ class RentalSpec(_Frozen):
         "staging_timeout",
         "keep_on_output_failure",
     )
+    #: Values derived from the arguments once they are checked (``of``): None in a parse-time ``check``.
+    DERIVED = ("pinned_offer", "lease_seconds", "first_lease", "job_log_interval", "disk_gb", "data_plan")
+    __slots__ = ARGUMENTS + DERIVED
     terms: Terms
     instance: Mapping[str, Any]
     command: str | None
@@ -154,18 +158,54 @@ class RentalSpec(_Frozen):
     on_restore_failure: str
     staging_timeout: float
     keep_on_output_failure: float | None
+    pinned_offer: int | None  #: ``offer_id`` as an offer id; None when offers are searched for
+    lease_seconds: float  #: the whole lease: how long after creation the reaper may destroy the instance at the latest
+    first_lease: float  #: the lease written at creation: the whole lease, or ``keepalive`` when it is kept alive
+    job_log_interval: float  #: seconds between reads of the job's output while this task waits (0: none)
+    disk_gb: float | None  #: the disk asked for, in GB
+    data_plan: staging.DataPlan | None  #: the durable data asked for; None when none was
 
     @classmethod
     def of(cls, operator: Any) -> RentalSpec:
-        """The spec of ``operator``'s arguments as they are now (rendered, once the task runs)."""
+        """The spec of ``operator``'s arguments as they are now (rendered, once the task runs), checked."""
+        return cls._made({name: getattr(operator, name) for name in cls.ARGUMENTS}, parse_time=False)
+
+    @classmethod
+    def check(cls, operator: Any) -> RentalSpec:
+        """The spec of ``operator``'s arguments as its DAG is parsed: values holding Jinja wait for the task to run."""
+        return cls._made({name: getattr(operator, name) for name in cls.ARGUMENTS}, parse_time=True)
+
+    @classmethod
+    def _made(cls, arguments: Mapping[str, Any], *, parse_time: bool) -> RentalSpec:
         spec = object.__new__(cls)
-        for name in cls.__slots__:
-            object.__setattr__(spec, name, getattr(operator, name))
+        for name, value in arguments.items():
+            object.__setattr__(spec, name, value)
+        for name in cls.DERIVED:
+            object.__setattr__(spec, name, None)
+        plan = spec.validate(parse_time=parse_time)
+        if not parse_time:
+            lease = spec._lease()
+            derived = {
+                "pinned_offer": spec._pinned_offer(),
+                "lease_seconds": lease,
+                "first_lease": lease if spec.terms.keepalive is None else min(spec.terms.keepalive, lease),
+                "job_log_interval": spec.log_interval if spec.terms.job else 0.0,
+                "disk_gb": disk if api.is_positive_number(disk := spec.instance.get("disk")) else None,
+                "data_plan": plan,
+            }
+            for name, value in derived.items():
+                object.__setattr__(spec, name, value)
         return spec
 
+    def _replace(self, **changes: Any) -> Any:
+        """A copy with ``changes`` to its arguments, checked and derived again."""
+        arguments = {name: changes.get(name, getattr(self, name)) for name in self.ARGUMENTS}
+        return self._made(arguments, parse_time=self.lease_seconds is None)
+
     # --- the arguments' rules ----------------------------------------------------------------------------
-    def validate(self, *, parse_time: bool = False) -> None:
-        """Every rule that can be checked; at parse time, values holding Jinja wait for the task to run."""
+    def validate(self, *, parse_time: bool = False) -> staging.DataPlan | None:
+        """Every rule that can be checked, and the durable data's plan; at parse time, values holding Jinja wait for the
+        task to run."""
         if self.max_cost is not None:
             api.require_positive_number("max_cost", self.max_cost)
             if not self.terms.job:
@@ -182,7 +222,7 @@ class RentalSpec(_Frozen):
         self._check_choice(parse_time)
         self._check_fields(parse_time)
         self._check_bidding()
-        self.data_plan(parse_time=parse_time)
+        plan = self._data_plan(parse_time=parse_time)
         keepalive = self.terms.keepalive
         if keepalive is not None and keepalive < KEEPALIVE_POLLS * self.poll_interval:
             raise GpuMarketValidationError(
@@ -190,6 +230,7 @@ class RentalSpec(_Frozen):
                 f"is {keepalive:g} s, shorter than {KEEPALIVE_POLLS} poll intervals; the lease could run out "
                 "between two reads. Make it longer, or None for one lease covering the whole job",
             )
+        return plan
 
     def _check_fields(self, parse_time: bool) -> None:
         if self.command is not None:
@@ -210,7 +251,7 @@ class RentalSpec(_Frozen):
         if parse_time and is_templated(self.offer_id):
             return
         if self.offer_id is not None:
-            api.require_positive_int("offer_id", self.pinned_offer())
+            api.require_positive_int("offer_id", self._pinned_offer())
         if self.offer_filters is not None and not (parse_time and is_templated(self.offer_filters)):
             api.build_search_body(self.offer_filters, offer_type=self.offer_type, order=self.offer_order)
         if self.max_dph is not None and not (parse_time and is_templated(self.max_dph)):
@@ -279,7 +320,7 @@ class RentalSpec(_Frozen):
             # A time past is refused when the DAG is parsed; a retry past its deadline rents on demand.
             offer_cost.check_deadline(self.deadline, now=datetime.now(UTC) if parse_time else None)
 
-    def data_plan(self, *, parse_time: bool = False) -> staging.DataPlan | None:
+    def _data_plan(self, *, parse_time: bool = False) -> staging.DataPlan | None:
         """The durable data the task asked for, checked; None when none was, or at parse time while it is templated."""
         values = {name: getattr(self, name) for name in DATA_ARGUMENTS}
         if all(value is None for value in values.values()) and self.on_restore_failure == "restart":
@@ -309,8 +350,7 @@ class RentalSpec(_Frozen):
             )
         return plan
 
-    def pinned_offer(self) -> int | None:
-        """``offer_id`` as an offer id, None when offers are searched for."""
+    def _pinned_offer(self) -> int | None:
         if self.offer_id is None:
             return None
         try:
@@ -385,17 +425,11 @@ class RentalSpec(_Frozen):
         return self.terms.reads_result or (self.terms.job and self.log_interval > 0)
 
     # --- lease, limits and the wait ------------------------------------------------------------------------
-    def lease_seconds(self) -> float:
-        """The whole lease: how long after creation the reaper may destroy the instance at the latest."""
+    def _lease(self) -> float:
         if self.terms.max_runtime is not None:
             return self.boot_timeout + self.terms.max_runtime + JOB_LEASE_MARGIN_SECONDS
         assert self.terms.lease is not None  # set by every operator that rents without a job's time limit
         return self.terms.lease
-
-    def first_lease(self) -> float:
-        """The lease written at creation: the whole lease, or ``keepalive`` when it is kept alive."""
-        lease = self.lease_seconds()
-        return lease if self.terms.keepalive is None else min(self.terms.keepalive, lease)
 
     def runtime_deadline(self, rental: lifecycle.Rental) -> float | None:
         """The epoch second at which the job's own time limit ends, counted from creation, if it has one."""
@@ -407,24 +441,10 @@ class RentalSpec(_Frozen):
         """A kept checkpoint source's lease: past the next rental's offers and boots, its staging and its save."""
         return self.boot_timeout * self.max_offer_attempts + 2 * plan.staging_timeout + JOB_LEASE_MARGIN_SECONDS
 
-    def job_log_interval(self) -> float:
-        """Seconds between reads of the job's output while this task waits (0: none)."""
-        return self.log_interval if self.terms.job else 0.0
-
-    def disk_gb(self) -> float | None:
-        return disk if api.is_positive_number(disk := self.instance.get("disk")) else None
-
-    def reserved_price(self, dph_total: Any, bid: float | None) -> float | None:
-        """The compute price a rental is reserved and capped at: its price, or the cap a held bid may rise to."""
-        if bid is None:
-            return float(dph_total) if api.is_positive_number(dph_total) else None
-        cap = self.bidding.hold_cap(bid, dph_total)
-        return float(bid) if cap is None else max(float(bid), cap)
-
     def watch(self, rental: lifecycle.Rental, *, stages_in: bool, now: float) -> waiting.Watch:
         """The wait for ``rental``: for its job, or (its data still to be staged, or no job) for it to run."""
         cost_deadline = None
-        price = self.reserved_price(rental.dph_total, rental.bid)
+        price = self.bidding.reserved_price(rental.dph_total, rental.bid)
         if self.max_cost is not None and price is not None:
             cost_deadline = budgets.cost_deadline(
                 start=rental.billed_from, hourly=price + rental.disk_hourly, max_cost=self.max_cost
@@ -441,25 +461,3 @@ class RentalSpec(_Frozen):
             running_since=now if rental.staged else None,  # it ran: a stop is its job's end, not a boot's
             hold_bid_up_to=self.bidding.hold_cap(rental.bid, rental.dph_total),
         )
-
-
-def execution_deadline(execution_timeout: Any, context: Any, started_at: float) -> float | None:
-    """The epoch second at which ``execution_timeout`` ends, counted from the start of this try, if it is set."""
-    if not execution_timeout:
-        return None
-    return try_started(context, started_at) + execution_timeout.total_seconds()
-
-
-def try_started(context: Any, fallback: float) -> float:
-    """When this try started: its task instance's ``start_date`` (the same across deferrals), else ``fallback``."""
-    ti = context.get("ti") if isinstance(context, Mapping) else None
-    start_date = getattr(ti, "start_date", None)
-    return start_date.timestamp() if isinstance(start_date, datetime) else fallback
-
-
-def timed_out(task: Any, instance_id: int) -> str:
-    """The message of a try that ``execution_timeout`` ended while it waited for ``instance_id``."""
-    return (
-        f"execution_timeout ({task.execution_timeout}) elapsed while waiting for instance {instance_id}; "
-        "the instance is destroyed"
-    )

@@ -9,7 +9,8 @@ from fake_flows import FlowsOverMethods
 
 from airflow_gpumarket.decorators.gpumarket import _GpuMarketDecoratedOperator, gpumarket_task
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
+from airflow_gpumarket.lifecycle import task_key
+from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
 
 COMMON = {"offer_filters": {"num_gpus": {"gte": 1}}, "image": "img"}
 

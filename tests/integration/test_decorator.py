@@ -12,7 +12,7 @@ from airflow.providers.common.compat.sdk import DAG
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.decorators.gpumarket import gpumarket_task
-from airflow_gpumarket.operators.guard import task_key
+from airflow_gpumarket.lifecycle import task_key
 from airflow_gpumarket.operators.spec import RentalSpec
 
 from .conftest import alive, offers_rented_twice_at_once, task_states

@@ -393,7 +393,8 @@ def test_the_staged_data_example_trains_on_its_inputs_and_leaves_its_outputs_in_
 
 def test_rule_keep_on_output_failure_keeps_the_stopped_instance_under_a_lease_of_its_own_key(sim):
     from airflow_gpumarket import lifecycle
-    from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
+    from airflow_gpumarket.lifecycle import task_key
+    from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
 
     sim.set_copy_faults([{"times": 5, "after_fraction": 0.0, "kind": "rclone", "direction": "Instance To Cloud"}])
     command = 'mkdir -p "$GPUMARKET_INSTANCE_ROOT/out" && echo r > "$GPUMARKET_INSTANCE_ROOT/out/model"'

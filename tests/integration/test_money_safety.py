@@ -17,8 +17,8 @@ import pytest
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+from airflow_gpumarket.lifecycle import task_key
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
-from airflow_gpumarket.operators.guard import task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.session import RentalSession
 from airflow_gpumarket.operators.session import summary as rental_summary
@@ -310,9 +310,9 @@ def test_adopted_instance_counts_elapsed_time_and_cost_from_its_own_start():
     }
     hook = SimpleNamespace(list_instances=lambda **_: [earlier], service_now=time.time)
     session = RentalSession(hook, op.log, RentalSpec.of(op), ctx, task=op)
-    rental = session.adopt(2)
-    assert rental is not None and rental.created_at == started
-    assert session.watch(rental).deadline == started + op.boot_timeout + 3600
+    rental = session.rent()
+    assert rental.created_at == started
+    assert session.spec.watch(rental, stages_in=False, now=time.time()).deadline == started + op.boot_timeout + 3600
     summary = rental_summary(rental, "running", hook.service_now)
     assert summary["elapsed_seconds"] == pytest.approx(480, abs=5)
     assert summary["estimated_cost"] == pytest.approx(0.5 * 480 / 3600, abs=0.001)

@@ -16,7 +16,7 @@ from fake_flows import FlowsOverMethods
 
 from airflow_gpumarket import lifecycle, outcome
 from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketServerError
-from airflow_gpumarket.operators.guard import task_key
+from airflow_gpumarket.lifecycle import task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 GONE = "gone"
@@ -174,5 +174,6 @@ class PreemptionsOfASession:
     def after(self, rental, event):
         from airflow_gpumarket.outcome import from_event
 
-        self.session.prepare(rental.attempts)
+        self.session.attempts = rental.attempts
+        self.session._prepare()  # as rent and resume do first: its Preemptions made
         return self.session.after_preemption(rental, from_event(event)[0])

@@ -7,8 +7,8 @@ import time
 from bad_input import refused_at_parse_time
 
 from airflow_gpumarket import lifecycle
+from airflow_gpumarket.lifecycle import task_key
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
-from airflow_gpumarket.operators.guard import task_key
 
 from .renting_fakes import FakeHook, ctx
 

@@ -1,6 +1,6 @@
-"""RentalGuard and destroy_rentals_on_failure (operators/guard.py): what a task rented is destroyed on every failure
-path (an error, on_kill, a lost create answer, a lost worker), a duplicate of an ambiguous create is swept, and a
-retry adopts what an earlier try left, or destroys it."""
+"""Every failure path ends what a task rented: the session's (an error, on_kill, a lost create answer) and
+destroy_rentals_on_failure's (operators/guard.py: a lost worker); a duplicate of an ambiguous create is swept, and a
+retry adopts what an earlier try left (operators/adoption.py), or destroys it."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import pytest
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketServerError
+from airflow_gpumarket.lifecycle import task_key
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
-from airflow_gpumarket.operators.guard import destroy_rentals_on_failure, task_key
+from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 from .renting_fakes import DONE, EXIT_0, BidMarketHook, FakeHook, ctx, earlier_try_left, job
+from .test_session import session_of
 
 
 def test_an_error_while_waiting_destroys_the_instance():
@@ -286,28 +288,21 @@ def test_an_ambiguous_create_sweeps_again_when_the_wait_ends_for_a_duplicate_tha
 
 
 def test_the_sweep_after_an_ambiguous_create_spares_a_kept_checkpoint_source():
-    from airflow_gpumarket.operators.guard import RentalGuard
-
     hook = FakeHook({1: ["running"]})
-    key = "0123456789ab"
-    label = lifecycle.make_label(key, time.time() + 600)
+    session = session_of(hook)
+    label = lifecycle.make_label(session.key, time.time() + 600)
     for _ in range(3):  # the paused source, the rental, and a duplicate the lost answer left
         hook.create_instance(1, label=label)
-    guard = RentalGuard(hook, SimpleNamespace(warning=print, info=print), key)
-    guard.follow(lifecycle.Attempts(source_id=1001))
-    guard.destroy_duplicates(SimpleNamespace(instance_id=1002))
+    session.attempts.source_id = 1001
+    session.check_duplicates(SimpleNamespace(instance_id=1002, ambiguous=True))
     assert hook.alive() == [1001, 1002]
 
 
 def test_a_failure_destroys_the_kept_checkpoint_source_with_the_rental():
-    from airflow_gpumarket.operators.guard import RentalGuard
-
     hook = FakeHook({1: ["running"]})
+    session = session_of(hook)
     hook.create_instance(1, label="a")
     hook.create_instance(1, label="b")
-    guard = RentalGuard(hook, SimpleNamespace(warning=print, info=print), "0123456789ab")
-    guard.follow(lifecycle.Attempts(source_id=1001))
-    guard.take(1002)
-    with pytest.raises(RuntimeError), guard.on_failure():
-        raise RuntimeError("boom")
+    session.attempts.source_id, session.instance_id = 1001, 1002
+    session.failed(RuntimeError("boom"))
     assert hook.alive() == []

@@ -207,6 +207,12 @@ def test_a_stage_in_then_waits_for_a_job_and_finishes_a_created_instance():
     assert plan.next_step(durable_create, rental(), reached, limit=None) == plan.StageIn(reached, wait=False)
 
 
+def test_a_wait_is_for_the_instance_to_run_while_its_data_is_still_to_be_copied_in_else_for_the_job():
+    assert plan.next_step(spec("job", durable=True), rental(), None, limit=None) == plan.Wait(stages_in=True)
+    assert plan.next_step(spec("job", durable=True), rental(staged=True), None, limit=None) == plan.Wait(False)
+    assert plan.next_step(spec("job"), rental(), None, limit=None) == plan.Wait(stages_in=False)
+
+
 def test_a_preflight_failure_is_named_in_the_step_and_only_a_command_has_one():
     failed = ended(EventKind.JOB_FAILED, **PREFLIGHT)
     step = plan.next_step(spec("job"), rental(), failed, limit=None)

@@ -17,8 +17,8 @@ from bad_input import refused_at_parse_time
 from airflow_gpumarket import lifecycle, outcome
 from airflow_gpumarket._compat import AirflowException, AirflowTaskTimeout, TaskDeferred
 from airflow_gpumarket.exceptions import GpuMarketServerError, GpuMarketValidationError
+from airflow_gpumarket.lifecycle import task_key
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
-from airflow_gpumarket.operators.guard import task_key
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.spec import RentalSpec
 
@@ -444,7 +444,7 @@ def test_the_dict_is_the_one_rendered_template_field_and_its_values_render():
         "jupyter_dir": "/data/r1",
         "env": {"RUN": "r1"},
     }
-    RentalSpec.of(op).validate()
+    RentalSpec.of(op)
 
 
 def test_default_args_give_creation_fields_by_name():

@@ -1,7 +1,8 @@
 """RentalSession (operators/session.py): one try's rentals, driven through its public methods with a fake hook.
 
-A rental starts by ``rent`` (reserve, create, record, hold), ``adopt`` or ``resume``, and ends by ``end`` (as its
-outcome says) or ``fail_over``; whatever fails inside ``guarded`` destroys what the session holds.
+A rental starts by ``rent`` (a retry's first takes back what an earlier try left; else reserve, create, record,
+hold) or ``resume``, and ends by ``end`` (as its outcome says) or ``fail_over``; ``failed`` destroys what the session
+holds.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import pytest
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer
-from airflow_gpumarket.operators.guard import task_key
 from airflow_gpumarket.operators.session import Outcome, RentalSession, summary
 from airflow_gpumarket.operators.spec import RentalSpec
 from airflow_gpumarket.outcome import EventKind, WaitOutcome
@@ -31,9 +31,7 @@ def session_of(hook: FakeHook, try_number: int = 1, **kwargs) -> RentalSession:
 
 def rented(hook: FakeHook, **kwargs) -> tuple[RentalSession, lifecycle.Rental]:
     session = session_of(hook, **kwargs)
-    attempts = lifecycle.Attempts()
-    session.prepare(attempts)
-    return session, session.rent(attempts)
+    return session, session.rent()
 
 
 def test_rent_creates_on_the_first_offer_with_the_tasks_label_and_holds_it():
@@ -43,17 +41,16 @@ def test_rent_creates_on_the_first_offer_with_the_tasks_label_and_holds_it():
     assert session.recorded and not session_of(hook).recorded  # the GPU rental link reads an address only then
     key, lease = lifecycle.parse_label(hook.instances[1001]["label"])
     assert key == session.key and lease > time.time()
-    with pytest.raises(RuntimeError), session.guarded():
-        raise RuntimeError("boom")
+    session.failed(RuntimeError("boom"))
     assert hook.alive() == []  # held: a failure destroys it
 
 
 def test_rent_fails_naming_why_once_no_offer_is_left():
     hook = FakeHook({1: ["running"]})
     session = session_of(hook)
-    attempts = lifecycle.Attempts(tried=[1], reasons=["instance 1001 never ran"])
+    session.attempts = lifecycle.Attempts(tried=[1], reasons=["instance 1001 never ran"])
     with pytest.raises(GpuMarketNoWorkingOffer, match="instance 1001 never ran; no further matching offer"):
-        session.rent(attempts)
+        session.rent()
     assert hook.instances == {}
 
 
@@ -106,10 +103,12 @@ def test_a_retry_adopts_what_an_earlier_try_left_counted_from_its_own_start():
     started = time.time() - 480
     made = hook.create_instance(1, label=lifecycle.make_label(session.key, time.time() + 600))
     hook.instances[made["new_contract"]].update(actual_status="running", start_date=started, dph_total=0.5)
-    rental = session.adopt(2)
-    assert rental is not None and (rental.instance_id, rental.created_at) == (1001, started)
+    rental = session.rent()
+    assert (rental.instance_id, rental.created_at) == (1001, started) and len(hook.instances) == 1
     assert summary(rental, "running", hook.service_now)["elapsed_seconds"] == pytest.approx(480, abs=5)
-    assert session_of(FakeHook({1: ["running"]})).adopt(1) is None  # a first try adopts nothing
+    first = FakeHook({1: ["running"]})
+    first.create_instance(1, label=lifecycle.make_label(session.key, time.time() + 600))
+    assert session_of(first).rent().instance_id == 1002  # a first try adopts nothing: it rents
 
 
 def test_resume_takes_the_rental_back_from_the_event_and_destroys_it_when_the_event_is_not_its_own():
@@ -120,12 +119,13 @@ def test_resume_takes_the_rental_back_from_the_event_and_destroys_it_when_the_ev
     back, _ = session.resume(event)
     assert (back.instance_id, back.label) == (1001, "renewed")
     other = session_of(hook)
-    with pytest.raises(AirflowException, match="Unexpected trigger event"), other.guarded():
+    with pytest.raises(AirflowException, match="Unexpected trigger event") as raised:
         other.resume({**event, "instance_id": 1002})
+    other.failed(raised.value)
     assert hook.destroyed == [1002]  # the instance the event named: whatever else is wrong, it is destroyed
 
 
 def test_the_label_key_is_the_task_instances_for_every_try():
     hook = FakeHook({1: ["running"]})
     op = job(hook)
-    assert session_of(hook).key == session_of(hook, try_number=3).key == task_key(op, ctx())
+    assert session_of(hook).key == session_of(hook, try_number=3).key == lifecycle.task_key(op, ctx())

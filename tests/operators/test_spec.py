@@ -29,7 +29,7 @@ def test_templated_fields_are_checked_after_rendering_not_at_parse_time():
     op = CREATE(task_id="t", **OK, runtype="{{ params.runtype }}", disk="{{ params.disk }}")
     op.instance.update(runtype="bogus", disk=8)  # as rendering would make them
     with pytest.raises(GpuMarketValidationError, match="^runtype"):
-        RentalSpec.of(op).validate()
+        RentalSpec.of(op)
 
 
 def test_good_arguments_build_a_body_with_only_given_fields():
@@ -64,7 +64,7 @@ def test_a_field_rendered_to_a_bad_value_is_refused_before_anything_is_sent():
     )
     op.render_template_fields({"params": {"runtype": "bogus"}})
     with pytest.raises(GpuMarketValidationError, match="^runtype: "):
-        RentalSpec.of(op).validate()
+        RentalSpec.of(op)
 
 
 def test_operators_differ_by_their_terms_not_by_flags():
@@ -75,15 +75,16 @@ def test_operators_differ_by_their_terms_not_by_flags():
 
 def test_a_jobs_lease_covers_its_boot_and_run_time_and_is_kept_alive_ahead():
     spec = job_spec(boot_timeout=600, max_runtime=3600, keepalive=900)
-    assert spec.lease_seconds() == 600 + 3600 + JOB_LEASE_MARGIN_SECONDS
-    assert spec.first_lease() == 900  # kept alive: the first lease is keepalive, renewed while watched
+    assert spec.lease_seconds == 600 + 3600 + JOB_LEASE_MARGIN_SECONDS
+    assert spec.first_lease == 900  # kept alive: the first lease is keepalive, renewed while watched
     assert spec.runtime_deadline(rental()) == 1000.0 + 600 + 3600
     assert RentalSpec.of(CREATE(task_id="c", **OK, lease=7200)).runtime_deadline(rental()) is None
 
 
 def test_a_job_whose_log_is_not_read_has_its_wrapper_destroy_the_instance_unless_a_result_is_read():
     assert job_spec().stops_on_success() and not job_spec(log_interval=0).stops_on_success()
-    assert job_spec(log_interval=0)._replace(terms=Terms(job=True, reads_result=True)).stops_on_success()
+    reads_result = Terms(job=True, reads_result=True, max_runtime=60)
+    assert job_spec(log_interval=0)._replace(terms=reads_result).stops_on_success()
 
 
 def test_the_watch_waits_for_the_job_unless_its_data_is_still_to_be_staged():
