@@ -246,7 +246,7 @@ def ordered(
     """The offers in the order they are tried, the task log's lines on the choice, and how many host memory skipped.
 
     Offers on machines in host memory (``avoided``) are left out. With a ``model`` (``offer_choice="expected_cost"``)
-    the offers that have ``terms`` are ranked by their expected cost (``offer_cost``), at the price they would be
+    the offers that have ``offer_terms`` are ranked by their expected cost (``offer_cost``), at the price they would be
     rented at; else the search's order stands.
     """
     kept = [offer for offer in offers if offer.get("machine_id") is None or offer.get("machine_id") not in avoided]
@@ -257,7 +257,7 @@ def ordered(
 
         priced = {}
         for offer in kept:
-            price = terms(offer, spec, attempts)[0]
+            price = offer_terms(offer, spec, attempts)[0]
             if price is not None:
                 priced[offer.get("id")] = (offer, {**offer, "dph_total": price})
         ranked = offer_cost.rank_offers([pair[1] for pair in priced.values()], model)
@@ -282,11 +282,11 @@ def next_offer(
 ) -> tuple[Mapping[str, Any] | None, float | None, str]:
     """The offer to rent among ``offers`` (a search's answer) and its bid (None on demand); or no offer, and why.
 
-    The first whose ``terms`` give a price.
+    The first whose ``offer_terms`` give a price.
     """
     skipped = ""
     for offer in offers:
-        price, bid, said = terms(offer, spec, attempts)
+        price, bid, said = offer_terms(offer, spec, attempts)
         if said is not None:
             skipped = said
         if price is not None:
@@ -299,7 +299,7 @@ def next_offer(
     return None, None, "no further matching offer" + (f" (the last one refused: {skipped})" if skipped else "")
 
 
-def terms(
+def offer_terms(
     offer: Mapping[str, Any], spec: RentalSpec, attempts: Attempts
 ) -> tuple[float | None, float | None, str | None]:
     """The price and bid (None on demand) ``offer`` would be rented at, or a None price; and what its bid or its

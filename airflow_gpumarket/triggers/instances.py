@@ -130,7 +130,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
 
     def _observations(self) -> AsyncGenerator[Observation, None]:
         if self.shared_poller:
-            return poller_for(self.gpumarket_conn_id, self._hook).watch(self.instance_id, self.poll_interval)
+            return poller_for(self.gpumarket_conn_id, self._hook).subscribe(self.instance_id, self.poll_interval)
         return self._own_reads()
 
     @cached_property

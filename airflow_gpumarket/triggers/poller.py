@@ -102,7 +102,7 @@ class SharedInstancePoller:
         self.rounds = 0  # rounds completed, for the watchdog's and the tests' eyes
         self.restarts = 0  # rounds cut short by the watchdog
 
-    async def watch(self, instance_id: int, interval: float) -> AsyncGenerator[Observation, None]:
+    async def subscribe(self, instance_id: int, interval: float) -> AsyncGenerator[Observation, None]:
         """Observations of ``instance_id``, the newest at each take, until the caller stops iterating.
 
         Close it deterministically (``contextlib.aclosing``); a subscriber whose task ended without closing it is

@@ -117,7 +117,7 @@ class ListsAll:
 
 async def _subscriber(poller, instance_id, received, *, busy=0.0, closing=True):
     """Take observations of ``instance_id`` into ``received``, spending ``busy`` seconds on each."""
-    observations = poller.watch(instance_id, INTERVAL)
+    observations = poller.subscribe(instance_id, INTERVAL)
     if closing:
         async with aclosing(observations) as each:
             async for _ in each:
@@ -230,7 +230,7 @@ def test_rule_a_poller_round_that_hangs_is_cut_short_and_the_poller_starts_again
     async def main():
         poller = SharedInstancePoller("hangs", fresh)
         seen = []
-        async with aclosing(poller.watch(7, INTERVAL)) as observations:
+        async with aclosing(poller.subscribe(7, INTERVAL)) as observations:
             async for observation in observations:
                 seen.append(observation)
                 if observation.status == "running":
@@ -253,7 +253,7 @@ def test_rule_a_subscriber_the_rounds_do_not_reach_reads_its_instance_alone(monk
     async def main():
         poller = SharedInstancePoller("dead", lambda: hook)
         monkeypatch.setattr(poller, "_ensure_running", lambda: None)  # no rounds: the poller is gone
-        async with aclosing(poller.watch(7, INTERVAL)) as observations:
+        async with aclosing(poller.subscribe(7, INTERVAL)) as observations:
             async for observation in observations:
                 return observation
 
