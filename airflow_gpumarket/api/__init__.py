@@ -61,6 +61,7 @@ from airflow_gpumarket.api.fields import (
     build_search_body,
     build_volume_listing_body,
     check_creation_field_names,
+    filter_mismatch,
     log_result_url,
 )
 from airflow_gpumarket.api.listing import (
@@ -89,6 +90,7 @@ from airflow_gpumarket.api.paths import (
     LOG_INTERVAL_SECONDS,
     LOG_MAX_BYTES,
     LOG_TAIL_DEFAULT,
+    OFFER_FILTER_FIELDS,
     OFFER_TYPES,
     ONSTART_MAX_CHARS,
     ORDER_DIRECTIONS,
@@ -169,6 +171,7 @@ from airflow_gpumarket.api.validation import (
     require_bid,
     require_bool,
     require_choice,
+    require_field_names,
     require_image_login,
     require_instance_path,
     require_integration_path,

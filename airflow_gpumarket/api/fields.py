@@ -13,6 +13,7 @@ from airflow_gpumarket.api.paths import (
     BODY_EXCERPT_CHARS,
     ENDPOINT_STATES,
     FILTER_OPERATORS,
+    OFFER_FILTER_FIELDS,
     OFFER_TYPES,
     RUNTYPES,
     TARGET_STATES,
@@ -49,8 +50,13 @@ def build_search_body(
     offer_type: str = "ondemand",
     limit: int | None = None,
     order: list | None = None,
+    extra_fields: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """Body of ``POST /bundles/``: filter objects plus ``type``, ``limit`` and ``order``."""
+    """Body of ``POST /bundles/``: filter objects plus ``type``, ``limit`` and ``order``.
+
+    Each filter's field must be one the service filters on (``OFFER_FILTER_FIELDS``), or named in ``extra_fields``
+    (a field newer than this provider): the service ignores others, and the search would match every offer.
+    """
     if filters is not None and not isinstance(filters, Mapping):
         raise GpuMarketValidationError(
             "filters", f"must be an object of field: {{operator: value}} pairs (a dict), got {type(filters).__name__}"
@@ -62,6 +68,8 @@ def build_search_body(
             raise GpuMarketValidationError(
                 "filters", f"{name!r} is not a filter field; pass it as the {argument} argument instead"
             )
+        if name not in OFFER_FILTER_FIELDS and name not in extra_fields:
+            raise GpuMarketValidationError(f"filters[{name!r}]", unknown_filter_field(name))
         if not isinstance(condition, Mapping) or len(condition) != 1:
             raise GpuMarketValidationError(
                 f"filters[{name!r}]",
@@ -83,6 +91,50 @@ def build_search_body(
     if order is not None:
         body["order"] = validate_order(order)
     return body
+
+
+_COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
+    "eq": lambda seen, wanted: seen == wanted,
+    "neq": lambda seen, wanted: seen != wanted,
+    "gt": lambda seen, wanted: seen > wanted,
+    "gte": lambda seen, wanted: seen >= wanted,
+    "lt": lambda seen, wanted: seen < wanted,
+    "lte": lambda seen, wanted: seen <= wanted,
+    "in": lambda seen, wanted: seen in wanted,
+    "notin": lambda seen, wanted: seen not in wanted,
+}
+
+
+def filter_mismatch(offer: Mapping[str, Any], filters: Mapping[str, Any] | None) -> str | None:
+    """The first filter ``offer`` contradicts, said in words; None when it contradicts none.
+
+    Only fields the offer carries are compared, with the operators known here; a value that cannot be compared
+    (another type) is no contradiction.
+    """
+    for name, condition in (filters or {}).items():
+        if name not in offer or not isinstance(condition, Mapping) or len(condition) != 1:
+            continue
+        ((operator, wanted),) = condition.items()
+        compare = _COMPARISONS.get(operator)
+        try:
+            holds = compare is None or compare(offer[name], wanted)
+        except TypeError:
+            continue
+        if not holds:
+            return f"its {name} is {offer[name]!r}, not {operator} {wanted!r}"
+    return None
+
+
+def unknown_filter_field(name: str) -> str:
+    """Why a filter on ``name`` is refused, with the closest known field."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), sorted(OFFER_FILTER_FIELDS), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (
+        f"is not an offer field the service filters on: it would ignore the filter and match every offer; {hint}"
+        "A field newer than this provider goes in extra_filter_fields"
+    )
 
 
 class OfferQuery:

@@ -42,6 +42,21 @@ PATH_CURRENT_USER = f"{API_PREFIX}/users/current"
 RUNTYPES = ("ssh_direct", "ssh_proxy", "ssh", "jupyter_direct", "jupyter_proxy", "jupyter", "args")
 TARGET_STATES = ("running", "stopped")
 OFFER_TYPES = ("ondemand", "on-demand", "bid")
+#: Offer fields a search filters on: the spec's known ones (gpu_name, num_gpus, gpu_ram, reliability, verified,
+#: rentable, direct_port_count) and those the live service's official client filters on. The service ignores any
+#: other field, so a misspelt one would match every offer.
+OFFER_FILTER_FIELDS = frozenset(
+    {
+        *("bw_nvlink", "cluster_id", "compute_cap", "cpu_arch", "cpu_cores", "cpu_cores_effective", "cpu_ghz"),
+        *("cpu_ram", "cuda_max_good", "datacenter", "direct_port_count", "disk_bw", "disk_space", "dlperf"),
+        *("dlperf_per_dphtotal", "dph_total", "driver_version", "duration", "external", "flops_per_dphtotal"),
+        *("geolocation", "gpu_arch", "gpu_display_active", "gpu_frac", "gpu_max_power", "gpu_max_temp"),
+        *("gpu_mem_bw", "gpu_name", "gpu_ram", "gpu_total_ram", "has_avx", "host_id", "id", "inet_down"),
+        *("inet_down_cost", "inet_up", "inet_up_cost", "machine_id", "min_bid", "mobo_name", "num_gpus"),
+        *("pci_gen", "pcie_bw", "reliability", "rentable", "rented", "static_ip", "storage_cost", "total_flops"),
+        *("ubuntu_version", "verification", "verified", "vms_enabled"),
+    }
+)
 #: Filter operators the spec names; the complete list is "not shown", so other lowercase names are let through.
 FILTER_OPERATORS = ("eq", "gte", "in")
 ORDER_DIRECTIONS = ("asc", "desc")

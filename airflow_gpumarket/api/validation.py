@@ -66,6 +66,17 @@ def require_choice(field: str, value: Any, choices: Iterable[str]) -> None:
         raise GpuMarketValidationError(field, f"{value!r} is not one of {', '.join(choices)}")
 
 
+def require_field_names(field: str, value: Any) -> tuple[str, ...]:
+    """``value`` as a tuple of field names: a list or tuple of non-empty strings (one string is refused)."""
+    if (
+        isinstance(value, str)
+        or not isinstance(value, list | tuple)
+        or not all(isinstance(v, str) and v for v in value)
+    ):
+        raise GpuMarketValidationError(field, f"must be a list of offer field names, like ['new_field'], got {value!r}")
+    return tuple(value)
+
+
 def drop_none(fields: Mapping[str, Any]) -> dict[str, Any]:
     """Only the fields the caller gave are sent; nothing goes on the wire as null."""
     return {k: v for k, v in fields.items() if v is not None}

@@ -129,14 +129,18 @@ class GpuMarketHook(_GpuMarketHookBase):
         offer_type: str = "ondemand",
         limit: int | None = None,
         order: list | None = None,
+        extra_filter_fields: Iterable[str] = (),
     ) -> list[types.Offer]:
         """Search offers.
 
         ``filters``: ``{"gpu_name": {"eq": "RTX 4090"}, "num_gpus": {"gte": 1}}`` (``in`` takes a list;
-        :class:`airflow_gpumarket.api.OfferQuery` builds them); ``order``: ``[["dph_total", "asc"]]``; ``offer_type``:
-        ondemand, on-demand or bid.
+        :class:`airflow_gpumarket.api.OfferQuery` builds them), each on a field the service filters on
+        (``api.OFFER_FILTER_FIELDS``) or named in ``extra_filter_fields``; ``order``: ``[["dph_total", "asc"]]``;
+        ``offer_type``: ondemand, on-demand or bid.
         """
-        body = api.build_search_body(filters, offer_type=offer_type, limit=limit, order=order)
+        body = api.build_search_body(
+            filters, offer_type=offer_type, limit=limit, order=order, extra_fields=extra_filter_fields
+        )
         result = self._call("search_offers", "POST", api.PATH_SEARCH_OFFERS, body)
         return api.expect_list("search_offers", result, "offers")
 

@@ -229,6 +229,7 @@ def search_for(spec: RentalSpec, attempts: Attempts, avoided: int = 0) -> dict[s
     margin = RANKED_OFFERS if spec.offer_choice == "expected_cost" else SEARCH_MARGIN
     return {
         "filters": spec.offer_filters if pinned is None else {"id": {"eq": pinned}},
+        "extra_filter_fields": spec.extra_filter_fields,
         "offer_type": "bid" if bids(spec, attempts) else spec.offer_type,
         "order": spec.offer_order or [["dph_total", "asc"]],
         "limit": len(attempts.tried) + len(attempts.lost_machines) + avoided + margin,
@@ -245,13 +246,23 @@ def ordered(
 ) -> tuple[list[Mapping[str, Any]], list[str], int]:
     """The offers in the order they are tried, the task log's lines on the choice, and how many host memory skipped.
 
-    Offers on machines in host memory (``avoided``) are left out. With a ``model`` (``offer_choice="expected_cost"``)
+    Offers that contradict ``offer_filters`` (the service ignores what it does not know) and offers on machines in
+    host memory (``avoided``) are left out. With a ``model`` (``offer_choice="expected_cost"``)
     the offers that have ``offer_terms`` are ranked by their expected cost (``offer_cost``), at the price they would be
     rented at; else the search's order stands.
     """
+    lines: list[str] = []
+    filters = spec.offer_filters if spec.pinned_offer is None else None
+    wrong = {id(offer): why for offer in offers if (why := api.filter_mismatch(offer, filters)) is not None}
+    if wrong:
+        first = next(offer for offer in offers if id(offer) in wrong)
+        lines.append(
+            f"{len(wrong)} offer(s) the search returned do not match offer_filters and are skipped (offer "
+            f"{first.get('id')}: {wrong[id(first)]}): the service may have ignored a filter"
+        )
+    offers = [offer for offer in offers if id(offer) not in wrong]
     kept = [offer for offer in offers if offer.get("machine_id") is None or offer.get("machine_id") not in avoided]
     skipped = len(offers) - len(kept)
-    lines: list[str] = []
     if model is not None:
         from airflow_gpumarket import offer_cost
 
@@ -262,7 +273,7 @@ def ordered(
                 priced[offer.get("id")] = (offer, {**offer, "dph_total": price})
         ranked = offer_cost.rank_offers([pair[1] for pair in priced.values()], model)
         if ranked:
-            lines = offer_cost.choice_log(ranked)
+            lines += offer_cost.choice_log(ranked)
         kept = [priced[cost.offer_id][0] for cost in ranked]
     if skipped:
         lines.append(

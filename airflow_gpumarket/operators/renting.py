@@ -51,7 +51,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     :param offer_id: rent exactly this offer (no failover to others).
     :param offer_filters: or pick the cheapest matching offer (ordered by ``offer_order``, default price
-        ascending) whose price is at most ``max_dph``.
+        ascending) whose price is at most ``max_dph``. Each field must be one the service filters on
+        (``api.OFFER_FILTER_FIELDS``): it ignores others, so a misspelt one would match every offer.
+    :param extra_filter_fields: offer fields newer than this provider that ``offer_filters`` may name.
     :param offer_order: ``[field, direction]`` pairs for the search.
     :param offer_type: ``ondemand`` (default), ``on-demand`` or ``bid``.
     :param max_dph: highest acceptable price in dollars per hour.
@@ -170,6 +172,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         terms: Terms | None = None,
         offer_id: int | None = None,
         offer_filters: Mapping[str, Any] | None = None,
+        extra_filter_fields: Sequence[str] = (),
         offer_order: list | None = None,
         offer_type: str = "ondemand",
         max_dph: float | None = None,
@@ -236,6 +239,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         self.log_interval = duration_seconds("log_interval", log_interval, zero_ok=True)
         self.offer_id = offer_id
         self.offer_filters = offer_filters
+        self.extra_filter_fields = extra_filter_fields
         self.offer_order = offer_order
         self.offer_type = offer_type
         self.max_dph = max_dph

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 class GpuMarketSearchOffersOperator(GpuMarketBaseOperator):
     """Search offers and push them to XCom.
 
-    :param offer_filters: the spec's filter object, e.g. ``{"gpu_name": {"eq": "RTX 4090"}}``.
+    :param offer_filters: the spec's filter object, e.g. ``{"gpu_name": {"eq": "RTX 4090"}}``, on fields the service
+        filters on (``api.OFFER_FILTER_FIELDS``).
+    :param extra_filter_fields: offer fields newer than this provider that ``offer_filters`` may name.
     :param offer_type: ``ondemand`` (default), ``on-demand`` or ``bid``.
     :param offer_order: list of ``[field, direction]`` pairs, e.g. ``[["dph_total", "asc"]]``.
     :param limit: maximum number of offers.
@@ -29,6 +31,7 @@ class GpuMarketSearchOffersOperator(GpuMarketBaseOperator):
         self,
         *,
         offer_filters: Mapping[str, Any] | None = None,
+        extra_filter_fields: Sequence[str] = (),
         offer_type: str = "ondemand",
         offer_order: list | None = None,
         limit: int | None = None,
@@ -37,6 +40,7 @@ class GpuMarketSearchOffersOperator(GpuMarketBaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.offer_filters = offer_filters
+        self.extra_filter_fields = extra_filter_fields
         self.offer_type = offer_type
         self.offer_order = offer_order
         self.limit = limit
@@ -45,14 +49,24 @@ class GpuMarketSearchOffersOperator(GpuMarketBaseOperator):
             self._validate()
 
     def _validate(self) -> None:
-        api.build_search_body(self.offer_filters, offer_type=self.offer_type, limit=self.limit, order=self.offer_order)
+        api.build_search_body(
+            self.offer_filters,
+            offer_type=self.offer_type,
+            limit=self.limit,
+            order=self.offer_order,
+            extra_fields=api.require_field_names("extra_filter_fields", self.extra_filter_fields),
+        )
         if self.max_dph is not None:
             api.require_positive_number("max_dph", self.max_dph)
 
     def execute(self, context: Any) -> list[Offer]:
         self._validate()
         offers = self.hook.search_offers(
-            self.offer_filters, offer_type=self.offer_type, limit=self.limit, order=self.offer_order
+            self.offer_filters,
+            offer_type=self.offer_type,
+            limit=self.limit,
+            order=self.offer_order,
+            extra_filter_fields=self.extra_filter_fields,
         )
         if self.max_dph is not None:
             offers = [o for o in offers if (o.get("dph_total") or 0) <= self.max_dph]

@@ -102,6 +102,7 @@ class RentalSpec(_Frozen):
         "export_env_to_ssh",
         "offer_id",
         "offer_filters",
+        "extra_filter_fields",
         "offer_order",
         "offer_type",
         "max_dph",
@@ -133,6 +134,7 @@ class RentalSpec(_Frozen):
     export_env_to_ssh: bool
     offer_id: Any
     offer_filters: Any
+    extra_filter_fields: Any
     offer_order: Any
     offer_type: str
     max_dph: Any
@@ -253,7 +255,12 @@ class RentalSpec(_Frozen):
         if self.offer_id is not None:
             api.require_positive_int("offer_id", self._pinned_offer())
         if self.offer_filters is not None and not (parse_time and is_templated(self.offer_filters)):
-            api.build_search_body(self.offer_filters, offer_type=self.offer_type, order=self.offer_order)
+            api.build_search_body(
+                self.offer_filters,
+                offer_type=self.offer_type,
+                order=self.offer_order,
+                extra_fields=api.require_field_names("extra_filter_fields", self.extra_filter_fields),
+            )
         if self.max_dph is not None and not (parse_time and is_templated(self.max_dph)):
             api.require_positive_number("max_dph", self.max_dph)
 

@@ -44,3 +44,41 @@ def test_the_readmes_table_of_creation_fields_is_written_from_the_api_table():
     script = Path(__file__).resolve().parents[2] / "scripts" / "readme_fields.py"
     done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+def test_rule_a_filter_on_a_field_the_service_does_not_filter_on_is_refused_with_the_closest_name():
+    """The service ignores an unknown field: ``gpu_nmae`` would match every GPU, so it is refused before a search."""
+    with pytest.raises(GpuMarketValidationError, match="did you mean 'gpu_name'") as caught:
+        api.build_search_body({"gpu_nmae": {"eq": "RTX 3090"}})
+    assert caught.value.field == "filters['gpu_nmae']" and "extra_filter_fields" in str(caught.value)
+    with pytest.raises(GpuMarketValidationError, match="every offer; A field newer"):  # nothing close: no guess
+        api.build_search_body({"zzz": {"eq": 1}})
+
+
+def test_a_field_newer_than_the_provider_is_sent_when_named_in_extra_fields():
+    body = api.build_search_body({"new_field": {"gte": 2}, "gpu_name": {"eq": "A"}}, extra_fields=("new_field",))
+    assert body == {"new_field": {"gte": 2}, "gpu_name": {"eq": "A"}, "type": "ondemand"}
+    for bad in ("new_field", [""], [3]):
+        with pytest.raises(GpuMarketValidationError, match="^extra_filter_fields: must be a list"):
+            api.require_field_names("extra_filter_fields", bad)
+
+
+def test_the_spec_and_the_official_clients_filter_fields_are_all_known():
+    spec_fields = {"gpu_name", "num_gpus", "gpu_ram", "reliability", "verified", "rentable", "direct_port_count"}
+    assert spec_fields | {"dph_total", "inet_down_cost", "geolocation", "cuda_max_good"} <= api.OFFER_FILTER_FIELDS
+
+
+@pytest.mark.parametrize(
+    ("offer", "filters", "said"),
+    [
+        ({"gpu_name": "RTX 3090"}, {"gpu_name": {"eq": "RTX 4090"}}, "its gpu_name is 'RTX 3090', not eq 'RTX 4090'"),
+        ({"num_gpus": 1}, {"num_gpus": {"gte": 2}}, "its num_gpus is 1, not gte 2"),
+        ({"gpu_name": "B"}, {"gpu_name": {"in": ["A", "C"]}}, "its gpu_name is 'B', not in ['A', 'C']"),
+        ({"dph_total": 0.9}, {"dph_total": {"lte": 0.5}}, "its dph_total is 0.9, not lte 0.5"),
+        ({"num_gpus": 2}, {"num_gpus": {"gte": 2}, "gpu_name": {"eq": "A"}}, None),  # a field it lacks: no verdict
+        ({"num_gpus": "2"}, {"num_gpus": {"gte": 2}}, None),  # not comparable: no verdict
+        ({"num_gpus": 2}, {"num_gpus": {"near": 2}}, None),  # an operator not known here: no verdict
+    ],
+)
+def test_an_offer_that_contradicts_its_filter_is_said_to(offer, filters, said):
+    assert api.filter_mismatch(offer, filters) == said

@@ -38,7 +38,7 @@ class FakeHook(FlowsOverMethods):
         self.log_text = ""  # what every logs read answers
         self.log_reads: list[tuple[int, bool]] = []  # (instance id, daemon log)
 
-    def search_offers(self, filters, *, offer_type="ondemand", order=None, limit=None):
+    def search_offers(self, filters, *, offer_type="ondemand", order=None, limit=None, extra_filter_fields=()):
         return [{"id": offer_id, "dph_total": 0.5, "gpu_name": "RTX 4090"} for offer_id in self.scripts]
 
     def create_instance(self, offer_id, **body):
@@ -143,7 +143,7 @@ class BidMarketHook(FakeHook):
         super().__init__(scripts)
         self.destroy_worked = destroy_worked
 
-    def search_offers(self, filters, *, offer_type="ondemand", order=None, limit=None):
+    def search_offers(self, filters, *, offer_type="ondemand", order=None, limit=None, extra_filter_fields=()):
         offers = super().search_offers(filters, offer_type=offer_type, order=order, limit=limit)
         return [{**o, "min_bid": 0.2, "machine_id": 500 + o["id"]} for o in offers]
 

@@ -128,3 +128,22 @@ def test_expected_cost_ranks_a_bid_offer_at_the_bid_it_would_be_rented_at():
 def test_the_gpu_count_the_preflight_checks_is_the_offers_num_gpus():
     assert chooser.gpu_count({"num_gpus": 4}) == 4
     assert [chooser.gpu_count({"num_gpus": v}) for v in (None, 0, True, "2", -1)] == [0] * 5
+
+
+def test_rule_offers_the_search_returned_against_its_filter_are_skipped_and_said():
+    """The live service ignores a filter it does not apply: the offer it returns anyway is never rented."""
+    listed = [offer(1, gpu_name="RTX 3090"), offer(2, gpu_name="RTX 4090")]
+    found, lines, skipped = chooser.ordered(listed, spec(), lifecycle.Attempts(), avoided={}, model=None)
+    assert [o["id"] for o in found] == [2] and skipped == 0
+    assert "1 offer(s) the search returned do not match offer_filters" in lines[0]
+    assert "offer 1: its gpu_name is 'RTX 3090', not eq 'RTX 4090'" in lines[0]
+    pinned = chooser.ordered(listed, spec(offer_id=1), lifecycle.Attempts(), avoided={}, model=None)[0]
+    assert [o["id"] for o in pinned] == [1, 2]  # a pinned offer's search is by its id: no filter to hold it to
+
+
+def test_a_misspelt_filter_field_fails_the_dag_file_naming_the_closest_field():
+    from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+    with pytest.raises(GpuMarketValidationError, match="did you mean 'gpu_name'"):
+        spec(offer_filters={"gpu_nmae": {"eq": "RTX 3090"}})
+    assert spec(offer_filters={"gpu_nmae": {"eq": "x"}}, extra_filter_fields=["gpu_nmae"]).extra_filter_fields
