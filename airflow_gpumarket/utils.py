@@ -28,6 +28,7 @@ class RunTimeModule:
         return getattr(importlib.import_module(self._name), attr)
 
 
+_INFINITY = float("inf")
 #: Values that are never resolved at run time (checked first: this runs for every field of every task parsed).
 _PLAIN = (str, int, float, type(None), timedelta)
 
@@ -51,6 +52,11 @@ def resolved_at_run_time(value: Any) -> bool:
 
 def is_templated(value: Any) -> bool:
     """Only known when the task runs: Jinja text or something Airflow resolves (see ``resolved_at_run_time``)."""
+    kind = type(value)  # plain containers first, by type: this walks every argument of every task parsed
+    if kind is dict:
+        return any(resolved_at_run_time(k) or is_templated(v) for k, v in value.items())
+    if kind is list or kind is tuple:
+        return any(is_templated(v) for v in value)
     if isinstance(value, str):
         return "{{" in value or "{%" in value
     if isinstance(value, _PLAIN):
@@ -67,6 +73,8 @@ def is_templated(value: Any) -> bool:
 def duration_seconds(name: str, value: timedelta | float, *, zero_ok: bool = False) -> float:
     """A positive duration (or 0 with ``zero_ok``) given as timedelta or seconds; refused at parse time otherwise."""
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if (type(seconds) is float or type(seconds) is int) and (0 < seconds < _INFINITY or (zero_ok and seconds == 0)):
+        return float(seconds)  # the common case, without the checks' messages
     if zero_ok:
         api.require_non_negative_number(name, seconds)
     else:

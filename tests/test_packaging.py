@@ -48,7 +48,7 @@ def test_a_dag_file_with_renting_operators_and_sensors_imports_only_what_parsing
         "    GpuMarketCreateInstanceOperator(task_id='c', offer_id=1, image='i')\n"
         "    GpuMarketInstanceStatusSensor(task_id='s', instance_id=3)\n"
         "runtime = ('lifecycle', 'waiting', 'job_logs', 'python_job', 'hooks.gpumarket', 'triggers.instances',\n"
-        "           'metrics', 'lineage', 'assets')\n"
+        "           'metrics', 'lineage', 'assets', 'operators.failures', 'ui.links', 'operators.session')\n"
         "loaded = [m for m in runtime if 'airflow_gpumarket.' + m in sys.modules]\n"
         "others = ('gpumarket_simulator', 'fastapi', 'openlineage', 'airflow.providers.openlineage.extractors')\n"
         "print('loaded:', loaded + [m for m in others if m in sys.modules])"

@@ -7,16 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketError
-from airflow_gpumarket.operators.failures import GpuMarketOutcomeUnknown
 from airflow_gpumarket.operators.renting import GpuMarketRentingBaseOperator
 from airflow_gpumarket.operators.spec import Terms
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
     from airflow_gpumarket import metrics, outcome
+    from airflow_gpumarket.operators import failures
     from airflow_gpumarket.operators.session import RentalResult
 else:  # what only a running task needs: not imported when a DAG file is parsed
     metrics, outcome = RunTimeModule("airflow_gpumarket.metrics"), RunTimeModule("airflow_gpumarket.outcome")
+    failures = RunTimeModule("airflow_gpumarket.operators.failures")
 
 
 class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
@@ -46,7 +47,7 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
 
         rental, ended = result.rental, result.outcome
         if ended is not None and ended.kind is not outcome.EventKind.REACHED:
-            raise GpuMarketOutcomeUnknown(ended.describe(rental.instance_id))
+            raise failures.GpuMarketOutcomeUnknown(ended.describe(rental.instance_id))
         if ended is not None:
             self.log.info("%s", ended.describe(rental.instance_id))
         done = summary(rental, result.status, self.hook.service_now)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,6 @@ from airflow_gpumarket.creation import creation_fields
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
 from airflow_gpumarket.operators.spec import RentalSpec, Terms
-from airflow_gpumarket.ui.links import GpuRentalLink
 from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, RunTimeModule, duration_seconds, try_started
 
 if TYPE_CHECKING:
@@ -36,14 +35,35 @@ else:  # what only a running task needs: not imported when a DAG file is parsed
     plan = RunTimeModule("airflow_gpumarket.operators.plan")
 
 
-@dataclass
 class Try:
-    """Where one try stands: the rental held, how its last wait ended, the wait to run next, the log lines shown."""
+    """Where one try stands: the rental held, how its last wait ended, the wait to run next, the log lines shown.
 
-    rental: lifecycle.Rental | None = None
-    outcome: WaitOutcome | None = None  # None: not waited for since it was rented
-    watch: waiting.Watch | None = None  # the next wait, when already made (a preempted bid instance's)
-    shown: Sequence[str] = ()  # the job's log lines the wait before showed last
+    ``outcome`` None: not waited for since it was rented; ``watch``: the next wait, when already made (a preempted
+    bid instance's); ``shown``: the job's log lines the wait before showed last. (A plain class: a dataclass costs
+    its creation when a DAG file is parsed.)
+    """
+
+    __slots__ = ("rental", "outcome", "watch", "shown")
+
+    def __init__(
+        self,
+        rental: lifecycle.Rental | None = None,
+        outcome: WaitOutcome | None = None,
+        watch: waiting.Watch | None = None,
+        shown: Sequence[str] = (),
+    ) -> None:
+        self.rental, self.outcome, self.watch, self.shown = rental, outcome, watch, shown
+
+
+class _ExtraLinks:
+    """``operator_extra_links``, made on first access: a DAG file that only constructs operators never reads them."""
+
+    def __get__(self, instance: Any, owner: type) -> tuple[Any, ...]:
+        from airflow_gpumarket.ui.links import GpuRentalLink
+
+        links = (GpuRentalLink(),)
+        GpuMarketRentingBaseOperator.operator_extra_links = links
+        return links
 
 
 class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
@@ -157,7 +177,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         "inputs": "json",
         "outputs": "json",
     }
-    operator_extra_links = (GpuRentalLink(),)
+    operator_extra_links: Any = _ExtraLinks()
     ui_color = "#c9e7ff"
     #: Read by ``destroy_rentals_on_failure``: what this operator rents carries its task instance's label key.
     rents_instances = True
@@ -227,51 +247,55 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         volume_info: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        named = {name: value for name, value in locals().items() if name in api.CREATION_FIELD_NAMES}
+        given = locals()
+        named = {name: given[name] for name in api.CREATION_FIELD_NAMES if given[name] is not None}
         super().__init__(**kwargs)
         api.require_bool("durable", durable)
         api.require_bool("interruptible", interruptible)
-        self.terms = Terms() if terms is None else terms
-        self.durable = durable
-        self.command = command
-        self.instance = creation_fields(instance, {k: v for k, v in named.items() if v is not None}, command=command)
-        self.export_env_to_ssh = export_env_to_ssh
-        self.log_interval = duration_seconds("log_interval", log_interval, zero_ok=True)
-        self.offer_id = offer_id
-        self.offer_filters = offer_filters
-        self.extra_filter_fields = extra_filter_fields
-        self.offer_order = offer_order
-        self.offer_type = offer_type
-        self.max_dph = max_dph
-        self.max_offer_attempts = max_offer_attempts
-        self.offer_choice = offer_choice
-        self.expected_runtime = expected_runtime
-        self.image_size_gb = image_size_gb
-        self.transfer_gb = transfer_gb
-        self.preflight = preflight
-        self.avoid_failed_hosts = avoid_failed_hosts
-        self.deadline = deadline
-        self.boot_timeout = duration_seconds("boot_timeout", boot_timeout)
-        self.poll_interval = duration_seconds("poll_interval", poll_interval)
-        self.deferrable = DEFAULT_DEFERRABLE if deferrable is None else deferrable
-        self.checkpoint_dir = checkpoint_dir
-        self.checkpoint_uri = checkpoint_uri
-        self.cloud_integration = cloud_integration
-        self.inputs = inputs
-        self.outputs = outputs
-        self.on_restore_failure = on_restore_failure
-        self.staging_timeout = duration_seconds("staging_timeout", staging_timeout)
         keep = keep_on_output_failure
-        self.keep_on_output_failure = None if keep is None else duration_seconds("keep_on_output_failure", keep)
-        self.max_cost = max_cost
-        self.interruptible = interruptible
-        self.bidding = bidding.BidPolicy.parse(
-            max_bid=max_bid,
-            max_preemptions=max_preemptions,
-            on_preemption=on_preemption,
-            max_outbid_wait=max_outbid_wait,
-            fallback_on_demand=fallback_on_demand,
-            bid_strategy=bid_strategy,
+        # Set at once, not through BaseOperator.__setattr__ one by one: none is BaseOperator's, none has a converter.
+        self.__dict__.update(
+            terms=Terms() if terms is None else terms,
+            durable=durable,
+            command=command,
+            instance=creation_fields(instance, named, command=command),
+            export_env_to_ssh=export_env_to_ssh,
+            log_interval=duration_seconds("log_interval", log_interval, zero_ok=True),
+            offer_id=offer_id,
+            offer_filters=offer_filters,
+            extra_filter_fields=extra_filter_fields,
+            offer_order=offer_order,
+            offer_type=offer_type,
+            max_dph=max_dph,
+            max_offer_attempts=max_offer_attempts,
+            offer_choice=offer_choice,
+            expected_runtime=expected_runtime,
+            image_size_gb=image_size_gb,
+            transfer_gb=transfer_gb,
+            preflight=preflight,
+            avoid_failed_hosts=avoid_failed_hosts,
+            deadline=deadline,
+            boot_timeout=duration_seconds("boot_timeout", boot_timeout),
+            poll_interval=duration_seconds("poll_interval", poll_interval),
+            deferrable=DEFAULT_DEFERRABLE if deferrable is None else deferrable,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_uri=checkpoint_uri,
+            cloud_integration=cloud_integration,
+            inputs=inputs,
+            outputs=outputs,
+            on_restore_failure=on_restore_failure,
+            staging_timeout=duration_seconds("staging_timeout", staging_timeout),
+            keep_on_output_failure=None if keep is None else duration_seconds("keep_on_output_failure", keep),
+            max_cost=max_cost,
+            interruptible=interruptible,
+            bidding=bidding.BidPolicy.parse(
+                max_bid=max_bid,
+                max_preemptions=max_preemptions,
+                on_preemption=on_preemption,
+                max_outbid_wait=max_outbid_wait,
+                fallback_on_demand=fallback_on_demand,
+                bid_strategy=bid_strategy,
+            ),
         )
         callbacks: Any = getattr(self, "on_failure_callback", None)
         callbacks = [] if callbacks is None else [callbacks] if callable(callbacks) else callbacks

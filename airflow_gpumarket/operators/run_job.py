@@ -6,23 +6,17 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket.exceptions import GpuMarketValidationError
-from airflow_gpumarket.operators.failures import (
-    GpuMarketBudgetExceeded,
-    GpuMarketHostFailed,
-    GpuMarketJobFailed,
-    GpuMarketOutcomeUnknown,
-    GpuMarketStagingFailed,
-)
 from airflow_gpumarket.operators.renting import GpuMarketRentingBaseOperator
 from airflow_gpumarket.operators.spec import Terms
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
     from airflow_gpumarket import assets, lifecycle, metrics, outcome
-    from airflow_gpumarket.operators import cost
+    from airflow_gpumarket.operators import cost, failures
     from airflow_gpumarket.operators.session import RentalResult, RentalSession
 else:  # what only a running task needs: not imported when a DAG file is parsed
     lifecycle, cost = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.operators.cost")
+    failures = RunTimeModule("airflow_gpumarket.operators.failures")
     assets, metrics = RunTimeModule("airflow_gpumarket.assets"), RunTimeModule("airflow_gpumarket.metrics")
     outcome = RunTimeModule("airflow_gpumarket.outcome")
 
@@ -62,8 +56,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         given, terms = kwargs.pop("terms", None), Terms(job=True, max_runtime=max_runtime, keepalive=keepalive)
         terms = terms if given is None else given._replace(job=True, max_runtime=max_runtime, keepalive=keepalive)
         super().__init__(command=command, terms=terms, **kwargs)
-        self.max_runtime = max_runtime
-        self.keepalive = keepalive
+        self.__dict__.update(max_runtime=max_runtime, keepalive=keepalive)  # as the renting base sets its own
 
     def _complete(self, result: RentalResult) -> Any:
         from airflow_gpumarket.operators.session import Outcome, summary
@@ -75,7 +68,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         if succeeded and ended.destroyed_itself:
             session.end(rental, Outcome.GONE, metric=metrics.outcome(ended), why="its job destroyed it")
             if self.spec is not None and self.spec.stops_on_success():  # so somebody else destroyed it
-                raise GpuMarketOutcomeUnknown(
+                raise failures.GpuMarketOutcomeUnknown(
                     f"instance {rental.instance_id} was destroyed before the end of its job could be read (by hand, "
                     "or by the reaper after its lease ran out): the job's outcome and its last output are unknown"
                 )
@@ -107,30 +100,30 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         why = failure(ended, not_started=not_started, credit_ran_out=credit is not None)
         sentence = ended.describe(rental.instance_id)
         if why is Failure.MAX_COST:
-            raise GpuMarketBudgetExceeded(
+            raise failures.GpuMarketBudgetExceeded(
                 f"The job on instance {rental.instance_id} reached max_cost=${self.max_cost:g}: "
                 f"it cost {cost.text(done['cost'], done['cost_kind'])} (at ${rental.hourly:g}/h, disk "
                 "included). Its log was read and the instance destroyed; raise max_cost, or make the job shorter."
             )
         if why is Failure.CREDIT:
-            raise GpuMarketBudgetExceeded(
+            raise failures.GpuMarketBudgetExceeded(
                 f"The account's credit ran out (${credit:.2f}): the service stopped every instance of the account, "
                 f"this job's too ({sentence}). The instance is destroyed; add credit before running it again."
             )
         if why is Failure.HOST_LOST:
             self._held().remember_lost(rental, ended)
-            raise GpuMarketHostFailed(
+            raise failures.GpuMarketHostFailed(
                 f"{sentence[0].upper()}{sentence[1:]}. The host failed, not the job: a retry rents again, elsewhere "
                 "while host memory keeps this machine."
             )
         if why is Failure.NOT_STARTED:
-            raise GpuMarketStagingFailed(
+            raise failures.GpuMarketStagingFailed(
                 f"The job on instance {rental.instance_id} did not start: its staged data did not arrive (see "
                 "the wrapper's lines above; on_restore_failure, staging_timeout). The instance is destroyed."
             )
         if why is Failure.JOB_FAILED:
-            raise GpuMarketJobFailed(sentence, exit_status=ended.exit_status)
-        raise GpuMarketOutcomeUnknown(sentence)
+            raise failures.GpuMarketJobFailed(sentence, exit_status=ended.exit_status)
+        raise failures.GpuMarketOutcomeUnknown(sentence)
 
     def _staging_gave_up(self, result: RentalResult) -> bool:
         """Whether the job wrapper ended without starting the job: its staged data did not arrive."""

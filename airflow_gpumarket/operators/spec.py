@@ -175,7 +175,13 @@ class RentalSpec(_Frozen):
     @classmethod
     def check(cls, operator: Any) -> RentalSpec:
         """The spec of ``operator``'s arguments as its DAG is parsed: values holding Jinja wait for the task to run."""
-        return cls._made({name: getattr(operator, name) for name in cls.ARGUMENTS}, parse_time=True)
+        spec = object.__new__(cls)
+        for name in cls.ARGUMENTS:
+            object.__setattr__(spec, name, getattr(operator, name))
+        for name in cls.DERIVED:
+            object.__setattr__(spec, name, None)
+        spec.validate(parse_time=True)
+        return spec
 
     @classmethod
     def _made(cls, arguments: Mapping[str, Any], *, parse_time: bool) -> RentalSpec:
