@@ -1,6 +1,8 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
 # Each creates what it needs (virtual environment, Airflow home, simulator) itself.
 SHELL  := /bin/bash
+# Each suite and subprocess imports the same modules: let Python keep their bytecode (__pycache__ is ignored by git).
+unexport PYTHONDONTWRITEBYTECODE
 .SHELLFLAGS := -eu -o pipefail -c  # a figure script that fails must fail the target, even behind a grep
 PYTHON ?= python3
 VENV   := .venv
@@ -59,8 +61,9 @@ test-fast: lint typecheck
 
 # The suites mostly wait (on the simulators' clocks, on subprocesses), so each runs in this many processes
 # (pytest-xdist); each process has an Airflow home, a database and simulators of its own. 1 runs them in one.
+# worksteal: a process that ran out of tests takes some of another's, so that no process ends long after the rest.
 PYTEST_WORKERS ?= 4
-PYTEST_N := $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS))
+PYTEST_N := $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal)
 
 test-airflow3: install
 	@echo "== tests on Airflow $(AIRFLOW3)"
@@ -117,8 +120,9 @@ dist: install
 	@ls -1 dist/*.whl
 
 # The 2.11 leg and the wheels' check run side by side, after the first leg.
-# The 2.11 environment is built beside lint and typecheck, so that no suite shares the machine with an install.
-test: install
+# Both environments are built side by side (lint and typecheck need the first), so that no suite shares the machine
+# with an install.
+test:
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint typecheck $(STAMP2)
 	$(MAKE) --no-print-directory -j2 --output-sync=target bench-quick test-airflow3
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-airflow2 test-late
