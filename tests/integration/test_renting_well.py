@@ -69,7 +69,8 @@ def test_rule_a_host_that_fails_the_gpu_preflight_is_destroyed_remembered_and_fa
     assert result["job_status"] == "succeeded" and result["offer_id"] == 2
     assert rented(sim) == [1, 2] and sim.alive_instances() == []
     failed = sim.state()["instances"][0]
-    assert failed["compute_seconds"] < 120, failed  # seconds of the simulator's clock: the check, then a poll
+    # destroyed after the check and a poll: well under one real second at 600x (a loaded machine took 0.28 s)
+    assert failed["compute_seconds"] < 600, failed
     log = task_log()
     assert "machine 501 failed the GPU preflight: expected 1 GPUs, nvidia-smi -L listed 0" in log
     assert "NVIDIA-SMI has failed" in log and "the job did not run" in log
