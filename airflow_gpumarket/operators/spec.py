@@ -8,8 +8,9 @@ job or a status, hands its instance over, lease, max runtime, keepalive), not fl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api
@@ -170,24 +171,19 @@ class RentalSpec(_Frozen):
     @classmethod
     def of(cls, operator: Any) -> RentalSpec:
         """The spec of ``operator``'s arguments as they are now (rendered, once the task runs), checked."""
-        return cls._made({name: getattr(operator, name) for name in cls.ARGUMENTS}, parse_time=False)
+        return cls._made(partial(getattr, operator), parse_time=False)
 
     @classmethod
     def check(cls, operator: Any) -> RentalSpec:
         """The spec of ``operator``'s arguments as its DAG is parsed: values holding Jinja wait for the task to run."""
-        spec = object.__new__(cls)
-        for name in cls.ARGUMENTS:
-            object.__setattr__(spec, name, getattr(operator, name))
-        for name in cls.DERIVED:
-            object.__setattr__(spec, name, None)
-        spec.validate(parse_time=True)
-        return spec
+        return cls._made(partial(getattr, operator), parse_time=True)
 
     @classmethod
-    def _made(cls, arguments: Mapping[str, Any], *, parse_time: bool) -> RentalSpec:
+    def _made(cls, argument: Callable[[str], Any], *, parse_time: bool) -> RentalSpec:
+        """The spec of each argument's value (``argument(name)``), checked, and (not at parse time) derived."""
         spec = object.__new__(cls)
-        for name, value in arguments.items():
-            object.__setattr__(spec, name, value)
+        for name in cls.ARGUMENTS:
+            object.__setattr__(spec, name, argument(name))
         for name in cls.DERIVED:
             object.__setattr__(spec, name, None)
         plan = spec.validate(parse_time=parse_time)
@@ -207,8 +203,7 @@ class RentalSpec(_Frozen):
 
     def _replace(self, **changes: Any) -> Any:
         """A copy with ``changes`` to its arguments, checked and derived again."""
-        arguments = {name: changes.get(name, getattr(self, name)) for name in self.ARGUMENTS}
-        return self._made(arguments, parse_time=self.lease_seconds is None)
+        return self._made(lambda name: changes.get(name, getattr(self, name)), parse_time=self.lease_seconds is None)
 
     # --- the arguments' rules ----------------------------------------------------------------------------
     def validate(self, *, parse_time: bool = False) -> staging.DataPlan | None:
