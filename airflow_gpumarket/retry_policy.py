@@ -6,7 +6,7 @@ It retries, after a delay, what another try may get past, and fails at once what
 
     GpuMarketRunJobOperator(..., retries=3, retry_policy=gpumarket_retry_policy())
 
-On Airflow before 3.3 ``gpumarket_retry_policy()`` is None, which the provider's operators accept and ignore: the
+On Airflow before 3.3 ``gpumarket_retry_policy()`` is None, which the renting operators accept and ignore: the
 task's standard retries apply.
 """
 

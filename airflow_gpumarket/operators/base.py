@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from airflow_gpumarket._compat import BaseOperator, has_retry_policies
+from airflow_gpumarket._compat import BaseOperator
 
 if TYPE_CHECKING:
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
 
 class GpuMarketBaseOperator(BaseOperator):
-    """Connection handling shared by every operator of this provider."""
+    """Connection handling shared by every operator of this provider; each takes ``gpumarket_conn_id`` itself.
 
-    def __init__(self, *, gpumarket_conn_id: str = "gpumarket_default", **kwargs: Any) -> None:
-        if "retry_policy" in kwargs and kwargs["retry_policy"] is None and not has_retry_policies():
-            del kwargs["retry_policy"]  # gpumarket_retry_policy() before Airflow 3.3: the standard retries apply
-        super().__init__(**kwargs)
-        self.gpumarket_conn_id = gpumarket_conn_id
+    No ``__init__`` here: Airflow wraps every level of one, and DAG files make these operators at each parse.
+    """
+
+    gpumarket_conn_id: str
 
     @cached_property
     def hook(self) -> GpuMarketHook:

@@ -24,8 +24,16 @@ class GpuMarketReapOrphansOperator(GpuMarketBaseOperator):
 
     template_fields: Sequence[str] = ("report_only",)
 
-    def __init__(self, *, report_only: bool = False, grace: timedelta | float = 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        report_only: bool = False,
+        grace: timedelta | float = 0,
+        gpumarket_conn_id: str = "gpumarket_default",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self.gpumarket_conn_id = gpumarket_conn_id
         self.report_only = report_only
         self.grace: float = grace.total_seconds() if isinstance(grace, timedelta) else grace
         api.require_non_negative_number("grace", self.grace)

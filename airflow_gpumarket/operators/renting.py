@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, bidding
-from airflow_gpumarket._compat import AirflowTaskTimeout, TaskDeferred
+from airflow_gpumarket._compat import AirflowTaskTimeout, TaskDeferred, has_retry_policies
 from airflow_gpumarket.creation import creation_fields
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
@@ -245,16 +245,20 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         cancel_unavail: bool | None = None,
         vm: bool | None = None,
         volume_info: Mapping[str, Any] | None = None,
+        gpumarket_conn_id: str = "gpumarket_default",
         **kwargs: Any,
     ) -> None:
         given = locals()
         named = {name: given[name] for name in api.CREATION_FIELD_NAMES if given[name] is not None}
+        if "retry_policy" in kwargs and kwargs["retry_policy"] is None and not has_retry_policies():
+            del kwargs["retry_policy"]  # gpumarket_retry_policy() before Airflow 3.3: the standard retries apply
         super().__init__(**kwargs)
         api.require_bool("durable", durable)
         api.require_bool("interruptible", interruptible)
         keep = keep_on_output_failure
         # Set at once, not through BaseOperator.__setattr__ one by one: none is BaseOperator's, none has a converter.
         self.__dict__.update(
+            gpumarket_conn_id=gpumarket_conn_id,
             terms=Terms() if terms is None else terms,
             durable=durable,
             command=command,

@@ -36,9 +36,11 @@ class GpuMarketSearchOffersOperator(GpuMarketBaseOperator):
         offer_order: list | None = None,
         limit: int | None = None,
         max_dph: float | None = None,
+        gpumarket_conn_id: str = "gpumarket_default",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.gpumarket_conn_id = gpumarket_conn_id
         self.offer_filters = offer_filters
         self.extra_filter_fields = extra_filter_fields
         self.offer_type = offer_type

@@ -51,9 +51,11 @@ class GpuMarketCreateEndpointOperator(GpuMarketBaseOperator):
         autoscaler_instance: str | None = None,
         inactivity_timeout: float | None = None,
         overrecruit_ratio: float | None = None,
+        gpumarket_conn_id: str = "gpumarket_default",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.gpumarket_conn_id = gpumarket_conn_id
         given = locals()  # each endpoint field is a keyword above (autocompletion, default_args); kept as given
         for name in api.ENDPOINT_FIELDS:
             setattr(self, name, given[name])
@@ -88,8 +90,17 @@ class GpuMarketDeleteDeploymentOperator(GpuMarketBaseOperator):
     template_fields: Sequence[str] = ("name", "tag")
     ui_color = "#ffd6d6"
 
-    def __init__(self, *, name: str, tag: str | None = None, fail_if_none: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        tag: str | None = None,
+        fail_if_none: bool = False,
+        gpumarket_conn_id: str = "gpumarket_default",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self.gpumarket_conn_id = gpumarket_conn_id
         self.name = name
         self.tag = tag
         self.fail_if_none = fail_if_none

@@ -51,9 +51,11 @@ class GpuMarketSpendReportOperator(GpuMarketBaseOperator):
         window_start: datetime | str | float | None = None,
         window_end: datetime | str | float | None = None,
         ledger_lookback: timedelta | float = LEDGER_LOOKBACK,
+        gpumarket_conn_id: str = "gpumarket_default",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.gpumarket_conn_id = gpumarket_conn_id
         self.window_start = window_start
         self.window_end = window_end
         self.ledger_lookback = duration_seconds("ledger_lookback", ledger_lookback)

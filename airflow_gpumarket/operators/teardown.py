@@ -18,8 +18,9 @@ class _OneInstanceOperator(GpuMarketBaseOperator):
 
     template_fields: Sequence[str] = ("instance_id",)
 
-    def __init__(self, *, instance_id: Any, **kwargs: Any) -> None:
+    def __init__(self, *, instance_id: Any, gpumarket_conn_id: str = "gpumarket_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.gpumarket_conn_id = gpumarket_conn_id
         self.instance_id = instance_id
         check_instance_id_argument(instance_id)
 

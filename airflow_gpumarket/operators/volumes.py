@@ -49,9 +49,11 @@ class GpuMarketCreateVolumeListingOperator(GpuMarketBaseOperator):
         machine: int | None = None,
         machines: list[int] | None = None,
         hidden_listing: bool | None = None,
+        gpumarket_conn_id: str = "gpumarket_default",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.gpumarket_conn_id = gpumarket_conn_id
         self.machine = machine
         self.machines = machines
         self.hidden_listing = hidden_listing
