@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
@@ -85,7 +86,7 @@ def send(
             allow_redirects=False,
         )
     except requests.RequestException as exc:
-        return transport_error(request, exc)
+        return transport_error(request, exc, settings.base_url)
     return Response(response.status_code, response.content, response.headers)
 
 
@@ -132,7 +133,7 @@ async def asend(client: httpx.AsyncClient, request: Request) -> Response | GpuMa
     try:
         response = await client.request(request.method, request.path, json=request.body, params=request.params)
     except httpx.HTTPError as exc:
-        return transport_error(request, exc)
+        return transport_error(request, exc, str(client.base_url))
     return Response(response.status_code, response.content, response.headers)
 
 
@@ -156,16 +157,28 @@ async def afetch_log(url: str) -> FetchedLog:
         return FetchedLog(failure=type(exc).__name__)
 
 
-def transport_error(request: Request, exc: BaseException) -> GpuMarketTransportError:
+def transport_error(request: Request, exc: BaseException, base_url: str) -> GpuMarketTransportError:
     """Wrap a requests/httpx failure; ``request_sent`` is False only when no connection was ever made."""
     never_connected = _never_connected(exc)
     kind = type(exc).__name__
     return GpuMarketTransportError(
-        f"{request.operation}: {request.method} {request.path} got no response ({kind}); "
-        + ("the connection could not be opened." if never_connected else "the request may have reached the server."),
+        f"{request.operation}: {request.method} {request.path} got no response from {_server(base_url)} ({kind}); "
+        + (
+            "the connection could not be opened. Check the host of the Airflow connection and that this machine "
+            "reaches it (`airflow gpumarket doctor` checks both)."
+            if never_connected
+            else "the request may have reached the server."
+        ),
         request_sent=not never_connected,
         operation=request.operation,
     )
+
+
+def _server(base_url: str) -> str:
+    """The base URL as an error may show it: scheme, host, port and path, never a user or password."""
+    parts = urlsplit(base_url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
 def _never_connected(exc: BaseException) -> bool:

@@ -8,7 +8,7 @@ runs elsewhere; it finds the task instance's instances by their label key and en
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
@@ -22,10 +22,16 @@ else:  # what only a running task needs: not imported when a DAG file is parsed
 
 
 def destroy_rentals(
-    hook: GpuMarketHook, key: str, log: Any, reason: str, end: Callable[[int], Any], *, keep: Collection[int] = ()
+    listed: Iterable[Mapping[str, Any]],
+    key: str,
+    log: Any,
+    reason: str,
+    end: Callable[[int], Any],
+    *,
+    keep: Collection[int] = (),
 ) -> None:
-    """End (``end``) every instance whose label carries the task instance's ``key``, but those in ``keep``."""
-    for instance in lifecycle.rentals_of(hook.list_instances(), key):
+    """End (``end``) every instance ``listed`` whose label carries the task instance's ``key``, but not ``keep``."""
+    for instance in lifecycle.rentals_of(listed, key):
         if instance.get("id") in keep:
             continue
         log.warning("%s: destroying instance %s so it stops billing", reason, instance["id"])
@@ -44,6 +50,11 @@ def destroy_rentals_on_failure(context: Any) -> None:
     operator_class: Any = getattr(task, "operator_class", type(task))  # a mapped task names its class
     if not (isinstance(operator_class, type) and getattr(operator_class, "rents_instances", False)):
         return
+    session = getattr(task, "session", None)  # set in the worker that ran the try; None elsewhere
+    if session is not None and session.rented_nothing:
+        task.log.info("The task failed before renting anything: no instance to look for")
+        return
+    from airflow_gpumarket.exceptions import GpuMarketError
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
     hook: GpuMarketHook
@@ -60,4 +71,13 @@ def destroy_rentals_on_failure(context: Any) -> None:
     def end(instance_id: int) -> None:
         end_rental(books, instance_id, Disposal.DESTROY, metric=metrics.TASK_FAILED, why="the task failed")
 
-    destroy_rentals(hook, lifecycle.task_key(task, context), log, "The task failed", end)
+    try:
+        listed = hook.list_instances()
+    except GpuMarketError as exc:  # said once, without a second traceback: the task's own failure has one
+        log.error(
+            "Could not look for the instances this task rented (%s). Anything left is destroyed by "
+            "GpuMarketReapOrphansOperator when its lease ends, or now by `airflow gpumarket orphans --destroy`.",
+            exc,
+        )
+        return
+    destroy_rentals(listed, lifecycle.task_key(task, context), log, "The task failed", end)

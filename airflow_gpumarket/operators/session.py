@@ -102,6 +102,12 @@ class RentalSession:
         self._rental: lifecycle.Rental | None = None  # the rental held: what it cost is known when it ends
         self.killed = False
         self._counted: set[int] = set()  # the instances whose end the metrics counted
+        self._rented = False  # a create was sent, or a rental adopted or resumed, in this try
+
+    @property
+    def rented_nothing(self) -> bool:
+        """No try of the task instance can have rented: the first try, which sent no create and took over none."""
+        return self._try_number <= 1 and not self._rented
 
     @property
     def recorded(self) -> bool:
@@ -157,13 +163,14 @@ class RentalSession:
         if choice.adopted is None:
             return None
         adopted = adoption.rental_of(choice.adopted, lease=self.spec.lease_seconds, now=time.time())
-        self.instance_id, self.attempts = adopted.instance_id, adopted.attempts
+        self.instance_id, self.attempts, self._rented = adopted.instance_id, adopted.attempts, True
         self._start(adopted)
         return adopted
 
     def resume(self, event: Any) -> tuple[lifecycle.Rental, WaitOutcome]:
         """The rental a trigger's event brings back, with what its wait learnt; its held log lines shown."""
         self.instance_id = instance_of(event)  # whatever else is wrong with the event, a failure destroys it
+        self._rented = True
         try:
             ended, rental = from_event(event)
             if rental is None:
@@ -266,6 +273,7 @@ class RentalSession:
         )
         budget.reserve(pick.worst, started=self.hook.service_now())  # refused: nothing is rented
         self._creating = label  # until the answer names the instance, a failure (or on_kill) looks for it by label
+        self._rented = True
         try:
             result = self.hook.create_instance(int(offer["id"]), **body)
         except GpuMarketOfferUnavailableError as exc:
@@ -329,7 +337,7 @@ class RentalSession:
             return
         why = "a duplicate left by an ambiguous create"
         destroy_rentals(
-            self.hook,
+            self.hook.list_instances(),
             self.key,
             self.log,
             why[0].upper() + why[1:],

@@ -33,6 +33,19 @@ def test_retries_exhausted_by_transport_errors_raise_a_transport_error(requests_
     assert requests_mock.call_count == 4
 
 
+def test_a_service_never_reached_is_named_by_its_address_and_the_fix_without_credentials():
+    from airflow_gpumarket.hooks.flow import Request
+    from airflow_gpumarket.hooks.transport import transport_error
+
+    refused = requests.exceptions.ConnectionError(ConnectionRefusedError(111, "Connection refused"))
+    error = transport_error(
+        Request("search_offers", "POST", "/api/v0/bundles/"), refused, "https://u:s3cret@gpu.example:8443/"
+    )
+    assert str(error).startswith("search_offers: POST /api/v0/bundles/ got no response from https://gpu.example:8443 ")
+    assert "the connection could not be opened" in str(error) and "airflow gpumarket doctor" in str(error)
+    assert "s3cret" not in str(error) and "u:" not in str(error)
+
+
 @pytest.mark.parametrize(
     ("call", "timeout"),
     [

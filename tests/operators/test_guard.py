@@ -306,3 +306,60 @@ def test_a_failure_destroys_the_kept_checkpoint_source_with_the_rental():
     session.attempts.source_id, session.instance_id = 1001, 1002
     session.failed(RuntimeError("boom"))
     assert hook.alive() == []
+
+
+def _unreachable(*args, **kwargs):
+    from airflow_gpumarket.exceptions import GpuMarketTransportError
+
+    raise GpuMarketTransportError("list_instances: GET /api/v0/instances/ got no response", request_sent=False)
+
+
+class _Lines:
+    """The task's log, as lines by level."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def __getattr__(self, level: str):
+        return lambda message, *args, **kwargs: self.lines.append((level, message % args if args else message))
+
+
+def test_failure_callback_after_a_first_try_that_rented_nothing_lists_nothing(monkeypatch):
+    hook = FakeHook({1: ["running"]})
+    op = job(hook)
+    hook.search_offers = _unreachable  # the service is down: the search fails before anything is rented
+    context = ctx()
+    with pytest.raises(Exception, match="got no response"):
+        op.execute(context)
+    hook.list_instances = lambda **kwargs: pytest.fail("the callback listed instances although nothing was rented")
+    log = _Lines()
+    monkeypatch.setattr(type(op), "log", property(lambda self: log))
+    destroy_rentals_on_failure({**context, "task": op})
+    assert log.lines == [("info", "The task failed before renting anything: no instance to look for")]
+
+
+def test_failure_callback_whose_listing_fails_says_so_in_one_line_and_names_the_reaper(monkeypatch):
+    hook = FakeHook({1: ["running"]})
+    with pytest.raises(TaskDeferred):
+        job(hook, deferrable=True).execute(ctx())
+    hook.list_instances = _unreachable
+    parsed, log = job(hook), _Lines()
+    monkeypatch.setattr(type(parsed), "log", property(lambda self: log))
+    destroy_rentals_on_failure({**ctx(), "task": parsed})  # nothing raised: no second traceback
+    ((level, line),) = log.lines
+    assert level == "error" and "got no response" in line and "GpuMarketReapOrphansOperator" in line
+
+
+def test_failure_callback_on_a_retry_that_rented_nothing_still_looks_for_an_earlier_try_s_instance():
+    hook = FakeHook({1: ["running"]})
+    with pytest.raises(TaskDeferred):
+        job(hook, deferrable=True).execute(ctx())  # try 1 rented, and its worker was lost
+    retry, reachable = job(hook), (hook.search_offers, hook.list_instances, hook.find_instance)
+    hook.search_offers = hook.list_instances = hook.find_instance = _unreachable  # down while the retry runs
+    context = ctx(try_number=2)
+    with pytest.raises(Exception, match="got no response"):
+        retry.execute(context)
+    assert retry.session is not None and not retry.session._rented  # it failed before it took anything over
+    hook.search_offers, hook.list_instances, hook.find_instance = reachable  # and back for its failure callback
+    destroy_rentals_on_failure({**context, "task": retry})
+    assert hook.alive() == []
