@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from airflow_gpumarket import api, bidding, job_logs, lifecycle
+from airflow_gpumarket import api, bidding, budgets, job_logs, lifecycle
 from airflow_gpumarket.exceptions import GpuMarketError
 from airflow_gpumarket.lifecycle import WAIT_JOB, WAIT_STATUS, lease_of, renewed_label
 from airflow_gpumarket.outcome import MAX_COST, MAX_RUNTIME, EventKind, Marks, WaitOutcome
@@ -108,6 +108,7 @@ def evaluate(
     outbid_wait_until: float | None = None,
     cost_deadline: float | None = None,
     service_at: float | None = None,
+    over_max_cost: bool = False,
 ) -> WaitOutcome | None:
     """What one observation means: the outcome when waiting is over, None to keep waiting.
 
@@ -118,8 +119,8 @@ def evaluate(
     then); ``deadline`` is absolute. With ``outbid_wait_until`` (a preempted bid instance left to win its machine
     back), any status but running is waiting for the bid until then, and PREEMPTED after; so is a failed host at
     once. Either way the log decides (``with_job_end``): the resumed run may have ended between two reads.
-    ``cost_deadline`` is when the rental's estimated cost reaches ``max_cost`` (``budgets.cost_deadline``), on the
-    service's clock, as ``service_at`` (the time of the read) is: the service bills by its own clock.
+    ``over_max_cost``: the rental's estimated cost reached ``max_cost`` (``Watch.spent``); ``cost_deadline`` is the
+    same written by an older provider, as a time on the service's clock, as ``service_at`` (the time of the read) is.
     """
     if wait_for == WAIT_JOB:
         if gone and lease_until is not None and now > lease_until:
@@ -149,7 +150,7 @@ def evaluate(
         return WaitOutcome(EventKind.TIMEOUT, actual_status=status)
     if max_runtime is not None and running_since is not None and now >= running_since + max_runtime:
         return WaitOutcome(EventKind.TIMEOUT, actual_status=status, limit=MAX_RUNTIME)
-    if cost_deadline is not None and (now if service_at is None else service_at) >= cost_deadline:
+    if over_max_cost or (cost_deadline is not None and (now if service_at is None else service_at) >= cost_deadline):
         return WaitOutcome(EventKind.TIMEOUT, actual_status=status, limit=MAX_COST)
     return None
 
@@ -177,7 +178,10 @@ class Watch:
     shown: str = ""  # the last read as the task log shows it ("gone" or the status)
     changed: bool = False  # the last read differs from the one before it
     outbid_wait_until: float | None = None  # a preempted bid instance may win its machine back until then
-    cost_deadline: float | None = None  # the service's epoch seconds: the rental's estimated cost reaches max_cost
+    cost_deadline: float | None = None  # an older provider's max_cost, as the service time it is reached
+    max_cost: float | None = None  # dollars: the wait ends when the rental's estimated cost reaches it
+    cost_rates: list[float] | None = None  # [billed from (service time), compute $/h, disk $/h] for ``spent``
+    compute_from: float | None = None  # the service's time of the first read that saw it running
     hold_bid_up_to: float | None = None  # raise a bid instance's bid up to this (None: hold nothing)
     shown_lines: list[str] = field(default_factory=list)  # an earlier wait showed these lines of the job's log last
 
@@ -213,10 +217,12 @@ class Watch:
         """
         if unread:
             status = self.status
-        shown = "gone" if gone else repr(status)
+        shown = "gone" if gone else "no status yet" if status is None else repr(status)
         self.changed, self.status, self.shown = shown != self.shown, status, shown
         if status == api.STATUS_RUNNING and self.running_since is None:
             self.running_since = now
+        if status == api.STATUS_RUNNING and self.compute_from is None and service_at is not None:
+            self.compute_from = service_at
         if not unread and (status == api.STATUS_RUNNING or api.is_booting(status)):
             self.outbid_wait_until = None  # the bid won again: the job runs again, and its next stop is judged anew
         return evaluate(
@@ -234,6 +240,24 @@ class Watch:
             outbid_wait_until=self.outbid_wait_until,
             cost_deadline=self.cost_deadline,
             service_at=service_at,
+            over_max_cost=self.max_cost is not None and (self.spent(service_at) or 0.0) >= self.max_cost,
+        )
+
+    def spent(self, service_at: float | None) -> float | None:
+        """The rental's estimated cost at ``service_at`` as the service bills: disk from creation, compute once running.
+
+        None without the rates or the time of a read.
+        """
+        if self.cost_rates is None or service_at is None:
+            return None
+        billed_from, compute_hourly, disk_hourly = self.cost_rates
+        return budgets.rental_cost(
+            compute_hourly,
+            created_at=billed_from,
+            running_at=self.compute_from,
+            stopped_at=None,
+            ended_at=service_at,
+            disk_hourly=disk_hourly,
         )
 
     def reads_log(self) -> bool:

@@ -299,7 +299,26 @@ def test_rule_a_wait_for_the_bid_that_ran_out_ends_as_the_log_says_when_the_resu
     assert still.kind is outcome.EventKind.PREEMPTED and still.preempted and still.waited
 
 
-def test_max_cost_ends_the_wait_on_the_services_clock():
+def test_max_cost_counts_compute_from_the_first_read_that_saw_it_running_and_disk_from_creation():
+    # $1 max_cost, $3.6/h of compute and $0.36/h of disk from service time 0: loading bills the disk only.
+    watch = waiting.Watch(wait_for=lifecycle.WAIT_JOB, max_cost=1.0, cost_rates=[0.0, 3.6, 0.36])
+    assert watch.observe(10.0, status="loading", service_at=3000.0) is None  # $0.30 of disk, no compute
+    assert watch.shown == "'loading'"
+    assert watch.observe(11.0, status="running", service_at=3000.0) is None
+    assert watch.observe(12.0, status="running", service_at=3500.0) is None  # $0.35 + $0.50
+    ended = watch.observe(13.0, status="running", service_at=3600.0)  # $0.36 + $0.60 = $0.96: not yet
+    assert ended is None
+    ended = watch.observe(14.0, status="running", service_at=3640.0)  # $0.364 + $0.64 = $1.004
+    assert as_event(ended) == {"status": "timeout", "actual_status": "running", "limit": outcome.MAX_COST}
+
+
+def test_a_status_not_reported_yet_is_shown_as_such():
+    watch = waiting.Watch(wait_for=lifecycle.WAIT_JOB)
+    watch.observe(1.0, status=None, service_at=1.0)
+    assert watch.shown == "no status yet"
+
+
+def test_max_cost_of_an_older_provider_ends_the_wait_on_the_services_clock():
     watch = waiting.Watch(wait_for=lifecycle.WAIT_JOB, cost_deadline=2000.0)
     assert watch.observe(10.0, status="running", service_at=1999.0) is None
     ended = watch.observe(11.0, status="running", service_at=2000.0)

@@ -102,8 +102,9 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         if why is Failure.MAX_COST:
             raise failures.GpuMarketBudgetExceeded(
                 f"The job on instance {rental.instance_id} reached max_cost=${self.max_cost:g}: "
-                f"it cost {cost.text(done['cost'], done['cost_kind'])} (at ${rental.hourly:g}/h, disk "
-                "included). Its log was read and the instance destroyed; raise max_cost, or make the job shorter."
+                f"it cost {cost.text(done['cost'], done['cost_kind'])} (compute at ${rental.hourly_price:g}/h while "
+                f"it ran, disk at ${rental.disk_hourly:g}/h from its creation). Its log was read and the instance "
+                "destroyed; raise max_cost, or make the job shorter."
             )
         if why is Failure.CREDIT:
             raise failures.GpuMarketBudgetExceeded(

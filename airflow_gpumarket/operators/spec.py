@@ -451,12 +451,8 @@ class RentalSpec(_Frozen):
 
     def watch(self, rental: lifecycle.Rental, *, stages_in: bool, now: float) -> waiting.Watch:
         """The wait for ``rental``: for its job, or (its data still to be staged, or no job) for it to run."""
-        cost_deadline = None
         price = self.bidding.reserved_price(rental.dph_total, rental.bid)
-        if self.max_cost is not None and price is not None:
-            cost_deadline = budgets.cost_deadline(
-                start=rental.billed_from, hourly=price + rental.disk_hourly, max_cost=self.max_cost
-            )
+        rates = None if self.max_cost is None or price is None else [rental.billed_from, price, rental.disk_hourly]
         return waiting.Watch(
             wait_for=lifecycle.WAIT_JOB if self.terms.job and not stages_in else lifecycle.WAIT_STATUS,
             boot_deadline=rental.created_at + self.boot_timeout,
@@ -465,7 +461,9 @@ class RentalSpec(_Frozen):
             label=rental.label,
             keepalive=self.terms.keepalive,
             lease_cap=rental.lease_cap,
-            cost_deadline=cost_deadline,
+            max_cost=None if rates is None else self.max_cost,
+            cost_rates=rates,
+            compute_from=rental.running_at,
             running_since=now if rental.staged else None,  # it ran: a stop is its job's end, not a boot's
             hold_bid_up_to=self.bidding.hold_cap(rental.bid, rental.dph_total),
         )

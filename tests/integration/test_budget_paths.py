@@ -5,6 +5,8 @@ Against the simulator: each path rents, and the ledger's reservation is compared
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from airflow_gpumarket._compat import AirflowException
@@ -141,5 +143,7 @@ def test_rule_max_cost_quotes_the_rate_reserved_after_a_deferral(sim):
     with pytest.raises(AirflowException, match="reached max_cost") as caught:
         run_to_the_end(op)
     (entry,) = reservations()
-    assert f"(at ${entry['hourly']:g}/h, disk included)" in str(caught.value), (entry, str(caught.value))
+    quoted = re.search(r"compute at \$([\d.e-]+)/h while it ran, disk at \$([\d.e-]+)/h", str(caught.value))
+    assert quoted, str(caught.value)
+    assert float(quoted[1]) + float(quoted[2]) == pytest.approx(entry["hourly"]), (entry, str(caught.value))
     assert alive(sim) == []

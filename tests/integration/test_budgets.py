@@ -4,6 +4,7 @@ reaches max_cost is destroyed within one poll interval."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import datetime
 
@@ -14,7 +15,7 @@ from airflow_gpumarket import ledger
 from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
 
 from .conftest import POLL, alive
-from .test_money_safety import context, job
+from .test_money_safety import cheapest_offers, context, job
 
 
 def budgets_variable(monkeypatch, value: dict) -> None:
@@ -62,6 +63,24 @@ def test_rule_a_job_reaching_max_cost_is_destroyed_within_one_poll_interval(sim,
     # The task's own clock: the destroy came within one poll interval (plus the read and the destroy) of the deadline.
     assert time.time() - deadline < POLL + 2.0, (started, deadline)
     assert entry["cost"] is not None
+
+
+def test_rule_max_cost_counts_no_compute_while_the_instance_boots(sim):
+    """The service bills no compute while an instance loads: max_cost is reached on what it bills, not during boot."""
+    (cheapest,) = cheapest_offers(1)
+    max_cost = cheapest["dph_total"] * 30 / 3600  # thirty seconds of compute; boots here take one to five minutes
+    operator = job(offer_id=int(cheapest["id"]), command="sleep 100000", max_cost=max_cost)
+    sim.set_speed(60)  # a poll is one simulated second: the stop comes soon after the estimate reaches max_cost
+    try:
+        with pytest.raises(GpuMarketBudgetExceeded, match=r"reached max_cost=\$[\d.]+: it cost ") as caught:
+            operator.execute(context())
+    finally:
+        sim.set_speed(600)
+    (instance,) = sim.state()["instances"]
+    assert instance["first_running_at"] is not None, "stopped while it booted"
+    quoted = float(re.search(r"it cost (?:about )?\$([\d.]+)", str(caught.value))[1])
+    assert quoted >= max_cost * 0.95, (max_cost, str(caught.value))
+    assert alive(sim) == []
 
 
 def test_rule_a_rental_that_would_overdraw_the_account_fails_before_renting(sim):

@@ -96,9 +96,10 @@ def test_the_watch_waits_for_the_job_unless_its_data_is_still_to_be_staged():
     assert spec.watch(rental(staged=True), stages_in=False, now=2000.0).running_since == 2000.0
 
 
-def test_max_cost_sets_the_watchs_cost_deadline_from_the_start_of_the_bill():
+def test_max_cost_gives_the_watch_the_rates_the_service_bills_from_the_start_of_the_bill():
     watch = job_spec(max_cost=1.0).watch(rental(recorded_at=900.0), stages_in=False, now=2000.0)
-    assert watch.cost_deadline == pytest.approx(900.0 + 1.0 / 0.5 * 3600)
+    assert (watch.max_cost, watch.cost_rates, watch.compute_from) == (1.0, [900.0, 0.5, 0.0], None)
+    assert watch.cost_deadline is None
 
 
 @pytest.mark.parametrize(
