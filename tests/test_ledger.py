@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+from importlib.metadata import version
 from typing import Any
 
 import pytest
@@ -332,3 +333,17 @@ def test_rule_a_settled_estimate_is_never_above_the_largest_amount_a_row_holds(e
     ledger.attach(engine, "gpumarket_default", made.id, 7)
     cost = ledger.settle(engine, "gpumarket_default", now=NOW, instance_id=7, ended=1e11)
     assert cost == columns.MAX_DOLLARS
+
+
+@pytest.mark.skipif(version("apache-airflow").startswith("2."), reason="Airflow 3's Task SDK")
+def test_in_an_airflow_3_task_the_budgets_are_read_through_the_task_sdk_without_a_deprecation_warning(monkeypatch):
+    import warnings
+
+    import airflow.sdk
+    from airflow.sdk.execution_time import task_runner
+
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", object(), raising=False)  # as in a task's process
+    monkeypatch.setattr(airflow.sdk.Variable, "get", staticmethod(lambda key, default=None: f"{key}={default}"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert ledger._variable() == "gpumarket_budgets=None"

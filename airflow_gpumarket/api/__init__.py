@@ -36,6 +36,7 @@ from airflow_gpumarket.api.charges import (
     parse_page,
 )
 from airflow_gpumarket.api.copies import (
+    NOTHING_THERE,
     CopyProgress,
     build_cancel_copy_body,
     build_cloud_copy_body,

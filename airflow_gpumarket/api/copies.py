@@ -143,7 +143,9 @@ class CopyProgress(str, enum.Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2
 #: Patterns, compiled on first use (``re`` caches them) rather than when a DAG file imports the package.
 #: "No errors" and "0 errors" (rclone's summary words) do not mean a failure.
 _NO_ERRORS = r"\b(?:no|0)\s+errors?\b"
-_FAILED = r"fail|error|abort|unable|cannot|could not|denied|not found|no such|does not exist|timed out"
+#: Words of a copy whose source holds nothing (yet): a checkpoint_uri before its first save.
+NOTHING_THERE = r"not found|no such|does not exist|doesn't exist"
+_FAILED = r"fail|error|abort|unable|cannot|could not|denied|timed out|" + NOTHING_THERE
 _CANCELLED = r"cancel"
 #: The live service names a cloud copy's news after the operation, then its state: "Finished" is published. A
 #: state that is neither that, nor a copy under way, is an end that is no success, whatever its wording.

@@ -262,6 +262,7 @@ class RentalSession:
             staged=staged,
             gpu_count=pick.gpus,
         )
+        budget.reserve(pick.worst, started=self.hook.service_now())  # refused: nothing is rented
         self.log.info(
             "Renting offer %s (%s x %s at $%s/h%s) with label %s",
             offer["id"],
@@ -271,7 +272,6 @@ class RentalSession:
             "" if bid is None else f" on demand; bidding ${bid}/h, interruptible, attempt {attempts.preemptions + 1}",
             label,
         )
-        budget.reserve(pick.worst, started=self.hook.service_now())  # refused: nothing is rented
         self._creating = label  # until the answer names the instance, a failure (or on_kill) looks for it by label
         self._rented = True
         try:

@@ -8,6 +8,7 @@ The rules (what is copied where, the bounds) are in ``airflow_gpumarket.staging`
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -202,11 +203,18 @@ class Stager:
                     "not start; check the path in the cloud integration."
                 )
             else:  # nothing saved there yet reads the same: the wrapper tells an empty restore from a partial one
-                self.log.warning("Restoring checkpoint_uri %r: %s", uri, problem)
+                self._cloud_restore_ended(problem)
         if copies:  # status_msg tells one copy's news at a time: a restore from an instance is the one watched
             gate = self._open_gate(instance_id, deadline)
             return gate if restore is None else restore
         return restore
+
+    def _cloud_restore_ended(self, problem: str) -> None:
+        """The copy from ``checkpoint_uri`` did not finish: nothing saved there yet (a first run) is no warning."""
+        if re.search(api.NOTHING_THERE, problem, re.IGNORECASE):
+            self.log.info("checkpoint_uri %r holds nothing yet (%s)", self.plan.checkpoint_uri, problem)
+        else:
+            self.log.warning("Restoring checkpoint_uri %r: %s", self.plan.checkpoint_uri, problem)
 
     def _restore_failed(self, problem: str) -> None:
         if self.plan.on_restore_failure == "fail":
@@ -312,7 +320,7 @@ class Stager:
             return None
         if copy.role == _RESTORE_FROM_CLOUD:
             if reading is not api.CopyProgress.FINISHED:
-                self.log.warning("Restoring checkpoint_uri %r: the service says %r", self.plan.checkpoint_uri, message)
+                self._cloud_restore_ended(f"the service says {message!r}")
             return self._open_gate(instance_id, deadline)
         if source is None:
             return None

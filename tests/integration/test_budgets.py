@@ -33,13 +33,14 @@ def reservations() -> list[dict]:
     return ledger.entries(settings.engine, since=0)
 
 
-def test_rule_a_rental_over_the_dag_budget_fails_before_anything_is_rented(sim, monkeypatch):
+def test_rule_a_rental_over_the_dag_budget_fails_before_anything_is_rented(sim, monkeypatch, task_log):
     budgets_variable(monkeypatch, {"budget_dag": {"day": 0.01}})
     with pytest.raises(GpuMarketBudgetExceeded, match=r"The day budget of DAG 'budget_dag' is \$0.01") as caught:
         in_dag("budget_dag").execute(context())
     assert "worst case" in str(caught.value) and "Nothing was rented" in str(caught.value)
     assert sim.state()["instances"] == []
     assert reservations() == []
+    assert "Renting offer" not in task_log()  # the refusal says nothing was rented: no line said otherwise
 
 
 def test_rule_a_rental_within_the_budget_is_reserved_then_settled_at_what_it_cost(sim, monkeypatch):

@@ -281,10 +281,13 @@ def test_rule_a_complete_cloud_restore_starts_the_job_without_the_gate(sim):
     assert alive(sim) == []
 
 
-def test_rule_checkpoint_uri_keeps_the_checkpoint_across_task_runs(sim):
+def test_rule_checkpoint_uri_keeps_the_checkpoint_across_task_runs(sim, task_log):
     uri = "ckpt/run-a"
     first = job(command=EPOCHS, checkpoint_dir=CKPT, checkpoint_uri=uri, cloud_integration=INTEGRATION)
     first.execute(context(run_id="a"))
+    logged = task_log()
+    assert "checkpoint_uri 'ckpt/run-a' holds nothing yet" in logged  # a first run: no warning
+    assert "Restoring checkpoint_uri" not in logged, logged
     saved = {f["path"] for f in sim.bucket_files(1)}
     assert f"{uri}/epoch" in saved and f"{uri}/.gpumarket-manifest" in saved
     again = job(command=EPOCHS, checkpoint_dir=CKPT, checkpoint_uri=uri, cloud_integration=INTEGRATION)
