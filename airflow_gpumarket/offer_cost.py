@@ -324,21 +324,36 @@ def check_transfer_gb(value: Any) -> tuple[float, float] | None:
     return float(amounts.get("in", 0.0)), float(amounts.get("out", 0.0))
 
 
-def check_deadline(value: Any, now: dt.datetime | None) -> dt.datetime | dt.timedelta | None:
-    """``deadline``: a timezone-aware datetime after ``now`` (None: not compared), or a timedelta > 0."""
-    if value is None:
+def check_deadline(value: Any, *, parse_time: bool = False) -> dt.datetime | dt.timedelta | None:
+    """``deadline`` in its normal form: a timezone-aware datetime, or a timedelta > 0.
+
+    A string is an ISO 8601 date and time with its timezone (what a template renders to); at parse time a template or
+    a callable (which Airflow calls when it renders the field) waits for the task to run. A time already past is no
+    error: the task rents on demand.
+    """
+    if value is None or (parse_time and (callable(value) or (isinstance(value, str) and "{{" in value))):
         return None
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise GpuMarketValidationError(
+                "deadline",
+                f"{value!r} is not a date and time: give ISO 8601 with its timezone (for example "
+                "'2026-12-02T06:00:00+00:00'), or a template that renders to one",
+            ) from None
     if isinstance(value, dt.timedelta):
         _seconds("deadline", value)
         return value
     if not isinstance(value, dt.datetime):
-        raise GpuMarketValidationError("deadline", f"must be a datetime or a timedelta, got {type(value).__name__}")
+        raise GpuMarketValidationError(
+            "deadline",
+            "must be a datetime, a timedelta, a template rendering to an ISO 8601 date and time, or a callable "
+            f"(of context and jinja_env, called when the task renders its fields) returning one of those; got "
+            f"{type(value).__name__}",
+        )
     if value.tzinfo is None:
         raise GpuMarketValidationError(
             "deadline", "must be timezone-aware (for example pendulum.datetime(..., tz='UTC'))"
-        )
-    if now is not None and value <= now:
-        raise GpuMarketValidationError(
-            "deadline", f"{value.isoformat()} is in the past; give a later time or a timedelta"
         )
     return value

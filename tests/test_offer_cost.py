@@ -202,10 +202,11 @@ NOW = dt.datetime(2026, 11, 28, 12, tzinfo=dt.UTC)
         (offer_cost.check_transfer_gb, {"out": float("inf")}, "transfer_gb"),
         (lambda v: validate_preflight(0, v), ["nvidia-smi"], "preflight"),
         (lambda v: validate_preflight(0, v), "", "preflight"),
-        (lambda v: offer_cost.check_deadline(v, NOW), NOW - dt.timedelta(minutes=1), "deadline"),
-        (lambda v: offer_cost.check_deadline(v, NOW), dt.datetime(2027, 1, 1), "deadline"),
-        (lambda v: offer_cost.check_deadline(v, NOW), dt.timedelta(0), "deadline"),
-        (lambda v: offer_cost.check_deadline(v, NOW), "06:00", "deadline"),
+        (offer_cost.check_deadline, dt.datetime(2027, 1, 1), "deadline"),
+        (offer_cost.check_deadline, dt.timedelta(0), "deadline"),
+        (offer_cost.check_deadline, "06:00", "deadline"),
+        (offer_cost.check_deadline, "2027-01-01T06:00:00", "deadline"),  # rendered without its timezone
+        (offer_cost.check_deadline, 6.0, "deadline"),
     ],
 )
 def test_bad_arguments_are_refused_naming_the_field(check, value, field):
@@ -224,5 +225,14 @@ def test_good_arguments_pass_in_their_normal_form():
     assert offer_cost.check_transfer_gb(None) is None
     assert validate_preflight(0, "python -c 'import torch'") is None  # accepted as given
     later = NOW + dt.timedelta(hours=6)
-    assert offer_cost.check_deadline(later, NOW) == later
-    assert offer_cost.check_deadline(dt.timedelta(hours=6), NOW) == dt.timedelta(hours=6)
+    assert offer_cost.check_deadline(later) == later
+    assert offer_cost.check_deadline(dt.timedelta(hours=6)) == dt.timedelta(hours=6)
+
+
+def test_rule_a_deadline_is_a_time_a_duration_a_template_or_a_callable_of_the_context():
+    rendered = "2026-12-02 06:00:00+00:00"  # what "{{ data_interval_end + macros.timedelta(hours=6) }}" renders to
+    assert offer_cost.check_deadline(rendered) == dt.datetime(2026, 12, 2, 6, tzinfo=dt.UTC)
+    assert offer_cost.check_deadline("{{ data_interval_end }}", parse_time=True) is None  # waits for the task
+    assert offer_cost.check_deadline(lambda context, jinja_env: NOW, parse_time=True) is None
+    past = NOW - dt.timedelta(days=1)  # a fixed time: tomorrow's parse of the DAG file must not fail
+    assert offer_cost.check_deadline(past, parse_time=True) == past

@@ -92,10 +92,14 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         promised are visible; a failed check destroys the instance, remembers its machine and fails over.
     :param avoid_failed_hosts: skip machines that failed a rental of this account recently (host memory, kept in
         the metadata database for 24 hours), and remember those that fail this task (default True).
-    :param deadline: an interruptible job's deadline: an aware ``datetime``, or a ``timedelta`` from the start of
-        the try (its ``start_date``, deferrals included). Before each rental the task bids only while the time left
-        can absorb one more preemption on top of finishing on demand (boot, restore, the work left); from then on it
-        rents on demand, and the task log says why. A running bid instance is not replaced.
+    :param deadline: an interruptible job's deadline (templated): an aware ``datetime``; a ``timedelta`` from the
+        start of the try (its ``start_date``, deferrals included); a template rendering to an ISO 8601 date and time
+        with its timezone; or, as any templated field takes one, a callable of ``context`` and ``jinja_env``
+        returning either, e.g. ``lambda context, jinja_env: context["data_interval_end"] + timedelta(hours=6)``,
+        the same for every retry. Before each
+        rental the task bids only while the time left can absorb one more preemption on top of finishing on demand
+        (boot, restore, the work left); from then on it rents on demand, and the task log says why (a time already
+        past: on demand at once). A running bid instance is not replaced.
     :param boot_timeout: time allowed from creation to running (default 15 minutes).
     :param poll_interval: seconds between status reads (default 10, as the spec recommends).
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``). The task's
@@ -169,6 +173,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         "cloud_integration",
         "inputs",
         "outputs",
+        "deadline",
     )
     template_fields_renderers = {
         "instance": "json",

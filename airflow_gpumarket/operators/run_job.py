@@ -57,6 +57,21 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         terms = terms if given is None else given._replace(job=True, max_runtime=max_runtime, keepalive=keepalive)
         super().__init__(command=command, terms=terms, **kwargs)
         self.__dict__.update(max_runtime=max_runtime, keepalive=keepalive)  # as the renting base sets its own
+        if isinstance(command, str) and ("{#" in command or "{%" in command or "{{" in command):
+            self._check_command_template(command)
+
+    def _check_command_template(self, command: str) -> None:
+        """Refuse at parse time a command Jinja cannot read (``${#VAR}`` opens a comment), as it renders then."""
+        from jinja2 import TemplateSyntaxError
+
+        try:
+            self.get_template_env().parse(command)
+        except TemplateSyntaxError as exc:
+            raise GpuMarketValidationError(
+                "command",
+                f"is a Jinja template, and its line {exc.lineno} does not parse ({exc.message}). Shell text such as "
+                "${#VAR} opens a Jinja comment: put it inside {% raw %}...{% endraw %}, or in a script the image holds",
+            ) from None
 
     def _complete(self, result: RentalResult) -> Any:
         from airflow_gpumarket.operators.session import Outcome, summary

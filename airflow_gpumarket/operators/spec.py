@@ -9,7 +9,6 @@ job or a status, hands its instance over, lease, max runtime, keepalive), not fl
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -325,8 +324,9 @@ class RentalSpec(_Frozen):
                 raise GpuMarketValidationError(
                     "deadline", "decides when an interruptible rental stops bidding: set interruptible=True, or drop it"
                 )
-            # A time past is refused when the DAG is parsed; a retry past its deadline rents on demand.
-            offer_cost.check_deadline(self.deadline, now=datetime.now(UTC) if parse_time else None)
+            deadline = offer_cost.check_deadline(self.deadline, parse_time=parse_time)
+            if not parse_time:  # in its normal form, for the preemption rules
+                object.__setattr__(self, "deadline", deadline)
 
     def _data_plan(self, *, parse_time: bool = False) -> staging.DataPlan | None:
         """The durable data the task asked for, checked; None when none was, or at parse time while it is templated."""

@@ -71,13 +71,37 @@ def test_rule_a_deadline_without_room_for_a_preemption_rents_on_demand_from_the_
 def test_rule_a_retry_past_its_deadline_rents_on_demand_at_once_and_says_so(monkeypatch, task_log):
     clock = use_clock(monkeypatch)
     hook = BidMarketHook({2: ["running", DONE]}, destroy_worked=True)
-    op = job(
-        hook, interruptible=True, deadline=datetime.now(UTC) + timedelta(hours=1), **HOUR_JOB
-    )  # refused at parse time if past
+    op = job(hook, interruptible=True, deadline=datetime.now(UTC) + timedelta(hours=1), **HOUR_JOB)
     clock.now += 2 * HOUR  # the first try failed; the retry starts after the deadline
     result = op.execute(ctx(try_number=2))
     assert result["job_status"] == "succeeded" and "bid" not in result
     assert "passed 1 h 0 min ago: renting on demand from now on" in task_log()
+
+
+@pytest.mark.parametrize(
+    "deadline",
+    [
+        lambda context, jinja_env: context["data_interval_end"] + timedelta(minutes=30),
+        "{{ (data_interval_end + macros.timedelta(minutes=30)).isoformat() }}",
+    ],
+    ids=["callable", "template"],
+)
+def test_rule_a_deadline_of_the_run_is_the_same_for_every_retry(monkeypatch, task_log, deadline):
+    """Done 30 minutes after the data interval: a retry an hour later finds it passed, whatever its own start."""
+    try:
+        from airflow.sdk import macros
+    except ImportError:  # Airflow 2
+        from airflow import macros  # type: ignore[no-redef]
+
+    clock = use_clock(monkeypatch)
+    hook = BidMarketHook({2: ["running", DONE]}, destroy_worked=True)
+    op = job(hook, interruptible=True, deadline=deadline, **HOUR_JOB)
+    context = ctx(try_number=2)
+    context.update(data_interval_end=datetime.fromtimestamp(clock.now, UTC) - timedelta(hours=1), macros=macros)
+    op.render_template_fields(context)
+    result = op.execute(context)
+    assert result["job_status"] == "succeeded" and "bid" not in result
+    assert "passed 30 min ago: renting on demand from now on" in task_log()
 
 
 def test_rule_a_deferred_task_resumed_after_a_preemption_counts_its_deadline_from_the_tries_start(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from bad_input import refused_at_parse_time
@@ -50,7 +50,8 @@ CASES = [
     (JOB, {**OK, "command": "x", "preflight": "  "}, "preflight"),
     (GpuMarketCreateInstanceOperator, {**OK, "onstart": "x", "preflight": "nvidia-smi"}, "preflight"),
     (JOB, {**OK, "command": "x", "avoid_failed_hosts": "no"}, "avoid_failed_hosts"),
-    (JOB, {**OK, "command": "x", "interruptible": True, "deadline": datetime(2020, 1, 1, tzinfo=UTC)}, "deadline"),
+    (JOB, {**OK, "command": "x", "interruptible": True, "deadline": "2099-01-01T06:00"}, "deadline"),  # no zone
+    (JOB, {**OK, "command": "echo ${#X}"}, "command"),  # Jinja reads a comment that never ends
     (JOB, {**OK, "command": "x", "interruptible": True, "deadline": datetime(2099, 1, 1)}, "deadline"),
     (JOB, {**OK, "command": "x", "interruptible": True, "deadline": timedelta(0)}, "deadline"),
     (JOB, {**OK, "command": "x", "interruptible": True, "deadline": "06:00"}, "deadline"),
@@ -205,3 +206,12 @@ def test_rule_a_job_deferred_with_log_reads_starts_the_record_of_lines_its_trigg
     with pytest.raises(TaskDeferred) as deferred:
         job(hook, deferrable=True, log_interval=30).execute(context)
     assert pushed[shown_key(deferred.value.trigger.instance_id)] == []
+
+
+def test_rule_a_command_jinja_cannot_read_fails_the_dag_file_naming_the_line_and_the_fix():
+    args = {"task_id": "job", "offer_filters": {}, "image": "img"}
+    with pytest.raises(GpuMarketValidationError, match=r"line 2 does not parse .*\{% raw %\}") as caught:
+        GpuMarketRunJobOperator(command='echo "{{ ds }}"\necho "${#HF_TOKEN} characters"', **args)
+    assert caught.value.field == "command"
+    kept = GpuMarketRunJobOperator(command='{% raw %}echo "${#HF_TOKEN}"{% endraw %} {{ ds }} ${HOME}', **args)
+    assert kept.command.startswith("{% raw %}")  # rendered when the task runs, as before
