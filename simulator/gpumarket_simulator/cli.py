@@ -95,9 +95,11 @@ def airflow_settings(conn_uri: str) -> dict[str, str]:
 def _recipe(settings: dict[str, str], env_file: str | None) -> str:
     exports = "".join(f"    export {name}='{value}'\n" for name, value in settings.items())
     load = f"    source {env_file}\n" if env_file else exports
+    # The environment this simulator runs in has Airflow and the provider beside it: the other shell needs it too.
+    activate = f"    source {sys.prefix}/bin/activate\n" if sys.prefix != sys.base_prefix else ""
     return (
         "  To run your own DAG against it, in another shell:\n"
-        f"{load}"
+        f"{activate}{load}"
         "    export AIRFLOW_HOME=$PWD/.airflow-sim   # a throwaway Airflow home, or your own\n"
         "    airflow db migrate                       # once per Airflow home\n"
         "    airflow dags test <your_dag_id>\n"

@@ -113,6 +113,8 @@ def test_cli_local_runs_onstart_slowly_and_writes_the_airflow_settings(tmp_path)
     details = process.stderr.read() if process.stderr else ""
     assert "speed: 10x" in details and "onstart: executed" in details
     assert f"source {env_file}" in details and "airflow dags test <your_dag_id>" in details
+    # The other shell runs `airflow` from the environment the simulator runs in (the tests run in a venv).
+    assert f"source {sys.prefix}/bin/activate\n    source {env_file}" in details
 
 
 def test_cli_refuses_an_env_file_it_cannot_write(tmp_path):
