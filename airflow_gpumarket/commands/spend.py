@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import time
 from typing import Any
 
 from airflow_gpumarket import spend_report
 from airflow_gpumarket.commands.common import EXIT_BAD_INPUT, EXIT_OK, CommandError, command, hook
 from airflow_gpumarket.exceptions import GpuMarketNotFoundError
+
+#: Clocks this far apart (the simulator's runs faster) get a line saying whose day or month is reported.
+CLOCKS_APART_SECONDS = 3600.0
 
 
 def window_start(period: str, service_now: float) -> float:
@@ -46,6 +50,13 @@ def spend(args: Any) -> int:
     entries = ledger_client(reader).entries(args.conn_id, start - LEDGER_LOOKBACK.total_seconds())
     report = spend_report.build(charges, entries, start=start, end=end)
     print(report.table())
+    ahead = end - time.time()
+    if abs(ahead) >= CLOCKS_APART_SECONDS:  # the simulator's clock runs faster than this host's
+        print(
+            f"\nThe service's clock reads {dt.datetime.fromtimestamp(end, dt.UTC):%Y-%m-%d %H:%M} UTC, "
+            f"{abs(ahead) / 3600:.1f} h {'ahead of' if ahead > 0 else 'behind'} this host's: the {period} above is "
+            "the service's, as its charges are dated."
+        )
     print(
         "\nThese are the service's charges (actual, not estimates), as posted so far: the live rentals' latest "
         "hours may not be in them yet (airflow gpumarket rentals shows their cost so far)."

@@ -208,6 +208,17 @@ def test_spend_reports_the_days_charges_per_dag_and_what_no_task_recorded(exampl
     assert code == 0 and "-01 00:00 UTC to " in month.splitlines()[0]
 
 
+def test_spend_says_whose_day_it_reports_when_the_services_clock_is_not_this_hosts(sim, run):
+    sim.set_speed(0)  # frozen (the next test's reset restores it): only advance moves it
+    code, out, _ = run("spend")
+    assert code == 0 and "clock reads" not in out  # the two clocks agree: nothing to say
+    sim.advance(30 * 3600)  # the simulator's clock, ahead by more than a day
+    code, out, _ = run("spend")
+    assert code == 0, out
+    (line,) = [line for line in out.splitlines() if line.startswith("The service's clock reads")]
+    assert " h ahead of this host's: the day above is the service's" in line
+
+
 def test_spend_on_a_service_without_charges_says_so_in_one_line(sim, run, monkeypatch):
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 
