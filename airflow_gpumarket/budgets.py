@@ -177,16 +177,16 @@ def rental_cost(
 ) -> float | None:
     """A rental's estimated cost by ``ended_at``, every time on the service's clock; None without a price or a start.
 
-    What bills in each state, as the service bills: compute at ``hourly_price`` from when the rental was first seen
-    running until it was seen stopped or ended (nothing while it loads, nor once stopped); its disk at
-    ``disk_hourly`` from its creation to its end.
+    Compute bills at ``hourly_price`` from when the rental was first seen running (else, not known to have loaded
+    first, from its creation) until it was seen stopped or ended; its disk bills at ``disk_hourly`` from its creation
+    to its end, as the service bills.
     """
-    start = created_at if created_at is not None else running_at
+    start = running_at if running_at is not None else created_at
     if hourly_price is None or start is None:
         return None
     end = ended_at if stopped_at is None else min(stopped_at, ended_at)
-    compute = 0.0 if running_at is None else hourly_price * max(0.0, end - running_at)
-    disk = disk_hourly * max(0.0, ended_at - start)
+    compute = hourly_price * max(0.0, end - start)
+    disk = disk_hourly * max(0.0, ended_at - (created_at if created_at is not None else start))
     return round((compute + disk) / 3600.0, digits)
 
 

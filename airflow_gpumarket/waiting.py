@@ -252,7 +252,7 @@ class Watch:
             return None
         billed_from, compute_hourly, disk_hourly = self.cost_rates
         return budgets.rental_cost(
-            compute_hourly,
+            compute_hourly if self.compute_from is not None else 0.0,  # watched while it loads: no compute yet
             created_at=billed_from,
             running_at=self.compute_from,
             stopped_at=None,

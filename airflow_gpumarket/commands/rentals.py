@@ -175,6 +175,6 @@ def destroy(chosen: set[tuple[str, int]], conn_id: str | None) -> int:
             print(f"error: instance {instance_id} was not destroyed: {exc}. Fix: run this again.", file=sys.stderr)
             continue
         sources.record_end(row, destroyer, ENDED_BY)
-        settle_ended(destroyer, conn, instance_id, log)
+        settle_ended(destroyer, conn, instance_id, log, started=row.started_at)  # at its charge, when posted
         print(f"{instance_id}: {'already gone' if answer.get('already_gone') else 'destroyed'}")
     return EXIT_FAILED if failed else EXIT_OK

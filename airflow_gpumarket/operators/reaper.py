@@ -55,7 +55,9 @@ class GpuMarketReapOrphansOperator(GpuMarketBaseOperator):
             if not self.report_only:
                 self.hook.destroy_instance(instance_id)
                 records.push_end(context, self.log, self.hook, instance_id, ended_by=self.task_id, instance=instance)
-                settle_ended(self.hook, self.gpumarket_conn_id, instance_id, self.log)
+                settle_ended(
+                    self.hook, self.gpumarket_conn_id, instance_id, self.log, started=instance.get("start_date")
+                )
             destroyed.append(instance_id)
             per_hour += float(instance.get("dph_total") or 0)  # type: ignore[arg-type]
             self.log.warning(

@@ -255,21 +255,26 @@ def create_app() -> FastAPI:
             raise HTTPException(502, f"destroying instance {instance_id} failed: {exc}") from None
         sources.forget_listing(conn_id)
         sources.record_end(row, hook, f"GPU rentals page ({getattr(user, 'get_name', lambda: 'a user')()})")
-        _settle(conn_id, instance_id, hook.service_now())
+        _settle(hook, conn_id, instance_id, row.started_at)
         # Relative to this route (…/gpumarket/orphans/<conn>/<id>/destroy): back to the page behind any proxy.
         return RedirectResponse("../../../?" + urlencode({"days": days, "destroyed": instance_id}), status_code=303)
 
     return app
 
 
-def _settle(conn_id: str, instance_id: int, ended: float) -> None:
-    """The destroyed instance's budget reservation, if any, becomes what it cost."""
+def _settle(hook: Any, conn_id: str, instance_id: int, started: Any) -> None:
+    """The destroyed instance's budget reservation, if any, becomes what it cost: its charge, when one is posted."""
     from airflow import settings
 
-    from airflow_gpumarket import ledger
+    from airflow_gpumarket import api, ledger
+    from airflow_gpumarket.operators.cost import charged
 
+    ended = hook.service_now()
     try:
-        ledger.settle(settings.engine, conn_id, now=time.time(), instance_id=instance_id, ended=ended)
+        spent = (
+            charged(hook, instance_id, min(float(started), ended), ended) if api.is_positive_number(started) else None
+        )
+        ledger.settle(settings.engine, conn_id, now=time.time(), instance_id=instance_id, ended=ended, cost=spent)
     except Exception:  # noqa: BLE001 - the page's destroy succeeded; the reservation stays at its worst case
         log.exception("Could not settle the budget reservation of instance %s", instance_id)
 

@@ -155,6 +155,25 @@ def test_orphans_are_listed_with_why_and_destroyed_only_after_a_yes(example_dag,
     assert code == 0 and out.startswith("No orphans")
 
 
+def test_rule_an_orphan_destroyed_from_the_command_line_is_settled_at_what_the_service_charged(example_dag, sim, run):
+    from airflow import settings
+
+    from airflow_gpumarket import ledger
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    handed_over_run(example_dag, run_still_running=False)
+    (instance,) = alive(sim)
+    hook = GpuMarketHook()
+    hook.stop_instance(instance["id"])
+    sim.advance(3 * 3600)  # stopped for three hours, then forgotten: its disk billed, its compute did not
+    code, _, _ = run("orphans", "--destroy", "--yes")
+    assert code == 0 and alive(sim) == []
+    charges = [c for c in hook.charges(0, hook.service_now() + 60) if c.instance_id == instance["id"]]
+    charged = sum(c.amount for c in charges)
+    (entry,) = [e for e in ledger.entries(settings.engine, since=0) if e["instance_id"] == instance["id"]]
+    assert charged > 0 and entry["cost"] == pytest.approx(charged, rel=0.01), (entry, charged)
+
+
 def test_orphans_without_a_terminal_to_answer_destroy_nothing(example_dag, sim, run, monkeypatch):
     handed_over_run(example_dag, run_still_running=False)
 

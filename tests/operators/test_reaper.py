@@ -80,3 +80,15 @@ def test_grace_spares_an_instance_whose_lease_ran_out_only_just():
 
 
 test_bad_input_is_refused_at_parse_time_naming_the_argument = refused_at_parse_time(CASES)
+
+
+def test_rule_a_reaped_instance_is_settled_from_its_start_at_what_the_service_charged(monkeypatch):
+    from airflow_gpumarket.operators import budget
+
+    settled = []
+    monkeypatch.setattr(
+        budget, "settle_ended", lambda hook, conn, instance_id, log, cost=None, started=None: settled.append(started)
+    )
+    hook = Instances({**leased(1, time.time() - 600), "start_date": 1_700_000_000.0})
+    reaper(hook).execute({"ti": SimpleNamespace(xcom_push=lambda **kwargs: None)})
+    assert settled == [1_700_000_000.0]  # the charges from its start are read, not an estimate over its life
