@@ -96,10 +96,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         start of the try (its ``start_date``, deferrals included); a template rendering to an ISO 8601 date and time
         with its timezone; or, as any templated field takes one, a callable of ``context`` and ``jinja_env``
         returning either, e.g. ``lambda context, jinja_env: context["data_interval_end"] + timedelta(hours=6)``,
-        the same for every retry. Before each
-        rental the task bids only while the time left can absorb one more preemption on top of finishing on demand
-        (boot, restore, the work left); from then on it rents on demand, and the task log says why (a time already
-        past: on demand at once). A running bid instance is not replaced.
+        the same for every retry. Before each rental the task bids only while the time left can absorb one more
+        preemption on top of finishing on demand (boot, restore, the work left); from then on it rents on demand,
+        and the task log says why (a time already past: on demand at once). A running bid instance is not replaced.
     :param boot_timeout: time allowed from creation to running (default 15 minutes).
     :param poll_interval: seconds between status reads (default 10, as the spec recommends).
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``). The task's
