@@ -29,7 +29,7 @@ from airflow_gpumarket.utils import RunTimeModule, is_templated, resolved_at_run
 if TYPE_CHECKING:
     from airflow_gpumarket import assets, job_logs, lifecycle, metrics, outcome
     from airflow_gpumarket.operators import cost
-    from airflow_gpumarket.operators.session import RentalResult
+    from airflow_gpumarket.operators.result import RentalResult
 else:  # what only a running task needs
     assets, metrics = RunTimeModule("airflow_gpumarket.assets"), RunTimeModule("airflow_gpumarket.metrics")
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
@@ -159,7 +159,8 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
 
     def _complete(self, result: RentalResult) -> Any:
         from airflow_gpumarket.operators.failures import GpuMarketOutcomeUnknown
-        from airflow_gpumarket.operators.session import Outcome, summary
+        from airflow_gpumarket.operators.result import summary
+        from airflow_gpumarket.operators.session import Outcome
 
         session, rental, ended = self._held(), result.rental, result.outcome
         assert ended is not None  # a job is always waited for

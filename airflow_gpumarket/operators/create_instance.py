@@ -14,7 +14,7 @@ from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 if TYPE_CHECKING:
     from airflow_gpumarket import metrics, outcome
     from airflow_gpumarket.operators import failures
-    from airflow_gpumarket.operators.session import RentalResult
+    from airflow_gpumarket.operators.result import RentalResult
 else:  # what only a running task needs: not imported when a DAG file is parsed
     metrics, outcome = RunTimeModule("airflow_gpumarket.metrics"), RunTimeModule("airflow_gpumarket.outcome")
     failures = RunTimeModule("airflow_gpumarket.operators.failures")
@@ -43,7 +43,8 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
         self.lease = lease
 
     def _complete(self, result: RentalResult) -> Any:
-        from airflow_gpumarket.operators.session import Outcome, summary
+        from airflow_gpumarket.operators.result import summary
+        from airflow_gpumarket.operators.session import Outcome
 
         rental, ended = result.rental, result.outcome
         if ended is not None and ended.kind is not outcome.EventKind.REACHED:

@@ -28,7 +28,8 @@ from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, RunTimeModule, duration_
 if TYPE_CHECKING:
     from airflow_gpumarket import lifecycle, metrics, waiting
     from airflow_gpumarket.operators import plan
-    from airflow_gpumarket.operators.session import RentalResult, RentalSession
+    from airflow_gpumarket.operators.result import RentalResult
+    from airflow_gpumarket.operators.session import RentalSession
     from airflow_gpumarket.outcome import WaitOutcome
 else:  # what only a running task needs: not imported when a DAG file is parsed
     lifecycle, metrics = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.metrics")
@@ -354,7 +355,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     def _steps(self, context: Any, now: Try) -> Any:
         """Rent, wait and judge, one step of ``plan.next_step`` at a time, until the task's outcome."""
-        from airflow_gpumarket.operators.session import Outcome, RentalResult
+        from airflow_gpumarket.operators.result import RentalResult
+        from airflow_gpumarket.operators.session import Outcome
 
         spec, session = self.spec, self.session
         assert spec is not None and session is not None

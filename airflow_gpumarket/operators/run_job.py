@@ -13,7 +13,8 @@ from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 if TYPE_CHECKING:
     from airflow_gpumarket import assets, lifecycle, metrics, outcome
     from airflow_gpumarket.operators import cost, failures
-    from airflow_gpumarket.operators.session import RentalResult, RentalSession
+    from airflow_gpumarket.operators.result import RentalResult
+    from airflow_gpumarket.operators.session import RentalSession
 else:  # what only a running task needs: not imported when a DAG file is parsed
     lifecycle, cost = RunTimeModule("airflow_gpumarket.lifecycle"), RunTimeModule("airflow_gpumarket.operators.cost")
     failures = RunTimeModule("airflow_gpumarket.operators.failures")
@@ -74,7 +75,8 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
             ) from None
 
     def _complete(self, result: RentalResult) -> Any:
-        from airflow_gpumarket.operators.session import Outcome, summary
+        from airflow_gpumarket.operators.result import summary
+        from airflow_gpumarket.operators.session import Outcome
 
         session, rental, ended = self._held(), result.rental, result.outcome
         assert ended is not None  # a job is always waited for

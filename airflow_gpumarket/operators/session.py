@@ -12,9 +12,9 @@ earlier tries left a retry takes back is ``adoption.py``'s rule.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, budgets, job_logs, lifecycle, metrics, waiting
 from airflow_gpumarket._compat import AirflowException
@@ -52,23 +52,6 @@ class Outcome(str, Enum):  # noqa: UP042 - StrEnum is 3.11+; Airflow 2.11 runs o
     GONE = "gone"  # the instance is gone already (the job destroyed it, or somebody did)
 
 
-class RentalResult(NamedTuple):
-    """How a rental's wait ended, for the operator to judge: the rental and the outcome (None: not waited for)."""
-
-    rental: lifecycle.Rental
-    outcome: WaitOutcome | None
-    context: Any = None  # the task's context (its outlets' asset events)
-
-    @property
-    def kind(self) -> EventKind | None:
-        return None if self.outcome is None else self.outcome.kind
-
-    @property
-    def status(self) -> str | None:
-        """The instance's status as the wait last read it."""
-        return None if self.outcome is None else self.outcome.actual_status
-
-
 class RentalSession:
     """The rentals of one try of a renting task, from the first offer to the last destroy.
 
@@ -102,12 +85,8 @@ class RentalSession:
         self._rental: lifecycle.Rental | None = None  # the rental held: what it cost is known when it ends
         self.killed = False
         self._counted: set[int] = set()  # the instances whose end the metrics counted
-        self._rented = False  # a create was sent, or a rental adopted or resumed, in this try
-
-    @property
-    def rented_nothing(self) -> bool:
-        """No try of the task instance can have rented: the first try, which sent no create and took over none."""
-        return self._try_number <= 1 and not self._rented
+        #: No try of the task instance can have rented: the first, until it sends a create or takes a rental over.
+        self.rented_nothing = self._try_number <= 1
 
     @property
     def recorded(self) -> bool:
@@ -163,14 +142,14 @@ class RentalSession:
         if choice.adopted is None:
             return None
         adopted = adoption.rental_of(choice.adopted, lease=self.spec.lease_seconds, now=time.time())
-        self.instance_id, self.attempts, self._rented = adopted.instance_id, adopted.attempts, True
+        self.instance_id, self.attempts, self.rented_nothing = adopted.instance_id, adopted.attempts, False
         self._start(adopted)
         return adopted
 
     def resume(self, event: Any) -> tuple[lifecycle.Rental, WaitOutcome]:
         """The rental a trigger's event brings back, with what its wait learnt; its held log lines shown."""
-        self.instance_id = instance_of(event)  # whatever else is wrong with the event, a failure destroys it
-        self._rented = True
+        # Whatever else is wrong with the event, a failure destroys its instance.
+        self.instance_id, self.rented_nothing = instance_of(event), False
         try:
             ended, rental = from_event(event)
             if rental is None:
@@ -272,8 +251,8 @@ class RentalSession:
             "" if bid is None else f" on demand; bidding ${bid}/h, interruptible, attempt {attempts.preemptions + 1}",
             label,
         )
-        self._creating = label  # until the answer names the instance, a failure (or on_kill) looks for it by label
-        self._rented = True
+        # Until the answer names the instance, a failure (or on_kill) looks for it by this label.
+        self._creating, self.rented_nothing = label, False
         try:
             result = self.hook.create_instance(int(offer["id"]), **body)
         except GpuMarketOfferUnavailableError as exc:
@@ -536,23 +515,3 @@ def log_progress(log: Any, rental: lifecycle.Rental, watch: waiting.Watch, servi
         lifecycle.format_duration(service_now - rental.billed_from),
         cost.text(rental.cost_until(service_now), cost.ESTIMATED),
     )
-
-
-def summary(rental: lifecycle.Rental, status: str | None, service_now: Callable[[], float]) -> dict[str, Any]:
-    """What a renting task returns of its rental; times and costs on the service's clock, up to its end if it ended."""
-    end = rental.ended_at if rental.ended_at is not None else service_now()
-    estimate = rental.cost_until(end, digits=6)
-    return {
-        "instance_id": rental.instance_id,
-        "offer_id": rental.offer_id,
-        "dph_total": rental.dph_total,
-        **({} if rental.bid is None else {"bid": rental.bid, "preemptions": rental.attempts.preemptions}),
-        "gpu_name": rental.gpu_name,
-        "label": rental.label,
-        "actual_status": status,
-        "ssh_host": rental.ssh_host,
-        "elapsed_seconds": round(max(0.0, end - rental.billed_from), 3),
-        "estimated_cost": estimate,
-        "cost": estimate if rental.cost is None else rental.cost,
-        "cost_kind": rental.cost_kind or cost.ESTIMATED,
-    }

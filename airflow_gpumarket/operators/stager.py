@@ -66,6 +66,14 @@ class _Copy:
         return staging.copy_reading(message)
 
 
+def _cloud_restore_ended(log: Any, uri: str | None, problem: str) -> None:
+    """The copy from ``checkpoint_uri`` did not finish: nothing saved there yet (a first run) is no warning."""
+    if re.search(api.NOTHING_THERE, problem, re.IGNORECASE):
+        log.info("checkpoint_uri %r holds nothing yet (%s)", uri, problem)
+    else:
+        log.warning("Restoring checkpoint_uri %r: %s", uri, problem)
+
+
 class Stager:
     """Copies one task instance's data in and out of its rentals, within ``plan.staging_timeout`` per step.
 
@@ -203,18 +211,11 @@ class Stager:
                     "not start; check the path in the cloud integration."
                 )
             else:  # nothing saved there yet reads the same: the wrapper tells an empty restore from a partial one
-                self._cloud_restore_ended(problem)
+                _cloud_restore_ended(self.log, self.plan.checkpoint_uri, problem)
         if copies:  # status_msg tells one copy's news at a time: a restore from an instance is the one watched
             gate = self._open_gate(instance_id, deadline)
             return gate if restore is None else restore
         return restore
-
-    def _cloud_restore_ended(self, problem: str) -> None:
-        """The copy from ``checkpoint_uri`` did not finish: nothing saved there yet (a first run) is no warning."""
-        if re.search(api.NOTHING_THERE, problem, re.IGNORECASE):
-            self.log.info("checkpoint_uri %r holds nothing yet (%s)", self.plan.checkpoint_uri, problem)
-        else:
-            self.log.warning("Restoring checkpoint_uri %r: %s", self.plan.checkpoint_uri, problem)
 
     def _restore_failed(self, problem: str) -> None:
         if self.plan.on_restore_failure == "fail":
@@ -320,7 +321,7 @@ class Stager:
             return None
         if copy.role == _RESTORE_FROM_CLOUD:
             if reading is not api.CopyProgress.FINISHED:
-                self._cloud_restore_ended(f"the service says {message!r}")
+                _cloud_restore_ended(self.log, self.plan.checkpoint_uri, f"the service says {message!r}")
             return self._open_gate(instance_id, deadline)
         if source is None:
             return None

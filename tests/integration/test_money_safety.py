@@ -19,9 +19,9 @@ from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 from airflow_gpumarket.lifecycle import task_key
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.result import summary as rental_summary
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.session import RentalSession
-from airflow_gpumarket.operators.session import summary as rental_summary
 from airflow_gpumarket.operators.spec import RentalSpec
 
 from .conftest import AIRFLOW_2, POLL, alive, task_states

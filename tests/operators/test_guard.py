@@ -359,7 +359,7 @@ def test_failure_callback_on_a_retry_that_rented_nothing_still_looks_for_an_earl
     context = ctx(try_number=2)
     with pytest.raises(Exception, match="got no response"):
         retry.execute(context)
-    assert retry.session is not None and not retry.session._rented  # it failed before it took anything over
+    assert retry.session is not None and retry.session.instance_id is None  # it failed before it took anything over
     hook.search_offers, hook.list_instances, hook.find_instance = reachable  # and back for its failure callback
     destroy_rentals_on_failure({**context, "task": retry})
     assert hook.alive() == []

@@ -15,7 +15,8 @@ import pytest
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer
-from airflow_gpumarket.operators.session import Outcome, RentalSession, summary
+from airflow_gpumarket.operators.result import summary
+from airflow_gpumarket.operators.session import Outcome, RentalSession
 from airflow_gpumarket.operators.spec import RentalSpec
 from airflow_gpumarket.outcome import EventKind, WaitOutcome
 
