@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from airflow_gpumarket import api, budgets, ledger, metrics
+from airflow_gpumarket import budgets, ledger, metrics
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
 from airflow_gpumarket.operators.failures import GpuMarketBudgetExceeded
@@ -125,10 +125,10 @@ def settle_ended(
     try:
         service_now = getattr(hook, "service_now", None)
         ended = service_now() if callable(service_now) else None
-        if cost is None and api.is_positive_number(started) and ended is not None:
-            from airflow_gpumarket.operators.cost import charged
+        if cost is None and ended is not None:
+            from airflow_gpumarket.operators.cost import charged_since
 
-            cost = charged(hook, instance_id, min(float(started), ended), ended)
+            cost = charged_since(hook, instance_id, started, ended)
         settled = ledger_client(hook).settle(conn_id, instance_id=instance_id, ended=ended, cost=cost)
     except Exception as exc:  # noqa: BLE001 - the reservation stays at its worst case, which is safe
         log.warning("Could not settle the budget reservation of instance %s: %s", instance_id, exc)

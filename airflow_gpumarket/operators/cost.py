@@ -15,7 +15,7 @@ from airflow_gpumarket.budgets import CHARGED, ESTIMATED
 if TYPE_CHECKING:
     from airflow_gpumarket import lifecycle
 
-__all__ = ["CHARGED", "ESTIMATED", "charged", "settle", "text"]
+__all__ = ["CHARGED", "ESTIMATED", "charged", "charged_since", "settle", "text"]
 
 
 #: A charge posted up to this many seconds (service time) before a rental's end is its whole cost; one posted
@@ -37,6 +37,15 @@ def charged(hook: Any, instance_id: int, start: float, end: float) -> float | No
     if not mine or (posted is not None and posted < end - POSTED_TOLERANCE_SECONDS):
         return None
     return sum(c.amount for c in mine)
+
+
+def charged_since(hook: Any, instance_id: int, started: Any, ended: float) -> float | None:
+    """``charged`` from an instance's ``start_date`` as a listing gave it; None when it gave none."""
+    from airflow_gpumarket import api
+
+    if not api.is_positive_number(started):
+        return None
+    return charged(hook, instance_id, min(float(started), ended), ended)
 
 
 def settle(hook: Any, rental: lifecycle.Rental, ended: float, *, read_charge: bool = True) -> None:

@@ -461,7 +461,7 @@ class RentalSpec(_Frozen):
             label=rental.label,
             keepalive=self.terms.keepalive,
             lease_cap=rental.lease_cap,
-            max_cost=None if rates is None else self.max_cost,
+            max_cost=self.max_cost,
             cost_rates=rates,
             compute_from=rental.running_at,
             running_since=now if rental.staged else None,  # it ran: a stop is its job's end, not a boot's

@@ -266,14 +266,12 @@ def _settle(hook: Any, conn_id: str, instance_id: int, started: Any) -> None:
     """The destroyed instance's budget reservation, if any, becomes what it cost: its charge, when one is posted."""
     from airflow import settings
 
-    from airflow_gpumarket import api, ledger
-    from airflow_gpumarket.operators.cost import charged
+    from airflow_gpumarket import ledger
+    from airflow_gpumarket.operators.cost import charged_since
 
     ended = hook.service_now()
     try:
-        spent = (
-            charged(hook, instance_id, min(float(started), ended), ended) if api.is_positive_number(started) else None
-        )
+        spent = charged_since(hook, instance_id, started, ended)
         ledger.settle(settings.engine, conn_id, now=time.time(), instance_id=instance_id, ended=ended, cost=spent)
     except Exception:  # noqa: BLE001 - the page's destroy succeeded; the reservation stays at its worst case
         log.exception("Could not settle the budget reservation of instance %s", instance_id)
