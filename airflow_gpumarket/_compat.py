@@ -56,6 +56,19 @@ def airflow_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def get_variable(key: str, default: Any = None) -> Any:
+    """A Variable's value through Airflow's secrets backends: the Task SDK's read in an Airflow 3 task, else the
+    models' (the api-server, Airflow 2, ``dag.test()``)."""
+    import sys
+
+    task_runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
+    if hasattr(task_runner, "SUPERVISOR_COMMS"):  # in an Airflow 3 task: the models' read warns there
+        from airflow.sdk import Variable
+    else:
+        from airflow.models import Variable  # type: ignore[assignment]
+    return Variable.get(key, default)  # the default is positional: Airflow 2 and 3 name it differently
+
+
 def is_airflow_2() -> bool:
     """True on Airflow 2 (2.11), where some Airflow 3 features are missing (the README's guarantee table)."""
     return airflow_version()[0] == 2

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -248,13 +247,10 @@ def dag_budgets(dag_id: str, raw: Any) -> tuple[budgets.Limits | None, list[str]
 
 
 def _variable() -> Any:
-    """The budgets Variable's value: the api-server's read, or the task's on Airflow 2 and under ``dag.test()``."""
-    task_runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
-    if hasattr(task_runner, "SUPERVISOR_COMMS"):  # in an Airflow 3 task: the Task SDK's read (the models' warns)
-        from airflow.sdk import Variable
-    else:
-        from airflow.models import Variable  # type: ignore[assignment]
-    return Variable.get(budgets.VARIABLE, None)  # the default is positional: Airflow 2 and 3 name it differently
+    """The budgets Variable's value: the api-server's read, or the task's."""
+    from airflow_gpumarket._compat import get_variable
+
+    return get_variable(budgets.VARIABLE)
 
 
 def reserve(engine: Any, request: Request, *, now: float) -> Reservation:
