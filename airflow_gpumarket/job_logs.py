@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from airflow_gpumarket import api
+from airflow_gpumarket import api, job_secrets
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketNotFoundError, GpuMarketRateLimitError
 from airflow_gpumarket.job_script import (
     EXIT_STATUS_LINE,
@@ -43,6 +43,8 @@ _PREFLIGHT_FAILED = re.compile(
 )
 #: Tokens that may be a key: compared by digest with the instance keys the caller knows only by digest.
 _TOKEN = re.compile(r"[A-Za-z0-9_\-]{16,}")
+#: Where a secret known by salted digest may start: a word's first character, or any character that is no word's.
+_EDGE = re.compile(r"\b\w|\W")
 #: ``CONTAINER_API_KEY=<value>`` (``env`` output, a shell trace): the value is masked whatever it is.
 _NAMED_KEY = re.compile(r"(CONTAINER_API_KEY[\"']?\s*[=:]\s*[\"']?)[^\s\"']+")
 
@@ -53,17 +55,41 @@ def key_digest(key: str) -> str:
 
 
 class Redactor:
-    """Masks the given secrets, any token whose digest is in ``digests``, and every ``CONTAINER_API_KEY=`` value."""
+    """Masks the given secrets, any token whose digest is in ``digests``, and every ``CONTAINER_API_KEY=`` value.
+
+    A digest of ``job_secrets.digests`` (length, salt, hash) masks its value wherever it starts at a word's edge.
+    """
 
     def __init__(self, secrets: Iterable[str | None] = (), digests: Iterable[str | None] = ()) -> None:
         self.secrets = tuple(s for s in secrets if s)
-        self.digests = frozenset(d for d in digests if d)
+        given = [d for d in digests if d]
+        self.digests = frozenset(d for d in given if not d.startswith(job_secrets.DIGEST_PREFIX))
+        self.salted: dict[tuple[int, str], set[str]] = {}
+        for d in given:
+            if d.startswith(job_secrets.DIGEST_PREFIX):
+                length, salt, digest = d[len(job_secrets.DIGEST_PREFIX) :].split(":", 2)
+                self.salted.setdefault((int(length), salt), set()).add(digest)
 
     def __call__(self, text: str) -> str:
         text = api.redact(text, self.secrets)
         if self.digests:
             text = _TOKEN.sub(lambda m: MASK if key_digest(m.group(0)) in self.digests else m.group(0), text)
+        if self.salted:
+            text = self._mask_salted(text)
         return _NAMED_KEY.sub(lambda m: m.group(1) + MASK, text)
+
+    def _mask_salted(self, text: str) -> str:
+        spans = []
+        for start in sorted({m.start() for m in _EDGE.finditer(text)}):
+            for (length, salt), wanted in self.salted.items():
+                if job_secrets.salted(salt, text[start : start + length]) in wanted:
+                    spans.append((start, start + length))
+        parts, done = [], 0
+        for start, end in spans:
+            if start >= done:
+                parts += [text[done:start], MASK]
+                done = end
+        return "".join(parts) + text[done:]
 
 
 def split_lines(text: str, *, complete_only: bool) -> list[str]:
@@ -256,6 +282,7 @@ class LogPump:
         interval: float,
         *,
         key_digest: str | None = None,
+        secret_digests: Sequence[str] = (),
         window: int = api.LOG_TAIL_DEFAULT,
         shown: Sequence[str] = (),
         since: float | None = None,
@@ -263,7 +290,7 @@ class LogPump:
         self.instance_id = instance_id
         self.since = since
         self.interval = interval
-        self.key_digests = (key_digest,) if key_digest else ()
+        self.key_digests = tuple(d for d in (key_digest, *secret_digests) if d)
         self.follower = LogFollower(window, shown)
         self.off = interval <= 0
         self._wait = interval

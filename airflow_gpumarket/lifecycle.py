@@ -166,6 +166,7 @@ class Rental:
     ambiguous: bool = False  # the create's answer was lost and retried: a duplicate may exist
     ssh_host: str | None = None
     key_digest: str | None = None  # sha256 of the instance key: masks it in the job's log where the key is not held
+    secret_digests: tuple[str, ...] = ()  # the job's secrets by salted digest (``job_secrets``), masked the same way
     bid: float | None = None  # $/h bid for an interruptible rental; None on demand
     machine_id: int | None = None  # the offer's machine, when the search named it
     attempts: Attempts = field(default_factory=Attempts)

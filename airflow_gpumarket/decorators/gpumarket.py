@@ -210,7 +210,7 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
     def _result_log(self, rental: lifecycle.Rental) -> str:
         try:
             return self.hook.get_instance_logs(
-                rental.instance_id, tail=RESULT_TAIL_LINES, key_digests=(rental.key_digest,)
+                rental.instance_id, tail=RESULT_TAIL_LINES, key_digests=(rental.key_digest, *rental.secret_digests)
             )
         except GpuMarketError as exc:
             self.log.warning("Could not read the log of instance %s: %s", rental.instance_id, exc)

@@ -146,7 +146,16 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     :param runtype: how the instance is reached.
     :param target_state: running or stopped.
     :param price: a bid in $/h (an interruptible instance).
-    :param env: environment variables and port mappings.
+    :param env: environment variables and port mappings (templated, shown in the task's rendered fields: no
+        secrets here).
+    :param secrets: the job's secret environment variables, each read when the task runs from an Airflow Variable
+        or Connection (so from any secrets backend): ``{"HF_TOKEN": "variable:hf_token", "WANDB_API_KEY":
+        "connection:wandb"}`` (a connection's password, or ``"connection:<conn_id>:login"``, ``:host``,
+        ``:schema``). Each value is masked in Airflow whatever its name, and sent only in the create request:
+        never in XCom, rendered fields, the task log or the GPU rentals page. Not exported by
+        ``export_env_to_ssh``.
+    :param registry_conn_id: an Airflow Connection (login, password, host) that logs the service in to the registry
+        of a private ``image``; instead of ``image_login``, whose value would show in the rendered fields.
     :param onstart: script run at start (ssh and jupyter runtypes).
     :param args_str: arguments for runtype 'args'.
     :param use_jupyter_lab: JupyterLab instead of Notebook.
@@ -250,6 +259,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         cancel_unavail: bool | None = None,
         vm: bool | None = None,
         volume_info: Mapping[str, Any] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        registry_conn_id: str | None = None,
         gpumarket_conn_id: str = "gpumarket_default",
         **kwargs: Any,
     ) -> None:
@@ -269,6 +280,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             command=command,
             instance=creation_fields(instance, named, command=command),
             export_env_to_ssh=export_env_to_ssh,
+            secrets=secrets,
+            registry_conn_id=registry_conn_id,
             log_interval=duration_seconds("log_interval", log_interval, zero_ok=True),
             offer_id=offer_id,
             offer_filters=offer_filters,

@@ -16,9 +16,14 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api, budgets, job_logs, lifecycle, metrics, waiting
+from airflow_gpumarket import api, budgets, job_logs, job_secrets, lifecycle, metrics, waiting
 from airflow_gpumarket._compat import AirflowException
-from airflow_gpumarket.exceptions import GpuMarketCreateRefusedError, GpuMarketError, GpuMarketOfferUnavailableError
+from airflow_gpumarket.exceptions import (
+    GpuMarketCreateRefusedError,
+    GpuMarketError,
+    GpuMarketOfferUnavailableError,
+    GpuMarketValidationError,
+)
 from airflow_gpumarket.operators import adoption, cost
 from airflow_gpumarket.operators.adoption import STATE_KEY
 from airflow_gpumarket.operators.budget import Budget
@@ -83,6 +88,7 @@ class RentalSession:
         self.instance_id: int | None = None
         self._creating: str | None = None  # a create in flight: its instance is found by this label
         self._rental: lifecycle.Rental | None = None  # the rental held: what it cost is known when it ends
+        self._secrets = job_secrets.TrySecrets(spec.secrets, spec.registry_conn_id)
         self.killed = False
         self._counted: set[int] = set()  # the instances whose end the metrics counted
         #: No try of the task instance can have rented: the first, until it sends a create or takes a rental over.
@@ -142,6 +148,11 @@ class RentalSession:
         if choice.adopted is None:
             return None
         adopted = adoption.rental_of(choice.adopted, lease=self.spec.lease_seconds, now=time.time())
+        if self.spec.secrets:  # its job's log is masked as if this try had rented it
+            try:
+                adopted.secret_digests = self._secrets.read().digests
+            except GpuMarketValidationError as exc:
+                self.log.warning("The job's secrets cannot be read to mask them in its log: %s", exc)
         self.instance_id, self.attempts, self.rented_nothing = adopted.instance_id, adopted.attempts, False
         self._start(adopted)
         return adopted
@@ -233,6 +244,7 @@ class RentalSession:
         created_at = time.time()
         label = lifecycle.make_label(self.key, created_at + spec.first_lease)
         staged = None if self._stager is None else self._stager.wrapper(attempts.source_id)
+        secrets = self._secrets.read()
         body = spec.creation_body(
             label=label,
             base_url=self.hook.settings.base_url,
@@ -240,6 +252,8 @@ class RentalSession:
             preemptions=attempts.preemptions,
             staged=staged,
             gpu_count=pick.gpus,
+            secret_env=secrets.env,
+            image_login=secrets.image_login,
         )
         budget.reserve(pick.worst, started=self.hook.service_now())  # refused: nothing is rented
         self.log.info(
@@ -297,6 +311,7 @@ class RentalSession:
             attempts=attempts,
             disk_hourly=budgets.storage_hourly(spec.disk_gb, offer.get("storage_cost")),
             inet_down=float(down) if api.is_positive_number(down := offer.get("inet_down")) else None,
+            secret_digests=secrets.digests,
         )
         self._start(rental)
         self.check_duplicates(rental)
@@ -338,6 +353,7 @@ class RentalSession:
             instance_id,
             self.spec.job_log_interval,
             key_digest=rental.key_digest,
+            secret_digests=rental.secret_digests,
             shown=watch.shown_lines,
             since=rental.created_at,
         )

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import api
+from airflow_gpumarket import api, job_secrets
 from airflow_gpumarket.creation import TYPED_FIELDS, creation_body
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.utils import RunTimeModule, is_templated, resolved_at_run_time
@@ -100,6 +100,8 @@ class RentalSpec(_Frozen):
         "instance",
         "command",
         "export_env_to_ssh",
+        "secrets",
+        "registry_conn_id",
         "offer_id",
         "offer_filters",
         "extra_filter_fields",
@@ -132,6 +134,8 @@ class RentalSpec(_Frozen):
     instance: Mapping[str, Any]
     command: str | None
     export_env_to_ssh: bool
+    secrets: Any
+    registry_conn_id: str | None
     offer_id: Any
     offer_filters: Any
     extra_filter_fields: Any
@@ -250,6 +254,8 @@ class RentalSpec(_Frozen):
         )
         if not deferred:
             self.creation_body(label=None, base_url=None)
+        job_secrets.check(self.secrets, env=self.instance.get("env"))
+        job_secrets.check_registry(self.registry_conn_id, self.instance.get("image_login"))
         if parse_time and is_templated(self.offer_id):
             return
         if self.offer_id is not None:
@@ -378,8 +384,13 @@ class RentalSpec(_Frozen):
         preemptions: int = 0,
         staged: WrapperStaging | None = None,
         gpu_count: int = 1,
+        secret_env: Mapping[str, str] | None = None,
+        image_login: str | None = None,
     ) -> dict[str, Any]:
         """What a create sends; ``gpu_count``: the GPUs the offer promises, which the job wrapper checks first.
+
+        ``secret_env`` (the secrets' values) joins ``env``, and ``image_login`` (from ``registry_conn_id``) is sent as
+        given: in the request only, never in the spec.
 
         Without ``base_url`` (a check before the connection is read), a command's script is written only when it might
         not fit.
@@ -387,8 +398,13 @@ class RentalSpec(_Frozen):
         onstart = None
         if self.command is not None and not (base_url is None and staged is None and self._script_certainly_fits()):
             onstart = self.job_script(base_url or "https://api.example.invalid", staged, gpu_count=gpu_count)
+        fields = dict(self.instance)
+        if secret_env:
+            fields["env"] = {**(fields.get("env") or {}), **secret_env}
+        if image_login is not None:
+            fields["image_login"] = image_login
         return creation_body(
-            self.instance,
+            fields,
             onstart=onstart,
             label=label,
             bid=bid,

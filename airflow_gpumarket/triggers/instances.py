@@ -151,6 +151,7 @@ class GpuMarketInstanceStatusTrigger(BaseTrigger):
             self.instance_id,
             self.log_interval if watch.wait_for == lifecycle.WAIT_JOB else 0.0,
             key_digest=rental.get("key_digest"),
+            secret_digests=rental.get("secret_digests") or (),
             shown=watch.shown_lines,
             since=created if api.is_positive_number(created) else None,
         )
