@@ -231,6 +231,34 @@ def used(entries: Iterable[Entry], *, dag_id: str, run_id: str, now: float) -> d
     return {period: round(value, 6) for period, value in totals.items()}
 
 
+@dataclass(frozen=True)
+class Headroom:
+    """One budget of a DAG in its current window: the limit, what is settled, what open rentals hold, what is left."""
+
+    period: str
+    limit: float
+    spent: float
+    reserved: float
+
+    @property
+    def left(self) -> float:
+        return round(self.limit - self.spent - self.reserved, 6)
+
+
+def headroom(limits: Limits, entries: Iterable[Entry], *, dag_id: str, now: float) -> list[Headroom]:
+    """Each of the DAG's day, week and month budgets in the window ``now`` falls in (a run's budget has no window)."""
+    starts = window_starts(now)
+    mine = [e for e in entries if e.dag_id == dag_id]
+    found = []
+    for period, limit in limits.given().items():
+        if period == "run":
+            continue
+        current = [e for e in mine if e.created_at >= starts[period]]
+        spent = round(sum(e.amount for e in current if not e.open), 6)
+        found.append(Headroom(period, limit, spent, round(sum(e.amount for e in current if e.open), 6)))
+    return found
+
+
 def held(entries: Iterable[Entry], *, conn_id: str, now: float) -> float:
     """Dollars that rentals of the connection still running may yet cost: their open reservations."""
     return round(sum(e.amount for e in entries if e.open and e.conn_id == conn_id and e.until > now), 6)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -441,13 +442,18 @@ def entries(engine: Any, *, since: float, conn_id: str | None = None) -> list[di
 
 
 def _entry(row: Any) -> budgets.Entry:
-    open_ = row.cost is None
+    return entry_of(row._mapping)
+
+
+def entry_of(record: Mapping[str, Any]) -> budgets.Entry:
+    """A reservation (a row, or a dict of ``entries``) as the budget check sees it."""
+    open_ = record["cost"] is None
     return budgets.Entry(
-        dag_id=row.dag_id,
-        run_id=row.run_id,
-        created_at=row.created_at,
-        amount=float(row.reserved if open_ else row.cost),
+        dag_id=record["dag_id"],
+        run_id=record["run_id"],
+        created_at=float(record["created_at"]),
+        amount=float(record["reserved"] if open_ else record["cost"]),
         open=open_,
-        conn_id=row.conn_id,
-        until=row.until,
+        conn_id=record["conn_id"],
+        until=float(record["until"]) if record.get("until") is not None else math.inf,
     )

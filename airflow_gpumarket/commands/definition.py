@@ -85,6 +85,31 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     Command(
+        "budgets",
+        "Each DAG's budgets (the gpumarket_budgets Variable) with what is spent, reserved and left in this window",
+        "airflow_gpumarket.commands.budgets:budgets_command",
+        (CONN_IDS,),
+    ),
+    Command(
+        "offers",
+        "The offers a filter (or a DAG's renting task) would rent: price, worst case, whether the budget allows it",
+        "airflow_gpumarket.commands.offers:offers",
+        (
+            CONN_ID,
+            Option(
+                ("--filters",),
+                {"metavar": "JSON", "help": 'offer_filters as JSON, e.g. \'{"gpu_name": {"eq": "RTX 4090"}}\''},
+            ),
+            Option(("--dag",), {"metavar": "DAG_ID", "help": "take the arguments of a renting task of this DAG"}),
+            Option(("--task",), {"metavar": "TASK_ID", "help": "the renting task (with --dag)"}),
+            Option(
+                ("--max-runtime",),
+                {"type": float, "metavar": "MINUTES", "help": "the job's time limit, for the worst case (no --task)"},
+            ),
+            Option(("--limit",), {"type": int, "default": 10, "help": "offers shown at most (default 10)"}),
+        ),
+    ),
+    Command(
         "spend",
         "What the service charged today (--day, the default) or this month (--month), per DAG and team",
         "airflow_gpumarket.commands.spend:spend",

@@ -35,25 +35,32 @@ YES = frozenset({"y", "yes"})
 log = logging.getLogger(__name__)
 
 
+def connection_ids(conn_id: str | None) -> list[str]:
+    """``conn_id``, else the GPU rentals page's connections; none at all is bad input."""
+    if conn_id is not None:
+        return [conn_id]
+    from airflow.utils.session import create_session
+
+    from airflow_gpumarket.ui import sources
+
+    with create_session() as session:
+        found = sources.connection_ids(session)
+    if not found:
+        raise CommandError(
+            "no connection of type gpumarket is defined. Fix: add one, or name it with --conn-id.", EXIT_BAD_INPUT
+        )
+    return found
+
+
 def gather(conn_id: str | None) -> Any:
     """What the page reads, of ``conn_id`` or else of the page's connections.
 
     An unusable connection is bad input; one that cannot be listed (a wrong key, the service down) fails the command
     before anything else is read. Charges that cannot be read leave the costs estimated, with a warning.
     """
-    from airflow.utils.session import create_session
-
     from airflow_gpumarket.ui import sources
 
-    if conn_id is None:
-        with create_session() as session:
-            conn_ids = sources.connection_ids(session)
-        if not conn_ids:
-            raise CommandError(
-                "no connection of type gpumarket is defined. Fix: add one, or name it with --conn-id.", EXIT_BAD_INPUT
-            )
-    else:
-        conn_ids = [conn_id]
+    conn_ids = connection_ids(conn_id)
     for each in conn_ids:
         hook(each)
         sources.forget_listing(each)  # decide on a fresh listing, which ``sources.gather`` then reuses

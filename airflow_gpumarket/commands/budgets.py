@@ -1,0 +1,94 @@
+"""``airflow gpumarket budgets``: each DAG's budgets with what is spent, reserved and left in the current windows.
+
+The budgets are the ``gpumarket_budgets`` Variable's; the amounts are the budget ledger's (a settled rental counts
+its cost, an open one its reserved worst case), the same figures a renting task's reservation is checked against.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from airflow_gpumarket import budgets, ledger
+from airflow_gpumarket.commands.common import EXIT_BAD_INPUT, EXIT_OK, CommandError, command, hook, table
+
+
+def entries(conn_ids: list[str]) -> list[budgets.Entry]:
+    """The ledger's reservations since the earliest window (this month or this week) began, of every connection."""
+    from airflow_gpumarket.operators.budget import ledger_client
+
+    since = min(budgets.window_starts(time.time()).values())
+    found: dict[Any, budgets.Entry] = {}
+    for conn_id in conn_ids:
+        for record in ledger_client(hook(conn_id)).entries(conn_id, since):
+            found[record.get("id", id(record))] = ledger.entry_of(record)
+    return list(found.values())
+
+
+def dag_limits(dag_ids: set[str]) -> dict[str, budgets.Limits | None]:
+    """Each DAG's budgets from the Variable (its own entry, else ``"*"``); a DAG named there is always listed."""
+    import json
+
+    from airflow_gpumarket._compat import get_variable
+
+    raw = get_variable(budgets.VARIABLE)
+    try:
+        named = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
+    except ValueError as exc:
+        raise CommandError(
+            f"the Variable {budgets.VARIABLE} is not valid JSON ({exc}). Fix it in Admin > Variables."
+        ) from None
+    if not isinstance(named, dict):
+        raise CommandError(f"the Variable {budgets.VARIABLE} must be a JSON object of DAG id -> budgets.")
+    every = dag_ids | {key for key in named if key != budgets.EVERY_DAG}
+    try:
+        return {dag_id: budgets.limits_of(named, dag_id)[0] for dag_id in sorted(every)}
+    except budgets.BudgetConfigError as exc:
+        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+
+
+def rows(limits: dict[str, budgets.Limits | None], found: list[budgets.Entry], now: float) -> list[tuple]:
+    """One row per DAG and budget: the window, the limit, spent, reserved, left."""
+    made: list[tuple] = []
+    for dag_id, limit in limits.items():
+        if limit is None:
+            spent = sum(e.amount for e in found if e.dag_id == dag_id and not e.open)
+            made.append((dag_id, "-", "no budget", _dollars(spent), "-", "-"))
+            continue
+        if limit.run is not None:
+            made.append((dag_id, "run", _dollars(limit.run), "-", "-", "per run"))
+        for room in budgets.headroom(limit, found, dag_id=dag_id, now=now):
+            made.append(
+                (
+                    dag_id,
+                    room.period,
+                    _dollars(room.limit),
+                    _dollars(room.spent),
+                    _dollars(room.reserved),
+                    _dollars(room.left),
+                )
+            )
+    return made
+
+
+def _dollars(amount: float) -> str:
+    return f"-${-amount:.4f}" if amount < 0 else f"${amount:.4f}"
+
+
+@command
+def budgets_command(args: Any) -> int:
+    """Print every budgeted DAG (and every DAG that rented this month) with its headroom."""
+    from airflow_gpumarket.commands.rentals import connection_ids
+
+    conn_ids = connection_ids(args.conn_id)
+    found = entries(conn_ids)
+    limits = dag_limits({e.dag_id for e in found})
+    if not limits:
+        print(f"No DAG has a budget ({budgets.VARIABLE} is not set) and none rented this month.")
+        return EXIT_OK
+    print(table(("DAG", "WINDOW", "BUDGET", "SPENT", "RESERVED", "LEFT"), rows(limits, found, time.time())))
+    print(
+        "\nWindows are UTC (day, ISO week, month). SPENT: settled rentals, at the service's charge when one was "
+        "posted; RESERVED: the worst case of rentals still open. A rental is refused when its worst case exceeds LEFT."
+    )
+    return EXIT_OK
