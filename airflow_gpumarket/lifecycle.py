@@ -119,8 +119,10 @@ class Attempts:
     on_demand: bool = False
     source_id: int | None = None  # a preempted instance kept until its checkpoint reached the next rental
     source_save: list[Any] | None = None  # its save to checkpoint_uri in flight: [service time started, status_msg]
+    source_rental: dict[str, Any] | None = None  # its rental as kept (``Rental.as_source``): what it cost is known
     work_done: float = 0.0
     credited: int | None = None
+    ended: list[dict[str, Any]] = field(default_factory=list)  # each ended rental's figure (``record_end``)
 
     def offers_this_round(self) -> int:
         return len(self.tried) - self.round_start
@@ -137,6 +139,27 @@ class Attempts:
 
     def fall_back_to_on_demand(self) -> None:
         self.on_demand = True
+
+    def kept_source(self, instance_id: int) -> Rental | None:
+        """The kept checkpoint source's rental as it was kept (its price, billing marks), when ``instance_id`` is it."""
+        if not self.source_rental or self.source_rental.get("instance_id") != instance_id:
+            return None
+        try:
+            return Rental.from_resume(self.source_rental)
+        except ValueError:
+            return None
+
+    def record_end(self, instance_id: int, rental: Rental | None) -> None:
+        """An instance of this task instance ended: its cost (None: unknown), once, for the task's result."""
+        if all(e["instance_id"] != instance_id for e in self.ended):
+            known = rental is not None and rental.cost is not None
+            self.ended.append(
+                {
+                    "instance_id": instance_id,
+                    "cost": rental.cost if known else None,  # type: ignore[union-attr]
+                    "cost_kind": rental.cost_kind if known else None,  # type: ignore[union-attr]
+                }
+            )
 
     def credit_work(self, instance_id: int, seconds: float) -> None:
         """A preempted rental's run counts as ``seconds`` of work done: the first time it is credited only."""
@@ -240,6 +263,12 @@ class Rental:
 
     def to_resume(self) -> dict[str, Any]:
         return asdict(self)
+
+    def as_source(self) -> dict[str, Any]:
+        """What a kept checkpoint source keeps of its rental in ``Attempts``: all but the attempts themselves."""
+        kept = self.to_resume()
+        kept.pop("attempts")
+        return kept
 
     @classmethod
     def from_resume(cls, data: Any) -> Rental:

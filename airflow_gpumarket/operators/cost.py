@@ -15,7 +15,7 @@ from airflow_gpumarket.budgets import CHARGED, ESTIMATED
 if TYPE_CHECKING:
     from airflow_gpumarket import lifecycle
 
-__all__ = ["CHARGED", "ESTIMATED", "charged", "charged_since", "settle", "text"]
+__all__ = ["CHARGED", "ESTIMATED", "breakdown", "charged", "charged_since", "settle", "text", "total"]
 
 
 #: A charge posted up to this many seconds (service time) before a rental's end is its whole cost; one posted
@@ -65,3 +65,24 @@ def text(dollars: float | None, kind: str | None) -> str:
     if kind == CHARGED:
         return f"${dollars:.4f}, charged by the service"
     return f"about ${dollars:.4f}, estimated on the service's clock"
+
+
+def total(rentals: list[dict[str, Any]]) -> tuple[float | None, str]:
+    """What a task's rentals (``{"cost", "cost_kind"}`` each) cost together: charged only when each one's is."""
+    known = [r["cost"] for r in rentals if r.get("cost") is not None]
+    if not known:
+        return None, ESTIMATED
+    everyone = len(known) == len(rentals) and all(r.get("cost_kind") == CHARGED for r in rentals)
+    return round(sum(known), 6), CHARGED if everyone else ESTIMATED
+
+
+def breakdown(rentals: list[dict[str, Any]]) -> str:
+    """For a message after a total: each rental's own figure, when there was more than one."""
+    if len(rentals) < 2:
+        return ""
+    each = ", ".join(
+        f"instance {r['instance_id']} "
+        + ("unknown" if r.get("cost") is None else f"${r['cost']:.4f} {r.get('cost_kind') or ESTIMATED}")
+        for r in rentals
+    )
+    return f" over {len(rentals)} rentals ({each})"

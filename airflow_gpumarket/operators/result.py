@@ -28,9 +28,20 @@ class RentalResult(NamedTuple):
 
 
 def summary(rental: lifecycle.Rental, status: str | None, service_now: Callable[[], float]) -> dict[str, Any]:
-    """What a renting task returns of its rental; times and costs on the service's clock, up to its end if it ended."""
+    """What a renting task returns of its rental; times and costs on the service's clock, up to its end if it ended.
+
+    ``cost`` covers every rental of the task instance (a failover's, a preempted checkpoint source's), each in
+    ``rentals``; ``estimated_cost`` is this rental's alone.
+    """
     end = rental.ended_at if rental.ended_at is not None else service_now()
     estimate = rental.cost_until(end, digits=6)
+    mine = {
+        "instance_id": rental.instance_id,
+        "cost": estimate if rental.cost is None else rental.cost,
+        "cost_kind": rental.cost_kind or cost.ESTIMATED,
+    }
+    rentals = [e for e in rental.attempts.ended if e["instance_id"] != rental.instance_id] + [mine]
+    spent, kind = cost.total(rentals)
     return {
         "instance_id": rental.instance_id,
         "offer_id": rental.offer_id,
@@ -42,6 +53,7 @@ def summary(rental: lifecycle.Rental, status: str | None, service_now: Callable[
         "ssh_host": rental.ssh_host,
         "elapsed_seconds": round(max(0.0, end - rental.billed_from), 3),
         "estimated_cost": estimate,
-        "cost": estimate if rental.cost is None else rental.cost,
-        "cost_kind": rental.cost_kind or cost.ESTIMATED,
+        "cost": spent,
+        "cost_kind": kind,
+        "rentals": rentals,
     }

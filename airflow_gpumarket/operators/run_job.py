@@ -95,11 +95,12 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         done = summary(rental, result.status, self.hook.service_now)
         done["job_status"] = "succeeded" if succeeded else "failed"
         self.log.info(
-            "Job on instance %s %s after %s; cost %s (at $%s/h, disk included)",
+            "Job on instance %s %s after %s; cost %s%s (at $%s/h, disk included)",
             rental.instance_id,
             done["job_status"],
             lifecycle.format_duration(done["elapsed_seconds"]),
             cost.text(done["cost"], done["cost_kind"]),
+            cost.breakdown(done["rentals"]),
             rental.hourly,
         )
         if not succeeded:
@@ -117,9 +118,10 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         why = failure(ended, not_started=not_started, credit_ran_out=credit is not None)
         sentence = ended.describe(rental.instance_id)
         if why is Failure.MAX_COST:
+            mine = done["rentals"][-1]  # max_cost bounds one rental
             raise failures.GpuMarketBudgetExceeded(
                 f"The job on instance {rental.instance_id} reached max_cost=${self.max_cost:g}: "
-                f"it cost {cost.text(done['cost'], done['cost_kind'])} (compute at ${rental.hourly_price:g}/h while "
+                f"it cost {cost.text(mine['cost'], mine['cost_kind'])} (compute at ${rental.hourly_price:g}/h while "
                 f"it ran, disk at ${rental.disk_hourly:g}/h from its creation). Its log was read and the instance "
                 "destroyed; raise max_cost, or make the job shorter."
             )

@@ -471,16 +471,19 @@ class RentalSession:
             metric = None
         elif metric is not None:
             self._counted.add(instance_id)
-        books = Books(
-            self.hook, self.log, rental=self._rental, record_end=self._recorder.end, release=self._budget.ended
-        )
+        held = self._rental if self._rental is not None and self._rental.instance_id == instance_id else None
+        rental = held or self.attempts.kept_source(instance_id)
+        books = Books(self.hook, self.log, rental=rental, record_end=self._recorder.end, release=self._budget.ended)
         end_rental(books, instance_id, disposal, metric=metric, why=why, read_charge=not self.killed, failover=failover)
         if self.instance_id == instance_id:
             self.instance_id = None
         if disposal in (Disposal.HAND_OVER, Disposal.KEEP):
             return
+        self.attempts.record_end(instance_id, rental)
         if self.attempts.source_id == instance_id:
             self.attempts.source_id = None
+        if rental is not None and rental is not held:
+            self.attempts.source_rental = None
         if adoption.saved_instance(self._store_call("get")) == instance_id:
             self._store_call("delete")
 

@@ -424,7 +424,7 @@ class Stager:
             return False
         if attempts.source_id is not None and attempts.source_id != rental.instance_id:
             self.drop_source(attempts, f"instance {rental.instance_id} holds a newer checkpoint")
-        attempts.source_id = rental.instance_id
+        attempts.source_id, attempts.source_rental = rental.instance_id, rental.as_source()
         try:
             label = lifecycle.make_label(self.key, time.time() + self.source_lease)
             self.hook.label_instance(rental.instance_id, label)

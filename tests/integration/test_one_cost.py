@@ -65,3 +65,26 @@ def test_rule_without_charges_the_cost_is_an_estimate_on_the_services_clock_and_
     assert entry["cost"] == budgets.round_up(result["cost"])
     assert "estimated on the service's clock" in task_log()
     assert alive(service) == []
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferred"])
+def test_rule_one_cost_after_a_preemption_the_result_and_the_ledger_cover_every_rental_at_its_charge(
+    sim, deferrable, task_log
+):
+    """The preempted instance, kept stopped as the checkpoint's source (disk bills, compute does not), settles at its
+    charge, not at its price over its whole life; the task's result sums both rentals, each with its own figure."""
+    from .test_durable_data import CKPT, EPOCHS
+    from .test_interruptible import Outbidder
+
+    op = job(command=EPOCHS, interruptible=True, checkpoint_dir=CKPT, max_runtime=600, deferrable=deferrable)
+    with Outbidder(sim, times=1, marker=" done"):
+        result = run_to_the_end(op) if deferrable else op.execute(context())
+    assert result["job_status"] == "succeeded"
+    charged = {i["id"]: i["cost"] for i in sim.state()["instances"]}
+    assert len(charged) == 2 and alive(sim) == []
+    assert {r["instance_id"]: r["cost"] for r in result["rentals"]} == pytest.approx(charged, rel=0.01, abs=1e-6)
+    assert [r["cost_kind"] for r in result["rentals"]] == ["charged", "charged"]
+    assert result["cost_kind"] == "charged" and result["cost"] == pytest.approx(sum(charged.values()), rel=0.01)
+    settled = {e["instance_id"]: e["cost"] for e in reservations()}
+    assert settled == {i: budgets.round_up(c) for i, c in charged.items()}
+    assert f"cost ${result['cost']:.4f}, charged by the service over 2 rentals" in task_log()
