@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from airflow_gpumarket import credit, lifecycle
+from airflow_gpumarket import api, credit, lifecycle
 from airflow_gpumarket.commands.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -76,7 +76,7 @@ def gather(conn_id: str | None) -> Any:
 
 
 def cost_text(row: Any) -> str:
-    """The rental's cost so far, saying what it is: the service's charges, or an estimate (price x uptime)."""
+    """The rental's cost so far, saying what it is: the service's charges, or an estimate."""
     figure = row.figure
     if figure.amount is None:
         return "unknown"
@@ -85,7 +85,11 @@ def cost_text(row: Any) -> str:
 
 
 def price_text(row: Any) -> str | None:
-    return None if row.hourly_price is None else f"{row.hourly_price:.4f}"
+    """What it bills per hour now: while it does not run, its disk alone."""
+    rate = row.billing_now
+    if row.status in (api.STATUS_RUNNING, None):
+        return None if rate is None else f"{rate:.4f}"
+    return "disk only" if rate is None else f"{rate:.4f} disk"
 
 
 def uptime_text(seconds: float | None) -> str:
@@ -114,7 +118,7 @@ def rentals(args: Any) -> int:
         rows.append([*cells, uptime_text(row.uptime_seconds), cost_text(row), *_owner_cells(row), state])
     if rows:
         print(table(headers, rows))
-    per_hour = sum(r.hourly_price or 0.0 for r in mine)
+    per_hour = sum(r.billing_now or 0.0 for r in mine)
     orphaned = sum(1 for r in mine if r.orphan_reason)
     print(
         f"{len(mine)} live rental{'' if len(mine) == 1 else 's'}, ${per_hour:.4f}/h together"
@@ -141,7 +145,7 @@ def orphans(args: Any) -> int:
         for r in found
     ]
     print(table(headers, rows))
-    per_hour = sum(r.hourly_price or 0.0 for r in found)
+    per_hour = sum(r.billing_now or 0.0 for r in found)
     print(f"{len(found)} orphan(s), billing ${per_hour:.4f}/h together.")
     if not args.destroy:
         print("To destroy them: airflow gpumarket orphans --destroy")

@@ -300,6 +300,7 @@ def _row_json(row: spend.LiveRental, access: _Access) -> dict[str, Any]:
         "offer_id": row.offer_id,
         "gpu_name": row.gpu_name,
         "hourly_price": row.hourly_price,
+        "billing_now": row.billing_now,
         "uptime_seconds": row.uptime_seconds,
         "cost_so_far": row.cost_so_far,
         **_figure_json(row.figure),

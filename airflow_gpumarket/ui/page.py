@@ -16,7 +16,7 @@ from html import escape
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from airflow_gpumarket import lifecycle
+from airflow_gpumarket import api, lifecycle
 from airflow_gpumarket.ui.account_charges import LONGEST_RUNWAY_DAYS, RUNWAY_DAYS, Balance, Unowned, dollars
 from airflow_gpumarket.ui.spend import Figure, LiveRental, Spend, Total, ti_text, utc_text
 
@@ -43,6 +43,15 @@ tr.target{background:#fff6cc} .muted{color:#666} .error{color:#a00}
 form.inline{display:inline} button{cursor:pointer} .est{font-style:italic;color:#6a4a00}
 .confirm{border:2px solid #a00;background:#fff3f3;padding:.6rem 1rem;margin:1rem 0;max-width:60rem}
 """
+
+
+def _rate(row: LiveRental) -> str:
+    """What a rental bills per hour now: its disk alone while it does not run."""
+    if row.status == api.STATUS_RUNNING or row.status is None:
+        return f"{_money(row.billing_now)}/h"
+    if row.billing_now is None:
+        return "disk only"
+    return f"{_money(row.billing_now)}/h<br><span class=muted>disk only</span>"
 
 
 def _money(value: float | Decimal | None, places: Decimal = COST_PLACES) -> str:
@@ -116,7 +125,7 @@ def _rental_rows(rows: Iterable[LiveRental], target: int | None, destroy_button:
             f"<td>{escape(str(row.status))}</td>"
             f"<td>{escape(str(row.offer_id))}<br><span class=muted>{escape(str(row.num_gpus or ''))} "
             f"{escape(str(row.gpu_name or ''))}</span></td>"
-            f'<td class="num">{_money(row.hourly_price)}/h</td>'
+            f'<td class="num">{_rate(row)}</td>'
             f'<td class="num">{_duration(row.uptime_seconds)}</td>'
             f'<td class="num cost">{_figure(row.figure)}</td>'
             f"<td>{_task_cell(row)}</td>"

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpumarket import budgets, lifecycle, spend_report
+from airflow_gpumarket import api, budgets, lifecycle, spend_report
 from airflow_gpumarket.ui.account_charges import ZERO, Charged, charge_time, day_start, dollars, instance_charges
 from airflow_gpumarket.ui.records import COST_DIGITS, number, price_of
 
@@ -160,10 +160,19 @@ class LiveRental:
     charged: Charged | None = None
     #: It started before the window's first day, so its charges are not its whole cost so far.
     started_before_window: bool = False
+    #: What its disk bills per hour, from its task's record (None: no record says).
+    disk_hourly: float | None = None
 
     @property
     def dag_id(self) -> str | None:
         return self.owner[0] if self.owner else None
+
+    @property
+    def billing_now(self) -> float | None:
+        """Dollars per hour it bills now: price and disk while it runs, its disk alone otherwise (None: not known)."""
+        if self.status == api.STATUS_RUNNING:
+            return None if self.hourly_price is None else round(self.hourly_price + (self.disk_hourly or 0.0), 6)
+        return self.disk_hourly
 
     @property
     def figure(self) -> Figure:
@@ -234,6 +243,23 @@ def hourly_price_of(instance: Mapping[str, Any], record: Mapping[str, Any] | Non
     return price_of(record) if record else None
 
 
+def _cost_so_far(
+    price: float | None, start: float, record: Mapping[str, Any] | None, disk: float | None, now: float
+) -> float | None:
+    """Compute from when its task saw it run to when it saw it stop (else from its start, to now), disk throughout."""
+    if record is None:
+        return lifecycle.estimated_cost(price, max(0.0, now - start), digits=COST_DIGITS)
+    return budgets.rental_cost(
+        price,
+        created_at=start,
+        running_at=number(record.get("running_at")),
+        stopped_at=number(record.get("stopped_at")),
+        ended_at=now,
+        disk_hourly=disk or 0.0,
+        digits=COST_DIGITS,
+    )
+
+
 def label_key(label: Any) -> str | None:
     """The task instance key in a label this provider wrote (``lifecycle.rental_key``), else None."""
     parsed = lifecycle.parse_label(label)
@@ -282,6 +308,7 @@ def live_rentals(
             start = number(record.get("created_at"))
         owner = recorded.ti_key if recorded else (attributed or {}).get(key or "")
         price = hourly_price_of(instance, record)
+        disk = number(record.get("disk_hourly")) if record else None
         task = tasks.get(owner) if owner else None
         rows.append(
             LiveRental(
@@ -294,9 +321,8 @@ def live_rentals(
                 num_gpus=instance.get("num_gpus"),
                 hourly_price=price,
                 uptime_seconds=None if start is None else max(0.0, service_now - start),
-                cost_so_far=None
-                if start is None
-                else lifecycle.estimated_cost(price, max(0.0, service_now - start), digits=COST_DIGITS),
+                cost_so_far=None if start is None else _cost_so_far(price, start, record, disk, service_now),
+                disk_hourly=disk,
                 started_at=start,
                 recorded=recorded,
                 owner=owner,

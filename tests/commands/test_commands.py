@@ -123,6 +123,30 @@ def test_rentals_lists_a_live_rental_with_its_dag_run_task_and_cost(example_dag,
     GpuMarketHook().destroy_instance(instance["id"])
 
 
+def test_a_stopped_rental_is_shown_billing_its_disk_alone_not_its_compute_rate(example_dag, sim, run):
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.ui import sources
+
+    handed_over_run(example_dag, run_still_running=True)
+    (instance,) = alive(sim)
+    code, out, _ = run("rentals")
+    (running,) = [line for line in out.splitlines() if line.startswith(str(instance["id"]))]
+    hook = GpuMarketHook()
+    hook.stop_instance(instance["id"])
+    sim.advance(3600)  # an hour stopped: its disk bills, its compute does not
+    code, out, err = run("rentals")
+    assert code == 0, err
+    (stopped,) = [line for line in out.splitlines() if line.startswith(str(instance["id"]))]
+    gathered = sources.gather(0, time.time(), ["gpumarket_default"])
+    (row,) = [r for r in gathered.live if r.instance_id == instance["id"]]
+    assert row.status == "stopped" and row.billing_now is not None and row.billing_now < row.hourly_price
+    assert f"{row.billing_now:.4f} disk" in stopped and f"{row.hourly_price:.4f}" not in stopped
+    assert f"${row.billing_now:.4f}/h together" in out
+    assert f"${row.figure.amount:.4f} charged" in stopped  # the service's charges: no compute while it stopped
+    assert running != stopped
+    hook.destroy_instance(instance["id"])
+
+
 def test_rentals_leaves_out_instances_rented_by_hand_but_counts_them(sim, run):
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
 

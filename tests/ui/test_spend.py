@@ -57,6 +57,20 @@ def test_a_live_rental_is_matched_to_its_task_through_its_record_and_priced_at_t
     assert rental.hourly_price == 0.4 and rental.uptime_seconds == 1800 and rental.cost_so_far == pytest.approx(0.2)
 
 
+def test_a_stopped_rental_bills_its_disk_alone_from_when_its_task_saw_it_stop():
+    base = row()
+    record = {**base.record, "disk_hourly": 0.02, "running_at": NOW - 3600, "stopped_at": NOW - 1800}
+    recorded = RecordRow(base.dag_id, base.run_id, base.task_id, base.map_index, record)
+    listed = {"id": 1, "actual_status": "stopped", "label": LABEL, "dph_total": 0.5, "start_date": NOW - 3600}
+    (rental,) = live_rentals([("c", listed)], {1: recorded}, {base.ti_key: TaskState("running")}, NOW)
+    assert rental.billing_now == 0.02 and rental.hourly_price == 0.5
+    assert rental.cost_so_far == pytest.approx(0.5 / 2 + 0.02)  # compute for its half hour running, disk for the hour
+    (running,) = live_rentals([("c", {**listed, "actual_status": "running"})], {}, {}, NOW)
+    assert running.billing_now == 0.5  # no record: the price, disk unknown
+    (unknown,) = live_rentals([("c", listed)], {}, {}, NOW)
+    assert unknown.billing_now is None  # stopped, no record: what its disk bills is not known
+
+
 def test_rule_every_duration_is_measured_on_the_services_clock():
     # The service's clock runs an hour ahead (the simulator's runs ahead by design): its instance started half an
     # hour ago by its own clock, which by this host's clock is half an hour in the future.
