@@ -21,6 +21,8 @@ from airflow_gpumarket.spend_report import dollars
 
 #: The burn is the average of this many full days of charges.
 BURN_DAYS = 7
+#: What a runway says when the burn window holds no charge (today's do not count: they are still being posted).
+NO_BURN = f"nothing charged in the {BURN_DAYS} full UTC days before today"
 DAY_SECONDS = float(SECONDS_PER_DAY)
 
 
@@ -67,7 +69,7 @@ class CreditCheck:
 
     def _runway(self) -> str:
         if self.runway_days is None or not math.isfinite(self.runway_days):
-            return f"nothing charged in the last {BURN_DAYS} days"
+            return NO_BURN
         return f"about {self.runway_days:.1f} days left at ${self.burn_per_day or 0:,.2f}/day"
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,6 +139,12 @@ def burn(charges: Iterable[Charge], service_now: float) -> Decimal:
     return sum(
         (dollars(c.amount) for c in charges if (t := charge_time(c)) is not None and start <= t < end), Decimal(0)
     )
+
+
+def charged_today(charges: Iterable[Charge], service_now: float) -> Decimal:
+    """Dollars charged so far in the service's UTC today (outside the burn window: still being posted)."""
+    today = burn_window(service_now)[1]
+    return sum((dollars(c.amount) for c in charges if (t := charge_time(c)) is not None and t >= today), Decimal(0))
 
 
 def burn_per_day(charges: Iterable[Charge], service_now: float) -> float:

@@ -166,13 +166,16 @@ def credit_check(checked: Any) -> Check:
         return Check("credit", WARN, "unknown: the service's account answer has no credit", None, False)
     now = checked.service_now()
     try:
-        daily = credit.burn_per_day(checked.charges(*credit.burn_window(now)), now)
+        charges = checked.charges(credit.burn_window(now)[0], now)
+        daily = credit.burn_per_day(charges, now)
         days = credit.runway(available, daily)
         burn = (
-            f"nothing charged in the last {credit.BURN_DAYS} days"
+            credit.NO_BURN
             if daily <= 0
-            else f"about {days:.1f} days at ${daily:,.2f}/day (the last {credit.BURN_DAYS} days' charges)"
+            else f"about {days:.1f} days at ${daily:,.2f}/day (the last {credit.BURN_DAYS} full days' charges)"
         )
+        if (today := credit.charged_today(charges, now)) > 0:
+            burn += f"; ${today:,.4f} charged today so far, not counted until the day is over"
     except GpuMarketError as exc:
         days, burn = float("inf"), f"runway unknown: the charges could not be read ({exc})"
     detail = f"${available:,.2f} left; {burn}"
@@ -271,7 +274,8 @@ def api_server_check(checked: Any) -> Check:
         return Check(
             "api-server",
             WARN,
-            f"not reached at {server.url}: {exc}",
+            f"not reached at {server.url} ({exc}); deployed Airflow 3 tasks reach the budget ledger and host memory "
+            "through it, airflow dags test does not need it",
             "install the provider on the api-server, and set [gpumarket] ledger_url when tasks reach it elsewhere",
             needed=False,
         )

@@ -140,7 +140,7 @@ def _runway(balance: Balance) -> str:
     if runway is None or runway.burn is None:
         return '<span class="muted">— (the service gave no charges)</span>' if runway else "—"
     if not runway.burn:
-        return f"no spend in the last {RUNWAY_DAYS} days"
+        return f"no spend in the {RUNWAY_DAYS} full UTC days before today"
     if runway.days is None:
         return "—"
     if not runway.days:

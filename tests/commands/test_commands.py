@@ -6,6 +6,7 @@ through Airflow's own CLI and the fallback's interpreter.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -67,6 +68,23 @@ def test_doctor_fails_when_the_credit_is_spent(sim, run):
     assert code == 1
     (line,) = [line for line in out.splitlines() if line.split()[1:2] == ["credit"]]
     assert line.startswith("FAIL") and "$0.00 left" in line and "add credit in the web console" in line
+
+
+def test_doctor_counts_todays_charges_apart_from_the_burn_of_the_full_days_before(example_dag, sim, run):
+    done = example_dag("gpm_ui_job").test()
+    assert done.state == "success", task_states(done)
+    code, out, _ = run("doctor")
+    (line,) = [line for line in out.splitlines() if line.split()[1:2] == ["credit"]]
+    assert "nothing charged in the 7 full UTC days before today" in line
+    assert re.search(r"\$0\.\d{4} charged today so far, not counted until the day is over", line), line
+
+
+def test_doctor_says_what_needs_the_api_server_when_none_answers(sim, run):
+    if is_airflow_2():
+        pytest.skip("Airflow 2 tasks keep the ledger in the metadata database: no api-server is asked")
+    code, out, _ = run("doctor")
+    (line,) = [line for line in out.splitlines() if line.split()[1:2] == ["api-server"]]
+    assert "airflow dags test does not need it" in line
 
 
 # --- bad input, every command -------------------------------------------------------------------------------

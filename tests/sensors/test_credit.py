@@ -133,7 +133,7 @@ def test_an_endless_runway_is_none_in_the_figures():
     check = credit.assess(50.0, threshold=10, min_runway_days=3, charges=[], service_now=NOW)
     assert not check.low and check.runway_days == math.inf and check.to_dict()["runway_days"] is None
     assert check.describe() == (
-        "The account's credit is $50.00, nothing charged in the last 7 days: "
+        "The account's credit is $50.00, nothing charged in the 7 full UTC days before today: "
         "above the threshold of $10.00 and at least 3 days"
     )
 

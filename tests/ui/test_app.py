@@ -283,7 +283,9 @@ def test_rule_only_a_user_who_reads_every_dag_sees_the_credit_the_runway_and_cha
     assert account["burn"] == 0 and account["runway_days"] is None  # today's charges: no full day yet
     assert data["unattributed"] == {"instances": 0.7, "instance_ids": [99], "other": 0.0}
     html = admin.get("/").text
-    assert '<tr id="balance-c">' in html and "$100.00" in html and "no spend in the last 7 days" in html
+    assert (
+        '<tr id="balance-c">' in html and "$100.00" in html and "no spend in the 7 full UTC days before today" in html
+    )
     assert "Charges of instances no task recorded: $0.7000 (instance 99)" in html
 
     service.reads.clear()

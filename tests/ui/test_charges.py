@@ -159,7 +159,9 @@ def test_rule_the_runway_is_the_credit_over_the_mean_daily_charges_of_the_last_s
         return page.accounts_html([Balance("c", r)])
 
     assert "$10.00" in text(plain) and "2.5 days (until about " in text(plain)
-    assert "no spend in the last 7 days" in text(runway(10.0, [charge(1, 50.0)], NOW))  # today's only: not full
+    assert "no spend in the 7 full UTC days before today" in text(
+        runway(10.0, [charge(1, 50.0)], NOW)
+    )  # today's only: not full
     assert runway(10.0, [], NOW).days is None
     assert "the service gave no charges" in text(runway(10.0, None, NOW))
     assert "0 days: the credit is spent" in text(runway(-1.0, charges, NOW))
