@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CHAOS_LOG := .airflow/chaos-client/chaos.log
 
-.PHONY: install dist lint typecheck test test-all test-fast test-airflow3 test-airflow2 test-airflow2-all test-wheel test-simulator test-late demo demo-airflow2 docs bench chaos system ui-test fleet system-airflow2 system-airflow32 services browser clean
+.PHONY: install dist lint typecheck test test-all test-fast test-airflow3 test-airflow2 test-airflow2-all test-wheel test-simulator test-late demo demo-airflow2 docs docs-serve bench chaos system ui-test fleet system-airflow2 system-airflow32 services browser clean
 
 # The main environment: the Airflow that `make demo`, `make system` and `make chaos` run, and the first leg of the
 # tests. The second leg runs the same tests on the newest Airflow 2.11.x, in a virtual environment of its own.
@@ -165,6 +165,11 @@ $(DOCS_STAMP): Makefile
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
+	@grep -q 'href="howto/run-job.html"' site/index.html || { echo "site/index.html does not link pages as files: it cannot be read from disk"; exit 1; }
+	@echo "Built site/: open site/index.html, or run make docs-serve"
+
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs serve --strict
 
 # Figures against the embedded simulator, one line each: NAME: value (goal: ...). Not part of `make test`.
 # bench_provider.py prints figure lines only; Airflow's log lines go to .airflow/bench/bench_provider.log.
@@ -185,6 +190,7 @@ bench: install $(PEERS_STAMP)
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_market.py
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_market.py --bill-loading
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_deadlines.py
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_pacing_pods.py
 
 # The same scripts as a smoke run (tiny sizes, the same code paths and lines; under a minute), part of test-fast so
 # that a benchmark cannot rot unseen. It fails on an error, not on a missed goal: its figures mean nothing.
@@ -196,6 +202,7 @@ bench-quick: install
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_provider.py --quick
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_market.py --quick
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_deadlines.py --quick
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_pacing_pods.py --quick
 
 chaos: install
 	@mkdir -p .airflow/chaos-client
