@@ -97,6 +97,25 @@ def limits_of(raw: Any, dag_id: str) -> tuple[Limits | None, list[str]]:
     return (limits if limits is not None and limits.given() else None), warnings
 
 
+def limits_by_dag(raw: Any, dag_ids: Iterable[str]) -> dict[str, Limits | None]:
+    """Each DAG's budgets from the Variable's value: the DAGs it names and ``dag_ids`` (their entry, else ``"*"``).
+
+    Raises ``BudgetConfigError`` naming what is malformed.
+    """
+    if isinstance(raw, str) and raw.strip():
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise BudgetConfigError(
+                f"The Variable {VARIABLE} is not valid JSON ({exc}); fix it in Admin > Variables"
+            ) from None
+    raw = raw or {}
+    if not isinstance(raw, Mapping):
+        raise BudgetConfigError(f"The Variable {VARIABLE} must be a JSON object of DAG id -> budgets")
+    every = set(dag_ids) | {key for key in raw if key != EVERY_DAG}
+    return {dag_id: limits_of(raw, dag_id)[0] for dag_id in sorted(every)}
+
+
 #: A DAG tag of this form names the DAG's team in the ledger and the spend report.
 TEAM_TAG_PREFIX = "team:"
 

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from airflow_gpumarket import budgets, ledger
-from airflow_gpumarket.commands.common import EXIT_BAD_INPUT, EXIT_OK, CommandError, command, hook, table
+from airflow_gpumarket.commands.common import EXIT_OK, CommandError, command, hook, table
 
 
 def entries(conn_ids: list[str]) -> list[budgets.Entry]:
@@ -27,24 +27,12 @@ def entries(conn_ids: list[str]) -> list[budgets.Entry]:
 
 def dag_limits(dag_ids: set[str]) -> dict[str, budgets.Limits | None]:
     """Each DAG's budgets from the Variable (its own entry, else ``"*"``); a DAG named there is always listed."""
-    import json
-
     from airflow_gpumarket._compat import get_variable
 
-    raw = get_variable(budgets.VARIABLE)
     try:
-        named = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
-    except ValueError as exc:
-        raise CommandError(
-            f"the Variable {budgets.VARIABLE} is not valid JSON ({exc}). Fix it in Admin > Variables."
-        ) from None
-    if not isinstance(named, dict):
-        raise CommandError(f"the Variable {budgets.VARIABLE} must be a JSON object of DAG id -> budgets.")
-    every = dag_ids | {key for key in named if key != budgets.EVERY_DAG}
-    try:
-        return {dag_id: budgets.limits_of(named, dag_id)[0] for dag_id in sorted(every)}
+        return budgets.limits_by_dag(get_variable(budgets.VARIABLE), dag_ids)
     except budgets.BudgetConfigError as exc:
-        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+        raise CommandError(str(exc)) from None
 
 
 def rows(limits: dict[str, budgets.Limits | None], found: list[budgets.Entry], now: float) -> list[tuple]:

@@ -88,6 +88,8 @@ class _View:
     avoided: list[tuple[tuple[str, ...], Memory]] | None = None
     #: This host's time the view was read at (host memory's clock).
     now: float = 0.0
+    #: The budgeted DAGs this user reads, with their budgets' headroom (``sources.budgets_in_force``).
+    budgets: list[tuple[str, Any, list[Any]]] = field(default_factory=list)
 
 
 def _view(access: _Access, days: int) -> _View:
@@ -109,6 +111,10 @@ def _view(access: _Access, days: int) -> _View:
     conn_ids, no_charges = seen_all.conn_ids, seen_all.no_charges
     if no_charges:
         view.notes.append(_no_charges_note(no_charges, every=len(no_charges) == len(conn_ids)))
+    try:
+        view.budgets = [b for b in sources.budgets_in_force(now) if access.sees(b[0])]
+    except ValueError as exc:  # budgets.BudgetConfigError: a malformed Variable, named
+        view.errors.append(str(exc))
     if access.reads_all:  # account-wide: only for who may read every DAG
         owned = {s.instance_id for s in seen_all.spans if s.owner} | {r.instance_id for r in seen_all.live if r.owner}
         view.unowned = account_charges.unowned(charges, owned, since) if seen_all.charges_of else None
@@ -192,6 +198,7 @@ def create_app() -> FastAPI:
             unowned=view.unowned,
             avoided=view.avoided,
             now=view.now,
+            budgets=view.budgets,
         )
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
@@ -222,6 +229,10 @@ def create_app() -> FastAPI:
                 "avoided_machines": None
                 if view.avoided is None
                 else [{"conn_ids": list(names), **m.to_json()} for names, m in view.avoided],
+                "budgets": [
+                    {"dag_id": dag_id, "run": limit.run, "windows": [{**vars(h), "left": h.left} for h in rooms]}
+                    for dag_id, limit, rooms in view.budgets
+                ],
                 "notes": view.notes,
                 "errors": view.errors,
             }

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from decimal import ROUND_HALF_UP, Decimal
 from html import escape
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow_gpumarket import api, lifecycle
@@ -175,6 +175,32 @@ def accounts_html(balances: list[Balance] | None) -> str:
     )
 
 
+def budgets_html(rows: Iterable[tuple[str, Any, list[Any]]]) -> str:
+    """Each budgeted DAG's budgets with what is spent, reserved and left in the current UTC windows."""
+    cells = []
+    for dag_id, limit, rooms in rows:
+        if limit.run is not None:
+            cells.append(
+                f"<tr><td>{escape(dag_id)}</td><td>run</td><td class=num>{_money(limit.run)}</td>"
+                '<td colspan=3 class="muted">per DAG run</td></tr>'
+            )
+        cells += [
+            f"<tr><td>{escape(dag_id)}</td><td>{h.period}</td><td class=num>{_money(h.limit)}</td>"
+            f"<td class=num>{_money(h.spent)}</td><td class=num>{_money(h.reserved)}</td>"
+            f"<td class=num>{_money(h.left)}</td></tr>"
+            for h in rooms
+        ]
+    if not cells:
+        return ""
+    return (
+        "<h2>Budgets</h2><table><tr><th>DAG</th><th>Window (UTC)</th><th>Budget</th><th>Spent</th><th>Reserved</th>"
+        "<th>Left</th></tr>" + "".join(cells) + "</table>"
+        '<p class="muted">From the gpumarket_budgets Variable and the budget ledger: spent is what settled rentals '
+        "cost, reserved the worst case of rentals still open. A rental whose worst case exceeds what is left is "
+        "refused.</p>"
+    )
+
+
 def avoided_html(avoided: list[tuple[tuple[str, ...], Memory]] | None, now: float) -> str:
     """The machines the accounts avoid (host memory) and how to forget one; for who may not see them (``None``),
     nothing: the account section already says who may."""
@@ -285,6 +311,7 @@ def render(
     unowned: Unowned | None = None,
     avoided: list[tuple[tuple[str, ...], Memory]] | None = None,
     now: float = 0.0,
+    budgets: Iterable[tuple[str, Any, list[Any]]] = (),
 ) -> str:
     """The whole page.
 
@@ -341,6 +368,7 @@ def render(
             if orphans
             else '<p class="muted">No orphans: every instance with the provider\'s label has a running task.</p>',
             avoided_html(avoided, now),
+            budgets_html(budgets),
             f"<h2>Spend, last {days} days: {_money(spend.total)} over {spend.rentals} rental(s){estimated}</h2>",
             '<form method="get" action=""><label>Window (days) <input name="days" type="number" min="1" max="90" '
             f'value="{days}"></label> <button type="submit">Show</button></form>',

@@ -141,6 +141,27 @@ def _window_charges(
     return charges_of, no_charges
 
 
+def budgets_in_force(now: float) -> list[tuple[str, Any, list[Any]]]:
+    """Each budgeted DAG, its budgets (``budgets.Limits``) and their headroom in the current windows (``Headroom``).
+
+    Read from the ``gpumarket_budgets`` Variable and the budget ledger in this database, as a reservation is checked;
+    raises ``budgets.BudgetConfigError`` naming a malformed Variable.
+    """
+    from airflow import settings
+
+    from airflow_gpumarket import budgets, ledger
+    from airflow_gpumarket._compat import get_variable
+
+    since = min(budgets.window_starts(now).values())
+    entries = [ledger.entry_of(r) for r in ledger.entries(settings.engine, since=since)]
+    limits = budgets.limits_by_dag(get_variable(budgets.VARIABLE), {e.dag_id for e in entries})
+    return [
+        (dag_id, limit, budgets.headroom(limit, entries, dag_id=dag_id, now=now))
+        for dag_id, limit in limits.items()
+        if limit is not None
+    ]
+
+
 def connection_ids(session: Any) -> list[str]:
     from airflow.configuration import conf
     from airflow.models.connection import Connection

@@ -43,6 +43,14 @@ def test_budgets_shows_spent_reserved_and_left_per_window_from_the_ledger(exampl
     assert rows[("gpm_ui_job", "day")] == ["$50.0000", spent, "$0.0000", f"${50.0 - entry['cost']:.4f}"]
     assert rows[("gpm_ui_job", "run")] == ["$10.0000", "-", "-", "per run"]
     assert rows[("idle_dag", "month")] == ["$20.0000", "$0.0000", "$0.0000", "$20.0000"]
+    # The GPU rentals page's Budgets section reads the same figures.
+    import time
+
+    from airflow_gpumarket.ui import sources
+
+    shown = {dag_id: rooms for dag_id, _, rooms in sources.budgets_in_force(time.time())}
+    (day,) = shown["gpm_ui_job"]
+    assert (day.period, day.limit, day.spent, day.reserved) == ("day", 50.0, entry["cost"], 0.0)
     assert alive(sim) == []
 
 

@@ -88,3 +88,11 @@ def test_rule_one_cost_after_a_preemption_the_result_and_the_ledger_cover_every_
     settled = {e["instance_id"]: e["cost"] for e in reservations()}
     assert settled == {i: budgets.round_up(c) for i, c in charged.items()}
     assert f"cost ${result['cost']:.4f}, charged by the service over 2 rentals" in task_log()
+    # What `airflow gpumarket spend` and the page's spend read: the service's charges, attributed through the ledger.
+    from airflow_gpumarket import spend_report
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+
+    hook = GpuMarketHook()
+    now = hook.service_now()
+    report = spend_report.build(hook.charges(now - 86400, now + 60), reservations(), start=now - 86400, end=now + 60)
+    assert not report.leaked and float(report.recorded) == pytest.approx(result["cost"], rel=0.01)

@@ -191,7 +191,7 @@ def service(monkeypatch):
 
     from .rows import LABEL, NOW, row
 
-    state = SimpleNamespace(charges=[], credit=100.0, reads=[], avoided=[], memory_reads=[])
+    state = SimpleNamespace(charges=[], credit=100.0, reads=[], avoided=[], memory_reads=[], budgets=[])
     instance = {"id": 1, "actual_status": "running", "label": LABEL, "dph_total": 0.5, "start_date": NOW - 1800}
 
     def answer(what):
@@ -216,6 +216,7 @@ def service(monkeypatch):
     monkeypatch.setattr(
         src, "avoided_machines", lambda conn_ids, now, errors: state.memory_reads.append(conn_ids) or state.avoided
     )
+    monkeypatch.setattr(src, "budgets_in_force", lambda now: state.budgets)
 
     def as_user(access: Access) -> TestClient:
         monkeypatch.setattr(app_module, "_Access", lambda user: access)
@@ -297,6 +298,40 @@ def test_rule_only_a_user_who_reads_every_dag_sees_the_credit_the_runway_and_cha
     assert "$100.00" not in html and "balance-c" not in html and "no task recorded" not in html
     assert "credit and runway, and the machines it avoids, are shown to users who may read every DAG" in html
     assert all(isinstance(r, list) for r in service.reads)  # their views read charges, never the account
+
+
+def test_a_user_sees_the_budgets_of_the_dags_they_read_with_what_is_left(service):
+    from airflow_gpumarket import budgets
+
+    service.budgets = [
+        ("train_dag", budgets.Limits(run=2.0, day=10.0), [budgets.Headroom("day", 10.0, 3.25, 1.5)]),
+        ("other_dag", budgets.Limits(month=50.0), [budgets.Headroom("month", 50.0, 0.0, 0.0)]),
+    ]
+    reader = service.as_user(Access(readable={"train_dag"}))
+    data = reader.get("/api/rentals").json()
+    assert data["budgets"] == [
+        {
+            "dag_id": "train_dag",
+            "run": 2.0,
+            "windows": [{"period": "day", "limit": 10.0, "spent": 3.25, "reserved": 1.5, "left": 5.25}],
+        }
+    ]
+    html = reader.get("/").text
+    assert "<h2>Budgets</h2>" in html and "<td class=num>$5.2500</td>" in html and "other_dag" not in html
+
+
+def test_a_malformed_budgets_variable_is_named_on_the_page(service, monkeypatch):
+    from airflow_gpumarket import budgets
+    from airflow_gpumarket.ui import app as app_module
+
+    def malformed(now):
+        raise budgets.BudgetConfigError(
+            "The Variable gpumarket_budgets is not valid JSON (x); fix it in Admin > Variables"
+        )
+
+    monkeypatch.setattr(app_module.sources, "budgets_in_force", malformed)
+    html = service.as_user(Access(readable={"train_dag"})).get("/").text
+    assert "gpumarket_budgets is not valid JSON" in html and "<h2>Budgets</h2>" not in html
 
 
 def test_rule_only_a_user_who_reads_every_dag_sees_the_machines_the_account_avoids(service):
