@@ -9,6 +9,7 @@ and the market is driven through the simulator's admin surface.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import re
@@ -217,6 +218,24 @@ def interruptible(s: Scenario) -> None:
         f"3 rentals, one at a time; the ledger billed ${billed:.4f} (compute at the bids, plus storage); the same "
         f"compute on demand: ${on_demand:.4f}"
     )
+    one_cost_after_preemptions(s, billed, len(rented))
+
+
+def one_cost_after_preemptions(s: Scenario, billed: float, rentals: int) -> None:
+    """The task's result and the GPU rentals page's spend of the run each cover every rental at the service's charge."""
+    done = s.api.call("GET", f"{s.ti_path}/xcomEntries/return_value", deserialize=True)["value"]
+    done = ast.literal_eval(done) if isinstance(done, str) else done
+    assert len(done["rentals"]) == rentals and abs(done["cost"] - billed) <= 0.01 * billed, (
+        f"the task's result says ${done['cost']:.4f} over {len(done['rentals'])} rentals; the service billed "
+        f"${billed:.4f} over {rentals}"
+    )
+    response = s.api.session.get(f"{s.api.base}/gpumarket/api/rentals", params={"days": 1}, timeout=60)
+    response.raise_for_status()
+    runs = [r for r in response.json()["spend"]["per_run"] if (r["dag_id"], r["run_id"]) == (s.dag_id, s.run_id)]
+    assert runs and abs(runs[0]["spend"] - billed) <= 0.01 * billed + 0.0001, (
+        f"the GPU rentals page says {runs} for the run; the service billed ${billed:.4f}"
+    )
+    s.say(f"the task's result ${done['cost']:.4f} and the page's ${runs[0]['spend']:.4f} match the ledger's")
 
 
 def asset_downstream(s: Scenario) -> None:
