@@ -90,11 +90,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _loggers_enabled():
     """Airflow 2.11 re-applies its logging configuration when it runs a task, which disables every logger that
     existed before and is not named there (the provider's trigger loggers among them); a real triggerer configures
-    logging before any trigger logs. Each test starts with every logger enabled."""
+    logging before any trigger logs. Each test starts with every logger enabled, and without the handlers such a run
+    left on an earlier test's captured output, which pytest has closed since (they would print logging errors)."""
     if AIRFLOW_2:
-        for logger in logging.Logger.manager.loggerDict.values():
+        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
             if isinstance(logger, logging.Logger):
                 logger.disabled = False
+                for handler in list(logger.handlers):
+                    if getattr(getattr(handler, "stream", None), "closed", False):
+                        logger.removeHandler(handler)
 
 
 @pytest.fixture(autouse=True)
