@@ -62,14 +62,10 @@ class Limits:
         return cls(**values)
 
 
-def limits_of(raw: Any, dag_id: str) -> tuple[Limits | None, list[str]]:
-    """The DAG's budgets from the Variable's value (JSON text or decoded), and a warning per malformed entry it skips.
-
-    Only the entry that applies is checked: the DAG's own, else ``"*"``. A malformed entry that applies to other DAGs
-    only is skipped with a warning naming it, so one typo does not stop every DAG's rentals.
-    """
-    if raw is None or raw == "":
-        return None, []
+def _decoded(raw: Any) -> Mapping[str, Any]:
+    """The Variable's value (JSON text or decoded) as a mapping; empty when it is not set."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
@@ -82,6 +78,18 @@ def limits_of(raw: Any, dag_id: str) -> tuple[Limits | None, list[str]]:
             f"The Variable {VARIABLE} must be a JSON object of DAG id -> budgets, such as "
             f'{{"my_dag": {{"day": 10.0, "run": 2.5}}}}; got {type(raw).__name__}'
         )
+    return raw
+
+
+def limits_of(raw: Any, dag_id: str) -> tuple[Limits | None, list[str]]:
+    """The DAG's budgets from the Variable's value (JSON text or decoded), and a warning per malformed entry it skips.
+
+    Only the entry that applies is checked: the DAG's own, else ``"*"``. A malformed entry that applies to other DAGs
+    only is skipped with a warning naming it, so one typo does not stop every DAG's rentals.
+    """
+    raw = _decoded(raw)
+    if not raw:
+        return None, []
     applies = dag_id if dag_id in raw else EVERY_DAG
     limits, warnings = None, []
     for key, value in raw.items():
@@ -102,16 +110,7 @@ def limits_by_dag(raw: Any, dag_ids: Iterable[str]) -> dict[str, Limits | None]:
 
     Raises ``BudgetConfigError`` naming what is malformed.
     """
-    if isinstance(raw, str) and raw.strip():
-        try:
-            raw = json.loads(raw)
-        except ValueError as exc:
-            raise BudgetConfigError(
-                f"The Variable {VARIABLE} is not valid JSON ({exc}); fix it in Admin > Variables"
-            ) from None
-    raw = raw or {}
-    if not isinstance(raw, Mapping):
-        raise BudgetConfigError(f"The Variable {VARIABLE} must be a JSON object of DAG id -> budgets")
+    raw = _decoded(raw)
     every = set(dag_ids) | {key for key in raw if key != EVERY_DAG}
     return {dag_id: limits_of(raw, dag_id)[0] for dag_id in sorted(every)}
 

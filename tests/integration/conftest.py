@@ -89,6 +89,29 @@ def example_dag(airflow_db, sim):
     return load
 
 
+def first_event(instance_id: int, rental: dict) -> dict:
+    """The first event of a job's trigger that holds only what travels in its kwargs (``rental``)."""
+    import asyncio
+
+    from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
+
+    trigger = GpuMarketInstanceStatusTrigger(
+        instance_id=instance_id,
+        watch={"wait_for": "job"},
+        rental=rental,
+        poll_interval=POLL,
+        log_interval=POLL,
+        shared_poller=False,
+    )
+
+    async def run() -> dict:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    return asyncio.run(run())
+
+
 def task_states(dag_run) -> dict[str, str]:
     return {f"{ti.task_id}[{ti.map_index}]": str(ti.state) for ti in dag_run.get_task_instances()}
 

@@ -9,7 +9,7 @@ import pytest
 from airflow_gpumarket._compat import AirflowException
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
-from .conftest import POLL, alive, task_states
+from .conftest import POLL, alive, first_event, task_states
 
 
 def computed_line(sim) -> str:
@@ -118,13 +118,10 @@ def test_log_interval_zero_sends_no_logs_request(sim):
 
 def test_the_trigger_masks_an_instance_key_it_only_knows_by_digest(sim, monkeypatch):
     """In a real deployment the triggerer never held the key: only its digest travels in the trigger's kwargs."""
-    import asyncio
-
     from airflow_gpumarket import job_logs
     from airflow_gpumarket.hooks import core
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
     from airflow_gpumarket.job_script import build_job_onstart
-    from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
 
     hook = GpuMarketHook()
     offer = hook.search_offers({"num_gpus": {"gte": 1}}, order=[["dph_total", "asc"]], limit=1)[0]
@@ -132,20 +129,7 @@ def test_the_trigger_masks_an_instance_key_it_only_knows_by_digest(sim, monkeypa
     made = hook.create_instance(offer["id"], image="img", onstart=script, runtype="ssh")
     key = made["instance_api_key"]
     monkeypatch.setattr(core, "_INSTANCE_KEYS", type(core._INSTANCE_KEYS)())  # as in another process
-    trigger = GpuMarketInstanceStatusTrigger(
-        instance_id=made["new_contract"],
-        watch={"wait_for": "job"},
-        rental={"key_digest": job_logs.key_digest(key)},
-        poll_interval=POLL,
-        log_interval=POLL,
-        shared_poller=False,
-    )
-
-    async def first_event():
-        async for event in trigger.run():
-            return event.payload
-
-    event = asyncio.run(first_event())
+    event = first_event(made["new_contract"], {"key_digest": job_logs.key_digest(key)})
     assert event["status"] == "job_failed" and "mine: ***" in event["log_tail"]
     assert key not in str(event)
     hook.destroy_instance(made["new_contract"])

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .conftest import _stored_texts, alive, task_states
+from .conftest import _stored_texts, alive, first_event, task_states
 
 TOKEN = "hf_s3cretT0kenValue4f7b9c2d8e1a"
 REGISTRY_PASSWORD = "rEg1stry-pa55word-9d3c7e"
@@ -66,33 +66,16 @@ def test_the_secrets_example_runs_with_its_variable_and_registry(example_dag, si
 
 def test_the_trigger_masks_a_secret_it_only_knows_by_salted_digest(sim):
     """The triggerer never holds the value: a deferred task's rental carries only its salted digest."""
-    import asyncio
-
     from airflow_gpumarket import job_secrets
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
     from airflow_gpumarket.job_script import build_job_onstart
-    from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
-
-    from .conftest import POLL
 
     hook = GpuMarketHook()
     offer = hook.search_offers({"num_gpus": {"gte": 1}}, order=[["dph_total", "asc"]], limit=1)[0]
     script = build_job_onstart('echo "got $HF_TOKEN."; exit 1', base_url=hook.settings.base_url)
     made = hook.create_instance(offer["id"], image="img", onstart=script, runtype="ssh", env={"HF_TOKEN": TOKEN})
-    trigger = GpuMarketInstanceStatusTrigger(
-        instance_id=made["new_contract"],
-        watch={"wait_for": "job"},
-        rental={"secret_digests": list(job_secrets.digests([TOKEN]))},  # as it travels: JSON, a list
-        poll_interval=POLL,
-        log_interval=POLL,
-        shared_poller=False,
-    )
-
-    async def first_event():
-        async for event in trigger.run():
-            return event.payload
-
-    event = asyncio.run(first_event())
+    # As it travels in the trigger's kwargs: JSON, so a list.
+    event = first_event(made["new_contract"], {"secret_digests": list(job_secrets.digests([TOKEN]))})
     assert event["status"] == "job_failed" and "got ***." in event["log_tail"]
     assert TOKEN not in str(event)
     hook.destroy_instance(made["new_contract"])
