@@ -217,6 +217,11 @@ def window_starts(now: float) -> dict[str, float]:
     return {"day": day.timestamp(), "week": week.timestamp(), "month": month.timestamp()}
 
 
+def earliest_window_start(now: float) -> float:
+    """The start of the longest of ``now``'s windows (this month's, or the week's when it began the month before)."""
+    return min(window_starts(now).values())
+
+
 @dataclass(frozen=True)
 class Entry:
     """One reservation as the check sees it: its DAG run, when it was made, and what it counts for."""

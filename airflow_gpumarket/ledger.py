@@ -247,8 +247,8 @@ def dag_budgets(dag_id: str, raw: Any) -> tuple[budgets.Limits | None, list[str]
         raise BudgetRefused(f"{exc}. Nothing was rented.") from None
 
 
-def _variable() -> Any:
-    """The budgets Variable's value: the api-server's read, or the task's."""
+def budgets_variable() -> Any:
+    """The budgets Variable's value: the api-server's read, the task's, or the command line's."""
     from airflow_gpumarket._compat import get_variable
 
     return get_variable(budgets.VARIABLE)
@@ -264,8 +264,10 @@ def reserve(engine: Any, request: Request, *, now: float) -> Reservation:
         made = _reservation_of(conn, key)
     if made is not None:
         return Reservation(made)
-    limits, warnings = dag_budgets(request.dag_id, _variable())  # read before the lock: a secrets backend may be slow
-    since = min(budgets.window_starts(now).values())
+    limits, warnings = dag_budgets(
+        request.dag_id, budgets_variable()
+    )  # read before the lock: a secrets backend may be slow
+    since = budgets.earliest_window_start(now)
     try:
         with engine.begin() as conn:
             conn.execute(LOCKS.update().where(LOCKS.c.name == LOCK_NAME).values(version=LOCKS.c.version + 1))

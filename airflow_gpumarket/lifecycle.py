@@ -151,15 +151,10 @@ class Attempts:
 
     def record_end(self, instance_id: int, rental: Rental | None) -> None:
         """An instance of this task instance ended: its cost (None: unknown), once, for the task's result."""
-        if all(e["instance_id"] != instance_id for e in self.ended):
-            known = rental is not None and rental.cost is not None
-            self.ended.append(
-                {
-                    "instance_id": instance_id,
-                    "cost": rental.cost if known else None,  # type: ignore[union-attr]
-                    "cost_kind": rental.cost_kind if known else None,  # type: ignore[union-attr]
-                }
-            )
+        if any(e["instance_id"] == instance_id for e in self.ended):
+            return
+        figure = (rental.cost, rental.cost_kind) if rental is not None and rental.cost is not None else (None, None)
+        self.ended.append({"instance_id": instance_id, "cost": figure[0], "cost_kind": figure[1]})
 
     def credit_work(self, instance_id: int, seconds: float) -> None:
         """A preempted rental's run counts as ``seconds`` of work done: the first time it is credited only."""

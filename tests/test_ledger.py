@@ -346,4 +346,4 @@ def test_in_an_airflow_3_task_the_budgets_are_read_through_the_task_sdk_without_
     monkeypatch.setattr(airflow.sdk.Variable, "get", staticmethod(lambda key, default=None: f"{key}={default}"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
-        assert ledger._variable() == "gpumarket_budgets=None"
+        assert ledger.budgets_variable() == "gpumarket_budgets=None"

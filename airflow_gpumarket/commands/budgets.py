@@ -17,7 +17,7 @@ def entries(conn_ids: list[str]) -> list[budgets.Entry]:
     """The ledger's reservations since the earliest window (this month or this week) began, of every connection."""
     from airflow_gpumarket.operators.budget import ledger_client
 
-    since = min(budgets.window_starts(time.time()).values())
+    since = budgets.earliest_window_start(time.time())
     found: dict[Any, budgets.Entry] = {}
     for conn_id in conn_ids:
         for record in ledger_client(hook(conn_id)).entries(conn_id, since):
@@ -27,10 +27,8 @@ def entries(conn_ids: list[str]) -> list[budgets.Entry]:
 
 def dag_limits(dag_ids: set[str]) -> dict[str, budgets.Limits | None]:
     """Each DAG's budgets from the Variable (its own entry, else ``"*"``); a DAG named there is always listed."""
-    from airflow_gpumarket._compat import get_variable
-
     try:
-        return budgets.limits_by_dag(get_variable(budgets.VARIABLE), dag_ids)
+        return budgets.limits_by_dag(ledger.budgets_variable(), dag_ids)
     except budgets.BudgetConfigError as exc:
         raise CommandError(str(exc)) from None
 

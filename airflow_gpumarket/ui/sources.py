@@ -150,11 +150,10 @@ def budgets_in_force(now: float) -> list[tuple[str, Any, list[Any]]]:
     from airflow import settings
 
     from airflow_gpumarket import budgets, ledger
-    from airflow_gpumarket._compat import get_variable
 
-    since = min(budgets.window_starts(now).values())
+    since = budgets.earliest_window_start(now)
     entries = [ledger.entry_of(r) for r in ledger.entries(settings.engine, since=since)]
-    limits = budgets.limits_by_dag(get_variable(budgets.VARIABLE), {e.dag_id for e in entries})
+    limits = budgets.limits_by_dag(ledger.budgets_variable(), {e.dag_id for e in entries})
     return [
         (dag_id, limit, budgets.headroom(limit, entries, dag_id=dag_id, now=now))
         for dag_id, limit in limits.items()
