@@ -647,12 +647,20 @@ def p10_bid_strategies(*, seeds: int, steps: int, step_seconds: float) -> None:
 P11_CHECKPOINT_BYTES = 10_000_000
 P11_CHECKPOINT_DIR = "/workspace/ckpt"
 P11_URI = "ckpt/p11"
+#: P11's input: one file of the checkpoint's size, copied to this directory before the job starts.
+P11_INPUT_URI = "data/p11"
+P11_INPUT_DIR = "/workspace/data"
 #: The job prints when it started (the host's clock); a first run writes the checkpoint and waits to be outbid.
 P11_JOB = (
     "python3 -c 'import time; print(\"P11_START\", repr(time.time()))'; "
     'c="$GPUMARKET_CHECKPOINT_DIR"; if [ ! -f "$c/weights" ]; then '
     f'head -c {P11_CHECKPOINT_BYTES} /dev/zero > "$c/weights.tmp" && mv "$c/weights.tmp" "$c/weights"; sleep 600; fi; '
     "echo done"
+)
+#: With inputs, the job says when it started and how many bytes of its input it found.
+P11_INPUT_JOB = (
+    "python3 -c 'import time; print(\"P11_START\", repr(time.time()))'; "
+    f'echo "input bytes $(wc -c < "${{GPUMARKET_INSTANCE_ROOT:-}}{P11_INPUT_DIR}/weights")"'
 )
 #: Boots (and what follows the job's start) run this fast; the clock is at 1x from a rental running to its job's
 #: start, so P11 is measured in real seconds.
@@ -694,8 +702,9 @@ def _p11_started(sim: MarketSimulator, instance: dict, offsets: dict[int, float]
 
 
 def _p11_run(kind: str, seed: int) -> tuple[float, float]:
-    """(rental running -> job started, the copy's own transfer time), service seconds, for one restore of ``kind``:
-    ``cloud`` from ``checkpoint_uri``, ``copy_direct`` from a preempted instance."""
+    """(rental running -> job started, the copy's own transfer time), service seconds, for one rental of ``kind``:
+    ``cloud`` restores from ``checkpoint_uri``, ``copy_direct`` from a preempted instance, ``inputs`` copies one input
+    (``inputs-first``: the integration's first use, whose cloud holds no gate yet)."""
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
     from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
@@ -708,12 +717,19 @@ def _p11_run(kind: str, seed: int) -> tuple[float, float]:
             sim.put_bucket_file(1, f"{P11_URI}/weights", b"\0" * P11_CHECKPOINT_BYTES)
             sim.put_bucket_file(1, f"{P11_URI}/.gpumarket-manifest", b"weights\n")
             options = {"checkpoint_uri": P11_URI, "cloud_integration": "training-data"}
+        if kind.startswith("inputs"):
+            sim.put_bucket_file(1, f"{P11_INPUT_URI}/weights", b"\0" * P11_CHECKPOINT_BYTES)
+            options = {"inputs": {P11_INPUT_DIR: P11_INPUT_URI}, "cloud_integration": "training-data"}
+        if kind == "inputs":  # as after any earlier run with this integration: the cloud holds the gate
+            sim.put_bucket_file(1, ".gpumarket/gate/gate", b"gpumarket\n")
+        if kind.startswith("inputs"):
+            options["command"] = P11_INPUT_JOB
+        else:
+            options.update(checkpoint_dir=P11_CHECKPOINT_DIR, command=P11_JOB)
         op = GpuMarketRunJobOperator(
             task_id="p11",
             offer_filters=P10_FILTERS,
             image="bench",
-            checkpoint_dir=P11_CHECKPOINT_DIR,
-            command=P11_JOB,
             poll_interval=P11_POLL,
             log_interval=P11_POLL,
             max_runtime=3600,
@@ -745,9 +761,13 @@ def _p11_run(kind: str, seed: int) -> tuple[float, float]:
             raise RuntimeError(f"P11 {kind}: the job did not end well: {result} {instances}")
         restored = instances[-1]
         output = _output(sim, restored["id"])
-        if "gpumarket: restored the checkpoint" not in output:
+        if kind.startswith("inputs"):
+            if f"input bytes {P11_CHECKPOINT_BYTES}" not in output:
+                raise RuntimeError(f"P11 inputs: the input did not arrive whole: {output}")
+        elif "gpumarket: restored the checkpoint" not in output:
             raise RuntimeError(f"P11 {kind}: the job started without its checkpoint: {output}")
-        (restore,) = [c for c in sim.copies() if c["dst_instance_id"] == restored["id"] and "ckpt" in c["src"]]
+        source = P11_INPUT_URI if kind.startswith("inputs") else "ckpt"
+        (restore,) = [c for c in sim.copies() if c["dst_instance_id"] == restored["id"] and source in c["src"]]
         rate = sim.set_copy_settings()["bytes_per_second"]
         return _p11_started(sim, restored, offsets), restore["bytes_total"] / rate
 
@@ -761,10 +781,10 @@ def _manifest_names(sim: Any, instance_id: int, name: str) -> bool:
 
 
 def p11_staging_latency(runs: int) -> None:
-    """P11: rental running -> job started with its data, for a restore by ``copy_direct`` and from the cloud."""
+    """P11: rental running -> job started with its data: a restore by ``copy_direct``, from the cloud, and inputs."""
     cells = []
-    for kind in ("copy_direct", "cloud"):
-        measured = [_p11_run(kind, seed=20 + run) for run in range(runs)]
+    for kind in ("copy_direct", "cloud", "inputs", "inputs-first"):
+        measured = [_p11_run(kind, seed=20 + run) for run in range(runs if kind != "inputs-first" else 1)]
         latency = statistics.median(m[0] for m in measured)
         transfer = statistics.median(m[1] for m in measured)
         cells.append(
@@ -772,8 +792,10 @@ def p11_staging_latency(runs: int) -> None:
             f"{'under' if latency < 10 + transfer else 'OVER'} 10 s + transfer)"
         )
     print(
-        f"P11 rental running -> job started with its checkpoint ({P11_CHECKPOINT_BYTES / 1e6:g} MB, poll_interval "
-        f"{P11_POLL:g} s, medians of {runs}): " + "; ".join(cells) + " (goal: < 10 s + the copy's transfer time)"
+        f"P11 rental running -> job started with its checkpoint or input ({P11_CHECKPOINT_BYTES / 1e6:g} MB, "
+        f"poll_interval {P11_POLL:g} s, medians of {runs}): "
+        + "; ".join(cells)
+        + " (goal: < 10 s + the copy's transfer time)"
     )
 
 

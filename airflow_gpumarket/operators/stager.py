@@ -39,6 +39,7 @@ _WATCHED = "watched to its end"
 _RESTORE_FROM_INSTANCE = "restore from an instance"
 _RESTORE_FROM_CLOUD = "restore from checkpoint_uri"
 _GATE = "the gate's way back"
+_GATE_TRIED = "the gate's way back, not sent out first"
 
 
 class _Copy:
@@ -212,9 +213,11 @@ class Stager:
                 )
             else:  # nothing saved there yet reads the same: the wrapper tells an empty restore from a partial one
                 _cloud_restore_ended(self.log, self.plan.checkpoint_uri, problem)
-        if copies:  # status_msg tells one copy's news at a time: a restore from an instance is the one watched
-            gate = self._open_gate(instance_id, deadline)
-            return gate if restore is None else restore
+        if copies and restore is not None:  # status_msg tells one copy's news at a time: the restore is watched
+            self._open_gate(instance_id, deadline, send_out=True)
+            return restore
+        if copies:
+            return self._open_gate(instance_id, deadline)
         return restore
 
     def _restore_failed(self, problem: str) -> None:
@@ -238,19 +241,29 @@ class Stager:
                 "Could not tell instance %s to give up the restore (%s); it waits out its bound", instance_id, exc
             )
 
-    def _open_gate(self, instance_id: int, deadline: float) -> _Copy:
-        """Copy the gate out to the cloud and back in: its arrival tells the wrapper every copy before it ended.
+    def _open_gate(self, instance_id: int, deadline: float, *, send_out: bool = False) -> _Copy:
+        """Copy the gate in from the cloud: its arrival tells the wrapper every copy before it ended.
 
-        The way back is not waited for (the wrapper's start shows it arrived): it is returned, to be watched for a
-        failure. A gate that cannot arrive fails the task at once: the wrapper would wait out its bound for it.
+        The cloud keeps the gate an earlier rental sent out; it is sent out first (``send_out``) after a restore from
+        an instance (whose copy is the one watched), or once its way back ended without the job starting
+        (``_copy_ended``). The way back is returned to be watched, not waited for: the wrapper's start shows it
+        arrived. A gate that cannot arrive fails the task at once: the wrapper would wait out its bound for it.
         """
-        out = (api.TRANSFER_TO_CLOUD, staging.as_dir(staging.GATE_SOURCE_DIR), staging.CLOUD_GATE_DIR)
-        problem = self._cloud_copy(instance_id, *out, deadline, quiet=True)
-        back = self._copy_of(instance_id, _GATE)
+        problem = None
+        if send_out:
+            out = (api.TRANSFER_TO_CLOUD, staging.as_dir(staging.GATE_SOURCE_DIR), staging.CLOUD_GATE_DIR)
+            problem = self._cloud_copy(instance_id, *out, deadline, quiet=True)
+        back = self._copy_of(instance_id, _GATE if send_out else _GATE_TRIED)
         if problem is None:
             problem = self._start_cloud_copy(
-                instance_id, api.TRANSFER_FROM_CLOUD, staging.CLOUD_GATE_DIR, staging.as_dir(staging.GATE_DIR)
+                instance_id,
+                api.TRANSFER_FROM_CLOUD,
+                staging.CLOUD_GATE_DIR,
+                staging.as_dir(staging.GATE_DIR),
+                quiet=True,
             )
+        if problem is not None and not send_out:
+            return self._open_gate(instance_id, deadline, send_out=True)
         if problem is not None:
             self._gate_failed(instance_id, problem)
         return back
@@ -315,6 +328,9 @@ class Stager:
             if time.time() - copy.finished_seen_at < staging.WRAPPER_NOTICE_SECONDS:
                 return copy
         instance_id, source = rental.instance_id, rental.attempts.source_id
+        if copy.role == _GATE_TRIED:  # the cloud held no gate (a first use), or the wrapper did not see one arrive
+            self.log.info("Sending the gate to the cloud integration first (the service says %r)", message)
+            return self._open_gate(instance_id, deadline, send_out=True)
         if copy.role == _GATE:
             if reading is not api.CopyProgress.FINISHED:
                 self._gate_failed(instance_id, f"the service says {message!r}")

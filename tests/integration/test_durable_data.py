@@ -318,6 +318,32 @@ def test_rule_inputs_arrive_before_the_job_and_outputs_leave_before_the_destroy(
     assert alive(sim) == []
 
 
+def test_rule_the_gate_goes_out_to_the_cloud_once_and_later_inputs_need_only_its_way_back(sim):
+    sim.put_bucket_file(1, "datasets/d/train.csv", b"1,2\n3,4\n")
+    command = 'echo "rows $(wc -l < "$GPUMARKET_INSTANCE_ROOT/data/train.csv")"'
+
+    def gates_sent_out() -> int:
+        return sum(c["direction"] == "Instance To Cloud" for c in sim.copies())
+
+    for run, sent_out in ((1, 1), (2, 1)):  # the first use finds no gate in the cloud: it is sent out, once
+        op = job(command=command, cloud_integration=INTEGRATION, inputs={"/data": "datasets/d"})
+        assert op.execute(context(run_id=f"run-{run}"))["job_status"] == "succeeded"
+        assert gates_sent_out() == sent_out
+        assert "rows 2" in outputs_in_order(sim)[-1]
+    assert sim.read_bucket_file(1, ".gpumarket/gate/gate").strip() == b"gpumarket"
+    assert alive(sim) == []
+
+
+def test_rule_a_way_back_that_brought_no_gate_sends_the_gate_out_and_the_job_starts(sim):
+    sim.put_bucket_file(1, "datasets/d/train.csv", b"1,2\n")
+    sim.put_bucket_file(1, ".gpumarket/gate/other", b"not the wrapper's gate\n")  # the copy ends, no gate arrives
+    op = job(command="echo ran", cloud_integration=INTEGRATION, inputs={"/data": "datasets/d"})
+    assert op.execute(context())["job_status"] == "succeeded"
+    assert [c["direction"] for c in sim.copies()].count("Instance To Cloud") == 1
+    assert "\nran\n" in outputs_in_order(sim)[-1]
+    assert alive(sim) == []
+
+
 def test_rule_a_failed_output_copy_fails_the_task_naming_the_output_and_destroys_the_instance(sim):
     sim.set_copy_faults([{"times": 5, "after_fraction": 0.0, "kind": "rclone", "direction": "Instance To Cloud"}])
     command = 'mkdir -p "$GPUMARKET_INSTANCE_ROOT/out" && echo r > "$GPUMARKET_INSTANCE_ROOT/out/model"'
