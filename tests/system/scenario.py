@@ -75,6 +75,9 @@ GOALS = {
     "statsd": "a job whose first offer never runs fails over and succeeds: the StatsD listener counts, for its DAG, "
     "2 rentals started, 1 ended never_ran, 1 failover, 1 ended succeeded, 1 boot, 2 reservations and 2 settlements "
     "no larger; 0 alive",
+    "orphan": "an instance handed over and never torn down, stopped once its run ended: `airflow gpumarket orphans` "
+    "lists it, `--destroy --yes` destroys it, and the ledger, the GPU rentals page and `spend` each say what the "
+    "service charged, within 1 %; 0 alive",
 }
 #: The DAG scheduled on the asset_downstream scenario's model (dags/system_dags.py).
 ASSET_CONSUMER = "system_asset_downstream_evaluate"

@@ -14,6 +14,7 @@ import contextlib
 import json
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -23,7 +24,7 @@ import psutil
 import pytest
 import requests
 
-from .deployment import HEARTBEAT_TIMEOUT, SPEED
+from .deployment import BIN, HEARTBEAT_TIMEOUT, SPEED
 from .scenario import (
     ASSET_CONSUMER,
     BUDGET_JOBS,
@@ -37,6 +38,7 @@ from .scenario import (
     SystemDeployment,
     epoch,
 )
+from .test_commands import gpumarket
 
 pytestmark = pytest.mark.system
 
@@ -229,6 +231,12 @@ def one_cost_after_preemptions(s: Scenario, billed: float, rentals: int) -> None
         f"the task's result says ${done['cost']:.4f} over {len(done['rentals'])} rentals; the service billed "
         f"${billed:.4f} over {rentals}"
     )
+    page = page_spend_of_run(s, billed)
+    s.say(f"the task's result ${done['cost']:.4f} and the page's ${page:.4f} match the ledger's")
+
+
+def page_spend_of_run(s: Scenario, billed: float) -> float:
+    """The GPU rentals page's spend of the scenario's run, which must be ``billed`` within 1 %."""
     # The page lists the instances within the key's list budget, which the other scenarios' waits share: slow here.
     response = s.api.session.get(f"{s.api.base}/gpumarket/api/rentals", params={"days": 1}, timeout=300)
     response.raise_for_status()
@@ -236,7 +244,7 @@ def one_cost_after_preemptions(s: Scenario, billed: float, rentals: int) -> None
     assert runs and abs(runs[0]["spend"] - billed) <= 0.01 * billed + 0.0001, (
         f"the GPU rentals page says {runs} for the run; the service billed ${billed:.4f}"
     )
-    s.say(f"the task's result ${done['cost']:.4f} and the page's ${runs[0]['spend']:.4f} match the ledger's")
+    return runs[0]["spend"]
 
 
 def asset_downstream(s: Scenario) -> None:
@@ -828,3 +836,45 @@ def test_budget(alone, scenario: Scenario):
         f"ledger ${booked:.4f}, simulator billed ${billed:.4f} of ${BUDGET_PER_DAY:.2f}; 0 alive"
     )
     _replay_refused(s)
+
+
+#: Real seconds the orphan stays stopped before its destroy: minutes on the simulator's clock, billing disk only.
+ORPHAN_STOPPED_FOR = 30
+
+
+def test_orphan(alone, scenario: Scenario):
+    """An instance handed over and never torn down outlives its run; stopped, then destroyed from the command line.
+
+    `airflow gpumarket orphans --destroy` settles it in the budget ledger at what the service charged (its stopped
+    minutes bill disk only), and the GPU rentals page and `spend` say the same.
+    """
+    s = scenario
+    s.trigger()
+    s.expect_state("success", 180)
+    s.wait("the end of the run", 60, lambda: st if (st := s.run_state()) in FINISHED else None)
+    (instance,) = s.instances()
+    stop = (
+        f"from airflow_gpumarket.hooks.gpumarket import GpuMarketHook; GpuMarketHook().stop_instance({instance['id']})"
+    )
+    subprocess.run([str(BIN / "python"), "-c", stop], env=s.deployment.env, check=True, timeout=120)
+    time.sleep(ORPHAN_STOPPED_FOR)
+    listed = gpumarket(s.deployment, "orphans")
+    assert listed.returncode == 0 and str(instance["id"]) in listed.stdout, listed.stdout + listed.stderr
+    destroyed = gpumarket(s.deployment, "orphans", "--destroy", "--yes")
+    assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
+    s.wait_all_destroyed(60)
+    s.sim.refresh()
+    (instance,) = s.instances()
+    billed = instance["cost"]
+    (entry,) = [e for e in _ledger_entries(s) if e["instance_id"] == instance["id"]]
+    assert entry["cost"] is not None and abs(entry["cost"] - billed) <= 0.01 * billed + 0.0001, (
+        f"the ledger settled instance {instance['id']} at {entry['cost']}; the service billed ${billed:.4f}"
+    )
+    page = page_spend_of_run(s, billed)
+    spend = gpumarket(s.deployment, "spend", "--month")
+    line = re.search(rf"^{s.dag_id}\s+([\d,.]+)$", spend.stdout, re.M)
+    assert line and abs(float(line[1].replace(",", "")) - billed) <= 0.01 * billed + 0.0001, spend.stdout
+    s.say(
+        f"orphan {instance['id']} destroyed from the command line: billed ${billed:.4f}; ledger ${entry['cost']:.4f}, "
+        f"page ${page:.4f}, spend {line[1]}; 0 alive"
+    )

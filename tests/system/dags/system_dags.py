@@ -20,6 +20,7 @@ from pathlib import Path
 from airflow.sdk import DAG, task
 
 from airflow_gpumarket.assets import cloud_asset
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
 #: A line nobody can know before the job runs (test_exit3 looks for it in the task log), then exit 3.
@@ -206,6 +207,14 @@ with scenario_dag("cancel_mid_step", max_active_tasks=32):
         [{"command": "echo ends; sleep 90", "log_interval": 0}] * 10
         + [{"command": "echo marked; sleep 600", "log_interval": 3}] * 3
     )
+
+
+# An instance handed over to its run and never torn down: the run ends with it alive, an orphan for
+# `airflow gpumarket orphans --destroy` (test_orphan).
+with scenario_dag("orphan"):
+    _arguments = rental_arguments("orphan")
+    _arguments.pop("max_runtime")
+    GpuMarketCreateInstanceOperator(task_id="job", **_arguments)
 
 
 # Scheduled on the asset_downstream scenario's model: runs after each successful training, and returns what the
