@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,9 @@ KEY_SHOWN_MIN_LENGTH = 16
 #: The fixes of the two failures an operator meets first.
 FIX_KEY = "put a valid key from the web console's API keys page in the connection's password."
 FIX_REACH = "check the connection's host and this machine's network (for the simulator: is gpumarket-sim running?)."
+#: Airflow 3 reads connections from its metadata database only in a process that says it is a server, as its own
+#: ``airflow connections get`` does; a command may read that database, so it says so.
+PROCESS_CONTEXT = "_AIRFLOW_PROCESS_CONTEXT"
 
 
 class CommandError(Exception):
@@ -39,6 +43,8 @@ def command(func: Callable[[Any], int | None]) -> Callable[[Any], None]:
 
     @functools.wraps(func)
     def entry(args: Any) -> None:
+        previous = os.environ.get(PROCESS_CONTEXT)
+        os.environ[PROCESS_CONTEXT] = "server"
         try:
             code = func(args)
         except CommandError as exc:
@@ -47,6 +53,11 @@ def command(func: Callable[[Any], int | None]) -> Callable[[Any], None]:
         except GpuMarketError as exc:
             print(f"error: {explain(exc, getattr(args, 'conn_id', None))}", file=sys.stderr)
             raise SystemExit(EXIT_FAILED) from None
+        finally:
+            if previous is None:
+                os.environ.pop(PROCESS_CONTEXT, None)
+            else:
+                os.environ[PROCESS_CONTEXT] = previous
         if code:
             raise SystemExit(code)
 

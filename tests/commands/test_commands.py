@@ -45,6 +45,36 @@ def test_doctor_checks_the_connection_end_to_end_one_line_each_and_exits_0(sim, 
     assert sim.api_key not in out + err
 
 
+@pytest.fixture
+def connection_in_the_database(sim):
+    """The simulator's connection as a row of the metadata database (added in the UI or with `airflow connections`)."""
+    import json
+
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    (value,) = sim.connection_env().values()
+    fields = json.loads(value)
+    row = Connection(
+        conn_id="gpm_in_the_database",
+        conn_type="gpumarket",
+        host=fields["host"],
+        password=fields["password"],
+        extra=json.dumps(fields.get("extra") or {}),
+    )
+    with create_session() as session:
+        session.add(row)
+    yield row.conn_id
+    with create_session() as session:
+        session.query(Connection).filter_by(conn_id=row.conn_id).delete()
+
+
+def test_rule_a_connection_in_the_metadata_database_is_found_by_the_commands(connection_in_the_database, run):
+    for argv in (("doctor",), ("rentals",), ("budgets",), ("spend",)):
+        code, out, err = run(*argv, "--conn-id", connection_in_the_database)
+        assert code == 0 and "is not defined" not in err, (argv, out, err)
+
+
 def test_doctor_fails_on_a_wrong_key_with_its_fix_and_skips_what_needs_the_service(connection, run):
     code, out, _ = run("doctor", "--conn-id", connection("wrong_key", password="not-the-key-0000000000000000"))
     assert code == 1
