@@ -858,9 +858,10 @@ def test_orphan(alone, scenario: Scenario):
     )
     subprocess.run([str(BIN / "python"), "-c", stop], env=s.deployment.env, check=True, timeout=120)
     time.sleep(ORPHAN_STOPPED_FOR)
-    listed = gpumarket(s.deployment, "orphans")
+    # The deployment has other gpumarket connections (the route fuzz's, unreachable): name the scenarios' one.
+    listed = gpumarket(s.deployment, "orphans", "--conn-id", "gpumarket_default")
     assert listed.returncode == 0 and str(instance["id"]) in listed.stdout, listed.stdout + listed.stderr
-    destroyed = gpumarket(s.deployment, "orphans", "--destroy", "--yes")
+    destroyed = gpumarket(s.deployment, "orphans", "--conn-id", "gpumarket_default", "--destroy", "--yes")
     assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
     s.wait_all_destroyed(60)
     s.sim.refresh()
