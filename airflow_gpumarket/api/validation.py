@@ -15,6 +15,10 @@ from airflow_gpumarket.exceptions import (
 )
 
 _PORT_KEY = re.compile(r"^-p (\d{1,5}):(\d{1,5})$")
+HIGHEST_PORT = 65535
+#: Public docs: ``-p N:N`` with N from 70000 asks for an identity port, one the service picks, the same outside and
+#: inside the container, which finds it in ``VAST_TCP_PORT_<N>``.
+IDENTITY_PORTS = range(70000, 100000)
 OPERATOR_NAME = re.compile(r"^[a-z_]+$")
 
 
@@ -83,15 +87,27 @@ def drop_none(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def port_mappings(*ports: int) -> dict[str, str]:
-    """Build the env entries that open ports: ``port_mappings(8080, 22)`` -> ``{"-p 8080:8080": "1", ...}``."""
+    """Build the env entries that open ports: ``port_mappings(8080, 22)`` -> ``{"-p 8080:8080": "1", ...}``.
+
+    A port from 70000 is an identity port: the service picks one, the same outside and inside the container.
+    """
     for port in ports:
-        _require_port("port_mappings", port)
+        _require_port("port_mappings", port, identity=True)
     return {f"-p {port}:{port}": "1" for port in ports}
 
 
-def _require_port(field: str, port: Any) -> None:
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise GpuMarketValidationError(field, f"port must be an integer from 1 to 65535, got {port!r}")
+def _require_port(field: str, port: Any, *, identity: bool = False) -> None:
+    """A port from 1 to 65535, or (``identity``: the same port on both sides) an identity port."""
+    if (
+        not isinstance(port, int)
+        or isinstance(port, bool)
+        or not (1 <= port <= HIGHEST_PORT or identity and port in IDENTITY_PORTS)
+    ):
+        raise GpuMarketValidationError(
+            field,
+            f"port must be an integer from 1 to {HIGHEST_PORT}, or the same port from {IDENTITY_PORTS.start} to "
+            f"{IDENTITY_PORTS.stop - 1} on both sides (an identity port); got {port!r}",
+        )
 
 
 def validate_env(env: Any, field: str = "env") -> None:
@@ -111,8 +127,9 @@ def validate_env(env: Any, field: str = "env") -> None:
                 raise GpuMarketValidationError(
                     field, f"{key!r} is not a port mapping; write it as '-p 8080:8080' (see port_mappings())"
                 )
-            _require_port(f"{field}[{key!r}]", int(match.group(1)))
-            _require_port(f"{field}[{key!r}]", int(match.group(2)))
+            same = match.group(1) == match.group(2)
+            _require_port(f"{field}[{key!r}]", int(match.group(1)), identity=same)
+            _require_port(f"{field}[{key!r}]", int(match.group(2)), identity=same)
             if value != "1":
                 raise GpuMarketValidationError(
                     f"{field}[{key!r}]", f'a port mapping takes the string value "1", got {value!r}'

@@ -10,6 +10,7 @@ import shlex
 from typing import Any
 
 from gpumarket_simulator.errors import bad_request
+from gpumarket_simulator.instances import HIGHEST_PORT, IDENTITY_PORTS
 from gpumarket_simulator.paths import ONSTART_MAX_CHARS
 from gpumarket_simulator.rules import is_int, is_number, kind_of, one_of, present, require_object
 
@@ -91,8 +92,13 @@ def validate_env(env: Any) -> dict[str, str]:
             raise bad_request(f"env key {key!r} is not a valid variable name")
         if key.startswith("-"):
             match = _PORT_KEY.match(key)
-            if not match or not all(1 <= int(match.group(i)) <= 65535 for i in (1, 2)):
-                raise bad_request(f"env key {key!r} is neither a variable nor a '-p N:N' port mapping")
+            ports = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+            identity = ports[0] == ports[1] and ports[0] in IDENTITY_PORTS  # public docs: picked by the service
+            if not match or not (identity or all(1 <= port <= HIGHEST_PORT for port in ports)):
+                raise bad_request(
+                    f"env key {key!r} is neither a variable nor a '-p N:N' port mapping (N from 1 to "
+                    f"{HIGHEST_PORT}, or the same N from {IDENTITY_PORTS.start} on both sides for an identity port)"
+                )
             if value != "1":
                 raise bad_request(f'the port mapping {key!r} takes the string value "1"')
             out[key] = value

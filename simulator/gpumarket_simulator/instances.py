@@ -5,17 +5,42 @@ What an instance is and shows; what happens to it (boots, stops, bids, the $0 st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpumarket_simulator.billing import DayLedger, day_of
 from gpumarket_simulator.offers import Offer
+from gpumarket_simulator.onstart import free_local_port
 
 FAILED_STATUSES = ("exited", "unknown", "offline")
+HIGHEST_PORT = 65535
+#: Public docs: a port asked for from 70000 (``-p 70000:70000``) is mapped to the same port outside and inside, one
+#: the service picks and tells in ``VAST_TCP_PORT_70000``.
+IDENTITY_PORTS = range(70000, 100000)
+#: Where a server on this host is reached when the simulator runs onstart scripts (``World.local_ports``).
+LOCAL_ADDRESS = "127.0.0.1"
 #: What an offer's instances end up as after booting.
 FATES = ("running", *FAILED_STATUSES)
 #: Statuses the admin surface may force an instance into (None is "provisioning").
 FORCEABLE_STATUSES = (None, "loading", "running", "stopped", *FAILED_STATUSES)
+
+
+def network(
+    config: dict[str, Any], public_ip: str, *, local: bool, draw: Callable[[], int]
+) -> tuple[dict[str, int], str]:
+    """An instance's ports (each it asks for, ``"8000/tcp"``, mapped to a host port) and its public address.
+
+    With ``local`` (onstart scripts run), free ports of this host at ``LOCAL_ADDRESS``, where a server the script
+    starts answers; otherwise ports from ``draw`` at ``public_ip``, with nothing behind them.
+    """
+    wanted = {"ssh_direct": ["22/tcp"], "jupyter_direct": ["22/tcp", "8080/tcp"]}.get(config["runtype"], [])
+    for key in config["env"]:
+        if key.startswith("-p "):
+            port, _, proto = key[3:].split(":", 1)[1].partition("/")
+            wanted.append(f"{port}/{proto or 'tcp'}")
+    pick = free_local_port if local else draw
+    return {name: pick() for name in dict.fromkeys(wanted)}, LOCAL_ADDRESS if local else public_ip
 
 
 def bid_loses(inst: Instance) -> bool:
@@ -38,7 +63,8 @@ class Instance:
     created_at: float
     ssh_host: str
     ssh_port: int
-    ports: dict[str, int]
+    ports: dict[str, int]  # each port asked for ("8000/tcp") -> its host port
+    public_ipaddr: str
     fate: str
     status: str | None = None
     #: Future (time, status) steps of a boot, in order.
@@ -124,6 +150,20 @@ class Instance:
         price = self.config.get("price")
         return float(price) if price is not None else self.offer.dph_total
 
+    @staticmethod
+    def _mapped_name(name: str, port: int) -> str:
+        """The port's name in ``ports``: an identity port is named after the port it got."""
+        number, _, proto = name.partition("/")
+        return f"{port}/{proto}" if int(number) in IDENTITY_PORTS else name
+
+    def port_env(self) -> dict[str, str]:
+        """What the service tells the container of its address: ``PUBLIC_IPADDR`` and ``VAST_TCP_PORT_<port>``."""
+        env = {"PUBLIC_IPADDR": self.public_ipaddr}
+        for name, port in self.ports.items():
+            number, _, proto = name.partition("/")
+            env[f"VAST_{proto.upper()}_PORT_{number}"] = str(port)
+        return env
+
     def api_view(self) -> dict[str, Any]:
         """The instance object of the public API: never the instance key or registry credentials."""
         c = self.config
@@ -137,7 +177,11 @@ class Instance:
             "label": c["label"],
             "ssh_host": self.ssh_host,
             "ssh_port": self.ssh_port,
-            "ports": dict(self.ports),
+            "public_ipaddr": self.public_ipaddr,
+            "ports": {
+                self._mapped_name(name, port): [{"HostIp": "0.0.0.0", "HostPort": str(port)}]
+                for name, port in self.ports.items()
+            },
             "offer_id": self.offer.id,
             "machine_id": self.offer.machine_id,
             "host_id": self.offer.host_id,

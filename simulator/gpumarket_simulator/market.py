@@ -83,6 +83,7 @@ class Market:
         self.clock = SimClock(speed, self.world.start_time)
         self.faults = Faults(seed)
         self.runner = OnstartRunner(execute_onstart)
+        self.world.local_ports = self.runner.enabled
         #: Instance disks, cloud buckets and the copies between them, under ``data_dir`` (default: a temp dir).
         self.storage = Storage(data_dir)
         for integration_id, files in self._buckets().items():
@@ -167,6 +168,7 @@ class Market:
         if not self.runner.enabled or not script or inst.config["runtype"] == "args":
             return None
         env = {k: v for k, v in inst.config["env"].items() if not k.startswith("-p ")}
+        env.update(inst.port_env())
         env["CONTAINER_API_KEY"] = inst.api_key
         env[INSTANCE_ROOT_ENV] = self.storage.disk(instance_id)
         offer = inst.offer
@@ -271,6 +273,7 @@ class Market:
                 self.seed = seed
             self.runner.reset()
             self.world = build_world(self.seed, self._start_time, self._overrides)
+            self.world.local_ports = self.runner.enabled
             self.storage.reset(self._buckets())
             self.clock.reset(self._initial_speed, self.world.start_time)
             self.faults.clear(self.seed)

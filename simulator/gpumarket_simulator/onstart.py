@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -23,6 +24,13 @@ KILL_AFTER_TERM_SECONDS = 2.0
 MAX_OUTPUT_BYTES = 1 << 20
 #: A script that left children holding its output open is reported finished this long after it exits.
 DRAIN_SECONDS = 0.5
+
+
+def free_local_port() -> int:
+    """A TCP port of this host that nothing listens on now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @dataclass

@@ -26,7 +26,7 @@ from gpumarket_simulator.billing import (
 from gpumarket_simulator.errors import ApiError
 from gpumarket_simulator.hosts import GPU_CHECKS, OUTBID, HostProfile, draw_attempt
 from gpumarket_simulator.instance_rules import DIRECT_RUNTYPES
-from gpumarket_simulator.instances import FAILED_STATUSES, FATES, FORCEABLE_STATUSES, Instance, bid_loses
+from gpumarket_simulator.instances import FAILED_STATUSES, FATES, FORCEABLE_STATUSES, Instance, bid_loses, network
 from gpumarket_simulator.offers import Machine, Offer
 from gpumarket_simulator.price_increases import PendingPriceIncreases
 from gpumarket_simulator.rules import SearchQuery, is_number, offer_matches
@@ -72,6 +72,8 @@ class World:
         self.seed = seed
         self.start_time = start_time
         self.user_id = user_id
+        #: Instances' ports are free ports of this host, reached at 127.0.0.1 (set when onstart scripts run).
+        self.local_ports = False
         self.machines = {m.id: m for m in machines}
         self.offers = {o.id: o for o in offers}
         self.templates = {t["hash_id"]: t for t in templates}
@@ -337,6 +339,8 @@ class World:
         instance_id = new_id()
         machine = self.machines.get(offer.machine_id)
         direct = config["runtype"] in DIRECT_RUNTYPES
+        public_ip = machine.public_ip if machine else "198.51.100.1"
+        ports, address = network(config, public_ip, local=self.local_ports, draw=lambda: self.rng.randint(20000, 60000))
         inst = Instance(
             id=instance_id,
             offer=offer,
@@ -344,11 +348,10 @@ class World:
             config=config,
             logins=logins,
             created_at=now,
-            ssh_host=(machine.public_ip if machine else "198.51.100.1")
-            if direct
-            else f"ssh{self.rng.randint(1, 9)}.gpumarket.test",
+            ssh_host=public_ip if direct else f"ssh{self.rng.randint(1, 9)}.gpumarket.test",
             ssh_port=self.rng.randint(20000, 60000) if direct else 10000 + instance_id % 50000,
-            ports=self._ports(config),
+            ports=ports,
+            public_ipaddr=address,
             fate=offer.fate,
             accounted_until=now,
             storage_rate=float(config["disk"]) * self.disk_price_per_gb_month / SECONDS_PER_MONTH,
@@ -371,14 +374,6 @@ class World:
         else:
             self._schedule_boot(inst, now, full=True)
         return inst
-
-    def _ports(self, config: dict[str, Any]) -> dict[str, int]:
-        wanted = {"ssh_direct": ["22/tcp"], "jupyter_direct": ["22/tcp", "8080/tcp"]}.get(config["runtype"], [])
-        for key in config["env"]:
-            if key.startswith("-p "):
-                port, _, proto = key[3:].split(":", 1)[1].partition("/")
-                wanted.append(f"{port}/{proto or 'tcp'}")
-        return {name: self.rng.randint(20000, 60000) for name in dict.fromkeys(wanted)}
 
     def live_instance(self, instance_id: int) -> Instance:
         inst = self.live.get(instance_id)

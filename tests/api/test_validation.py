@@ -67,7 +67,9 @@ def test_create_instance_env_values_must_be_strings(wire, hook, value):
     )
 
 
-@pytest.mark.parametrize("key", ["-p 8080", "-p 8080:", "-p8080:8080", "-e FOO", "-p 70000:70000", "-p 0:0"])
+@pytest.mark.parametrize(
+    "key", ["-p 8080", "-p 8080:", "-p8080:8080", "-e FOO", "-p 70000:8000", "-p 0:0", "-p 99999:70000"]
+)
 def test_create_instance_port_mapping_key_must_be_dash_p_port_colon_port(wire, hook, key):
     with pytest.raises(GpuMarketValidationError) as caught:
         hook.create_instance(101, image="img", env={key: "1"})
@@ -428,11 +430,16 @@ def test_port_mappings_builds_env_entries_for_each_port():
     assert api.port_mappings(8080, 22) == {"-p 8080:8080": "1", "-p 22:22": "1"}
 
 
-@pytest.mark.parametrize("port", [0, 65536, "22", True])
+@pytest.mark.parametrize("port", [0, 65536, 69999, 100000, "22", True])
 def test_port_mappings_rejects_invalid_ports(port):
     with pytest.raises(GpuMarketValidationError) as caught:
         api.port_mappings(port)
     assert caught.value.field == "port_mappings"
+
+
+def test_rule_an_identity_port_from_70000_is_a_port_mapping(wire, hook):
+    assert api.port_mappings(70000) == {"-p 70000:70000": "1"}
+    api.validate_env({"-p 70000:70000": "1", "-p 99999:99999": "1"})
 
 
 def test_port_mappings_pass_env_validation_and_are_sent_as_given(wire, hook):

@@ -38,7 +38,7 @@ CASES = [
     (CREATE, {**OK, "env": {"EPOCHS": 3}}, "env"),
     (CREATE, {**OK, "env": {"-p 8080": "1"}}, "env"),
     (CREATE, {**OK, "env": {"-p 8080:8080": 1}}, "env"),
-    (CREATE, {**OK, "env": {"-p 70000:70000": "1"}}, "env"),
+    (CREATE, {**OK, "env": {"-p 70000:8000": "1"}}, "env"),
     (CREATE, {**OK, "onstart": "x" * 4049}, "onstart"),
     (CREATE, {**OK, "onstart": "echo hi", "runtype": "args"}, "onstart"),
     (CREATE, {**OK, "args_str": "--epochs 3"}, "args_str"),

@@ -293,3 +293,43 @@ def test_nvidia_smi_fails_on_a_host_that_fails_the_gpu_check(osim, oapi):
     boot(osim)
     output = finished_onstart(osim, created["new_contract"])["output"]
     assert "couldn't communicate with the NVIDIA driver" in output and "rc=9" in output
+
+
+#: A server on the identity port the service picked: the same script runs on the live service.
+SERVE = 'exec python3 -m http.server "$VAST_TCP_PORT_70000" --bind 0.0.0.0'
+
+
+def _answers(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def test_rule_a_server_on_a_mapped_port_answers_at_the_instance_address_until_the_destroy(osim, oapi):
+    created = launch(oapi, f"echo $PUBLIC_IPADDR:$VAST_TCP_PORT_70000; {SERVE}", env={"-p 70000:70000": "1"})
+    instance_id = created["new_contract"]
+    boot(osim)
+    instance = oapi.instance(instance_id)
+    ((name, [mapping]),) = instance["ports"].items()
+    port = int(mapping["HostPort"])
+    assert name == f"{port}/tcp" and mapping["HostIp"] == "0.0.0.0"  # an identity port is named after its port
+    url = f"http://{instance['public_ipaddr']}:{port}/"
+    assert wait_for(lambda: _answers(url))
+    assert f"{instance['public_ipaddr']}:{port}" in osim.onstart_result(instance_id)["output"]
+    assert oapi.delete(f"/api/v0/instances/{instance_id}/").status_code == 200
+    assert wait_for(lambda: not _answers(url))
+
+
+def test_rule_mapped_ports_are_named_in_docker_s_shape_and_told_to_the_container(osim, oapi):
+    created = launch(oapi, "env", env={"-p 8000:8000": "1", "-p 9000:9000/udp": "1"})
+    boot(osim)
+    instance = oapi.instance(created["new_contract"])
+    tcp = int(instance["ports"]["8000/tcp"][0]["HostPort"])
+    udp = int(instance["ports"]["9000/udp"][0]["HostPort"])
+    lines = set(finished_onstart(osim, created["new_contract"])["output"].splitlines())
+    assert {f"VAST_TCP_PORT_8000={tcp}", f"VAST_UDP_PORT_9000={udp}", "PUBLIC_IPADDR=127.0.0.1"} <= lines
