@@ -52,27 +52,53 @@ def connection_ids(conn_id: str | None) -> list[str]:
     return found
 
 
-def gather(conn_id: str | None) -> Any:
-    """What the page reads, of ``conn_id`` or else of the page's connections.
+def gather(conn_id: str | None) -> tuple[Any, list[str]]:
+    """What the page reads, of ``conn_id`` or else of the page's connections; and the connections left unread.
 
-    An unusable connection is bad input; one that cannot be listed (a wrong key, the service down) fails the command
-    before anything else is read. Charges that cannot be read leave the costs estimated, with a warning.
+    A connection named with ``--conn-id``, or the only one, that is unusable or cannot be listed (a wrong key, the
+    service down) fails the command before anything else is read. Among several, such a connection is left out with
+    a warning, so that the others' orphans can still be seen and destroyed. Charges that cannot be read leave the
+    costs estimated, with a warning.
     """
     from airflow_gpumarket.ui import sources
 
     conn_ids = connection_ids(conn_id)
+    readable: list[str] = []
     for each in conn_ids:
-        hook(each)
-        sources.forget_listing(each)  # decide on a fresh listing, which ``sources.gather`` then reuses
         try:
-            sources.listing(each)
-        except GpuMarketError as exc:
-            raise CommandError(explain(exc, each)) from None
+            _list(each)
+        except CommandError as exc:
+            if len(conn_ids) == 1:
+                raise
+            print(f"warning: {exc} Its instances are left out.", file=sys.stderr)
+        else:
+            readable.append(each)
+    if not readable:
+        raise CommandError("no connection could be read (see the warnings above).")
     now = time.time()
-    gathered = sources.gather(now - LOOKBACK_DAYS * credit.DAY_SECONDS, now, conn_ids)
+    gathered = sources.gather(now - LOOKBACK_DAYS * credit.DAY_SECONDS, now, readable)
     for error in gathered.errors:
         print(f"warning: {error}", file=sys.stderr)
-    return gathered
+    return gathered, [c for c in conn_ids if c not in readable]
+
+
+def _list(conn_id: str) -> None:
+    """List the connection's instances afresh (``sources.gather`` reuses the listing); a command error if it fails."""
+    from airflow_gpumarket.ui import sources
+
+    hook(conn_id)
+    sources.forget_listing(conn_id)
+    try:
+        sources.listing(conn_id)
+    except GpuMarketError as exc:
+        raise CommandError(explain(exc, conn_id)) from None
+
+
+def _unread_note(unread: list[str]) -> int:
+    """Say which connections were not read; the exit code: failed when any was not."""
+    if unread:
+        print(f"Not read: {', '.join(repr(c) for c in unread)} (see the warnings); their instances are not shown.")
+    return EXIT_FAILED if unread else EXIT_OK
 
 
 def cost_text(row: Any) -> str:
@@ -105,7 +131,7 @@ def _owner_cells(row: Any) -> list[Any]:
 @command
 def rentals(args: Any) -> int:
     """Print this deployment's live rentals: instance, status, price, uptime, cost so far, DAG, run, task."""
-    gathered = gather(args.conn_id)
+    gathered, unread = gather(args.conn_id)
     mine = [r for r in gathered.live if r.owner is not None or r.orphan_reason is not None]
     several = len(gathered.conn_ids) > 1
     headers = ["INSTANCE", *(["CONN"] if several else []), "STATUS", "GPU", "$/H", "UPTIME", "COST SO FAR"]
@@ -127,17 +153,17 @@ def rentals(args: Any) -> int:
     others = len(gathered.live) - len(mine)
     if others:
         print(f"{others} other instance(s) of the account carry no label of this provider (rented by hand): not shown.")
-    return EXIT_OK
+    return _unread_note(unread)
 
 
 @command
 def orphans(args: Any) -> int:
     """Print the instances no running task owns; with ``--destroy``, destroy them after a confirmation."""
-    gathered = gather(args.conn_id)
+    gathered, unread = gather(args.conn_id)
     found = [r for r in gathered.live if r.orphan_reason]
     if not found:
         print("No orphans: every instance with this provider's label belongs to a task that still runs.")
-        return EXIT_OK
+        return _unread_note(unread)
     headers = ["INSTANCE", "CONN", "STATUS", "$/H", "UPTIME", "COST SO FAR", "DAG", "RUN", "TASK", "WHY AN ORPHAN"]
     rows = [
         [r.instance_id, r.conn_id, r.status, price_text(r), uptime_text(r.uptime_seconds), cost_text(r)]
@@ -149,11 +175,12 @@ def orphans(args: Any) -> int:
     print(f"{len(found)} orphan(s), billing ${per_hour:.4f}/h together.")
     if not args.destroy:
         print("To destroy them: airflow gpumarket orphans --destroy")
-        return EXIT_OK
+        return _unread_note(unread)
     if not args.yes and not confirmed(found, per_hour):
         print("Nothing destroyed.")
         return EXIT_FAILED
-    return destroy({(r.conn_id, r.instance_id) for r in found}, args.conn_id)
+    failed = destroy({(r.conn_id, r.instance_id) for r in found}, args.conn_id)
+    return _unread_note(unread) or failed
 
 
 def confirmed(found: list[Any], per_hour: float) -> bool:
@@ -171,7 +198,7 @@ def destroy(chosen: set[tuple[str, int]], conn_id: str | None) -> int:
     from airflow_gpumarket.operators.budget import settle_ended
     from airflow_gpumarket.ui import sources
 
-    fresh = {(r.conn_id, r.instance_id): r for r in gather(conn_id).live if r.orphan_reason}
+    fresh = {(r.conn_id, r.instance_id): r for r in gather(conn_id)[0].live if r.orphan_reason}
     failed = 0
     for conn, instance_id in sorted(chosen):
         row = fresh.get((conn, instance_id))

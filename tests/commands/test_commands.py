@@ -134,6 +134,18 @@ def test_a_service_down_is_one_line_and_exit_1(command, connection, run):
     assert "the connection could not be opened" in one_line(err) and "Fix: check the connection's host" in err
 
 
+def test_rule_a_connection_that_cannot_be_read_does_not_hide_the_others_orphans(
+    example_dag, sim, connection, run, monkeypatch
+):
+    handed_over_run(example_dag, run_still_running=False)
+    down = connection("down", host="http://127.0.0.1:9")
+    monkeypatch.setenv("AIRFLOW__GPUMARKET__UI_CONNECTIONS", f"gpumarket_default,{down}")
+    code, out, err = run("orphans", "--destroy", "--yes")
+    assert code == 1 and alive(sim) == [], out + err
+    assert "warning: connection 'down': the service could not be reached" in err and "destroyed" in out
+    assert "Not read: 'down'" in out
+
+
 def test_an_unusable_connection_is_one_line_and_exit_2(connection, run):
     code, _, err = run("doctor", "--conn-id", connection("plain", host="http://example.com"))
     assert code == 2 and "uses plaintext http to a non-loopback host" in one_line(err)
