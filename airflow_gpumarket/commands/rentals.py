@@ -212,7 +212,8 @@ def destroy(chosen: set[tuple[str, int]], conn_id: str | None) -> int:
             failed += 1
             print(f"error: instance {instance_id} was not destroyed: {exc}. Fix: run this again.", file=sys.stderr)
             continue
+        ended = destroyer.service_now()
         sources.record_end(row, destroyer, ENDED_BY)
-        settle_ended(destroyer, conn, instance_id, log, started=row.started_at)  # at its charge, when posted
+        settle_ended(destroyer, conn, instance_id, log, started=row.started_at, ended=ended)  # at its charge if posted
         print(f"{instance_id}: {'already gone' if answer.get('already_gone') else 'destroyed'}")
     return EXIT_FAILED if failed else EXIT_OK

@@ -116,15 +116,23 @@ def api_server_ledger(hook: Any) -> _ApiServer:
 
 
 def settle_ended(
-    hook: Any, conn_id: str, instance_id: int, log: Any, cost: float | None = None, started: Any = None
+    hook: Any,
+    conn_id: str,
+    instance_id: int,
+    log: Any,
+    cost: float | None = None,
+    started: Any = None,
+    ended: float | None = None,
 ) -> None:
     """An instance is gone: settle its reservation, if any, at ``cost`` when known (see ``ledger.settle``).
 
-    ``started``: the instance's start_date, when it was read: its charge since then is then its cost. Never raises.
+    ``started``: the instance's start_date, when it was read: its charge since then is then its cost. ``ended``: when
+    it was destroyed, on the service's clock (default: now). Never raises.
     """
     try:
         service_now = getattr(hook, "service_now", None)
-        ended = service_now() if callable(service_now) else None
+        if ended is None:
+            ended = service_now() if callable(service_now) else None
         if cost is None and ended is not None:
             from airflow_gpumarket.operators.cost import charged_since
 
