@@ -351,10 +351,8 @@ def _run_after(dag_run: Any) -> Any:
 
 def write_end(session: Any, owner: TiKey, record: dict[str, Any]) -> None:
     """Store an end record on the owner's task instance (the page's Destroy: the api-server has the database)."""
-    from airflow.models.xcom import XComModel
-
     dag_id, run_id, task_id, map_index = owner
-    XComModel.set(
+    xcom_model().set(
         end_key(record["instance_id"]),
         record,
         dag_id=dag_id,
