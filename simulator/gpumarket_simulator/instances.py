@@ -39,8 +39,10 @@ def network(
         if key.startswith("-p "):
             port, _, proto = key[3:].split(":", 1)[1].partition("/")
             wanted.append(f"{port}/{proto or 'tcp'}")
-    pick = free_local_port if local else draw
-    return {name: pick() for name in dict.fromkeys(wanted)}, LOCAL_ADDRESS if local else public_ip
+    drawn = {name: draw() for name in dict.fromkeys(wanted)}  # drawn either way: a seed's outcomes stay the same
+    if local:
+        return {name: free_local_port() for name in drawn}, LOCAL_ADDRESS
+    return drawn, public_ip
 
 
 def bid_loses(inst: Instance) -> bool:
