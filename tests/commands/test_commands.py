@@ -208,11 +208,13 @@ def test_orphans_are_listed_with_why_and_destroyed_only_after_a_yes(example_dag,
 
 def test_rule_an_orphan_destroyed_from_the_command_line_is_settled_at_what_the_service_charged(example_dag, sim, run):
     from airflow import settings
+    from integration.test_gpu_rentals_page import xcoms_of
 
     from airflow_gpumarket import ledger
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.ui import records
 
-    handed_over_run(example_dag, run_still_running=False)
+    handed = handed_over_run(example_dag, run_still_running=False)
     (instance,) = alive(sim)
     hook = GpuMarketHook()
     hook.stop_instance(instance["id"])
@@ -224,20 +226,8 @@ def test_rule_an_orphan_destroyed_from_the_command_line_is_settled_at_what_the_s
     (entry,) = [e for e in ledger.entries(settings.engine, since=0) if e["instance_id"] == instance["id"]]
     # within 1 %, or the $0.0001 the ledger rounds a cost up to (over 1 % of a cost this small)
     assert charged > 0 and entry["cost"] == pytest.approx(charged, rel=0.01, abs=0.0001), (entry, charged)
-    assert ended_by(instance["id"]) == "airflow gpumarket orphans"  # on its task's records, Airflow 2.11 too
-
-
-def ended_by(instance_id: int) -> str | None:
-    """Who ended the rental, as its task's records say (the end record the page's spend reads)."""
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    from airflow_gpumarket.ui.records import end_key, stored_value, xcom_model
-
-    model = xcom_model()
-    with create_session() as session:
-        row = session.scalars(select(model).where(model.key == end_key(instance_id))).first()
-        return None if row is None else stored_value(model, row).get("ended_by")
+    end = xcoms_of(handed, "rent")[records.end_key(instance["id"])]  # on its task's records, Airflow 2.11 too
+    assert end["ended_by"] == "airflow gpumarket orphans"
 
 
 def test_orphans_without_a_terminal_to_answer_destroy_nothing(example_dag, sim, run, monkeypatch):
