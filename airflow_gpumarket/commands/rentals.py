@@ -52,8 +52,8 @@ def connection_ids(conn_id: str | None) -> list[str]:
     return found
 
 
-def gather(conn_id: str | None) -> tuple[Any, list[str]]:
-    """What the page reads, of ``conn_id`` or else of the page's connections; and the connections left unread.
+def gather(conn_ids: list[str]) -> tuple[Any, list[str]]:
+    """What the page reads of these connections (``connection_ids``), and the ones left unread.
 
     A connection named with ``--conn-id``, or the only one, that is unusable or cannot be listed (a wrong key, the
     service down) fails the command before anything else is read. Among several, such a connection is left out with
@@ -62,7 +62,6 @@ def gather(conn_id: str | None) -> tuple[Any, list[str]]:
     """
     from airflow_gpumarket.ui import sources
 
-    conn_ids = connection_ids(conn_id)
     readable: list[str] = []
     for each in conn_ids:
         try:
@@ -131,7 +130,7 @@ def _owner_cells(row: Any) -> list[Any]:
 @command
 def rentals(args: Any) -> int:
     """Print this deployment's live rentals: instance, status, price, uptime, cost so far, DAG, run, task."""
-    gathered, unread = gather(args.conn_id)
+    gathered, unread = gather(connection_ids(args.conn_id))
     mine = [r for r in gathered.live if r.owner is not None or r.orphan_reason is not None]
     several = len(gathered.conn_ids) > 1
     headers = ["INSTANCE", *(["CONN"] if several else []), "STATUS", "GPU", "$/H", "UPTIME", "COST SO FAR"]
@@ -159,7 +158,7 @@ def rentals(args: Any) -> int:
 @command
 def orphans(args: Any) -> int:
     """Print the instances no running task owns; with ``--destroy``, destroy them after a confirmation."""
-    gathered, unread = gather(args.conn_id)
+    gathered, unread = gather(connection_ids(args.conn_id))
     found = [r for r in gathered.live if r.orphan_reason]
     if not found:
         print("No orphans: every instance with this provider's label belongs to a task that still runs.")
@@ -179,7 +178,7 @@ def orphans(args: Any) -> int:
     if not args.yes and not confirmed(found, per_hour):
         print("Nothing destroyed.")
         return EXIT_FAILED
-    failed = destroy({(r.conn_id, r.instance_id) for r in found}, args.conn_id)
+    failed = destroy({(r.conn_id, r.instance_id) for r in found})
     return _unread_note(unread) or failed
 
 
@@ -193,12 +192,13 @@ def confirmed(found: list[Any], per_hour: float) -> bool:
     return answer.strip().lower() in YES
 
 
-def destroy(chosen: set[tuple[str, int]], conn_id: str | None) -> int:
-    """Destroy the chosen instances that are still orphans on a fresh listing; non-zero when a destroy failed."""
+def destroy(chosen: set[tuple[str, int]]) -> int:
+    """Destroy the chosen instances still orphans when their connections are listed again; 1 if a destroy failed."""
     from airflow_gpumarket.operators.budget import settle_ended
     from airflow_gpumarket.ui import sources
 
-    fresh = {(r.conn_id, r.instance_id): r for r in gather(conn_id)[0].live if r.orphan_reason}
+    listed, _ = gather(sorted({conn for conn, _ in chosen}))
+    fresh = {(r.conn_id, r.instance_id): r for r in listed.live if r.orphan_reason}
     failed = 0
     for conn, instance_id in sorted(chosen):
         row = fresh.get((conn, instance_id))
