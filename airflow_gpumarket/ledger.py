@@ -264,9 +264,8 @@ def reserve(engine: Any, request: Request, *, now: float) -> Reservation:
         made = _reservation_of(conn, key)
     if made is not None:
         return Reservation(made)
-    limits, warnings = dag_budgets(
-        request.dag_id, budgets_variable()
-    )  # read before the lock: a secrets backend may be slow
+    # the Variable is read before the lock: a secrets backend may be slow
+    limits, warnings = dag_budgets(request.dag_id, budgets_variable())
     since = budgets.earliest_window_start(now)
     try:
         with engine.begin() as conn:

@@ -712,20 +712,22 @@ def _p11_run(kind: str, seed: int) -> tuple[float, float]:
         connect(sim)
         for offer in GpuMarketHook().search_offers(P10_FILTERS, limit=50):
             sim.set_offer_fate(offer["id"], "running")
-        options: dict[str, Any] = {"interruptible": True}
+        inputs = kind.startswith("inputs")
+        restore = {"checkpoint_dir": P11_CHECKPOINT_DIR, "command": P11_JOB}
+        options: dict[str, Any] = {**restore, "interruptible": True}  # copy_direct: from the preempted instance
         if kind == "cloud":
             sim.put_bucket_file(1, f"{P11_URI}/weights", b"\0" * P11_CHECKPOINT_BYTES)
             sim.put_bucket_file(1, f"{P11_URI}/.gpumarket-manifest", b"weights\n")
-            options = {"checkpoint_uri": P11_URI, "cloud_integration": "training-data"}
-        if kind.startswith("inputs"):
+            options = {**restore, "checkpoint_uri": P11_URI, "cloud_integration": "training-data"}
+        if inputs:
             sim.put_bucket_file(1, f"{P11_INPUT_URI}/weights", b"\0" * P11_CHECKPOINT_BYTES)
-            options = {"inputs": {P11_INPUT_DIR: P11_INPUT_URI}, "cloud_integration": "training-data"}
+            options = {
+                "inputs": {P11_INPUT_DIR: P11_INPUT_URI},
+                "cloud_integration": "training-data",
+                "command": P11_INPUT_JOB,
+            }
         if kind == "inputs":  # as after any earlier run with this integration: the cloud holds the gate
             sim.put_bucket_file(1, ".gpumarket/gate/gate", b"gpumarket\n")
-        if kind.startswith("inputs"):
-            options["command"] = P11_INPUT_JOB
-        else:
-            options.update(checkpoint_dir=P11_CHECKPOINT_DIR, command=P11_JOB)
         op = GpuMarketRunJobOperator(
             task_id="p11",
             offer_filters=P10_FILTERS,
@@ -761,12 +763,12 @@ def _p11_run(kind: str, seed: int) -> tuple[float, float]:
             raise RuntimeError(f"P11 {kind}: the job did not end well: {result} {instances}")
         restored = instances[-1]
         output = _output(sim, restored["id"])
-        if kind.startswith("inputs"):
+        if inputs:
             if f"input bytes {P11_CHECKPOINT_BYTES}" not in output:
                 raise RuntimeError(f"P11 inputs: the input did not arrive whole: {output}")
         elif "gpumarket: restored the checkpoint" not in output:
             raise RuntimeError(f"P11 {kind}: the job started without its checkpoint: {output}")
-        source = P11_INPUT_URI if kind.startswith("inputs") else "ckpt"
+        source = P11_INPUT_URI if inputs else "ckpt"
         (restore,) = [c for c in sim.copies() if c["dst_instance_id"] == restored["id"] and source in c["src"]]
         rate = sim.set_copy_settings()["bytes_per_second"]
         return _p11_started(sim, restored, offsets), restore["bytes_total"] / rate
