@@ -136,9 +136,10 @@ rc=$?
 """
 
 # Staging (see ``airflow_gpumarket.staging``): before the command, wait for what the provider copies in; keep a
-# manifest of the checkpoint directory (its files but hidden and *.tmp ones) while the command runs and at its end.
-# A restore is ready once every file its manifest names arrived; inputs (GPM_GATED), and a cloud restore that
-# brought no complete manifest, once the gate arrived.
+# manifest of the checkpoint directory (its files but hidden and *.tmp ones) while the command runs and at its end,
+# and write one into each output directory after it. A restore is ready once every file its manifest names arrived;
+# inputs (GPM_GATED) once each input directory's manifest and files arrived (GPM_IN lists them all) or the gate did;
+# a cloud restore that brought no complete manifest once the gate arrived.
 _STAGED_RUN = """GPM_ROOT="${{GPUMARKET_INSTANCE_ROOT:-}}"
 GPM_S="$GPM_ROOT{state_dir}"
 mkdir -p "$GPM_S/gate" && echo gpumarket > "$GPM_S/gate/gate"
@@ -146,29 +147,53 @@ export GPUMARKET_CHECKPOINT_DIR="$GPM_ROOT{checkpoint_dir}" GPUMARKET_RESUMED_FR
 GPM_CK="$GPUMARKET_CHECKPOINT_DIR"
 GPM_FROM='{restore_from}'
 GPM_GATED='{gated}'
+GPM_IN='{inputs}'
+GPM_SEEN=
 gpm_manifest() {{
   [ -n '{checkpoint_dir}' ] || return 0
   mkdir -p "$GPM_CK" && (cd "$GPM_CK" && find . -type f ! -name '.*' ! -name '*.tmp' | sed 's|^\\./||' | sort \
     > {manifest}.t && mv -f {manifest}.t {manifest}) 2>/dev/null
 }}
-gpm_complete() {{
-  [ -f "$GPM_S/restore/{manifest}" ] || return 1
-  while IFS= read -r f; do [ -f "$GPM_S/restore/$f" ] || return 1; done < "$GPM_S/restore/{manifest}"
+gpm_listed() {{
+  [ -f "$1/{manifest}" ] || return 1
+  while IFS= read -r f; do [ -f "$1/$f" ] || return 1; done < "$1/{manifest}"
+}}
+gpm_complete() {{ gpm_listed "$GPM_S/restore"; }}
+gpm_inputs() {{
+  [ -n "$GPM_IN" ] || return 1
+  gpm_all=0
+  for p in $GPM_IN; do
+    case " $GPM_SEEN " in *" $p "*) continue ;; esac
+    if gpm_listed "$GPM_ROOT$p"; then
+      GPM_SEEN="$GPM_SEEN $p"; echo "{input_arrived} ($(wc -l < "$GPM_ROOT$p/{manifest}") files, as its manifest lists)"
+    else
+      gpm_all=1
+    fi
+  done
+  return $gpm_all
 }}
 gpm_ready() {{
   if [ -f "$GPM_S/go/gate" ]; then
     case "$GPM_FROM" in ""|cloud) return 0 ;; esac
   elif [ -n "$GPM_GATED" ]; then
-    return 1
+    gpm_inputs || return 1
+    [ -n "$GPM_FROM" ] || return 0
   fi
   gpm_complete || [ -f "$GPM_S/abandon/gate" ]
+}}
+gpm_outputs() {{
+  for p in {outputs}; do
+    [ -d "$GPM_ROOT$p" ] && [ "$GPM_ROOT$p" != "$GPM_CK" ] && (cd "$GPM_ROOT$p" && find . -type f \
+      ! -name '{manifest}*' | sed 's|^\\./||' | sort > {manifest}.t && mv -f {manifest}.t {manifest}) 2>/dev/null
+  done
 }}
 gpm_rc=
 if [ -n "$GPM_FROM$GPM_GATED" ]; then
   echo "gpumarket: waiting up to {timeout} s for the staged data${{GPM_FROM:+ (checkpoint from $GPM_FROM)}}"
   gpm_end=$(($(date +%s) + {timeout}))
   until gpm_ready || [ "$(date +%s)" -ge "$gpm_end" ]; do sleep 0.2 2>/dev/null || sleep 1; done
-  if [ ! -f "$GPM_S/go/gate" ] && {{ [ -n "$GPM_GATED" ] || {{ [ "$GPM_FROM" = cloud ] && ! gpm_complete; }}; }}; then
+  if [ ! -f "$GPM_S/go/gate" ] && {{ {{ [ -n "$GPM_GATED" ] && ! gpm_inputs; }} || \
+    {{ [ "$GPM_FROM" = cloud ] && ! gpm_complete; }}; }}; then
     echo "gpumarket: the staged data did not arrive within {timeout} s{not_started}"; gpm_rc={failed}
   elif [ -n "$GPM_FROM" ]; then
     if gpm_complete; then
@@ -196,10 +221,13 @@ if [ -z "$gpm_rc" ]; then
   rc=$?
   kill "$GPM_MW" 2>/dev/null
   gpm_manifest
+  gpm_outputs
 else
   rc=$gpm_rc
 fi
 """
+#: The start of the line the wrapper prints when an input directory's manifest and every file it names arrived.
+INPUT_ARRIVED_LINE = "gpumarket: input {path} arrived"
 #: Ends the wrapper's line when staging failed and the command never ran (its exit status is then 75).
 NOT_STARTED = "; the job does not start"
 #: Seconds between two manifests of the checkpoint directory while the command runs.
@@ -210,6 +238,8 @@ class WrapperStaging:
     """What the wrapper of one rental stages: its checkpoint directory, where a restore comes from, the gate.
 
     ``restore_from``: ``""`` (nothing), ``"instance <id>"`` (a preempted instance) or ``"cloud"`` (checkpoint_uri).
+    ``inputs``: every input's instance path, for the wrapper to start once each one's manifest arrived (empty: the
+    gate only). ``outputs``: the output paths, each directory given a manifest after the command.
     A plain class, not a dataclass: this module is imported when a DAG file is parsed.
     """
 
@@ -220,18 +250,25 @@ class WrapperStaging:
         gated: bool = False,
         timeout: float = 0.0,
         on_restore_failure: str = "restart",
+        inputs: tuple[str, ...] = (),
+        outputs: tuple[str, ...] = (),
     ) -> None:
         self.checkpoint_dir = checkpoint_dir
         self.restore_from = restore_from
         self.gated = gated
         self.timeout = timeout
         self.on_restore_failure = on_restore_failure
+        self.inputs = inputs
+        self.outputs = outputs
 
     def shell(self, started_line: str) -> str:
         from airflow_gpumarket import staging  # only a task that stages data needs its rules
 
         if self.checkpoint_dir is not None:
             staging.quotable_path("checkpoint_dir", self.checkpoint_dir)
+        for name, paths in (("inputs", self.inputs), ("outputs", self.outputs)):
+            for path in paths:
+                staging.quotable_path(f"{name} key", path)
         resumed_from = (
             self.restore_from.split(" ", 1)[1] if self.restore_from.startswith("instance ") else self.restore_from
         )
@@ -241,6 +278,9 @@ class WrapperStaging:
             restore_from=self.restore_from,
             resumed_from=resumed_from,
             gated="1" if self.gated else "",
+            inputs=" ".join(self.inputs),
+            input_arrived=INPUT_ARRIVED_LINE.format(path="$p"),
+            outputs=" ".join(f"'{path}'" for path in self.outputs),
             manifest=staging.MANIFEST_NAME,
             timeout=max(1, int(self.timeout)),
             failed=staging.STAGING_FAILED_STATUS,

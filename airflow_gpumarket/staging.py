@@ -86,7 +86,7 @@ class DataPlan:
         return source_id is not None or self.restores_from_cloud(source_id) or bool(self.inputs)
 
     def gated(self, source_id: int | None) -> bool:
-        """Whether the job waits for the gate whatever else arrived: its inputs have no manifest to check."""
+        """Whether the job waits for its inputs: each one's manifest and files, or else the gate."""
         return bool(self.inputs)
 
     def wrapper_timeout(self) -> float:
@@ -104,9 +104,14 @@ def instance_path(name: str, value: Any) -> str:
     return path
 
 
+def is_quotable(path: str) -> bool:
+    """Whether the job wrapper can put ``path`` in its script between single quotes."""
+    return bool(_QUOTABLE.match(path))
+
+
 def quotable_path(name: str, path: str) -> str:
     """``path`` when the job wrapper can put it in its script between single quotes, else a validation error."""
-    if not _QUOTABLE.match(path):
+    if not is_quotable(path):
         raise GpuMarketValidationError(
             name, f"{path!r} holds characters the job wrapper cannot quote; use letters, digits and ._/@+=,:-"
         )

@@ -704,7 +704,8 @@ def _p11_started(sim: MarketSimulator, instance: dict, offsets: dict[int, float]
 def _p11_run(kind: str, seed: int) -> tuple[float, float]:
     """(rental running -> job started, the copy's own transfer time), service seconds, for one rental of ``kind``:
     ``cloud`` restores from ``checkpoint_uri``, ``copy_direct`` from a preempted instance, ``inputs`` copies one input
-    (``inputs-first``: the integration's first use, whose cloud holds no gate yet)."""
+    without a manifest (``inputs-first``: the integration's first use, whose cloud holds no gate yet), and
+    ``inputs-manifest`` one with its manifest, as an earlier task's outputs leave it."""
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
     from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 
@@ -721,6 +722,8 @@ def _p11_run(kind: str, seed: int) -> tuple[float, float]:
             options = {**restore, "checkpoint_uri": P11_URI, "cloud_integration": "training-data"}
         if inputs:
             sim.put_bucket_file(1, f"{P11_INPUT_URI}/weights", b"\0" * P11_CHECKPOINT_BYTES)
+            if kind == "inputs-manifest":
+                sim.put_bucket_file(1, f"{P11_INPUT_URI}/.gpumarket-manifest", b"weights\n")
             options = {
                 "inputs": {P11_INPUT_DIR: P11_INPUT_URI},
                 "cloud_integration": "training-data",
@@ -770,6 +773,8 @@ def _p11_run(kind: str, seed: int) -> tuple[float, float]:
             raise RuntimeError(f"P11 {kind}: the job started without its checkpoint: {output}")
         source = P11_INPUT_URI if inputs else "ckpt"
         (restore,) = [c for c in sim.copies() if c["dst_instance_id"] == restored["id"] and source in c["src"]]
+        if kind == "inputs-manifest" and any(".gpumarket/gate" in c["src"] + c["dst"] for c in sim.copies()):
+            raise RuntimeError("P11 inputs-manifest: the input brought its manifest, yet the gate was copied")
         rate = sim.set_copy_settings()["bytes_per_second"]
         return _p11_started(sim, restored, offsets), restore["bytes_total"] / rate
 
@@ -785,7 +790,7 @@ def _manifest_names(sim: Any, instance_id: int, name: str) -> bool:
 def p11_staging_latency(runs: int) -> None:
     """P11: rental running -> job started with its data: a restore by ``copy_direct``, from the cloud, and inputs."""
     cells = []
-    for kind in ("copy_direct", "cloud", "inputs", "inputs-first"):
+    for kind in ("copy_direct", "cloud", "inputs-manifest", "inputs", "inputs-first"):
         measured = [_p11_run(kind, seed=20 + run) for run in range(runs if kind != "inputs-first" else 1)]
         latency = statistics.median(m[0] for m in measured)
         transfer = statistics.median(m[1] for m in measured)

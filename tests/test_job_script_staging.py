@@ -170,3 +170,52 @@ def test_the_manifest_names_the_checkpoint_files_but_hidden_and_tmp_ones(disk):
 def test_a_path_the_wrapper_cannot_quote_is_refused():
     with pytest.raises(GpuMarketValidationError, match="checkpoint_dir"):
         build_job_onstart("true", base_url=BASE, staged=WrapperStaging("/work space/'x"))
+
+
+def input_folder(disk: Path, path: str, files: dict[str, str], manifest: list[str] | None) -> None:
+    folder = disk / path.lstrip("/")
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    if manifest is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / staging.MANIFEST_NAME).write_text("".join(f"{name}\n" for name in manifest))
+
+
+def test_inputs_whose_manifests_and_files_arrived_start_the_job_without_the_gate(disk):
+    input_folder(disk, "/data", {"train.csv": "1\n", "sub/x": "2\n"}, ["sub/x", "train.csv"])
+    input_folder(disk, "/more", {"y": "3\n"}, ["y"])
+    staged = WrapperStaging(None, gated=True, timeout=5, inputs=("/data", "/more"))
+    done = run_wrapper(disk, staged, command='cat "$GPUMARKET_INSTANCE_ROOT/data/sub/x"')
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    arrived = lines.index("gpumarket: input /data arrived (2 files, as its manifest lists)")
+    assert arrived < lines.index("gpumarket: input /more arrived (1 files, as its manifest lists)")
+    assert lines.index(STARTED_LINE) > arrived and "2" in lines
+
+
+def test_an_input_whose_manifest_names_a_missing_file_waits_for_the_gate(disk):
+    input_folder(disk, "/data", {"train.csv": "1\n"}, ["train.csv", "labels.csv"])
+    staged = WrapperStaging(None, gated=True, timeout=1, inputs=("/data",))
+    done = run_wrapper(disk, staged, command="echo ran")
+    assert done.returncode == staging.STAGING_FAILED_STATUS
+    assert "ran" not in done.stdout.splitlines() and "arrived" not in done.stdout
+    open_gate(disk)  # the provider saw the copy end: the gate decides
+    assert "ran" in run_wrapper(disk, staged, command="echo ran").stdout.splitlines()
+
+
+def test_one_input_without_a_manifest_keeps_the_job_behind_the_gate(disk):
+    input_folder(disk, "/data", {"train.csv": "1\n"}, ["train.csv"])
+    input_folder(disk, "/plain", {"y": "3\n"}, None)
+    done = run_wrapper(disk, WrapperStaging(None, gated=True, timeout=1, inputs=("/data", "/plain")), "echo ran")
+    assert done.returncode == staging.STAGING_FAILED_STATUS and "ran" not in done.stdout.splitlines()
+    assert "gpumarket: input /data arrived (1 files, as its manifest lists)" in done.stdout
+
+
+def test_each_output_directory_gets_a_manifest_of_every_file_after_the_command(disk):
+    command = 'o="$GPUMARKET_INSTANCE_ROOT/out"; mkdir -p "$o/d" && echo 1 > "$o/a" && echo 2 > "$o/.meta"'
+    command += ' && echo 3 > "$o/d/b"'
+    done = run_wrapper(disk, WrapperStaging(None, outputs=("/out", "/never")), command=command)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (disk / "out" / staging.MANIFEST_NAME).read_text().split() == [".meta", "a", "d/b"]
+    assert not (disk / "never").exists()

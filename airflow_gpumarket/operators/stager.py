@@ -1,13 +1,15 @@
 """Durable data for a renting task: the part that copies checkpoints, inputs and outputs through the service.
 
-A ``Stager`` is a part of the ``RentalSession`` and holds none of its other parts. It starts the service's
-copies, watches them, and tells the operator when a rental's job may be watched. It never destroys anything on its
-own: a checkpoint source no longer needed goes to the ``end_source`` it was given (the session's end of a rental).
+A ``Stager`` is a part of the ``RentalSession`` and holds none of its other parts. It decides the service's
+copies (its ``Copier`` starts and watches them), reads the job wrapper's news of them, and tells the operator when a
+rental's job may be watched. It never destroys anything on its own: a checkpoint source no longer needed goes to
+the ``end_source`` it was given (the session's end of a rental).
 The rules (what is copied where, the bounds) are in ``airflow_gpumarket.staging``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -15,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, staging
 from airflow_gpumarket.exceptions import GpuMarketError
-from airflow_gpumarket.job_script import STARTED_LINE, WrapperStaging
+from airflow_gpumarket.job_script import INPUT_ARRIVED_LINE, STARTED_LINE, WrapperStaging
+from airflow_gpumarket.operators.copies import WATCHED, Copier, Copy, StoppedRunning
 from airflow_gpumarket.operators.failures import GpuMarketStagingFailed
 from airflow_gpumarket.utils import RunTimeModule
 
@@ -26,45 +29,11 @@ else:
     job_logs, lifecycle = RunTimeModule("airflow_gpumarket.job_logs"), RunTimeModule("airflow_gpumarket.lifecycle")
 
 
-class _StoppedRunning(Exception):
-    """The rental stopped (preempted, or its host failed) while data was copied into it."""
-
-    def __init__(self, status: Any) -> None:
-        super().__init__(status)
-        self.status = status
-
-
-#: What a copy watched through ``status_msg`` is for (``_Copy.role``).
-_WATCHED = "watched to its end"
+#: What a copy the stager watches itself is for (``copies.Copy.role``).
 _RESTORE_FROM_INSTANCE = "restore from an instance"
 _RESTORE_FROM_CLOUD = "restore from checkpoint_uri"
 _GATE = "the gate's way back"
 _GATE_TRIED = "the gate's way back, not sent out first"
-
-
-class _Copy:
-    """One copy as its instance's ``status_msg`` tells: started at ``started`` (service time), over ``before``."""
-
-    def __init__(self, role: str, started: float, before: Any) -> None:
-        self.role = role
-        self.started = started
-        self.before = before
-        self.seen_new = False
-        self.finished_seen_at: float | None = None  # epoch second of the first reading that it finished
-
-    def reading(self, message: Any, now: float) -> api.CopyProgress | None:
-        """What ``message``, read at service time ``now``, says of this copy; None while it may tell an older one.
-
-        The service shows a copy's news late; a reading that has not changed since the copy started may still
-        describe the copy before it, until that lag has passed twice.
-        """
-        elapsed = now - self.started
-        if elapsed < staging.STATUS_MSG_LAG_SECONDS:
-            return None
-        self.seen_new = self.seen_new or message != self.before
-        if not self.seen_new and elapsed < 2 * staging.STATUS_MSG_LAG_SECONDS:
-            return None
-        return staging.copy_reading(message)
 
 
 def _cloud_restore_ended(log: Any, uri: str | None, problem: str) -> None:
@@ -108,18 +77,18 @@ class Stager:
         self.key = key
         self.stop_if_killed = stop_if_killed
         self.end_source = end_source
-        self._integration: int | None = None
+        self.copier = Copier(hook, log, poll_interval, plan.staging_timeout, stop_if_killed)
         self._shown: list[str] = []  # the wrapper's lines read while a rental's data is staged
         self._running = True  # whether the rental ran at the read before the last read of those lines
 
     # --- before renting ------------------------------------------------------------------------------
     def resolve(self) -> None:
         """Find the cloud integration by name before anything bills: a typo fails here."""
-        if self.plan.uses_cloud and self._integration is None:
+        if self.plan.uses_cloud and self.copier.integration is None:
             found = self.hook.cloud_integration(self.plan.cloud_integration)  # type: ignore[arg-type]
-            self._integration = int(found["id"])
+            self.copier.integration = int(found["id"])
             self.cloud_type = found.get("cloud_type")  # names the datasets for lineage (airflow_gpumarket.lineage)
-            self.log.info("Cloud integration %r is id %s", self.plan.cloud_integration, self._integration)
+            self.log.info("Cloud integration %r is id %s", self.plan.cloud_integration, self.copier.integration)
 
     def wrapper(self, source_id: int | None) -> WrapperStaging:
         """The job wrapper's part for a rental restoring from ``source_id`` (a preempted instance) or the cloud."""
@@ -128,12 +97,15 @@ class Stager:
             restore_from = f"instance {source_id}"
         else:
             restore_from = "cloud" if plan.restores_from_cloud(source_id) else ""
+        inputs = tuple(plan.inputs)
         return WrapperStaging(
             plan.checkpoint_dir,
             restore_from=restore_from,
             gated=plan.gated(source_id),
             timeout=plan.wrapper_timeout(),
             on_restore_failure=plan.on_restore_failure,
+            inputs=inputs if all(map(staging.is_quotable, inputs)) else (),  # a manifest for each, or the gate
+            outputs=tuple(filter(staging.is_quotable, plan.outputs)),
         )
 
     @staticmethod
@@ -155,15 +127,16 @@ class Stager:
         try:
             pending = self._copy_in(rental, deadline)
             self._await_start(rental, deadline + staging.WRAPPER_MARGIN_SECONDS, pending)
-        except _StoppedRunning as stopped:  # its job may have run and ended meanwhile: one read of its log tells
-            self.log.info("Instance %s stopped (%r) while its data was copied in", rental.instance_id, stopped.status)
+        except StoppedRunning as stopped:  # its job may have run and ended meanwhile: one read of its log tells
+            how = "is gone" if stopped.status is None else f"stopped ({stopped.status!r})"
+            self.log.info("Instance %s %s while its data was copied in", rental.instance_id, how)
             self._await_start(rental, time.time(), None)
         if rental.attempts.source_id is not None and self.staging_over(self._shown):
             self.drop_source(rental.attempts, "the next instance took over its checkpoint")
         rental.staged = self.staging_over(self._shown) or self._running
         return self._shown
 
-    def _copy_in(self, rental: lifecycle.Rental, deadline: float) -> _Copy | None:
+    def _copy_in(self, rental: lifecycle.Rental, deadline: float) -> Copy | None:
         """Start the restore and the input copies, and the gate after inputs; the copy ``_await_start`` watches.
 
         That is the restore, else the gate's way back, if any. A restore is not waited for here: the wrapper starts
@@ -171,7 +144,7 @@ class Stager:
         """
         plan, attempts, instance_id = self.plan, rental.attempts, rental.instance_id
         source = attempts.source_id
-        restore: _Copy | None = None
+        restore: Copy | None = None
         if source is not None:
             self.finish_source_save(attempts, deadline)
             self.log.info(
@@ -180,7 +153,7 @@ class Stager:
                 source,
                 instance_id,
             )
-            restore = self._copy_of(instance_id, _RESTORE_FROM_INSTANCE)
+            restore = self.copier.copy_of(instance_id, _RESTORE_FROM_INSTANCE)
             try:
                 self.hook.start_instance_copy(
                     source, instance_id, staging.as_dir(plan.checkpoint_dir or "/"), staging.as_dir(staging.RESTORE_DIR)
@@ -190,8 +163,8 @@ class Stager:
                 self._abandon_restore(source, instance_id)
                 restore = None
         elif plan.restores_from_cloud(source) and not plan.inputs:
-            restore = self._copy_of(instance_id, _RESTORE_FROM_CLOUD)
-            problem = self._start_cloud_copy(
+            restore = self.copier.copy_of(instance_id, _RESTORE_FROM_CLOUD)
+            problem = self.copier.start_cloud(
                 instance_id, api.TRANSFER_FROM_CLOUD, plan.checkpoint_uri or "", staging.RESTORE_DIR
             )
             if problem is not None:
@@ -203,7 +176,8 @@ class Stager:
             copies.append(("checkpoint_uri", plan.checkpoint_uri or "", staging.RESTORE_DIR))
         copies += [(f"inputs[{path!r}]", uri, path) for path, uri in plan.inputs.items()]
         for what, uri, path in copies:
-            problem = self._cloud_copy(instance_id, api.TRANSFER_FROM_CLOUD, uri, path, deadline)
+            done = None if what == "checkpoint_uri" else functools.partial(self._arrived, instance_id, path)
+            problem = self.copier.run_cloud(instance_id, api.TRANSFER_FROM_CLOUD, uri, path, deadline, done=done)
             if problem is None:
                 self.log.info("Copied %s (%s) to %s on instance %s", what, uri, path, instance_id)
             elif what != "checkpoint_uri":
@@ -213,6 +187,8 @@ class Stager:
                 )
             else:  # nothing saved there yet reads the same: the wrapper tells an empty restore from a partial one
                 _cloud_restore_ended(self.log, self.plan.checkpoint_uri, problem)
+        if copies and not plan.restores_from_cloud(source) and all(map(self._seen_arrived, plan.inputs)):
+            return restore  # every input brought its manifest, and the wrapper needs no gate
         if copies and restore is not None:  # status_msg tells one copy's news at a time: the restore is watched
             self._open_gate(instance_id, deadline, send_out=True)
             return restore
@@ -241,7 +217,7 @@ class Stager:
                 "Could not tell instance %s to give up the restore (%s); it waits out its bound", instance_id, exc
             )
 
-    def _open_gate(self, instance_id: int, deadline: float, *, send_out: bool = False) -> _Copy:
+    def _open_gate(self, instance_id: int, deadline: float, *, send_out: bool = False) -> Copy:
         """Copy the gate in from the cloud: its arrival tells the wrapper every copy before it ended.
 
         The cloud keeps the gate an earlier rental sent out; it is sent out first (``send_out``) after a restore from
@@ -252,10 +228,10 @@ class Stager:
         problem = None
         if send_out:
             out = (api.TRANSFER_TO_CLOUD, staging.as_dir(staging.GATE_SOURCE_DIR), staging.CLOUD_GATE_DIR)
-            problem = self._cloud_copy(instance_id, *out, deadline, quiet=True)
-        back = self._copy_of(instance_id, _GATE if send_out else _GATE_TRIED)
+            problem = self.copier.run_cloud(instance_id, *out, deadline, quiet=True)
+        back = self.copier.copy_of(instance_id, _GATE if send_out else _GATE_TRIED)
         if problem is None:
-            problem = self._start_cloud_copy(
+            problem = self.copier.start_cloud(
                 instance_id,
                 api.TRANSFER_FROM_CLOUD,
                 staging.CLOUD_GATE_DIR,
@@ -274,7 +250,7 @@ class Stager:
             f"not be copied through the cloud integration ({problem}). The job did not start; check the integration."
         )
 
-    def _await_start(self, rental: lifecycle.Rental, deadline: float, pending: _Copy | None) -> None:
+    def _await_start(self, rental: lifecycle.Rental, deadline: float, pending: Copy | None) -> None:
         """Wait, in the worker, until the wrapper started the job or gave up; the normal wait then takes over.
 
         The job's lines read meanwhile are logged, and kept in ``_shown``. ``pending``: a copy the wrapper waits for,
@@ -290,14 +266,7 @@ class Stager:
                 self.log.info("Reading instance %s while its data is staged: %s", instance_id, exc)
                 text, instance = "", {"actual_status": api.STATUS_RUNNING}
             self._running = instance is not None and instance.get("actual_status") == api.STATUS_RUNNING
-            lines = job_logs.split_lines(text, complete_only=True)
-            started = STARTED_LINE in lines
-            if started:  # the job's own lines are the wait's to show, with its exit status
-                lines = lines[: lines.index(STARTED_LINE) + 1]
-            for line in lines[len(self._shown) :]:
-                self.log.info("[instance %s] %s", instance_id, line)
-            self._shown = lines
-            if self.staging_over(lines):
+            if self.staging_over(self._show(instance_id, text)):
                 return
             if instance is None or not self._running:
                 return  # gone or preempted while staging: the wait that follows tells which
@@ -311,9 +280,19 @@ class Stager:
             "Instance %s: the job had not started within the staging bound; watching it anyway", instance_id
         )
 
+    def _show(self, instance_id: int, text: str) -> list[str]:
+        """Log the wrapper's lines not logged yet, up to the job's start (the job's own are the wait's to show)."""
+        lines = job_logs.split_lines(text, complete_only=True)
+        if STARTED_LINE in lines:
+            lines = lines[: lines.index(STARTED_LINE) + 1]
+        for line in lines[len(self._shown) :]:
+            self.log.info("[instance %s] %s", instance_id, line)
+        self._shown = lines
+        return lines
+
     def _copy_ended(
-        self, rental: lifecycle.Rental, copy: _Copy, reading: api.CopyProgress, message: Any, deadline: float
-    ) -> _Copy | None:
+        self, rental: lifecycle.Rental, copy: Copy, reading: api.CopyProgress, message: Any, deadline: float
+    ) -> Copy | None:
         """A copy the wrapper waits for may have ended, and the job has not started: what to watch next, if anything.
 
         A restore that ended without a complete checkpoint (else the wrapper would have started the job) is given
@@ -352,82 +331,20 @@ class Stager:
         self._abandon_restore(source, instance_id)
         return None
 
-    # --- copies to and from the cloud ----------------------------------------------------------------
-    def _copy_of(self, instance_id: int, role: str) -> _Copy:
-        """A copy about to start on ``instance_id``, as its ``status_msg`` will tell."""
-        before = self._status_msg(instance_id)
-        return _Copy(role, self.hook.service_now(), before)
-
-    def _start_cloud_copy(
-        self, instance_id: int, transfer: str, src: str, dst: str, *, quiet: bool = False
-    ) -> str | None:
-        """Start one cloud copy; None when the service took it, else why not."""
-        assert self._integration is not None
-        if not quiet:
-            self.log.info("Cloud copy (%s): %s -> %s on instance %s", transfer, src, dst, instance_id)
+    # --- the wrapper's news of inputs ------------------------------------------------------------------
+    def _arrived(self, instance_id: int, path: str) -> bool:
+        """Whether the wrapper's log, read now, shows input ``path`` arrived by its manifest, or its staging over."""
         try:
-            self.hook.start_cloud_copy(instance_id, self._integration, src=src, dst=dst, transfer=transfer)
+            self._show(instance_id, self.hook.get_instance_logs(instance_id))
         except GpuMarketError as exc:
-            return f"the service refused it ({exc})"
-        return None
+            self.log.info("Reading the log of instance %s during a copy: %s", instance_id, exc)
+            return False
+        return self.staging_over(self._shown) or self._seen_arrived(path)
 
-    def _cloud_copy(
-        self,
-        instance_id: int,
-        transfer: str,
-        src: str,
-        dst: str,
-        deadline: float,
-        *,
-        quiet: bool = False,
-        running: bool = True,
-    ) -> str | None:
-        """Run one cloud copy to its end; None when it finished, else what went wrong.
-
-        ``running``: the instance runs its job's staging, so a stop (a preemption) ends the wait at once.
-        """
-        copy = self._copy_of(instance_id, _WATCHED)
-        problem = self._start_cloud_copy(instance_id, transfer, src, dst, quiet=quiet)
-        if problem is not None:
-            return problem
-        return self._watch(instance_id, copy, deadline, cancel=True, running=running)
-
-    def _watch(
-        self, instance_id: int, copy: _Copy, deadline: float, *, cancel: bool, running: bool = False
-    ) -> str | None:
-        """Read ``status_msg`` until ``copy`` ended, within ``deadline``; None when it finished, else the problem."""
-        while True:
-            if time.time() >= deadline:
-                if cancel:
-                    try:
-                        self.hook.cancel_cloud_copy(instance_id)
-                    except GpuMarketError as exc:
-                        self.log.warning("Cancelling the cloud copy of instance %s failed: %s", instance_id, exc)
-                return f"it did not end within staging_timeout ({self.plan.staging_timeout:g} s)"
-            time.sleep(self.poll_interval)
-            self.stop_if_killed(instance_id)
-            try:
-                instance = self.hook.find_instance(instance_id)
-            except GpuMarketError as exc:
-                self.log.info("Reading instance %s during a copy: %s", instance_id, exc)
-                continue
-            if instance is None:
-                return f"instance {instance_id} is gone"
-            if running and instance.get("actual_status") != api.STATUS_RUNNING:
-                raise _StoppedRunning(instance.get("actual_status"))
-            message = instance.get("status_msg")
-            reading = copy.reading(message, self.hook.service_now())
-            if reading is api.CopyProgress.FINISHED:
-                return None
-            if reading in (api.CopyProgress.FAILED, api.CopyProgress.CANCELLED):
-                return f"the service says {message!r}"
-
-    def _status_msg(self, instance_id: int) -> Any:
-        try:
-            instance = self.hook.find_instance(instance_id)
-        except GpuMarketError:
-            return None
-        return None if instance is None else instance.get("status_msg")
+    def _seen_arrived(self, path: str) -> bool:
+        """Whether the wrapper's lines read so far show input ``path`` arrived by its manifest."""
+        start = INPUT_ARRIVED_LINE.format(path=path) + " "
+        return any(line.startswith(start) for line in self._shown)
 
     # --- the checkpoint's source and saves -----------------------------------------------------------
     def keep_source(self, rental: lifecycle.Rental) -> bool:
@@ -462,12 +379,12 @@ class Stager:
 
     def _start_save(self, instance_id: int) -> list[Any] | None:
         """Start saving checkpoint_dir to checkpoint_uri; what ``finish_source_save`` needs to watch it."""
-        copy = self._copy_of(instance_id, _WATCHED)
+        copy = self.copier.copy_of(instance_id, WATCHED)
         self.log.info(
             "Saving checkpoint_dir of instance %s to checkpoint_uri %r", instance_id, self.plan.checkpoint_uri
         )
         src, dst = staging.as_dir(self.plan.checkpoint_dir or "/"), staging.as_dir(self.plan.checkpoint_uri or "")
-        problem = self._start_cloud_copy(instance_id, api.TRANSFER_TO_CLOUD, src, dst, quiet=True)
+        problem = self.copier.start_cloud(instance_id, api.TRANSFER_TO_CLOUD, src, dst, quiet=True)
         if problem is not None:
             self.log.warning("The checkpoint of instance %s was NOT saved: %s", instance_id, problem)
             return None
@@ -478,7 +395,7 @@ class Stager:
         save, attempts.source_save = attempts.source_save, None
         if not save or attempts.source_id is None:
             return
-        problem = self._watch(attempts.source_id, _Copy(_WATCHED, save[0], save[1]), deadline, cancel=True)
+        problem = self.copier.watch(attempts.source_id, Copy(WATCHED, save[0], save[1]), deadline, cancel=True)
         self._report_save(attempts.source_id, problem)
 
     def _report_save(self, instance_id: int, problem: str | None) -> None:
@@ -501,8 +418,8 @@ class Stager:
         started = self._start_save(instance_id)
         if started is None:
             return
-        copy = _Copy(_WATCHED, started[0], started[1])
-        problem = self._watch(instance_id, copy, time.time() + self.plan.staging_timeout, cancel=True)
+        copy = Copy(WATCHED, started[0], started[1])
+        problem = self.copier.watch(instance_id, copy, time.time() + self.plan.staging_timeout, cancel=True)
         self._report_save(instance_id, problem)
 
     def drop_source(self, attempts: lifecycle.Attempts, why: str) -> None:
@@ -521,7 +438,7 @@ class Stager:
         deadline = time.time() + self.plan.staging_timeout
         lost: dict[str, str] = {}
         for path, uri in self.plan.outputs.items():
-            problem = self._cloud_copy(instance_id, api.TRANSFER_TO_CLOUD, path, uri, deadline, running=False)
+            problem = self.copier.run_cloud(instance_id, api.TRANSFER_TO_CLOUD, path, uri, deadline, running=False)
             if problem is None:
                 self.log.info("Copied output %s of instance %s to %r", path, instance_id, uri)
             else:

@@ -344,6 +344,46 @@ def test_rule_a_way_back_that_brought_no_gate_sends_the_gate_out_and_the_job_sta
     assert alive(sim) == []
 
 
+def test_rule_inputs_that_bring_their_manifests_start_the_job_without_the_gate(sim, task_log):
+    sim.put_bucket_file(1, "datasets/m/train.csv", b"1,2\n3,4\n")
+    sim.put_bucket_file(1, "datasets/m/.gpumarket-manifest", b"train.csv\n")
+    sim.put_bucket_file(1, "datasets/v/labels", b"a\n")
+    sim.put_bucket_file(1, "datasets/v/.gpumarket-manifest", b"labels\n")
+    command = (
+        'echo "rows $(wc -l < "$GPUMARKET_INSTANCE_ROOT/data/train.csv") $(cat "$GPUMARKET_INSTANCE_ROOT/v/labels")"'
+    )
+    op = job(command=command, cloud_integration=INTEGRATION, inputs={"/data": "datasets/m", "/v": "datasets/v"})
+    assert op.execute(context())["job_status"] == "succeeded"
+    assert "rows 2 a" in outputs_in_order(sim)[-1]
+    assert [c["src"] for c in sim.copies()] == ["cloud.1:/datasets/m", "cloud.1:/datasets/v"]  # no gate either way
+    assert "input /v arrived (1 files, as its manifest lists)" in task_log()
+    assert alive(sim) == []
+
+
+def test_rule_outputs_leave_with_a_manifest_so_the_next_task_takes_them_as_inputs_without_the_gate(sim):
+    make = 'o="$GPUMARKET_INSTANCE_ROOT/out"; mkdir -p "$o" && echo 5 > "$o/rows"'
+    first = job(command=make, cloud_integration=INTEGRATION, outputs={"/out": "results/r9"})
+    assert first.execute(context(run_id="a"))["job_status"] == "succeeded"
+    assert sim.read_bucket_file(1, "results/r9/.gpumarket-manifest") == b"rows\n"
+    use = job(
+        command='cat "$GPUMARKET_INSTANCE_ROOT/in/rows"', cloud_integration=INTEGRATION, inputs={"/in": "results/r9"}
+    )
+    assert use.execute(context(run_id="b"))["job_status"] == "succeeded"
+    assert "\n5\n" in outputs_in_order(sim)[-1]
+    assert not [c for c in sim.copies() if ".gpumarket/gate" in str(c)]
+    assert alive(sim) == []
+
+
+def test_rule_an_input_whose_manifest_names_a_file_it_lacks_waits_for_the_gate(sim):
+    sim.put_bucket_file(1, "datasets/p/train.csv", b"1\n")
+    sim.put_bucket_file(1, "datasets/p/.gpumarket-manifest", b"train.csv\nlabels.csv\n")
+    op = job(command="echo ran", cloud_integration=INTEGRATION, inputs={"/data": "datasets/p"})
+    assert op.execute(context())["job_status"] == "succeeded"
+    assert "\nran\n" in outputs_in_order(sim)[-1] and "arrived" not in outputs_in_order(sim)[-1]
+    assert [c for c in sim.copies() if ".gpumarket/gate" in str(c)]  # the provider saw the copy end: the gate
+    assert alive(sim) == []
+
+
 def test_rule_a_failed_output_copy_fails_the_task_naming_the_output_and_destroys_the_instance(sim):
     sim.set_copy_faults([{"times": 5, "after_fraction": 0.0, "kind": "rclone", "direction": "Instance To Cloud"}])
     command = 'mkdir -p "$GPUMARKET_INSTANCE_ROOT/out" && echo r > "$GPUMARKET_INSTANCE_ROOT/out/model"'

@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from airflow_gpumarket import api, staging
+from airflow_gpumarket.operators import copies
 from airflow_gpumarket.operators import stager as stager_module
 from airflow_gpumarket.operators.stager import Stager
 
@@ -46,6 +47,7 @@ class CopyHook:
 def clock(monkeypatch) -> Clock:
     clock = Clock()
     monkeypatch.setattr(stager_module, "time", clock)
+    monkeypatch.setattr(copies, "time", clock)
     return clock
 
 
