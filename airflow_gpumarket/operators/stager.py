@@ -187,7 +187,7 @@ class Stager:
                 )
             else:  # nothing saved there yet reads the same: the wrapper tells an empty restore from a partial one
                 _cloud_restore_ended(self.log, self.plan.checkpoint_uri, problem)
-        if copies and not plan.restores_from_cloud(source) and all(map(self._seen_arrived, plan.inputs)):
+        if copies and not plan.restores_from_cloud(source) and self._all_arrived(instance_id):
             return restore  # every input brought its manifest, and the wrapper needs no gate
         if copies and restore is not None:  # status_msg tells one copy's news at a time: the restore is watched
             self._open_gate(instance_id, deadline, send_out=True)
@@ -338,8 +338,22 @@ class Stager:
             self._show(instance_id, self.hook.get_instance_logs(instance_id))
         except GpuMarketError as exc:
             self.log.info("Reading the log of instance %s during a copy: %s", instance_id, exc)
-            return False
         return self.staging_over(self._shown) or self._seen_arrived(path)
+
+    def _all_arrived(self, instance_id: int) -> bool:
+        """Whether the wrapper saw every input arrive by its manifest, given the time it takes to look.
+
+        A copy whose end ``status_msg`` told first may not have been looked at yet: the log is read again for up to
+        ``WRAPPER_NOTICE_SECONDS`` before the gate is sent. Inputs the wrapper cannot check are not waited for.
+        """
+        if not all(map(staging.is_quotable, self.plan.inputs)):
+            return False
+        until = time.time() + staging.WRAPPER_NOTICE_SECONDS
+        while not all(self._arrived(instance_id, path) for path in self.plan.inputs):
+            if time.time() >= until:
+                return False
+            time.sleep(min(self.poll_interval, 0.5))
+        return True
 
     def _seen_arrived(self, path: str) -> bool:
         """Whether the wrapper's lines read so far show input ``path`` arrived by its manifest."""
