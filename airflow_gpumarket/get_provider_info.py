@@ -115,6 +115,7 @@ def get_provider_info() -> dict:
                     "airflow_gpumarket.operators.run_job",
                     "airflow_gpumarket.operators.search",
                     "airflow_gpumarket.operators.serverless",
+                    "airflow_gpumarket.operators.service",
                     "airflow_gpumarket.operators.spend_report",
                     "airflow_gpumarket.operators.teardown",
                     "airflow_gpumarket.operators.volumes",

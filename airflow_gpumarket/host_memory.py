@@ -1,13 +1,13 @@
 """Host memory: machines that failed a rental, kept in the Airflow metadata database for a while, per account.
 
 A machine is remembered when it failed a preflight, never booted within ``boot_timeout``, ended in ``exited``,
-``unknown`` or ``offline``, or was lost mid-job; every renting task of the same account then skips it until the
-memory expires (``DEFAULT_TTL_SECONDS`` unless told). The account is a digest of the connection's API key
-(``account_of``), so two connections with one key share the memory and the key itself is never stored. Like the
-budget ledger (``ledger.py``) this module runs where the metadata database may be used: in the task on Airflow 2,
-in the api-server on Airflow 3 (``ui/host_memory_api.py``). One machine is one row, written by one statement per
-transaction: concurrent writers on SQLite or PostgreSQL either update it or insert it, and a lost insert race turns
-into an update.
+``unknown`` or ``offline``, was lost mid-job, or its service never became ready; every renting task of the same
+account then skips it until the memory expires (``DEFAULT_TTL_SECONDS`` unless told). The account is a digest of
+the connection's API key (``account_of``), so two connections with one key share the memory and the key itself is
+never stored. Like the budget ledger (``ledger.py``) this module runs where the metadata database may be used: in
+the task on Airflow 2, in the api-server on Airflow 3 (``ui/host_memory_api.py``). One machine is one row, written
+by one statement per transaction: concurrent writers on SQLite or PostgreSQL either update it or insert it, and a
+lost insert race turns into an update.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from airflow_gpumarket.ledger import create_racing
 #: How long a machine is avoided after it failed, unless told otherwise.
 DEFAULT_TTL_SECONDS = 24 * 3600.0
 #: Why a machine is remembered.
-REASONS = ("preflight", "boot_timeout", "exited", "unknown", "offline", "lost")
+REASONS = ("preflight", "boot_timeout", "exited", "unknown", "offline", "lost", "not_ready")
 #: Characters of a reason's detail kept.
 DETAIL_CHARS = 500
 

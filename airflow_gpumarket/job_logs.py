@@ -199,13 +199,16 @@ def exit_status(lines: Iterable[str]) -> int | None:
 
 
 class PreflightFailure(NamedTuple):
-    """What a failed preflight found: ``check`` is ``"gpus"`` or ``"command"``; ``seen`` what it saw."""
+    """What a failed preflight found: ``check`` is ``"gpus"``, ``"command"`` or ``"ready"`` (a service's readiness
+    probe); ``seen`` what it saw."""
 
     check: str
     seen: str
 
     def describe(self, machine_id: object = None) -> str:
         where = "the host" if machine_id is None else f"machine {machine_id}"
+        if self.check == "ready":
+            return f"the service on {where} did not become ready: {self.seen}"
         if self.check == "gpus":
             return f"{where} failed the GPU preflight: {self.seen}"
         return f"{where} failed the preflight command: {self.seen}"

@@ -105,7 +105,8 @@ else
 """
 
 
-def _shell_quote(text: str) -> str:
+def shell_quote(text: str) -> str:
+    """``text`` as one word of sh, between single quotes."""
     return "'" + text.replace("'", "'\\''") + "'"
 
 
@@ -115,7 +116,7 @@ def _preflight(gpu_count: int, preflight: str | None) -> str:
     if gpu_count:
         checks += _PREFLIGHT_GPUS.format(gpus=gpu_count)
     if preflight is not None:
-        checks += _PREFLIGHT_COMMAND.format(command=_shell_quote(preflight))
+        checks += _PREFLIGHT_COMMAND.format(command=shell_quote(preflight))
     return "GPM_CHECK=\n" + checks + _PREFLIGHT_END.format(chars=PREFLIGHT_SEEN_CHARS, failed=PREFLIGHT_FAILED_STATUS)
 
 
@@ -380,5 +381,5 @@ def certainly_fits(
 
     A DAG's parse then need not write it; the task writes it, and checks it again, before renting.
     """
-    used = len(command.rstrip("\n")) + (0 if preflight is None else len(_shell_quote(preflight)) - 2)
+    used = len(command.rstrip("\n")) + (0 if preflight is None else len(shell_quote(preflight)) - 2)
     return used <= _room_for_command(stop_on_success, bool(gpu_count), preflight is not None)

@@ -29,6 +29,7 @@ from airflow_gpumarket.operators.failures import (
     GpuMarketJobFailed,
     GpuMarketNoWorkingOffer,
     GpuMarketPreemptedTooOften,
+    GpuMarketServiceGone,
     GpuMarketStagingFailed,
 )
 
@@ -44,7 +45,7 @@ def gpumarket_retry_policy(*, retry_delay: timedelta = DEFAULT_RETRY_DELAY, retr
       ``max_preemptions``, and the service's 5xx, 429 and lost connections that outlasted the hook's own retries.
     - Failed at once: the job's own failure (its command exited non-zero; ``retry_job_failures=True`` retries it
       too), data that did not move (``GpuMarketStagingFailed``), arguments the API refuses, a key it refuses, and a
-      quota that resets far ahead.
+      quota that resets far ahead, and a rented service gone under a task that used it.
     - Anything else: the task's standard retries.
 
     Retries still count against the task's ``retries``.
@@ -75,6 +76,11 @@ def gpumarket_retry_policy(*, retry_delay: timedelta = DEFAULT_RETRY_DELAY, retr
                 action=RetryAction.FAIL,
                 reason="the task's data did not move (a missing input, a required checkpoint, an output after the job "
                 "succeeded): another try would rent and run again for the same result",
+            ),
+            RetryRule(
+                exception=GpuMarketServiceGone,
+                action=RetryAction.FAIL,
+                reason="the rented service this task used is gone: only a new run of its task group rents another",
             ),
             RetryRule(
                 exception=GpuMarketJobFailed,

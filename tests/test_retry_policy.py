@@ -15,7 +15,12 @@ from airflow_gpumarket.exceptions import (
     GpuMarketTransportError,
     GpuMarketValidationError,
 )
-from airflow_gpumarket.operators.failures import GpuMarketJobFailed, GpuMarketNoWorkingOffer, GpuMarketPreemptedTooOften
+from airflow_gpumarket.operators.failures import (
+    GpuMarketJobFailed,
+    GpuMarketNoWorkingOffer,
+    GpuMarketPreemptedTooOften,
+    GpuMarketServiceGone,
+)
 from airflow_gpumarket.retry_policy import gpumarket_retry_policy
 
 needs_3_3 = pytest.mark.skipif(not has_retry_policies(), reason="retry policies are Airflow 3.3+'s")
@@ -25,6 +30,7 @@ FAILS = [
     GpuMarketValidationError("image", "is empty"),
     GpuMarketAuthError("401: the key is refused", status_code=401),
     GpuMarketQuotaExceededError("429: the daily search quota is used up", status_code=429),
+    GpuMarketServiceGone("The service on instance 7 cannot answer: it is gone."),
 ]
 RETRIES = [
     GpuMarketNoWorkingOffer("Could not get a working instance after trying 3 offer(s)"),

@@ -37,8 +37,8 @@ class GpuMarketCreateInstanceOperator(GpuMarketRentingBaseOperator):
         self, *, wait_for_running: bool = True, lease: timedelta | float = timedelta(hours=6), **kwargs: Any
     ) -> None:
         lease = duration_seconds("lease", lease)
-        terms = Terms(waits=wait_for_running, hands_over=True, lease=lease)
-        super().__init__(terms=terms, **kwargs)
+        kwargs.setdefault("terms", Terms(waits=wait_for_running, hands_over=True, lease=lease))
+        super().__init__(**kwargs)
         self.wait_for_running = wait_for_running
         self.lease = lease
 

@@ -59,3 +59,7 @@ class GpuMarketDestroyFailed(AirflowException):
     The message names it, for a person (or the reaper) to destroy it; the retry policy leaves the task to its standard
     retries.
     """
+
+
+class GpuMarketServiceGone(AirflowException):
+    """A task that used a rented service (``connect_service``) found its instance gone or stopped: nobody answers."""

@@ -26,7 +26,7 @@ from airflow_gpumarket.operators.spec import RentalSpec, Terms
 from airflow_gpumarket.utils import DEFAULT_DEFERRABLE, RunTimeModule, duration_seconds, try_started
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import lifecycle, metrics, waiting
+    from airflow_gpumarket import job_logs, lifecycle, metrics, waiting
     from airflow_gpumarket.operators import plan
     from airflow_gpumarket.operators.result import RentalResult
     from airflow_gpumarket.operators.session import RentalSession
@@ -406,12 +406,21 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                     watch = session.after_preemption(now.rental, ended)
                     now = Try() if watch is None else Try(rental=now.rental, watch=watch, shown=ended.log_tail)
                 case plan.Finish(ended):
-                    assert now.rental is not None
-                    return self._complete(RentalResult(now.rental, ended, context))
+                    rental = now.rental
+                    assert rental is not None
+                    if ended is not None and (unready := self._unready(rental, ended)) is not None:
+                        session.fail_over(rental, ended, unready)
+                        now = Try()
+                        continue
+                    return self._complete(RentalResult(rental, ended, context))
 
     def _complete(self, result: RentalResult) -> Any:
         """What the task returns, or the failure it raises, once the wait ended (``result.outcome`` None: no wait)."""
         raise NotImplementedError
+
+    def _unready(self, rental: lifecycle.Rental, ended: WaitOutcome) -> job_logs.PreflightFailure | None:
+        """Why a rental that reached what it waited for is no use (the next offer is then tried); None: it is."""
+        return None
 
     # --- deferring and timeouts ------------------------------------------------------------------------
     def _defer(

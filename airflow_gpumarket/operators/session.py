@@ -254,6 +254,7 @@ class RentalSession:
             gpu_count=pick.gpus,
             secret_env=secrets.env,
             image_login=secrets.image_login,
+            service_key=self.hook.settings.api_key if spec.terms.serves else None,
         )
         budget.reserve(pick.worst, started=self.hook.service_now())  # refused: nothing is rented
         self.log.info(
@@ -399,7 +400,8 @@ class RentalSession:
             # only a wait for the status (data still to be staged) ends so; the job's log was not read yet
             preflight = job_logs.preflight_in_log(self.hook, rental.instance_id) if self.spec.job_log_interval else None
         if preflight is not None:
-            sentence = f"instance {rental.instance_id}: {preflight.describe(rental.machine_id)}; the job did not run"
+            sentence = f"instance {rental.instance_id}: {preflight.describe(rental.machine_id)}"
+            sentence += "" if preflight.check == "ready" else "; the job did not run"
         else:
             sentence = ended.describe(rental.instance_id)
         self.log.warning("Failover: %s", sentence)
@@ -407,7 +409,9 @@ class RentalSession:
             job_logs.log_daemon_tail(self.hook, self.log, rental.instance_id)
         self._end(rental.instance_id, metric=metrics.NEVER_RAN, why="its host failed", failover=True)
         if preflight is not None:
-            self._chooser.remember(rental, "preflight", preflight.describe())
+            self._chooser.remember(
+                rental, "not_ready" if preflight.check == "ready" else "preflight", preflight.describe()
+            )
         elif ended.kind is EventKind.BOOT_TIMEOUT:
             self._chooser.remember(rental, "boot_timeout", sentence)
         elif ended.actual_status in api.FAILED_STATUSES:

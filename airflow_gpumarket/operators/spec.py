@@ -58,10 +58,11 @@ class Terms(_Frozen):
     ``job``: waits for its job to end (``lifecycle.WAIT_JOB``), else for the instance to run; ``waits``: waits at all;
     ``hands_over``: the instance outlives the task; ``lease``: a created instance's lease; ``max_runtime``: a job's
     time limit; ``keepalive``: how far ahead its lease is kept; ``reads_result``: the job wrapper stops the instance
-    after exit 0 whatever ``log_interval`` says, so that the result can be read from its log.
+    after exit 0 whatever ``log_interval`` says, so that the result can be read from its log; ``serves``: the command
+    is a server (``airflow_gpumarket.services``) on the service port, given its credential and ended at the lease.
     """
 
-    __slots__ = ("job", "waits", "hands_over", "lease", "max_runtime", "keepalive", "reads_result")
+    __slots__ = ("job", "waits", "hands_over", "lease", "max_runtime", "keepalive", "reads_result", "serves")
     job: bool
     waits: bool
     hands_over: bool
@@ -69,6 +70,7 @@ class Terms(_Frozen):
     max_runtime: float | None
     keepalive: float | None
     reads_result: bool
+    serves: bool
 
     def __init__(
         self,
@@ -80,6 +82,7 @@ class Terms(_Frozen):
         max_runtime: float | None = None,
         keepalive: float | None = None,
         reads_result: bool = False,
+        serves: bool = False,
     ) -> None:
         super().__init__(
             job=job,
@@ -89,6 +92,7 @@ class Terms(_Frozen):
             max_runtime=max_runtime,
             keepalive=keepalive,
             reads_result=reads_result,
+            serves=serves,
         )
 
 
@@ -386,11 +390,13 @@ class RentalSpec(_Frozen):
         gpu_count: int = 1,
         secret_env: Mapping[str, str] | None = None,
         image_login: str | None = None,
+        service_key: str | None = None,
     ) -> dict[str, Any]:
         """What a create sends; ``gpu_count``: the GPUs the offer promises, which the job wrapper checks first.
 
         ``secret_env`` (the secrets' values) joins ``env``, and ``image_login`` (from ``registry_conn_id``) is sent as
-        given: in the request only, never in the spec.
+        given: in the request only, never in the spec. A service (``terms.serves``) asks for its port, and gets the
+        credential derived from ``service_key`` (the connection's API key) and ``label``.
 
         Without ``base_url`` (a check before the connection is read), a command's script is written only when it might
         not fit.
@@ -399,6 +405,16 @@ class RentalSpec(_Frozen):
         if self.command is not None and not (base_url is None and staged is None and self._script_certainly_fits()):
             onstart = self.job_script(base_url or "https://api.example.invalid", staged, gpu_count=gpu_count)
         fields = dict(self.instance)
+        if self.terms.serves:
+            from airflow_gpumarket import services
+
+            secret_env = dict(secret_env or {})
+            if service_key is not None and label is not None:
+                from airflow_gpumarket._compat import mask_secret
+
+                secret_env[services.TOKEN_VARIABLE] = credential = services.token(service_key, label)
+                mask_secret(credential)
+            fields["env"] = {services.PORT_MAPPING: "1", **(fields.get("env") or {})}
         if secret_env:
             fields["env"] = {**(fields.get("env") or {}), **secret_env}
         if image_login is not None:
@@ -431,8 +447,13 @@ class RentalSpec(_Frozen):
         if is_templated(self.command) or is_templated(env) or is_templated(self.preflight):
             return None
         names = sorted(api.env_variables(env or {})) if self.export_env_to_ssh else []
+        command = self.command
+        if self.terms.serves:
+            from airflow_gpumarket import services
+
+            command = services.server_command(command, self.lease_seconds)  # type: ignore[arg-type]
         return build_job_onstart(
-            self.command,  # type: ignore[arg-type]
+            command,  # type: ignore[arg-type]
             base_url=base_url,
             export_env=names,
             stop_on_success=self.stops_on_success(),

@@ -145,6 +145,7 @@ def no_secret_leaks(request, capsys, caplog, job_sim_server):
     world = sim._market.world  # the in-process simulator knows every key it handed out
     secrets = {sim.api_key}
     secrets |= {inst.api_key for inst in world.instances.values()}
+    secrets |= {v for inst in world.instances.values() for k, v in inst.config["env"].items() if k.endswith("_TOKEN")}
     secrets |= set(sim.state()["tfa"]["backup_codes"])
     captured = capsys.readouterr()
     texts = [captured.out, captured.err, caplog.text]

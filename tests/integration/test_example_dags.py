@@ -254,3 +254,14 @@ def test_spend_report_example_attributes_charges_to_the_dag_that_rented_and_flag
     assert result["charges"] == len(charged)
     assert abs(result["total"] - sum(c.amount for c in charged)) < 0.0001
     assert alive(sim) == []
+
+
+def test_a_service_for_a_task_group_serves_every_shard_then_the_teardown_destroys_it(example_dag, sim, task_log):
+    run = example_dag("example_gpumarket_service").test()
+    assert run.state == "success", task_states(run)
+    assert alive(sim) == []
+    (instance,) = sim.state()["instances"]
+    states = task_states(run)
+    assert [states[f"embed[{i}]"] for i in range(3)] == ["success"] * 3 and states["stop[-1]"] == "success"
+    gathered = next(ti for ti in run.get_task_instances() if ti.task_id == "gather").xcom_pull(task_ids="gather")
+    assert gathered == 1 + 2 + 3 + 4 + 5 + 1  # each text's length, summed over the shards

@@ -1,0 +1,143 @@
+"""``GpuMarketServiceOperator``: rent a GPU that runs a server, wait until it answers, and hand it to the DAG."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpumarket import services
+from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
+from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.spec import Terms
+from airflow_gpumarket.utils import RunTimeModule, duration_seconds
+
+if TYPE_CHECKING:
+    from airflow_gpumarket import api, job_logs, lifecycle, outcome
+    from airflow_gpumarket.operators import failures
+    from airflow_gpumarket.operators.result import RentalResult
+else:  # what only a running task needs: not imported when a DAG file is parsed
+    api, job_logs = RunTimeModule("airflow_gpumarket.api"), RunTimeModule("airflow_gpumarket.job_logs")
+    outcome = RunTimeModule("airflow_gpumarket.outcome")
+    failures = RunTimeModule("airflow_gpumarket.operators.failures")
+
+#: Seconds one readiness probe waits for an answer.
+PROBE_TIMEOUT_SECONDS = 5.0
+
+
+class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
+    """Rent an instance that runs a server, wait until it answers, and hand it to the DAG: a task group's setup.
+
+    ``command`` starts the server through the job wrapper. It must listen on ``$GPUMARKET_SERVICE_PORT`` (an
+    identity port, the same inside the container and outside) and should require ``$GPUMARKET_SERVICE_TOKEN`` as a
+    bearer token, the rental's own credential. Only offers with a direct port are searched, and the budget reserves
+    the price over ``lease``. Once the instance runs, the task probes the server until it answers; one that does not
+    within ``ready_timeout`` is destroyed, its machine goes into host memory, and the next offer is tried. The
+    returned dict adds ``base_url`` and ``conn_id``; tasks reach the server with
+    ``airflow_gpumarket.service_client.connect_service``. Pair it with a teardown, as ``CreateInstance``.
+
+    :param command: shell commands that start the server and keep running (templated).
+    :param ready_path: the HTTP path probed (``GET``, with the credential); None probes with a TCP connect.
+    :param ready_status: the status a ready server answers at ``ready_path`` (default 200).
+    :param ready_timeout: how long after the instance runs the server has to answer (default 15 minutes).
+    :param lease: the longest the service lives (default 2 hours): the instance ends the server and destroys
+        itself then, and the reaper destroys it past its label's lease should that fail.
+
+    Other parameters: see ``GpuMarketRentingBaseOperator``.
+    """
+
+    def __init__(
+        self,
+        *,
+        command: str,
+        ready_path: str | None = "/",
+        ready_status: int = 200,
+        ready_timeout: timedelta | float = timedelta(minutes=15),
+        lease: timedelta | float = timedelta(hours=2),
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("wait_for_running") is False:
+            raise GpuMarketValidationError("wait_for_running", "a service is handed over once it answers; drop it")
+        lease = duration_seconds("lease", lease)
+        filters = kwargs.get("offer_filters")
+        if isinstance(filters, dict) and "direct_port_count" not in filters:
+            kwargs["offer_filters"] = {**filters, "direct_port_count": {"gte": 1}}  # the service port needs one
+        terms = Terms(waits=True, hands_over=True, lease=lease, serves=True)
+        super().__init__(command=command, lease=lease, terms=terms, **kwargs)
+        self.ready_path = services.ready_path(ready_path)
+        self.ready_status = services.ready_status(ready_status)
+        self.ready_timeout = duration_seconds("ready_timeout", ready_timeout)
+
+    def _unready(self, rental: lifecycle.Rental, ended: outcome.WaitOutcome) -> job_logs.PreflightFailure | None:
+        """Probe the server until it answers; why not, when ``ready_timeout`` passed or the instance stopped."""
+        if ended.kind is not outcome.EventKind.REACHED:
+            return None
+        assert self.spec is not None
+        credential = services.token(self.hook.settings.api_key, rental.label or "")
+        deadline = self.hook.service_now() + self.ready_timeout  # on the service's clock, as its billing
+        seen = "the instance showed no address for the service port"
+        while True:
+            try:
+                instance = self.hook.find_instance(rental.instance_id)
+            except GpuMarketError as exc:
+                instance, seen = {"actual_status": api.STATUS_RUNNING}, f"reading the instance failed ({exc})"
+            if instance is None or instance.get("actual_status") != api.STATUS_RUNNING:
+                return self._stopped(rental, instance)
+            url = services.base_url(instance)
+            if url is not None:
+                ready, seen = self._answers(instance, url, credential)
+                if ready:
+                    self.log.info("The service of instance %s answers at %s", rental.instance_id, url)
+                    return None
+            if self.hook.service_now() >= deadline:
+                return job_logs.PreflightFailure("ready", f"{seen}, {self.ready_timeout:g} s after it ran")
+            time.sleep(self.spec.poll_interval)
+
+    def _answers(self, instance: Any, url: str, credential: str) -> tuple[bool, str]:
+        """Whether the server answers as ready now, and what was seen."""
+        import socket
+
+        import requests
+
+        if self.ready_path is None:
+            host, port = services.address(instance) or ("", 0)
+            try:
+                socket.create_connection((host, port), timeout=PROBE_TIMEOUT_SECONDS).close()
+            except OSError as exc:
+                return False, f"a TCP connect to {url} failed ({exc.__class__.__name__})"
+            return True, "it accepted a TCP connect"
+        try:
+            answer = requests.get(
+                url + self.ready_path, headers={"Authorization": f"Bearer {credential}"}, timeout=PROBE_TIMEOUT_SECONDS
+            )
+        except requests.RequestException as exc:
+            return False, f"GET {self.ready_path} got no answer ({exc.__class__.__name__})"
+        if answer.status_code == self.ready_status:
+            return True, f"GET {self.ready_path} answered {answer.status_code}"
+        return False, f"GET {self.ready_path} answered {answer.status_code}, not {self.ready_status}"
+
+    def _stopped(self, rental: lifecycle.Rental, instance: Any) -> job_logs.PreflightFailure:
+        """The instance stopped or went before its server answered: a server that exited fails the task."""
+        try:
+            lines = job_logs.split_lines(self.hook.get_instance_logs(rental.instance_id), complete_only=True)
+        except GpuMarketError:
+            lines = []
+        status = job_logs.exit_status(lines)
+        if status is not None and job_logs.preflight_failure(lines, status) is None:
+            tail = " | ".join(lines[-5:])
+            raise failures.GpuMarketJobFailed(
+                f"The server of instance {rental.instance_id} exited with status {status} before it answered "
+                f"(its log ends: {tail}). Check command; every instance of this try is destroyed.",
+                exit_status=status,
+            )
+        state = "gone" if instance is None else repr(instance.get("actual_status"))
+        return job_logs.PreflightFailure("ready", f"the instance went {state} before the server answered")
+
+    def _complete(self, result: RentalResult) -> Any:
+        done = super()._complete(result)
+        done["conn_id"] = self.gpumarket_conn_id
+        try:
+            done["base_url"] = services.base_url(self.hook.get_instance(result.rental.instance_id))
+        except GpuMarketError as exc:
+            self.log.warning("Could not read the address of instance %s: %s", result.rental.instance_id, exc)
+        return done

@@ -1,0 +1,129 @@
+"""A rented GPU as a service against the simulator: the server really runs on the instance's mapped port.
+
+The example DAG's stand-in server listens on ``$GPUMARKET_SERVICE_PORT`` and refuses a request without the rental's
+credential; the tests reach it as a downstream task does, through ``connect_service``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from airflow_gpumarket import services
+from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+from airflow_gpumarket.operators.failures import GpuMarketJobFailed, GpuMarketServiceGone
+from airflow_gpumarket.operators.service import GpuMarketServiceOperator
+from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator
+from airflow_gpumarket.service_client import connect_service
+
+from .conftest import POLL, alive
+from .test_interruptible import run_to_the_end
+from .test_money_safety import context, healthy_market  # noqa: F401 (an autouse fixture)
+
+FILTERS = {"num_gpus": {"gte": 1}}
+
+
+@pytest.fixture(scope="module")
+def server() -> str:
+    """The example DAG's server."""
+    import runpy
+    from pathlib import Path
+
+    example = Path(__file__).parents[2] / "example_dags" / "example_gpumarket_service.py"
+    return runpy.run_path(str(example))["SERVER"]
+
+
+@pytest.fixture(autouse=True)
+def own_host_memory(host_memory_of_this_test_alone):
+    """A machine a test here remembers is never skipped by another test."""
+    return host_memory_of_this_test_alone
+
+
+def serve(command: str, **kwargs) -> GpuMarketServiceOperator:
+    kwargs.setdefault("deferrable", False)
+    kwargs.setdefault("offer_filters", FILTERS)
+    return GpuMarketServiceOperator(task_id="serve", image="img", command=command, poll_interval=POLL, **kwargs)
+
+
+def downstream(handed: dict) -> dict:
+    """A downstream task's context: its ti pulls what the setup task returned."""
+    pulls = {"serve": handed}
+    return {"run_id": "run-1", "ti": SimpleNamespace(xcom_pull=lambda task_ids: pulls.get(task_ids))}
+
+
+def token_of(handed: dict) -> str:
+    return services.token(GpuMarketHook().settings.api_key, handed["label"])
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferred"])
+def test_rule_a_service_is_handed_over_once_it_answers_and_its_tasks_reach_it_with_the_rentals_credential(
+    sim, server, deferrable, task_log
+):
+    handed = run_to_the_end(serve(server, deferrable=deferrable))
+    assert handed["actual_status"] == "running" and handed["conn_id"] == "gpumarket_default"
+    (instance,) = alive(sim)
+    (mapped,) = instance["ports"].values()  # the identity port, under the port picked
+    assert handed["base_url"] == f"http://127.0.0.1:{mapped[0]['HostPort']}"
+    service = connect_service("serve", context=downstream(handed))
+    with service.client() as client:
+        assert client.post("/embed", json=["ab", "c"]).json() == {"lengths": [2, 1]}
+    assert httpx.post(f"{service.base_url}/embed", json=["ab"]).status_code == 401  # no credential: refused
+    wrong = {"Authorization": "Bearer " + services.token("another key", handed["label"])}
+    assert httpx.post(f"{service.base_url}/embed", json=["ab"], headers=wrong).status_code == 401
+    credential = token_of(handed)
+    assert credential not in json.dumps(handed) and credential not in task_log() and credential not in repr(service)
+    GpuMarketDestroyInstanceOperator(task_id="stop", instance_id=handed).execute(context())
+    assert alive(sim) == []
+    with pytest.raises(GpuMarketServiceGone, match=f"instance {handed['instance_id']}"):
+        connect_service("serve", context=downstream(handed))
+
+
+def test_rule_a_service_searches_only_offers_with_a_direct_port():
+    op = serve("true", offer_filters={"num_gpus": {"eq": 1}})
+    assert op.offer_filters == {"num_gpus": {"eq": 1}, "direct_port_count": {"gte": 1}}
+    own = serve("true", offer_filters={"direct_port_count": {"gte": 4}})
+    assert own.offer_filters == {"direct_port_count": {"gte": 4}}
+
+
+def test_rule_a_server_that_never_answers_fails_over_and_its_host_is_remembered(sim, tmp_path, server, own_host_memory):
+    flag = tmp_path / "first-rental-seen"
+    # The first rental's server never listens; the next one's does (the simulator's hosts share this machine's disk).
+    command = f"if [ -e {flag} ]; then {server}\nelse touch {flag}; sleep 600; fi"
+    handed = serve(command, ready_timeout=30, max_offer_attempts=2).execute(context())
+    first, second = sorted(sim.state()["instances"], key=lambda i: i["id"])
+    assert handed["instance_id"] == second["id"] and first["destroyed_at"] is not None
+    billed = [c for c in GpuMarketHook().charges(0, sim.now() + 60) if c.instance_id == first["id"]]
+    compute = sum(item.end - item.start for c in billed for item in c.items if item.type == "gpu")
+    assert 0 < compute < 120, compute  # ready_timeout (30 s) and the polls around it, on the service's clock
+    remembered = own_host_memory(GpuMarketHook(), "gpumarket_default").avoided()
+    assert list(remembered) == [first["machine_id"]] and remembered[first["machine_id"]].reason == "not_ready"
+    GpuMarketDestroyInstanceOperator(task_id="stop", instance_id=handed).execute(context())
+    assert alive(sim) == []
+
+
+def test_rule_a_server_that_exits_before_it_answers_fails_the_task_and_rents_nothing_more(sim):
+    with pytest.raises(GpuMarketJobFailed, match="exited with status 3 before it answered"):
+        serve("echo 'no model here'; exit 3", max_offer_attempts=3).execute(context())
+    assert len(sim.state()["instances"]) == 1 and alive(sim) == []
+
+
+def test_rule_a_service_whose_teardown_never_runs_ends_itself_at_its_lease(sim, server):
+    handed = serve(server, lease=2).execute(context())  # seconds of the instance's own clock
+    assert [i["id"] for i in alive(sim)] == [handed["instance_id"]]
+    deadline = time.monotonic() + 30
+    while alive(sim) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive(sim) == []
+    output = sim.onstart_result(handed["instance_id"])["output"]
+    assert "gpumarket: the service's lease of 2 s ended" in output
+
+
+def test_rule_wait_for_running_false_is_refused_for_a_service():
+    from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+    with pytest.raises(GpuMarketValidationError, match="wait_for_running"):
+        serve("true", wait_for_running=False)
