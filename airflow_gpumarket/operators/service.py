@@ -77,6 +77,8 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
         deadline = self.hook.service_now() + self.ready_timeout  # on the service's clock, as its billing
         seen = "the instance showed no address for the service port"
         while True:
+            assert self.session is not None
+            self.session.stop_if_killed(rental.instance_id)  # on_kill destroyed it: nothing to probe, nothing to rent
             try:
                 instance = self.hook.find_instance(rental.instance_id)
             except GpuMarketError as exc:

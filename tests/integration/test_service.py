@@ -127,3 +127,27 @@ def test_rule_wait_for_running_false_is_refused_for_a_service():
 
     with pytest.raises(GpuMarketValidationError, match="wait_for_running"):
         serve("true", wait_for_running=False)
+
+
+def test_rule_a_service_task_killed_while_its_server_is_probed_destroys_it_and_rents_nothing_more(sim, own_host_memory):
+    import threading
+
+    from airflow_gpumarket._compat import AirflowException
+
+    op = serve("sleep 600", ready_timeout=3600, max_offer_attempts=3)  # never answers: the probe goes on
+
+    def kill_once_running() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if any(i.get("actual_status") == "running" for i in alive(sim)):
+                op.on_kill()  # SIGTERM's handler: a task marked failed, or its execution_timeout
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_once_running)
+    killer.start()
+    with pytest.raises(AirflowException, match="killed"):
+        op.execute(context())
+    killer.join()
+    assert len(sim.state()["instances"]) == 1 and alive(sim) == []
+    assert own_host_memory(GpuMarketHook(), "gpumarket_default").avoided() == {}  # a kill is not the host's failure
