@@ -9,6 +9,7 @@ from airflow_gpumarket.operators.reaper import GpuMarketReapOrphansOperator
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.search import GpuMarketSearchOffersOperator
 from airflow_gpumarket.operators.serverless import GpuMarketCreateEndpointOperator, GpuMarketDeleteDeploymentOperator
+from airflow_gpumarket.operators.service import GpuMarketServiceOperator
 from airflow_gpumarket.operators.spend_report import GpuMarketSpendReportOperator
 from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator, GpuMarketStopInstanceOperator
 from airflow_gpumarket.operators.volumes import GpuMarketCreateVolumeListingOperator
@@ -17,6 +18,7 @@ RENTING = {"offer_filters": {}, "image": "img"}
 OPERATORS = [
     (GpuMarketCreateInstanceOperator, RENTING),
     (GpuMarketRunJobOperator, {**RENTING, "command": "true"}),
+    (GpuMarketServiceOperator, {**RENTING, "command": "true"}),
     (GpuMarketReapOrphansOperator, {}),
     (GpuMarketSearchOffersOperator, {}),
     (GpuMarketCreateEndpointOperator, {"endpoint_name": "e"}),
