@@ -228,6 +228,8 @@ class RentalSession:
                 attempts.reasons.append(pick)
                 break
             attempts.tried.append(int(pick.offer["id"]))
+            if self.killed:  # on_kill ran meanwhile (during a failover's destroy, say): nothing more is rented
+                raise AirflowException("Task was killed: nothing more is rented")
             rental = self._create(pick)
             if rental is not None:
                 self.stop_if_killed(rental.instance_id)  # killed during the create: neither waited for nor kept

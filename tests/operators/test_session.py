@@ -62,6 +62,16 @@ def test_a_rental_that_never_ran_is_destroyed_and_why_is_kept_for_the_end():
     assert hook.destroyed == [1001] and "which never becomes running" in rental.attempts.reasons[-1]
 
 
+def test_rule_a_failover_after_the_task_was_killed_rents_nothing_more():
+    hook = FakeHook({1: ["offline"], 2: ["running"]})
+    session, rental = rented(hook)
+    session.kill()  # SIGTERM's handler ran during the wait, which then saw the instance gone
+    session.fail_over(rental, WaitOutcome(EventKind.NEVER_RUNS, actual_status="offline"), None)
+    with pytest.raises(AirflowException, match="killed: nothing more is rented"):
+        session.rent()
+    assert list(hook.instances) == [1001] and hook.alive() == []
+
+
 @pytest.mark.parametrize(
     ("outcome", "destroyed", "alive"),
     [
