@@ -84,6 +84,7 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
             except GpuMarketError as exc:
                 instance, seen = {"actual_status": api.STATUS_RUNNING}, f"reading the instance failed ({exc})"
             if instance is None or instance.get("actual_status") != api.STATUS_RUNNING:
+                self.session.stop_if_killed(rental.instance_id)  # on_kill ran during the read: not the host's doing
                 return self._stopped(rental, instance)
             url = services.base_url(instance)
             if url is not None:
