@@ -191,6 +191,7 @@ bench: install $(PEERS_STAMP)
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_market.py --bill-loading
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_deadlines.py
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_pacing_pods.py
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_service.py
 
 # The same scripts as a smoke run (tiny sizes, the same code paths and lines; under a minute), part of test-fast so
 # that a benchmark cannot rot unseen. It fails on an error, not on a missed goal: its figures mean nothing.
@@ -203,6 +204,7 @@ bench-quick: install
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_market.py --quick
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_deadlines.py --quick
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_pacing_pods.py --quick
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_service.py --quick
 
 chaos: install
 	@mkdir -p .airflow/chaos-client
