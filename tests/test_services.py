@@ -81,3 +81,17 @@ def test_rule_the_lease_ends_the_server_as_a_success_so_that_the_wrapper_destroy
     done = run("echo 'it'\"'\"'s up'; sleep 30", lease=1)
     assert done.returncode == 0
     assert done.stdout.splitlines() == ["it's up", "gpumarket: the service's lease of 1 s ended"]
+
+
+def test_a_service_whose_env_is_a_template_parses_and_asks_for_its_port_once_rendered():
+    from airflow_gpumarket.operators.service import GpuMarketServiceOperator
+    from airflow_gpumarket.operators.spec import RentalSpec
+
+    op = GpuMarketServiceOperator(
+        task_id="serve", offer_filters={}, image="img", command="serve", env="{{ var.json.serve_env }}"
+    )
+    assert op.instance["env"] == "{{ var.json.serve_env }}"  # parsed: checked again once rendered
+    op.instance = {**op.instance, "env": {"MODEL": "m"}}  # as Airflow renders it
+    body = RentalSpec.of(op).creation_body(label="afgm-0123456789ab-1", base_url="https://x.invalid", service_key="k")
+    assert body["env"][services.PORT_MAPPING] == "1" and body["env"]["MODEL"] == "m"
+    assert body["env"][services.TOKEN_VARIABLE] == services.token("k", "afgm-0123456789ab-1")

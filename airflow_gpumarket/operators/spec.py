@@ -414,7 +414,8 @@ class RentalSpec(_Frozen):
 
                 secret_env[services.TOKEN_VARIABLE] = credential = services.token(service_key, label)
                 mask_secret(credential)
-            fields["env"] = {services.PORT_MAPPING: "1", **(fields.get("env") or {})}
+            if (env := fields.get("env")) is None or isinstance(env, Mapping):  # a template string at parse time
+                fields["env"] = {services.PORT_MAPPING: "1", **(env or {})}
         if secret_env:
             fields["env"] = {**(fields.get("env") or {}), **secret_env}
         if image_login is not None:
