@@ -165,10 +165,13 @@ class OnstartRunner:
         timer.start()
 
     def _terminate(self, run: _Run) -> None:
-        _signal_group(run.process, signal.SIGTERM)
+        groups = {run.process.pid} | _groups_below(run.process.pid)  # as a container's end, whatever left the group
+        for group in groups:
+            _signal(group, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             run.process.wait(timeout=KILL_AFTER_TERM_SECONDS)
-        _signal_group(run.process, signal.SIGKILL)
+        for group in groups:
+            _signal(group, signal.SIGKILL)
         run.remove_files()  # the output is kept in memory
 
     def result(self, instance_id: int) -> dict[str, Any] | None:
@@ -206,5 +209,31 @@ class OnstartRunner:
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    _signal(process.pid, sig)
+
+
+def _signal(group: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)
+        os.killpg(group, sig)
+
+
+def _groups_below(root: int) -> set[int]:
+    """The process groups of every process below ``root`` (``timeout`` and ``setsid`` start groups of their own)."""
+    try:
+        listing = subprocess.run(
+            ["ps", "-A", "-o", "pid=", "-o", "ppid=", "-o", "pgid="], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    children: dict[int, list[tuple[int, int]]] = {}
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and all(f.isdigit() for f in fields):
+            pid, ppid, pgid = map(int, fields)
+            children.setdefault(ppid, []).append((pid, pgid))
+    groups, todo = set(), [root]
+    while todo:
+        for pid, pgid in children.get(todo.pop(), []):
+            groups.add(pgid)
+            todo.append(pid)
+    return groups - {root, os.getpgrp()}

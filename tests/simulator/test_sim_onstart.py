@@ -119,6 +119,29 @@ def test_onstart_is_killed_when_the_instance_is_destroyed(osim, oapi):
     assert result["exit_code"] < 0 and "never" not in result["output"]
 
 
+def test_rule_a_process_that_left_the_scripts_group_ends_with_the_instance_too(osim, oapi, tmp_path):
+    import os
+
+    pid_file = tmp_path / "pid"
+    # timeout, like setsid, runs its command in a process group of its own; a container's end stops it all the same
+    script = f"timeout 300 sh -c 'echo $$ > {pid_file}; sleep 300' & echo started; wait"
+    instance_id = launch(oapi, script)["new_contract"]
+    boot(osim)
+    wait_for(lambda: "started" in osim.onstart_result(instance_id)["output"] and pid_file.exists())
+    pid = int(pid_file.read_text())
+    oapi.delete(f"/api/v0/instances/{instance_id}/")
+    finished_onstart(osim, instance_id)
+
+    def ended() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(ended)
+
+
 def test_onstart_is_killed_when_the_instance_is_stopped(osim, oapi):
     instance_id = launch(oapi, "echo started; sleep 30")["new_contract"]
     boot(osim)
