@@ -27,9 +27,9 @@ DEFAULT_TIMEOUT_SECONDS = 300.0
 class GpuMarketService:
     """One rented service: its ``base_url`` and the ``headers`` that carry its credential.
 
-    ``client()`` and ``async_client()`` are ``httpx`` clients with both set. A request that cannot reach the
-    server may mean the host went: ``check()`` then raises ``GpuMarketServiceGone`` (retrying cannot bring it back),
-    and returns otherwise.
+    ``client()`` and ``async_client()`` are ``httpx`` clients with both set. A request of theirs that cannot reach
+    the server reads the instance: when it no longer runs, ``GpuMarketServiceGone`` is raised (retrying cannot bring
+    it back); otherwise the transport's error stands. ``check()`` asks the same at any time.
     """
 
     def __init__(self, *, base_url: str, credential: str, instance_id: int, hook: Any) -> None:
@@ -49,14 +49,38 @@ class GpuMarketService:
         """An ``httpx.Client`` for the service (``kwargs`` go to it; ``timeout`` defaults to 300 s)."""
         import httpx
 
+        check = self.check
+
+        class Transport(httpx.HTTPTransport):
+            def handle_request(self, request: Any) -> Any:
+                try:
+                    return super().handle_request(request)
+                except httpx.TransportError:
+                    check()
+                    raise
+
         kwargs.setdefault("timeout", DEFAULT_TIMEOUT_SECONDS)
+        kwargs.setdefault("transport", Transport())
         return httpx.Client(base_url=self.base_url, headers=self.headers, **kwargs)
 
     def async_client(self, **kwargs: Any) -> Any:
         """An ``httpx.AsyncClient`` for the service, as ``client``."""
+        import asyncio
+
         import httpx
 
+        check = self.check
+
+        class Transport(httpx.AsyncHTTPTransport):
+            async def handle_async_request(self, request: Any) -> Any:
+                try:
+                    return await super().handle_async_request(request)
+                except httpx.TransportError:
+                    await asyncio.to_thread(check)
+                    raise
+
         kwargs.setdefault("timeout", DEFAULT_TIMEOUT_SECONDS)
+        kwargs.setdefault("transport", Transport())
         return httpx.AsyncClient(base_url=self.base_url, headers=self.headers, **kwargs)
 
     def check(self) -> None:

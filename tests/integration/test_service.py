@@ -82,6 +82,34 @@ def test_rule_a_service_is_handed_over_once_it_answers_and_its_tasks_reach_it_wi
         connect_service("serve", context=downstream(handed))
 
 
+def test_rule_a_request_to_a_service_whose_host_vanished_fails_as_service_gone(sim, server):
+    import asyncio
+
+    handed = serve(server).execute(context())
+    service = connect_service("serve", context=downstream(handed))
+    with service.client() as client:
+        assert client.post("/embed", json=["x"]).status_code == 200
+    sim.force_status(handed["instance_id"], "offline")  # the host vanished under the group: its server ends
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the simulator ends the instance's processes as it applies the status
+        try:
+            httpx.get(service.base_url, timeout=1)
+        except httpx.TransportError:
+            break
+        time.sleep(0.05)
+    with service.client() as client, pytest.raises(GpuMarketServiceGone, match="it is 'offline'"):
+        client.post("/embed", json=["x"])
+
+    async def post() -> None:
+        async with service.async_client() as client:
+            await client.post("/embed", json=["x"])
+
+    with pytest.raises(GpuMarketServiceGone):
+        asyncio.run(post())
+    GpuMarketDestroyInstanceOperator(task_id="stop", instance_id=handed).execute(context())
+    assert alive(sim) == []
+
+
 def test_rule_a_service_searches_only_offers_with_a_direct_port():
     op = serve("true", offer_filters={"num_gpus": {"eq": 1}})
     assert op.offer_filters == {"num_gpus": {"eq": 1}, "direct_port_count": {"gte": 1}}
