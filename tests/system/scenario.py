@@ -75,6 +75,9 @@ GOALS = {
     "statsd": "a job whose first offer never runs fails over and succeeds: the StatsD listener counts, for its DAG, "
     "2 rentals started, 1 ended never_ran, 1 failover, 1 ended succeeded, 1 boot, 2 reservations and 2 settlements "
     "no larger; 0 alive",
+    "service": "a service for a task group: the Celery worker running one of its two tasks killed -9 mid-use; the "
+    "task's retry reaches the same service from another worker, the group succeeds, the teardown destroys the one "
+    "rental; 0 alive",
     "orphan": "an instance handed over and never torn down, stopped once its run ended: `airflow gpumarket orphans` "
     "lists it, `--destroy --yes` destroys it, and the ledger, the GPU rentals page and `spend` each say what the "
     "service charged, within 1 %; 0 alive",

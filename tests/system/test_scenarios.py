@@ -849,6 +849,50 @@ def test_budget(alone, scenario: Scenario):
 ORPHAN_STOPPED_FOR = 30
 
 
+@pytest.mark.production_shape
+def test_service(alone, scenario: Scenario):
+    """A service's group loses a Celery worker mid-use: the task's retry uses the same service, teardown ends it."""
+    s = scenario
+    s.trigger()
+    tis = f"/dags/{s.dag_id}/dagRuns/{s.run_id}/taskInstances"
+
+    def using() -> dict | None:
+        found = s.api.call("GET", tis, limit=100).get("task_instances", [])
+        return next((ti for ti in found if ti["task_id"] == "use" and ti["state"] == "running"), None)
+
+    victim_ti = s.wait("a task of the group using the service", 240, using)
+    (instance,) = [i for i in s.instances() if not i["destroyed"]]
+    time.sleep(2)  # inside its use of the service, between its two requests
+    deployment = s.deployment
+    workers = {deployment.processes.started[n].pid: n for n in deployment.shape.of("worker")}
+    runner = deployment.task_processes(str(victim_ti["id"]))
+    victim = next((workers[a.pid] for p in runner for a in p.parents() if a.pid in workers), None)
+    assert victim is not None, f"no Celery worker found above the task's processes {[p.pid for p in runner]}"
+    process = psutil.Process(deployment.processes.started[victim].pid)
+    everything = [process, *process.children(recursive=True)]
+    deployment.processes.kill_group(victim)
+    for child in everything:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    s.say(f"{victim} killed -9 while map index {victim_ti['map_index']} used instance {instance['id']}")
+    try:
+        final = s.wait(
+            "end of the group", HEARTBEAT_TIMEOUT + 300, lambda: st if (st := s.run_state()) in FINISHED else None
+        )
+    finally:
+        deployment.start_component(victim)
+    states = {
+        (ti["task_id"], ti["map_index"]): (ti["state"], ti["try_number"])
+        for ti in s.api.call("GET", tis)["task_instances"]
+    }
+    assert final == "success", f"the run ended {final!r}: {states}"
+    assert states[("use", victim_ti["map_index"])] == ("success", 2), states
+    assert states[("stop", -1)][0] == "success", states
+    s.wait_all_destroyed()
+    assert [i["id"] for i in s.instances()] == [instance["id"]], f"one rental for the group ({s.describe()})"
+    s.say(f"the retry used instance {instance['id']} from another worker; the teardown destroyed it")
+
+
 def test_orphan(alone, scenario: Scenario):
     """An instance handed over and never torn down outlives its run; stopped, then destroyed from the command line.
 

@@ -11,6 +11,7 @@ appended to whatever callbacks the operator sets itself, so a provider callback 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import time
@@ -22,6 +23,8 @@ from airflow.sdk import DAG, task
 from airflow_gpumarket.assets import cloud_asset
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+from airflow_gpumarket.operators.service import GpuMarketServiceOperator
+from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator
 
 #: A line nobody can know before the job runs (test_exit3 looks for it in the task log), then exit 3.
 COMPUTED_THEN_EXIT_3 = 'echo "computed $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo boom >&2; exit 3'
@@ -215,6 +218,40 @@ with scenario_dag("orphan"):
     _arguments = rental_arguments("orphan")
     _arguments.pop("max_runtime")
     GpuMarketCreateInstanceOperator(task_id="job", **_arguments)
+
+
+# A GPU as a service for a task group (test_service): the example DAG's server, used by two mapped tasks for a while
+# each; the Celery worker running one of them is killed, its retry reaches the service from another worker, and the
+# teardown destroys the instance.
+_EXAMPLE = Path(__file__).resolve().parents[3] / "example_dags" / "example_gpumarket_service.py"
+SERVICE_SERVER = next(
+    ast.literal_eval(node.value)
+    for node in ast.parse(_EXAMPLE.read_text()).body
+    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SERVER"
+)
+#: Seconds each task of the group holds the service between its two requests: the worker is killed meanwhile.
+SERVICE_USE_SECONDS = 45
+
+with scenario_dag("service"):
+    _arguments = rental_arguments("service")
+    _arguments.pop("max_runtime")
+    _serve = GpuMarketServiceOperator(
+        task_id="serve", command=SERVICE_SERVER, lease=timedelta(minutes=20), deferrable=True, **_arguments
+    )
+
+    @task(retries=1, retry_delay=timedelta(seconds=1))
+    def use(shard: list[str]) -> int:
+        from airflow_gpumarket.service_client import connect_service
+
+        with connect_service("serve").client() as client:
+            first = client.post("/embed", json=shard).raise_for_status().json()["lengths"]
+            time.sleep(SERVICE_USE_SECONDS)
+            again = client.post("/embed", json=shard).raise_for_status().json()["lengths"]
+        assert first == again
+        return sum(again)
+
+    _stop = GpuMarketDestroyInstanceOperator(task_id="stop", instance_id=_serve.output)
+    _serve >> use.expand(shard=[["a", "bb"], ["ccc"]]) >> _stop.as_teardown(setups=_serve)
 
 
 # Scheduled on the asset_downstream scenario's model: runs after each successful training, and returns what the
