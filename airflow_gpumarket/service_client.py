@@ -1,8 +1,9 @@
 """A rented service as the tasks that use it reach it: ``connect_service("serve")`` in a task of the same DAG run.
 
-The service's setup task (``GpuMarketServiceOperator``) returned its instance, label and connection; nothing secret.
-Here the instance is read again (its address as it is now) and the credential derived again from the connection's
-API key and the label, masked in the task's log; it is never written anywhere.
+The service's setup task (``GpuMarketServiceOperator``) returned its instance, label, connection and certificate;
+nothing secret. Here the instance is read again (its address as it is now) and the credential derived again from
+the connection's API key and the label, masked in the task's log; it is never written anywhere. The clients speak
+TLS and trust the rental's own certificate only.
 
     @task
     def infer(shard):
@@ -27,16 +28,26 @@ DEFAULT_TIMEOUT_SECONDS = 300.0
 class GpuMarketService:
     """One rented service: its ``base_url`` and the ``headers`` that carry its credential.
 
-    ``client()`` and ``async_client()`` are ``httpx`` clients with both set. A request of theirs that cannot reach
-    the server reads the instance: when it no longer runs, ``GpuMarketServiceGone`` is raised (retrying cannot bring
-    it back); otherwise the transport's error stands. ``check()`` asks the same at any time.
+    ``client()`` and ``async_client()`` are ``httpx`` clients with both set, pinned to the rental's certificate. A
+    request of theirs that cannot reach the server reads the instance: when it no longer runs,
+    ``GpuMarketServiceGone`` is raised (retrying cannot bring it back); otherwise the transport's error stands.
+    ``check()`` asks the same at any time.
     """
 
-    def __init__(self, *, base_url: str, credential: str, instance_id: int, hook: Any) -> None:
+    def __init__(
+        self, *, base_url: str, credential: str, instance_id: int, hook: Any, certificate: str | None = None
+    ) -> None:
         self.base_url = base_url
         self.instance_id = instance_id
+        self.certificate = certificate  # the rental's own (DER, base64), pinned by the clients; None: plain HTTP
         self._credential = credential
         self._hook = hook
+
+    def ssl_context(self) -> Any:
+        """An SSL context that trusts the rental's certificate only (for a client other than ``client()``)."""
+        if self.certificate is None:
+            raise GpuMarketValidationError("certificate", "this service has none: it is reached over plain HTTP")
+        return services.pinned_context(self.certificate)
 
     def __repr__(self) -> str:
         return f"GpuMarketService(instance_id={self.instance_id}, base_url={self.base_url!r})"
@@ -60,7 +71,7 @@ class GpuMarketService:
                     raise
 
         kwargs.setdefault("timeout", DEFAULT_TIMEOUT_SECONDS)
-        kwargs.setdefault("transport", Transport())
+        kwargs.setdefault("transport", Transport(**self._verify()))
         return httpx.Client(base_url=self.base_url, headers=self.headers, **kwargs)
 
     def async_client(self, **kwargs: Any) -> Any:
@@ -80,8 +91,11 @@ class GpuMarketService:
                     raise
 
         kwargs.setdefault("timeout", DEFAULT_TIMEOUT_SECONDS)
-        kwargs.setdefault("transport", Transport())
+        kwargs.setdefault("transport", Transport(**self._verify()))
         return httpx.AsyncClient(base_url=self.base_url, headers=self.headers, **kwargs)
+
+    def _verify(self) -> dict[str, Any]:
+        return {} if self.certificate is None else {"verify": self.ssl_context()}
 
     def check(self) -> None:
         """Raise ``GpuMarketServiceGone`` when the service's instance no longer runs."""
@@ -109,12 +123,15 @@ def connect_service(task_id: str, *, context: Any = None, conn_id: str | None = 
     hook = GpuMarketHook(gpumarket_conn_id=conn_id or handed.get("conn_id") or GpuMarketHook.default_conn_name)
     instance_id = int(handed["instance_id"])
     instance = _running(hook, instance_id)
-    base_url = services.base_url(instance)
+    certificate = handed.get("certificate")
+    base_url = services.base_url(instance, tls=certificate is not None)
     if base_url is None:
         raise _gone(instance_id, "it shows no address for the service port")
     credential = services.token(hook.settings.api_key, str(handed["label"]))
     mask_secret(credential)
-    return GpuMarketService(base_url=base_url, credential=credential, instance_id=instance_id, hook=hook)
+    return GpuMarketService(
+        base_url=base_url, credential=credential, instance_id=instance_id, hook=hook, certificate=certificate
+    )
 
 
 def _running(hook: Any, instance_id: int) -> Any:

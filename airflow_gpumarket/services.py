@@ -27,6 +27,12 @@ PORT_MAPPING = f"-p {SERVICE_PORT}:{SERVICE_PORT}"
 PORT_VARIABLE = "GPUMARKET_SERVICE_PORT"
 #: The variable that holds the rental's credential on the instance.
 TOKEN_VARIABLE = "GPUMARKET_SERVICE_TOKEN"
+#: The variables that give the server the rental's TLS certificate and its key (PEM files).
+CERT_VARIABLE, KEY_VARIABLE = "GPUMARKET_SERVICE_CERT", "GPUMARKET_SERVICE_KEY"
+#: The job wrapper's line that carries the certificate made on the instance (its DER, base64), before the server.
+CERTIFICATE_LINE = "gpumarket: service certificate "
+#: The line when no certificate could be made (no openssl on the image).
+NO_CERTIFICATE_LINE = "gpumarket: no service certificate (openssl failed)"
 #: The exit status of ``timeout`` when the lease ran out.
 _TIMED_OUT = 124
 #: Seconds the server has between the lease's TERM and a KILL.
@@ -66,13 +72,35 @@ def _identity(key: Any, mapped: Any) -> int | None:
     return None
 
 
-def base_url(instance: Mapping[str, Any]) -> str | None:
-    """``http://host:port`` of the instance's server; None while the instance shows no address."""
+def base_url(instance: Mapping[str, Any], *, tls: bool = True) -> str | None:
+    """``https://host:port`` (``http`` without ``tls``) of the instance's server; None while it shows no address."""
     found = address(instance)
     if found is None:
         return None
     host, port = found
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def certificate_in(lines: Any) -> str | None:
+    """The certificate (DER, base64) a job wrapper's lines carry; ``""`` when it said none could be made."""
+    for line in lines:
+        if line.startswith(CERTIFICATE_LINE):
+            return line[len(CERTIFICATE_LINE) :].strip()
+        if line.startswith(NO_CERTIFICATE_LINE):
+            return ""
+    return None
+
+
+def pinned_context(certificate: str) -> Any:
+    """An SSL context that trusts ``certificate`` (DER, base64) and nothing else: the rental's own server."""
+    import base64
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False  # the certificate itself is pinned; the host's address may show under any name
+    context.load_verify_locations(cadata=ssl.DER_cert_to_PEM_cert(base64.b64decode(certificate)))
+    return context
 
 
 def ready_path(value: Any) -> str | None:
@@ -93,8 +121,21 @@ def ready_status(value: Any) -> int:
     return value
 
 
+#: Makes the rental's certificate on the instance (its key never leaves it) and prints the certificate.
+_TLS = f"""gpm_tls="${{TMPDIR:-/tmp}}/gpumarket-tls-$$"
+if mkdir -p "$gpm_tls" && chmod 700 "$gpm_tls" && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+  -nodes -days 30 -subj /CN=gpumarket-service -addext "subjectAltName=IP:${{PUBLIC_IPADDR:-127.0.0.1}}" \
+  -keyout "$gpm_tls/key.pem" -out "$gpm_tls/cert.pem" >/dev/null 2>&1; then
+  export {CERT_VARIABLE}="$gpm_tls/cert.pem" {KEY_VARIABLE}="$gpm_tls/key.pem"
+  echo "{CERTIFICATE_LINE}$(openssl x509 -in "$gpm_tls/cert.pem" -outform DER | base64 | tr -d '\\n')"
+else
+  echo "{NO_CERTIFICATE_LINE}"
+fi
+"""
+
+
 def server_command(command: str, lease_seconds: float) -> str:
-    """The job wrapper's command for a server: its port told, ended at the lease, a lease's end counted as exit 0.
+    """The job wrapper's command for a server: its port and certificate told, ended at the lease, that end exit 0.
 
     Exit 0 makes the job wrapper destroy the instance itself, so a service outlives its lease by a KILL's grace at
     most even when Airflow never runs its teardown.
@@ -104,7 +145,8 @@ def server_command(command: str, lease_seconds: float) -> str:
     lease = max(1, int(lease_seconds))
     return (
         f'export {PORT_VARIABLE}="${{VAST_TCP_PORT_{SERVICE_PORT}:-{SERVICE_PORT}}}"\n'
-        f"timeout -k {_KILL_AFTER} {lease} sh -c {shell_quote(command)}\n"
+        + _TLS
+        + f"timeout -k {_KILL_AFTER} {lease} sh -c {shell_quote(command)}\n"
         "rc=$?\n"
         f'if [ "$rc" = {_TIMED_OUT} ]; then echo "gpumarket: the service\'s lease of {lease} s ended"; exit 0; fi\n'
         "exit $rc\n"

@@ -5,19 +5,23 @@ client's requests per second against a raw ``httpx`` client on the same server, 
 
 Readiness runs ``GpuMarketServiceOperator`` with the example DAG's server against the embedded simulator: boots at
 60x, then the clock at 1x from the rental's first ``running`` (as P11), so the figures are real seconds. The bench
-itself asks the server every 10 ms from the moment the instance shows its address, which tells when it first
-answered; the downstream side is ``connect_service`` and one request right after the task returned (Airflow's own
-scheduling of the next task is not in it). The client figure starts the same server as a local process and sends
-small POSTs through each client in turn. ``--quick`` is a smoke run with the same lines.
+itself asks the server every 10 ms (over TLS, pinned to the certificate in the job's log) from the moment the
+instance shows its address, which tells when it first answered; the downstream side is ``connect_service`` and
+one request right after the task returned (Airflow's own scheduling of the next task is not in it). The client
+figure starts the same server as a local process and sends small POSTs through each client in turn, both over TLS.
+``--quick`` is a smoke run with the same lines.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import runpy
+import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -57,16 +61,19 @@ def _slow_at_running(sim: MarketSimulator, offsets: dict[int, float], stop: thre
 
 def _first_answer(sim: MarketSimulator, token: dict[str, str], stop: threading.Event, seen: dict) -> threading.Thread:
     """Record the real time the server first answers 200, asked every 10 ms once its address shows."""
-    from airflow_gpumarket import services
+    from airflow_gpumarket import job_logs, services
 
     def ask() -> None:
         while not stop.wait(0.01):
             for instance in sim.alive_instances():
                 url = services.base_url(instance)
-                if url is None or not token:
+                output = (sim.onstart_result(instance["id"]) or {}).get("output", "")
+                certificate = services.certificate_in(job_logs.split_lines(output, complete_only=True))
+                if url is None or not token or not certificate:
                     continue
                 try:
-                    if httpx.get(url + "/", headers=token, timeout=1).status_code == 200:
+                    pinned = services.pinned_context(certificate)
+                    if httpx.get(url + "/", headers=token, timeout=1, verify=pinned).status_code == 200:
                         seen.setdefault("answered", time.time())
                         return
                 except httpx.HTTPError:
@@ -129,29 +136,48 @@ def _free_port() -> int:
 
 
 def client_rates(requests: int, rounds: int) -> tuple[float, float]:
-    """Median requests per second through the provider's client and through a raw httpx client, in turns."""
+    """Median requests per second through the provider's client and through a raw httpx client, in turns (both
+    over TLS to the same certificate)."""
+    from airflow_gpumarket import services
     from airflow_gpumarket.service_client import GpuMarketService
 
+    folder = Path(tempfile.mkdtemp(prefix="gpm-p14-"))
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days",
+         "1", "-subj", "/CN=gpumarket-service", "-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    certificate = base64.b64encode(ssl.PEM_cert_to_DER_cert((folder / "cert.pem").read_text())).decode()
     port, credential = _free_port(), "bench-credential"
-    env = {**os.environ, "GPUMARKET_SERVICE_PORT": str(port), "GPUMARKET_SERVICE_TOKEN": credential}
+    env = {
+        **os.environ,
+        "GPUMARKET_SERVICE_PORT": str(port),
+        "GPUMARKET_SERVICE_TOKEN": credential,
+        "GPUMARKET_SERVICE_CERT": str(folder / "cert.pem"),
+        "GPUMARKET_SERVICE_KEY": str(folder / "key.pem"),
+    }
     server = subprocess.Popen(
         ["sh", "-c", SERVER], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
-    base = f"http://127.0.0.1:{port}"
+    base = f"https://127.0.0.1:{port}"
+    pinned = services.pinned_context(certificate)
     try:
         deadline = time.monotonic() + 20
         while True:
             try:
-                httpx.get(base + "/", timeout=1)
+                httpx.get(base + "/", timeout=1, verify=pinned)
                 break
             except httpx.HTTPError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        service = GpuMarketService(base_url=base, credential=credential, instance_id=0, hook=None)
+        service = GpuMarketService(
+            base_url=base, credential=credential, instance_id=0, hook=None, certificate=certificate
+        )
+        headers = {"Authorization": f"Bearer {credential}"}
         clients: dict[str, Any] = {
             "provider": service.client,
-            "raw": lambda: httpx.Client(base_url=base, headers={"Authorization": f"Bearer {credential}"}),
+            "raw": lambda: httpx.Client(base_url=base, headers=headers, verify=pinned),
         }
         rates: dict[str, list[float]] = {name: [] for name in clients}
         for make in clients.values():  # a round each not counted: the first connections and imports
@@ -178,6 +204,9 @@ def main() -> int:
     log_path = Path(home) / "bench_service.log"
     log_stream = b.route_logs_to(log_path)
     runs = 1 if args.quick else 3
+    if shutil.which("openssl") is None:
+        print("P14: not measured: openssl, which makes the service's certificate, is not on this machine")
+        return 0
     try:
         measured = [readiness_run(seed=40 + run) for run in range(runs)]
         answered = statistics.median(m[0] for m in measured)

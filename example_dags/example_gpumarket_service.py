@@ -7,9 +7,10 @@ destroys the instance whatever happened to the group, and the instance destroys 
 that never run.
 
 The server here is a stand-in for a model server (vLLM, TGI, an embedding server): a few lines of Python that
-answer each text's length. A real one listens on ``$GPUMARKET_SERVICE_PORT`` and requires
-``$GPUMARKET_SERVICE_TOKEN``, e.g. ``vllm serve <model> --port "$GPUMARKET_SERVICE_PORT" --api-key
-"$GPUMARKET_SERVICE_TOKEN"``. Traffic to it is plain HTTP for now: send only what may cross the internet in clear.
+answer each text's length. A real one listens on ``$GPUMARKET_SERVICE_PORT`` over TLS with the certificate made on
+the instance, and requires ``$GPUMARKET_SERVICE_TOKEN``, e.g. ``vllm serve <model> --port "$GPUMARKET_SERVICE_PORT"
+--ssl-certfile "$GPUMARKET_SERVICE_CERT" --ssl-keyfile "$GPUMARKET_SERVICE_KEY" --api-key
+"$GPUMARKET_SERVICE_TOKEN"``.
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.answer(200, dict(lengths=[len(text) for text in texts]))
     def log_message(self, *args):
         pass
-port = int(os.environ["GPUMARKET_SERVICE_PORT"])
-http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()
+import ssl
+server = http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["GPUMARKET_SERVICE_PORT"])), Handler)
+tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+tls.load_cert_chain(os.environ["GPUMARKET_SERVICE_CERT"], os.environ["GPUMARKET_SERVICE_KEY"])
+server.socket = tls.wrap_socket(server.socket, server_side=True)
+server.serve_forever()
 PY
 """
 SHARDS = [["a", "bb"], ["ccc"], ["dddd", "eeeee", "f"]]

@@ -20,8 +20,9 @@ def test_rule_the_service_is_reached_at_the_port_mapped_to_itself_at_public_ipad
         "ports": {**SSH, "41234/tcp": [{"HostIp": "0.0.0.0", "HostPort": "41234"}]},
     }
     assert services.address(instance) == ("203.0.113.7", 41234)
-    assert services.base_url(instance) == "http://203.0.113.7:41234"
-    assert services.base_url({**instance, "public_ipaddr": "2001:db8::1"}) == "http://[2001:db8::1]:41234"
+    assert services.base_url(instance) == "https://203.0.113.7:41234"
+    assert services.base_url({**instance, "public_ipaddr": "2001:db8::1"}) == "https://[2001:db8::1]:41234"
+    assert services.base_url(instance, tls=False) == "http://203.0.113.7:41234"
 
 
 @pytest.mark.parametrize(
@@ -73,14 +74,25 @@ def run(command: str, lease: float, port: str | None = None) -> subprocess.Compl
 
 def test_rule_the_server_learns_its_port_and_its_exit_status_is_kept():
     done = run("echo port=$GPUMARKET_SERVICE_PORT; exit 3", lease=30, port="41234")
-    assert done.stdout.splitlines() == ["port=41234"] and done.returncode == 3
-    assert run("echo port=$GPUMARKET_SERVICE_PORT", lease=30).stdout.strip() == "port=70000"
+    assert done.stdout.splitlines()[1:] == ["port=41234"] and done.returncode == 3
+    assert run("echo port=$GPUMARKET_SERVICE_PORT", lease=30).stdout.splitlines()[-1] == "port=70000"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the service's certificate")
+def test_rule_the_instance_makes_the_rentals_certificate_prints_it_and_keeps_its_key():
+    command = 'cat "$GPUMARKET_SERVICE_CERT" > /dev/null && test -s "$GPUMARKET_SERVICE_KEY" && echo key-here'
+    lines = run(command, lease=30).stdout.splitlines()
+    certificate = services.certificate_in(lines)
+    assert certificate and lines[-1] == "key-here" and not any("PRIVATE KEY" in line for line in lines)
+    services.pinned_context(certificate)  # a certificate the client can pin
+    assert services.certificate_in(["gpumarket: no service certificate (openssl failed)"]) == ""
+    assert services.certificate_in(["other"]) is None
 
 
 def test_rule_the_lease_ends_the_server_as_a_success_so_that_the_wrapper_destroys_the_instance():
     done = run("echo 'it'\"'\"'s up'; sleep 30", lease=1)
     assert done.returncode == 0
-    assert done.stdout.splitlines() == ["it's up", "gpumarket: the service's lease of 1 s ended"]
+    assert done.stdout.splitlines()[1:] == ["it's up", "gpumarket: the service's lease of 1 s ended"]
 
 
 def test_a_service_whose_env_is_a_template_parses_and_asks_for_its_port_once_rendered():

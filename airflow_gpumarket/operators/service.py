@@ -29,12 +29,14 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
     """Rent an instance that runs a server, wait until it answers, and hand it to the DAG: a task group's setup.
 
     ``command`` starts the server through the job wrapper. It must listen on ``$GPUMARKET_SERVICE_PORT`` (an
-    identity port, the same inside the container and outside) and should require ``$GPUMARKET_SERVICE_TOKEN`` as a
-    bearer token, the rental's own credential. Only offers with a direct port are searched, and the budget reserves
-    the price over ``lease``. Once the instance runs, the task probes the server until it answers; one that does not
-    within ``ready_timeout`` is destroyed, its machine goes into host memory, and the next offer is tried. The
-    returned dict adds ``base_url`` and ``conn_id``; tasks reach the server with
-    ``airflow_gpumarket.service_client.connect_service``. Pair it with a teardown, as ``CreateInstance``.
+    identity port, the same inside the container and outside) over TLS with ``$GPUMARKET_SERVICE_CERT`` and
+    ``$GPUMARKET_SERVICE_KEY`` (made on the instance for this rental; the clients pin the certificate), and should
+    require ``$GPUMARKET_SERVICE_TOKEN`` as a bearer token, the rental's own credential. Only offers with a direct
+    port are searched, and the budget reserves the price over ``lease``. Once the instance runs, the task probes the
+    server until it answers; one that does not within ``ready_timeout`` is destroyed, its machine goes into host
+    memory, and the next offer is tried. The returned dict adds ``base_url``, ``conn_id`` and ``certificate`` (public:
+    the key stays on the instance); tasks reach the server with ``airflow_gpumarket.service_client.connect_service``.
+    Pair it with a teardown, as ``CreateInstance``.
 
     :param command: shell commands that start the server and keep running (templated).
     :param ready_path: the HTTP path probed (``GET``, with the credential); None probes with a TCP connect.
@@ -67,6 +69,7 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
         self.ready_path = services.ready_path(ready_path)
         self.ready_status = services.ready_status(ready_status)
         self.ready_timeout = duration_seconds("ready_timeout", ready_timeout)
+        self._certificate: str | None = None  # the rental's, once its job's log showed it
 
     def _unready(self, rental: lifecycle.Rental, ended: outcome.WaitOutcome) -> job_logs.PreflightFailure | None:
         """Probe the server until it answers; why not, when ``ready_timeout`` passed or the instance stopped."""
@@ -75,7 +78,7 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
         assert self.spec is not None
         credential = services.token(self.hook.settings.api_key, rental.label or "")
         deadline = self.hook.service_now() + self.ready_timeout  # on the service's clock, as its billing
-        seen = "the instance showed no address for the service port"
+        seen, self._certificate = "the instance showed no address for the service port", None
         while True:
             assert self.session is not None
             self.session.stop_if_killed(rental.instance_id)  # on_kill destroyed it: nothing to probe, nothing to rent
@@ -86,9 +89,13 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
             if instance is None or instance.get("actual_status") != api.STATUS_RUNNING:
                 self.session.stop_if_killed(rental.instance_id)  # on_kill ran during the read: not the host's doing
                 return self._stopped(rental, instance)
+            if self._certificate is None and (found := self._certificate_of(rental)) is not None:
+                self._certificate = found
             url = services.base_url(instance)
-            if url is not None:
-                ready, seen = self._answers(instance, url, credential)
+            if self._certificate is None:
+                seen = "the server's certificate was not in the job's log yet"
+            elif url is not None:
+                ready, seen = self._answers(instance, url, credential, services.pinned_context(self._certificate))
                 if ready:
                     self.log.info("The service of instance %s answers at %s", rental.instance_id, url)
                     return None
@@ -96,24 +103,42 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
                 return job_logs.PreflightFailure("ready", f"{seen}, {self.ready_timeout:g} s after it ran")
             time.sleep(self.spec.poll_interval)
 
-    def _answers(self, instance: Any, url: str, credential: str) -> tuple[bool, str]:
-        """Whether the server answers as ready now, and what was seen."""
+    def _certificate_of(self, rental: lifecycle.Rental) -> str | None:
+        """The certificate the instance made, from its job's log; None while the log does not show it yet."""
+        try:
+            lines = job_logs.split_lines(self.hook.get_instance_logs(rental.instance_id), complete_only=True)
+        except GpuMarketError:
+            return None
+        found = services.certificate_in(lines)
+        if found == "":
+            raise failures.GpuMarketJobFailed(
+                f"The service on instance {rental.instance_id} could not make its TLS certificate: openssl failed or "
+                "is missing from the image. Install openssl in the image; every instance of this try is destroyed."
+            )
+        return found
+
+    def _answers(self, instance: Any, url: str, credential: str, pinned: Any) -> tuple[bool, str]:
+        """Whether the server answers as ready now over TLS to its own certificate, and what was seen."""
         import socket
 
-        import requests
+        import httpx
 
         if self.ready_path is None:
             host, port = services.address(instance) or ("", 0)
             try:
-                socket.create_connection((host, port), timeout=PROBE_TIMEOUT_SECONDS).close()
+                with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_SECONDS) as raw:
+                    pinned.wrap_socket(raw).close()
             except OSError as exc:
-                return False, f"a TCP connect to {url} failed ({exc.__class__.__name__})"
-            return True, "it accepted a TCP connect"
+                return False, f"a TLS connect to {url} failed ({exc.__class__.__name__})"
+            return True, "it accepted a TLS connect"
         try:
-            answer = requests.get(
-                url + self.ready_path, headers={"Authorization": f"Bearer {credential}"}, timeout=PROBE_TIMEOUT_SECONDS
+            answer = httpx.get(
+                url + self.ready_path,
+                headers={"Authorization": f"Bearer {credential}"},
+                verify=pinned,
+                timeout=PROBE_TIMEOUT_SECONDS,
             )
-        except requests.RequestException as exc:
+        except httpx.HTTPError as exc:
             return False, f"GET {self.ready_path} got no answer ({exc.__class__.__name__})"
         if answer.status_code == self.ready_status:
             return True, f"GET {self.ready_path} answered {answer.status_code}"
@@ -138,7 +163,7 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
 
     def _complete(self, result: RentalResult) -> Any:
         done = super()._complete(result)
-        done["conn_id"] = self.gpumarket_conn_id
+        done["conn_id"], done["certificate"] = self.gpumarket_conn_id, self._certificate
         try:
             done["base_url"] = services.base_url(self.hook.get_instance(result.rental.instance_id))
         except GpuMarketError as exc:

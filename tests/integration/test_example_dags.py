@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+
+import pytest
+
 from airflow_gpumarket import lifecycle
 
 from .conftest import alive, offers_rented_twice_at_once, rented_offers, task_states
@@ -256,6 +260,7 @@ def test_spend_report_example_attributes_charges_to_the_dag_that_rented_and_flag
     assert alive(sim) == []
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the service's certificate")
 def test_a_service_for_a_task_group_serves_every_shard_then_the_teardown_destroys_it(example_dag, sim, task_log):
     run = example_dag("example_gpumarket_service").test()
     assert run.state == "success", task_states(run)

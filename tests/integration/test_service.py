@@ -7,6 +7,7 @@ credential; the tests reach it as a downstream task does, through ``connect_serv
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from types import SimpleNamespace
 
@@ -25,6 +26,8 @@ from .test_interruptible import run_to_the_end
 from .test_money_safety import context, healthy_market  # noqa: F401 (an autouse fixture)
 
 FILTERS = {"num_gpus": {"gte": 1}}
+#: The instance makes the rental's certificate with openssl, as on the live service's images.
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the service's certificate")
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +70,19 @@ def test_rule_a_service_is_handed_over_once_it_answers_and_its_tasks_reach_it_wi
     assert handed["actual_status"] == "running" and handed["conn_id"] == "gpumarket_default"
     (instance,) = alive(sim)
     (mapped,) = instance["ports"].values()  # the identity port, under the port picked
-    assert handed["base_url"] == f"http://127.0.0.1:{mapped[0]['HostPort']}"
+    assert handed["base_url"] == f"https://127.0.0.1:{mapped[0]['HostPort']}"
     service = connect_service("serve", context=downstream(handed))
+    assert service.base_url == handed["base_url"] and service.base_url.startswith("https://127.0.0.1:")
     with service.client() as client:
         assert client.post("/embed", json=["ab", "c"]).json() == {"lengths": [2, 1]}
-    assert httpx.post(f"{service.base_url}/embed", json=["ab"]).status_code == 401  # no credential: refused
+    pinned = service.ssl_context()
+    assert httpx.post(f"{service.base_url}/embed", json=["ab"], verify=pinned).status_code == 401  # no credential
     wrong = {"Authorization": "Bearer " + services.token("another key", handed["label"])}
-    assert httpx.post(f"{service.base_url}/embed", json=["ab"], headers=wrong).status_code == 401
+    assert httpx.post(f"{service.base_url}/embed", json=["ab"], headers=wrong, verify=pinned).status_code == 401
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):  # any other certificate: refused
+        httpx.post(f"{service.base_url}/embed", json=["ab"], headers=service.headers)
+    with pytest.raises(httpx.TransportError):  # never in clear
+        httpx.post(service.base_url.replace("https", "http"), json=["ab"], headers=service.headers)
     credential = token_of(handed)
     assert credential not in json.dumps(handed) and credential not in task_log() and credential not in repr(service)
     GpuMarketDestroyInstanceOperator(task_id="stop", instance_id=handed).execute(context())
@@ -93,7 +102,7 @@ def test_rule_a_request_to_a_service_whose_host_vanished_fails_as_service_gone(s
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the simulator ends the instance's processes as it applies the status
         try:
-            httpx.get(service.base_url, timeout=1)
+            httpx.get(service.base_url, timeout=1, verify=service.ssl_context())
         except httpx.TransportError:
             break
         time.sleep(0.05)
@@ -121,6 +130,7 @@ def test_rule_a_server_that_never_answers_fails_over_and_its_host_is_remembered(
     flag = tmp_path / "first-rental-seen"
     # The first rental's server never listens; the next one's does (the simulator's hosts share this machine's disk).
     command = f"if [ -e {flag} ]; then {server}\nelse touch {flag}; sleep 600; fi"
+    sim.set_speed(60)  # the instance's own work (its certificate, the probes) is in real time: 600x would inflate it
     handed = serve(command, ready_timeout=30, max_offer_attempts=2).execute(context())
     first, second = sorted(sim.state()["instances"], key=lambda i: i["id"])
     assert handed["instance_id"] == second["id"] and first["destroyed_at"] is not None
