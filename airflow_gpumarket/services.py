@@ -1,4 +1,4 @@
-"""A rented GPU as a service, as pure rules: its port, its address, its credential, its readiness and its lease.
+"""A rented GPU as a service, as pure rules: its port, address, credential, certificate, readiness and lease.
 
 The server listens on an *identity port* (``-p 70000:70000``): the service picks a port that is the same inside the
 container and outside, and tells it in ``VAST_TCP_PORT_70000``; the simulator does the same, so one command runs on
@@ -7,7 +7,9 @@ under the port picked.
 
 The credential is per rental: an HMAC of the connection's API key over the rental's label. The create request
 carries it to the instance (``GPUMARKET_SERVICE_TOKEN``); a downstream task derives it again from the connection and
-the label its setup task returned, so it is never stored. Imported when a DAG file is parsed: standard library only.
+the label its setup task returned, so it is never stored. The certificate is made on the instance for the rental
+(its key never leaves it), printed in the job's log, and pinned by every client. Imported when a DAG file is
+parsed: standard library only.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def pinned_context(certificate: str) -> Any:
 
 
 def ready_path(value: Any) -> str | None:
-    """``ready_path``: an HTTP path starting with ``/``, or None for a TCP connect."""
+    """``ready_path``: an HTTP path starting with ``/``, or None for a TLS handshake only."""
     if value is None:
         return None
     if not isinstance(value, str) or not value.startswith("/") or any(c in value for c in " \r\n\t"):

@@ -39,7 +39,7 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
     Pair it with a teardown, as ``CreateInstance``.
 
     :param command: shell commands that start the server and keep running (templated).
-    :param ready_path: the HTTP path probed (``GET``, with the credential); None probes with a TCP connect.
+    :param ready_path: the HTTP path probed (``GET``, with the credential); None probes with a TLS handshake.
     :param ready_status: the status a ready server answers at ``ready_path`` (default 200).
     :param ready_timeout: how long after the instance runs the server has to answer (default 15 minutes).
     :param lease: the longest the service lives (default 2 hours): the instance ends the server and destroys
