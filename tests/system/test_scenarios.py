@@ -607,13 +607,8 @@ def test_scheduler_kill(alone, scenario: Scenario):
     survive_the_kill(s, s.deployment.shape.of("scheduler")[0], "")
 
 
-@pytest.mark.production_shape
-def test_worker_kill(alone, scenario: Scenario):
-    """The machine of a Celery worker is lost with a job on it: kill -9 the worker and everything under it."""
-    s = scenario
-    s.trigger()
-    instance = s.wait_running("running")
-    ti_id = str(s.ti()["id"])
+def kill_worker_running(s: Scenario, ti_id: str) -> tuple[str, int]:
+    """Kill -9 the Celery worker running a TI and everything under it, as a lost machine; (its name, descendants)."""
     deployment = s.deployment
     runner = deployment.task_processes(ti_id)
     workers = {deployment.processes.started[n].pid: n for n in deployment.shape.of("worker")}
@@ -625,8 +620,19 @@ def test_worker_kill(alone, scenario: Scenario):
     for child in everything:
         with contextlib.suppress(psutil.Error):
             child.kill()
+    return victim, len(everything) - 1
+
+
+@pytest.mark.production_shape
+def test_worker_kill(alone, scenario: Scenario):
+    """The machine of a Celery worker is lost with a job on it: kill -9 the worker and everything under it."""
+    s = scenario
+    s.trigger()
+    instance = s.wait_running("running")
+    deployment = s.deployment
+    victim, descendants = kill_worker_running(s, str(s.ti()["id"]))
     killed = time.time()
-    s.say(f"{victim} and its {len(everything) - 1} descendants killed with kill -9")
+    s.say(f"{victim} and its {descendants} descendants killed with kill -9")
     try:
         s.expect_state("failed", HEARTBEAT_TIMEOUT + 90)
     finally:
@@ -864,16 +870,7 @@ def test_service(alone, scenario: Scenario):
     (instance,) = [i for i in s.instances() if not i["destroyed"]]
     time.sleep(2)  # inside its use of the service, between its two requests
     deployment = s.deployment
-    workers = {deployment.processes.started[n].pid: n for n in deployment.shape.of("worker")}
-    runner = deployment.task_processes(str(victim_ti["id"]))
-    victim = next((workers[a.pid] for p in runner for a in p.parents() if a.pid in workers), None)
-    assert victim is not None, f"no Celery worker found above the task's processes {[p.pid for p in runner]}"
-    process = psutil.Process(deployment.processes.started[victim].pid)
-    everything = [process, *process.children(recursive=True)]
-    deployment.processes.kill_group(victim)
-    for child in everything:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
+    victim, _ = kill_worker_running(s, str(victim_ti["id"]))
     s.say(f"{victim} killed -9 while map index {victim_ti['map_index']} used instance {instance['id']}")
     try:
         final = s.wait(
