@@ -89,6 +89,11 @@ class DataPlan:
         """Whether the job waits for its inputs: each one's manifest and files, or else the gate."""
         return bool(self.inputs)
 
+    def checked_inputs(self) -> tuple[str, ...]:
+        """The input paths the job wrapper checks by their manifests: every one, or none when one is unquotable."""
+        paths = tuple(self.inputs)
+        return paths if all(map(is_quotable, paths)) else ()
+
     def wrapper_timeout(self) -> float:
         return self.staging_timeout + WRAPPER_MARGIN_SECONDS
 

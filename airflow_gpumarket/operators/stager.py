@@ -97,14 +97,13 @@ class Stager:
             restore_from = f"instance {source_id}"
         else:
             restore_from = "cloud" if plan.restores_from_cloud(source_id) else ""
-        inputs = tuple(plan.inputs)
         return WrapperStaging(
             plan.checkpoint_dir,
             restore_from=restore_from,
             gated=plan.gated(source_id),
             timeout=plan.wrapper_timeout(),
             on_restore_failure=plan.on_restore_failure,
-            inputs=inputs if all(map(staging.is_quotable, inputs)) else (),  # a manifest for each, or the gate
+            inputs=plan.checked_inputs(),  # a manifest for each, or the gate
             outputs=tuple(filter(staging.is_quotable, plan.outputs)),
         )
 
@@ -332,13 +331,14 @@ class Stager:
         return None
 
     # --- the wrapper's news of inputs ------------------------------------------------------------------
-    def _arrived(self, instance_id: int, path: str) -> bool:
-        """Whether the wrapper's log, read now, shows input ``path`` arrived by its manifest, or its staging over."""
+    def _arrived(self, instance_id: int, *paths: str) -> bool:
+        """Whether the wrapper's log, read now, shows every input of ``paths`` arrived by its manifest, or its
+        staging over."""
         try:
             self._show(instance_id, self.hook.get_instance_logs(instance_id))
         except GpuMarketError as exc:
             self.log.info("Reading the log of instance %s during a copy: %s", instance_id, exc)
-        return self.staging_over(self._shown) or self._seen_arrived(path)
+        return self.staging_over(self._shown) or all(map(self._seen_arrived, paths))
 
     def _all_arrived(self, instance_id: int) -> bool:
         """Whether the wrapper saw every input arrive by its manifest, given the time it takes to look.
@@ -346,10 +346,11 @@ class Stager:
         A copy whose end ``status_msg`` told first may not have been looked at yet: the log is read again for up to
         ``WRAPPER_NOTICE_SECONDS`` before the gate is sent. Inputs the wrapper cannot check are not waited for.
         """
-        if not all(map(staging.is_quotable, self.plan.inputs)):
+        inputs = self.plan.checked_inputs()
+        if not inputs:
             return False
         until = time.time() + staging.WRAPPER_NOTICE_SECONDS
-        while not all(self._arrived(instance_id, path) for path in self.plan.inputs):
+        while not self._arrived(instance_id, *inputs):
             if time.time() >= until:
                 return False
             time.sleep(min(self.poll_interval, 0.5))

@@ -194,7 +194,7 @@ class OnstartRunner:
             runs = list(self._runs.values())
             self._runs.clear()
         for run in runs:
-            _signal_group(run.process, signal.SIGKILL)
+            _signal(run.process.pid, signal.SIGKILL)
         for run in runs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 run.process.wait(timeout=5)
@@ -206,10 +206,6 @@ class OnstartRunner:
             base, self._base = self._base, None
         if base:
             shutil.rmtree(base, ignore_errors=True)
-
-
-def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
-    _signal(process.pid, sig)
 
 
 def _signal(group: int, sig: int) -> None:
