@@ -150,10 +150,13 @@ GPM_FROM='{restore_from}'
 GPM_GATED='{gated}'
 GPM_IN='{inputs}'
 GPM_SEEN=
+gpm_list() {{
+  (cd "$1" && shift && find . -type f "$@" | sed 's|^\\./||' | sort > {manifest}.t && mv -f {manifest}.t {manifest}) \
+    2>/dev/null
+}}
 gpm_manifest() {{
   [ -n '{checkpoint_dir}' ] || return 0
-  mkdir -p "$GPM_CK" && (cd "$GPM_CK" && find . -type f ! -name '.*' ! -name '*.tmp' | sed 's|^\\./||' | sort \
-    > {manifest}.t && mv -f {manifest}.t {manifest}) 2>/dev/null
+  mkdir -p "$GPM_CK" && gpm_list "$GPM_CK" ! -name '.*' ! -name '*.tmp'
 }}
 gpm_listed() {{
   [ -f "$1/{manifest}" ] || return 1
@@ -184,8 +187,7 @@ gpm_ready() {{
 }}
 gpm_outputs() {{
   for p in {outputs}; do
-    [ -d "$GPM_ROOT$p" ] && [ "$GPM_ROOT$p" != "$GPM_CK" ] && (cd "$GPM_ROOT$p" && find . -type f \
-      ! -name '{manifest}*' | sed 's|^\\./||' | sort > {manifest}.t && mv -f {manifest}.t {manifest}) 2>/dev/null
+    [ -d "$GPM_ROOT$p" ] && [ "$GPM_ROOT$p" != "$GPM_CK" ] && gpm_list "$GPM_ROOT$p" ! -name '{manifest}*'
   done
 }}
 gpm_rc=
