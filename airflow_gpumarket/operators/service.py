@@ -105,17 +105,20 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
 
     def _certificate_of(self, rental: lifecycle.Rental) -> str | None:
         """The certificate the instance made, from its job's log; None while the log does not show it yet."""
-        try:
-            lines = job_logs.split_lines(self.hook.get_instance_logs(rental.instance_id), complete_only=True)
-        except GpuMarketError:
-            return None
-        found = services.certificate_in(lines)
+        found = services.certificate_in(self._log_lines(rental))
         if found == "":
             raise failures.GpuMarketJobFailed(
                 f"The service on instance {rental.instance_id} could not make its TLS certificate: openssl failed or "
                 "is missing from the image. Install openssl in the image; every instance of this try is destroyed."
             )
         return found
+
+    def _log_lines(self, rental: lifecycle.Rental) -> list[str]:
+        """The job's whole lines so far; none when its log cannot be read now."""
+        try:
+            return job_logs.split_lines(self.hook.get_instance_logs(rental.instance_id), complete_only=True)
+        except GpuMarketError:
+            return []
 
     def _answers(self, instance: Any, url: str, credential: str, pinned: Any) -> tuple[bool, str]:
         """Whether the server answers as ready now over TLS to its own certificate, and what was seen."""
@@ -146,10 +149,7 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
 
     def _stopped(self, rental: lifecycle.Rental, instance: Any) -> job_logs.PreflightFailure:
         """The instance stopped or went before its server answered: a server that exited fails the task."""
-        try:
-            lines = job_logs.split_lines(self.hook.get_instance_logs(rental.instance_id), complete_only=True)
-        except GpuMarketError:
-            lines = []
+        lines = self._log_lines(rental)
         status = job_logs.exit_status(lines)
         if status is not None and job_logs.preflight_failure(lines, status) is None:
             tail = " | ".join(lines[-5:])
