@@ -230,14 +230,31 @@ def preflight_failure(lines: Iterable[str], status: int | None = None) -> Prefli
     return None
 
 
-def preflight_in_log(hook: Any, instance_id: int) -> PreflightFailure | None:
-    """Whether the job wrapper's preflight stopped ``instance_id``, as its log says (an unreadable log: no)."""
+class LogEnd(NamedTuple):
+    """The end of a stopped instance's log: its last lines and the exit status the wrapper printed (None: none)."""
+
+    lines: list[str]
+    status: int | None
+
+    @property
+    def preflight(self) -> PreflightFailure | None:
+        """The host failure the wrapper's preflight reported, if it stopped the instance."""
+        return preflight_failure(self.lines, self.status)
+
+    @property
+    def job_exited(self) -> bool:
+        """Whether the command itself ran and exited (the job's end, not the host's)."""
+        return self.status is not None and self.preflight is None
+
+
+def end_in_log(hook: Any, instance_id: int) -> LogEnd:
+    """How the job wrapper ended ``instance_id``, as its log's last lines say (an unreadable log: no lines)."""
     try:
         text = hook.get_instance_logs(instance_id, tail=FAILURE_TAIL_LINES, retry=False)
     except GpuMarketError:
-        return None
+        return LogEnd([], None)
     lines = split_lines(text, complete_only=False)
-    return preflight_failure(lines, exit_status(lines))
+    return LogEnd(lines, exit_status(lines))
 
 
 def log_daemon_tail(hook: Any, log: Any, instance_id: int) -> None:

@@ -160,11 +160,11 @@ def count_client_faults(counter: Counter) -> None:
 def count_preflight_failovers(recognised: set[int]) -> None:
     """Collect the instances whose failed GPU preflight the renting task recognised (and so failed over from), by
     wrapping the two functions that read the wrapper's verdict: from a wait's outcome (``plan.preflight_failed``), and
-    from a stopped instance's log (``job_logs.preflight_in_log``: a job whose data was still to be staged)."""
+    from a stopped instance's log (``job_logs.end_in_log``: a job whose data was still to be staged)."""
     from airflow_gpumarket import job_logs
     from airflow_gpumarket.operators import plan
 
-    from_event, from_log = plan.preflight_failed, job_logs.preflight_in_log
+    from_event, from_log = plan.preflight_failed, job_logs.end_in_log
     lock = threading.Lock()
 
     def seen(found: Any, instance_id: Any) -> Any:
@@ -174,7 +174,13 @@ def count_preflight_failovers(recognised: set[int]) -> None:
         return found
 
     plan.preflight_failed = lambda spec, ended: seen(from_event(spec, ended), ended.instance_id)
-    job_logs.preflight_in_log = lambda hook, instance_id: seen(from_log(hook, instance_id), instance_id)
+
+    def end_seen(hook: Any, instance_id: Any) -> Any:
+        end = from_log(hook, instance_id)
+        seen(end.preflight, instance_id)
+        return end
+
+    job_logs.end_in_log = end_seen
 
 
 def failed_gpu_checks(sim: Simulator, instances: list[dict]) -> tuple[list[int], list[int]]:

@@ -150,13 +150,13 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
     def _stopped(self, rental: lifecycle.Rental, instance: Any) -> job_logs.PreflightFailure:
         """The instance stopped or went before its server answered: a server that exited fails the task."""
         lines = self._log_lines(rental)
-        status = job_logs.exit_status(lines)
-        if status is not None and job_logs.preflight_failure(lines, status) is None:
-            tail = " | ".join(lines[-5:])
+        end = job_logs.LogEnd(lines, job_logs.exit_status(lines))
+        if end.job_exited:
             raise failures.GpuMarketJobFailed(
-                f"The server of instance {rental.instance_id} exited with status {status} before it answered "
-                f"(its log ends: {tail}). Check command; every instance of this try is destroyed.",
-                exit_status=status,
+                f"The server of instance {rental.instance_id} exited before it answered; "
+                f"{job_logs.failure_detail(lines, end.status)}. Check command; every instance of this try is "
+                "destroyed.",
+                exit_status=end.status,
             )
         state = "gone" if instance is None else repr(instance.get("actual_status"))
         return job_logs.PreflightFailure("ready", f"the instance went {state} before the server answered")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from bad_input import refused_at_parse_time
 
 from airflow_gpumarket import lifecycle
 from airflow_gpumarket.lifecycle import task_key
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
+from airflow_gpumarket.operators.failures import GpuMarketJobFailed
 
 from .renting_fakes import FakeHook, ctx
 
@@ -32,6 +34,20 @@ def test_create_instance_operator_hands_over_a_running_instance_without_destroyi
     assert result["instance_id"] == 1001 and hook.destroyed == []
     op.on_kill()
     assert hook.destroyed == []  # handed over: a later on_kill has nothing of its own to destroy
+
+
+def test_rule_a_command_that_exits_before_its_instance_is_seen_running_fails_the_task_and_rents_nothing_more():
+    """The job wrapper stopped the instance between two reads: the command's exit, not a failed host to fail over."""
+    hook = FakeHook({1: [None, "stopped"], 2: ["running"]})
+    hook.log_text = "gpumarket: job started\nno model here\ngpumarket: job exited with status 3\n"
+    op = GpuMarketCreateInstanceOperator(
+        task_id="create", offer_filters={"num_gpus": {"gte": 1}}, image="img", command="serve", poll_interval=0.001
+    )
+    op.__dict__["hook"] = hook
+    with pytest.raises(GpuMarketJobFailed, match="exited before the instance was seen running") as failed:
+        op.execute(ctx())
+    assert failed.value.exit_status == 3 and "no model here" in str(failed.value)
+    assert list(hook.instances) == [1001] and hook.destroyed == [1001]
 
 
 # --- Bad input, refused when the DAG is parsed -------------------------------------------------------------
