@@ -5,6 +5,7 @@ Each is an ``AirflowException``, raised after everything the task rented was des
 
 from __future__ import annotations
 
+from airflow_gpumarket import job_logs
 from airflow_gpumarket._compat import AirflowException
 
 
@@ -63,3 +64,12 @@ class GpuMarketDestroyFailed(AirflowException):
 
 class GpuMarketServiceGone(AirflowException):
     """A task that used a rented service (``connect_service``) found its instance gone or stopped: nobody answers."""
+
+
+def exited_early(instance_id: int, end: job_logs.LogEnd, before: str) -> GpuMarketJobFailed:
+    """The failure of a command that exited (``end``, its log's) before ``before``: the job's, not its host's."""
+    return GpuMarketJobFailed(
+        f"The command on instance {instance_id} exited before {before}; "
+        f"{job_logs.failure_detail(end.lines, end.status)}. Check command; every instance of this try is destroyed.",
+        exit_status=end.status,
+    )

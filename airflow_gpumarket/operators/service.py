@@ -148,16 +148,13 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
         return False, f"GET {self.ready_path} answered {answer.status_code}, not {self.ready_status}"
 
     def _stopped(self, rental: lifecycle.Rental, instance: Any) -> job_logs.PreflightFailure:
-        """The instance stopped or went before its server answered: a server that exited fails the task."""
-        lines = self._log_lines(rental)
-        end = job_logs.LogEnd(lines, job_logs.exit_status(lines))
+        """The instance stopped or went before its server answered: a server that exited fails the task; a failed
+        preflight is the host's."""
+        end = job_logs.end_in_log(self.hook, rental.instance_id)
         if end.job_exited:
-            raise failures.GpuMarketJobFailed(
-                f"The server of instance {rental.instance_id} exited before it answered; "
-                f"{job_logs.failure_detail(lines, end.status)}. Check command; every instance of this try is "
-                "destroyed.",
-                exit_status=end.status,
-            )
+            raise failures.exited_early(rental.instance_id, end, "it answered")
+        if end.preflight is not None:
+            return end.preflight  # the host failed the wrapper's checks: the server never started
         state = "gone" if instance is None else repr(instance.get("actual_status"))
         return job_logs.PreflightFailure("ready", f"the instance went {state} before the server answered")
 

@@ -30,10 +30,10 @@ from airflow_gpumarket.operators.budget import Budget
 from airflow_gpumarket.operators.chooser import OfferChooser, Pick
 from airflow_gpumarket.operators.ending import Books, Disposal, end_rental
 from airflow_gpumarket.operators.failures import (
-    GpuMarketJobFailed,
     GpuMarketNoWorkingOffer,
     GpuMarketOutcomeUnknown,
     GpuMarketStagingFailed,
+    exited_early,
 )
 from airflow_gpumarket.operators.guard import destroy_rentals
 from airflow_gpumarket.outcome import EventKind, WaitOutcome, from_event, instance_of
@@ -402,7 +402,10 @@ class RentalSession:
         """
         if preflight is None and ended.actual_status == api.STATUS_STOPPED and self.spec.command is not None:
             # a wait for the status (data to stage, a service) ends so: the wrapper may have stopped it unseen
-            preflight = self._stopped_by_wrapper(rental) if self.spec.log_interval else None
+            end = job_logs.end_in_log(self.hook, rental.instance_id) if self.spec.log_interval else None
+            if end is not None and end.job_exited:
+                raise exited_early(rental.instance_id, end, "the instance was seen running")
+            preflight = None if end is None else end.preflight
         if preflight is not None:
             sentence = f"instance {rental.instance_id}: {preflight.describe(rental.machine_id)}"
             sentence += "" if preflight.check == "ready" else "; the job did not run"
@@ -421,18 +424,6 @@ class RentalSession:
         elif ended.actual_status in api.FAILED_STATUSES:
             self._chooser.remember(rental, str(ended.actual_status), sentence)
         rental.give_up(sentence)
-
-    def _stopped_by_wrapper(self, rental: lifecycle.Rental) -> job_logs.PreflightFailure | None:
-        """Why the job wrapper stopped the rental before it was seen running: its preflight, or the command's exit."""
-        end = job_logs.end_in_log(self.hook, rental.instance_id)
-        if end.job_exited:
-            raise GpuMarketJobFailed(
-                f"The command on instance {rental.instance_id} exited before the instance was seen running; "
-                f"{job_logs.failure_detail(end.lines, end.status)}. Check command; every instance of this try is "
-                "destroyed.",
-                exit_status=end.status,
-            )
-        return end.preflight
 
     def remember_lost(self, rental: lifecycle.Rental, ended: WaitOutcome) -> None:
         """The host failed under the running job: its machine remembered (host memory)."""
