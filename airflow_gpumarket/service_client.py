@@ -16,10 +16,13 @@ TLS and trust the rental's own certificate only.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from airflow_gpumarket import api, services
 from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+log = logging.getLogger(__name__)
 
 #: Seconds a request waits by default: a model's answer may take a while.
 DEFAULT_TIMEOUT_SECONDS = 300.0
@@ -113,6 +116,7 @@ def connect_service(task_id: str, *, context: Any = None, conn_id: str | None = 
     """
     from airflow_gpumarket._compat import get_current_context, mask_secret
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.ui import records
 
     context = context if context is not None else get_current_context()
     handed = context["ti"].xcom_pull(task_ids=task_id)
@@ -129,6 +133,7 @@ def connect_service(task_id: str, *, context: Any = None, conn_id: str | None = 
         raise _gone(instance_id, "it shows no address for the service port")
     credential = services.token(hook.settings.api_key, str(handed["label"]))
     mask_secret(credential)
+    records.push_use(context, log, instance_id, hook.service_now())  # the page lists the tasks that used it
     return GpuMarketService(
         base_url=base_url, credential=credential, instance_id=instance_id, hook=hook, certificate=certificate
     )

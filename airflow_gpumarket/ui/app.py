@@ -324,6 +324,7 @@ def _row_json(row: spend.LiveRental, access: _Access) -> dict[str, Any]:
         "try_number": recorded.record.get("try_number") if recorded else None,
         "task_state": row.task_state,
         "orphan": row.orphan_reason,
+        "used_by": [{"task_id": ti[2], "map_index": ti[3]} for ti in row.used_by],
         "lease_until": (lifecycle.parse_label(row.label) or (None, None))[1],
         "may_destroy": access.may_destroy(row),
     }

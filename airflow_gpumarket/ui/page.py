@@ -31,6 +31,8 @@ CHART_HEIGHT, BAR_WIDTH, GAP = 160, 28, 10
 COST_PLACES, CREDIT_PLACES = Decimal("0.0001"), Decimal("0.01")
 #: Rentals listed one by one under the spend; the JSON has them all.
 MAX_RENTAL_ROWS = 200
+#: A mapped task's indexes shown beside a service that it used; more are elided.
+MAX_USER_INDEXES = 10
 #: The estimate's mark, as the legend explains it.
 ESTIMATE_LEGEND = "≈ … est."
 
@@ -111,8 +113,23 @@ def _task_cell(row: LiveRental) -> str:
     return (
         f"{escape(ti_text(row.owner))}{'' if tried is None else f' (try {int(tried)})'}"
         f"<br><span class=muted>{escape(row.task_state or 'state unknown')}"
-        f"{' · from its label' if row.by_label else ''}</span>"
+        f"{' · from its label' if row.by_label else ''}</span>{_users(row)}"
     )
+
+
+def _users(row: LiveRental) -> str:
+    """The tasks that reached the rental as a service, by task id (a mapped task's indexes together)."""
+    if not row.used_by:
+        return ""
+    indexes: dict[str, set[int]] = {}
+    for _, _, task_id, map_index in row.used_by:
+        indexes.setdefault(task_id, set()).update([map_index] if map_index >= 0 else [])
+    shown = []
+    for task_id, found in sorted(indexes.items()):
+        listed = ", ".join(str(i) for i in sorted(found)[:MAX_USER_INDEXES])
+        more = ", …" if len(found) > MAX_USER_INDEXES else ""
+        shown.append(f"{task_id}[{listed}{more}]" if found else task_id)
+    return f"<br><span class=muted>used by {escape(', '.join(shown))}</span>"
 
 
 def _rental_rows(rows: Iterable[LiveRental], target: int | None, destroy_button: Callable[[LiveRental], str]) -> str:

@@ -25,6 +25,8 @@ metrics = RunTimeModule("airflow_gpumarket.metrics")
 RECORD_KEY_PREFIX = "gpumarket_rental_"
 #: The XCom keys of the end of a rental written by something other than its renter (it carries ``end_only``).
 END_KEY_PREFIX = f"{RECORD_KEY_PREFIX}end_"
+#: The XCom keys a task that reached a rented service writes (``connect_service``): this prefix and the instance id.
+USE_KEY_PREFIX = "gpumarket_service_use_"
 #: The XCom key of the page's row of the task instance's latest rental (what the "GPU rental" link opens).
 URL_XCOM_KEY = "gpumarket_rental_url"
 #: The URL path of the page, relative to the Airflow UI's base URL (no leading slash: it works behind a proxy).
@@ -37,6 +39,10 @@ def record_key(instance_id: int) -> str:
 
 def end_key(instance_id: int) -> str:
     return f"{END_KEY_PREFIX}{int(instance_id)}"
+
+
+def use_key(instance_id: int) -> str:
+    return f"{USE_KEY_PREFIX}{int(instance_id)}"
 
 
 def rental_url(instance_id: int) -> str:
@@ -148,6 +154,12 @@ def push_end(
     """Store the end of a rental just destroyed on the running task instance's XComs, best effort."""
     record = end_only(instance_id=instance_id, ended_at=hook.service_now(), ended_by=ended_by, instance=instance)
     _push(context.get("ti") if isinstance(context, Mapping) else None, log, end_key(instance_id), record)
+
+
+def push_use(context: Any, log: Any, instance_id: int, used_at: float) -> None:
+    """Store on the running task instance's XComs that it reached the service of ``instance_id``, best effort."""
+    record = {"instance_id": int(instance_id), "used_at": round(used_at, 3)}
+    _push(context.get("ti") if isinstance(context, Mapping) else None, log, use_key(instance_id), record)
 
 
 def xcom_model() -> Any:

@@ -25,6 +25,7 @@ from airflow_gpumarket.ui.records import (
     end_only,
     record_key,
     stored_value,
+    use_key,
     xcom_model,
 )
 from airflow_gpumarket.ui.spend import RecordRow, TaskState, TiKey
@@ -113,7 +114,10 @@ def gather(since: float, now: float, conn_ids: list[str] | None = None) -> Gathe
         keys |= {r.rental_key for r in rows if r.end_only}
         attributed = label_owners(session, {k for k in keys if k}, since=since)
         tasks = task_states(session, [r.ti_key for r in starts] + list(attributed.values()))
+        used = users(session, alive)
     live = spend.live_rentals(listed, by_instance, tasks, now, clock_offsets, attributed)
+    for row in live:
+        row.used_by = tuple(sorted(used.get(row.instance_id, ())))
     gathered = Gathered(conn_ids, live, spend.spans(rows, attributed), charges_of, clock_offsets, no_charges, errors)
     spend.charge_live(live, gathered.charges, since)
     return gathered
@@ -275,6 +279,21 @@ def records(session: Any, *, since: float, instance_ids: Iterable[int]) -> list[
         if isinstance(value, dict) and isinstance(value.get("instance_id"), int):
             rows.append(RecordRow(xcom.dag_id, xcom.run_id, xcom.task_id, xcom.map_index, value))
     return rows
+
+
+def users(session: Any, instance_ids: Iterable[int]) -> dict[int, list[TiKey]]:
+    """The task instances that reached each of these rented services (``connect_service``'s records)."""
+    from sqlalchemy import select
+
+    XComModel = xcom_model()
+    by_key = {use_key(i): i for i in instance_ids}
+    found: dict[int, list[TiKey]] = {}
+    if not by_key:
+        return found
+    query = select(XComModel.key, XComModel.dag_id, XComModel.run_id, XComModel.task_id, XComModel.map_index)
+    for key, dag_id, run_id, task_id, map_index in session.execute(query.where(XComModel.key.in_(list(by_key)))):
+        found.setdefault(by_key[key], []).append((dag_id, run_id, task_id, map_index))
+    return found
 
 
 def avoided_machines(conn_ids: list[str], now: float, errors: list[str]) -> list[tuple[tuple[str, ...], Memory]]:

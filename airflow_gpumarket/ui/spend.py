@@ -162,6 +162,8 @@ class LiveRental:
     started_before_window: bool = False
     #: What its disk bills per hour, from its task's record (None: no record says).
     disk_hourly: float | None = None
+    #: The task instances that reached it as a service (``connect_service``).
+    used_by: tuple[TiKey, ...] = ()
 
     @property
     def dag_id(self) -> str | None:

@@ -270,3 +270,10 @@ def test_a_service_for_a_task_group_serves_every_shard_then_the_teardown_destroy
     assert [states[f"embed[{i}]"] for i in range(3)] == ["success"] * 3 and states["stop[-1]"] == "success"
     gathered = next(ti for ti in run.get_task_instances() if ti.task_id == "gather").xcom_pull(task_ids="gather")
     assert gathered == 1 + 2 + 3 + 4 + 5 + 1  # each text's length, summed over the shards
+    from airflow.utils.session import create_session
+
+    from airflow_gpumarket.ui import sources
+
+    with create_session() as session:  # the GPU rentals page lists the tasks that used the service
+        users = sources.users(session, [instance["id"]])
+    assert sorted(users[instance["id"]]) == [(run.dag_id, run.run_id, "embed", i) for i in range(3)]

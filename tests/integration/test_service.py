@@ -52,10 +52,13 @@ def serve(command: str, **kwargs) -> GpuMarketServiceOperator:
     return GpuMarketServiceOperator(task_id="serve", image="img", command=command, poll_interval=POLL, **kwargs)
 
 
-def downstream(handed: dict) -> dict:
-    """A downstream task's context: its ti pulls what the setup task returned."""
-    pulls = {"serve": handed}
-    return {"run_id": "run-1", "ti": SimpleNamespace(xcom_pull=lambda task_ids: pulls.get(task_ids))}
+def downstream(handed: dict, pushed: dict | None = None) -> dict:
+    """A downstream task's context: its ti pulls what the setup task returned, and keeps what it pushes."""
+    pulls, pushed = {"serve": handed}, {} if pushed is None else pushed
+    ti = SimpleNamespace(
+        xcom_pull=lambda task_ids: pulls.get(task_ids), xcom_push=lambda key, value: pushed.update({key: value})
+    )
+    return {"run_id": "run-1", "ti": ti}
 
 
 def token_of(handed: dict) -> str:
@@ -71,8 +74,13 @@ def test_rule_a_service_is_handed_over_once_it_answers_and_its_tasks_reach_it_wi
     (instance,) = alive(sim)
     (mapped,) = instance["ports"].values()  # the identity port, under the port picked
     assert handed["base_url"] == f"https://127.0.0.1:{mapped[0]['HostPort']}"
-    service = connect_service("serve", context=downstream(handed))
+    pushed: dict = {}
+    service = connect_service("serve", context=downstream(handed, pushed))
     assert service.base_url == handed["base_url"] and service.base_url.startswith("https://127.0.0.1:")
+    (used,) = pushed.items()  # the GPU rentals page lists the tasks that used the service
+    assert (
+        used[0] == f"gpumarket_service_use_{handed['instance_id']}" and used[1]["instance_id"] == handed["instance_id"]
+    )
     with service.client() as client:
         assert client.post("/embed", json=["ab", "c"]).json() == {"lengths": [2, 1]}
     pinned = service.ssl_context()

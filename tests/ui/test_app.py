@@ -122,6 +122,10 @@ def test_the_json_shows_the_rows_this_user_sees_and_what_they_may_do(page):
     (row,) = answer.json()["live"]
     assert row["instance_id"] == 1 and row["dag_id"] == "train_dag" and row["may_destroy"] is True
     assert row["owner_from"] == "label" and row["orphan"].startswith("its lease expired")
+    served = rental(3)
+    served.used_by = (("train_dag", "run-1", "embed", 0), ("train_dag", "run-1", "embed", 1))
+    (shown,) = page(access, served).get("/api/rentals").json()["live"]
+    assert shown["used_by"] == [{"task_id": "embed", "map_index": 0}, {"task_id": "embed", "map_index": 1}]
 
 
 def test_an_orphan_the_user_may_edit_is_destroyed_and_the_page_says_so(page):
@@ -210,6 +214,7 @@ def service(monkeypatch):
     )
     monkeypatch.setattr(src, "label_owners", lambda session, keys, since: {})
     monkeypatch.setattr(src, "task_states", lambda session, tis: {row().ti_key: TaskState("running")})
+    monkeypatch.setattr(src, "users", lambda session, instance_ids: {})
     monkeypatch.setattr(src, "charges", lambda conn_id, start, end: answer(state.charges))
     account = lambda conn_id: answer(api.Account(state.credit, None, 1, None, None))  # noqa: E731
     monkeypatch.setattr(src, "account", account)

@@ -25,6 +25,24 @@ def test_the_page_escapes_what_it_shows_and_offers_a_destroy_only_to_who_may():
     assert page.chart_svg({}) == "" and "<svg" in page.chart_svg(totals.per_day)
 
 
+def test_rule_a_service_is_shown_with_the_tasks_that_used_it():
+    instance = {"id": 1, "actual_status": "running", "label": LABEL, "dph_total": 0.5, "start_date": NOW - 60}
+    setup = row()
+    (served,) = live_rentals([("c", instance)], {1: setup}, {setup.ti_key: TaskState("success")}, NOW)
+    served.used_by = tuple((setup.dag_id, setup.run_id, "embed", i) for i in (2, 0, 1)) + (
+        (setup.dag_id, setup.run_id, "<gather>", -1),
+    )
+    html = page.render(
+        live=[served], spend=spend([], {}, NOW - 86400, NOW), days=1, target=1, can_destroy=lambda _: False
+    )
+    assert "used by &lt;gather&gt;, embed[0, 1, 2]</span>" in html
+    served.used_by = tuple((setup.dag_id, setup.run_id, "embed", i) for i in range(12))
+    html = page.render(
+        live=[served], spend=spend([], {}, NOW - 86400, NOW), days=1, target=1, can_destroy=lambda _: False
+    )
+    assert "used by embed[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, …]</span>" in html
+
+
 def test_the_avoided_machines_show_why_and_until_when_escaped_and_how_to_forget_one():
     from airflow_gpumarket.host_memory import Memory
 
