@@ -15,6 +15,8 @@
 - 60 deferred lifecycles whose triggers run in one triggerer-like event loop and are cancelled at any moment, in a
   step or between two, as a hand-over (a new copy goes on, sometimes beside the old) or after a user marked the task
   failed (``bench/chaos_triggerer.py``).
+- 40 service rentals for a task group (``bench/chaos_services.py``) under the same faults: requests through
+  ``connect_service``, then the teardown task, a kill of the setup task at a random moment, or only the lease.
 - 20 real Airflow task runs (`airflow dags test`) killed with SIGTERM mid-boot or mid-job.
 
 Seeded: the same seed draws the same world, jobs, kill times and fault probabilities (thread timing still
@@ -43,7 +45,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import chaos_triggerer  # bench/, beside this script
+import chaos_services  # bench/, beside this script
+import chaos_triggerer
 import requests
 from urllib3.util.retry import Retry
 
@@ -521,10 +524,11 @@ def main() -> int:
     parser.add_argument("--lifecycles", type=int, default=500)
     parser.add_argument("--sigterm-runs", type=int, default=20)
     parser.add_argument("--deferred", type=int, default=60, help="deferred jobs whose triggers are cancelled")
+    parser.add_argument("--services", type=int, default=40, help="service rentals for a task group")
     parser.add_argument("--workers", type=int, default=8)
     args = parser.parse_args()
     started = time.time()
-    sim = Simulator(args.seed, offers=(args.lifecycles + args.deferred) * 8)
+    sim = Simulator(args.seed, offers=(args.lifecycles + args.deferred + args.services) * 8)
     try:
         os.environ["AIRFLOW_CONN_GPUMARKET_DEFAULT"] = connection(sim)
         forget_hosts("gpumarket_default")
@@ -553,6 +557,10 @@ def main() -> int:
             sim, args.seed, args.deferred, args.workers, faults=FAULTS, gpus=GPUS, classify=classify
         )
         results += deferred_results
+        service_results = chaos_services.service_phase(
+            sim, args.seed, args.services, args.workers, faults=FAULTS, gpus=GPUS, classify=classify
+        )
+        results += service_results
         killed, sigterm_leaked, stuck = sigterm_runs(sim, args.sigterm_runs, args.seed)
 
         state = sim.get("/_sim/state")
@@ -589,6 +597,8 @@ def main() -> int:
             f"R1 deferred: {len(deferred_results)} jobs in one triggerer-like loop; triggers cancelled: "
             f"{', '.join(f'{k} {v}' for k, v in sorted(cancels.items())) or 'none'}"
         )
+        served = Counter(r["outcome"] for r in service_results)
+        print(f"R1 services: {len(service_results)} groups; {', '.join(f'{k} {v}' for k, v in sorted(served.items()))}")
         print(f"R1 jobs succeeded: {succeeded}")
         print(
             f"R1 jobs failed with a clear reason: {len(results) - succeeded - unclear} "
