@@ -138,6 +138,7 @@ def get_provider_info() -> dict:
                 "python-modules": [
                     "airflow_gpumarket.triggers.instances",
                     "airflow_gpumarket.triggers.price_increases",
+                    "airflow_gpumarket.triggers.services",
                 ],
             }
         ],

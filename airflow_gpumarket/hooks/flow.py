@@ -2,15 +2,16 @@
 
 It yields a ``Request`` (the driver sends it and returns a ``Response``, or throws a ``GpuMarketTransportError``
 in), a ``Book`` (the driver books a slot of the request budget and returns the seconds to wait), a ``Sleep`` (the
-driver sleeps, blocking or awaiting) or a ``FetchLog`` (the driver reads an uploaded log
-without the API key, and returns a ``FetchedLog``). The flows are in ``hooks.core``; their drivers in
+driver sleeps, blocking or awaiting), a ``FetchLog`` (the driver reads an uploaded log without the API key, and
+returns a ``FetchedLog``) or a ``Probe`` (the driver asks a rented server whether it is ready, and returns
+``(ready, what it saw)``). The flows are in ``hooks.core``; their drivers in
 ``hooks.gpumarket``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from airflow_gpumarket.exceptions import GpuMarketTransportError
@@ -66,8 +67,21 @@ class FetchedLog:
     failure: str = "nothing"
 
 
-#: What a flow yields; what it gets back is the ``Response`` or ``FetchedLog`` (None after a ``Sleep``).
-Flow = Generator[Request | Book | Sleep | FetchLog, Any, T]
+@dataclass(frozen=True)
+class Probe:
+    """Ask a rented service's server at ``url`` whether it is ready, over TLS trusting ``certificate`` (DER, base64)
+    alone: ``GET path`` with the rental's ``credential`` must answer ``status``; with ``path`` None, a handshake."""
+
+    url: str
+    path: str | None
+    status: int
+    credential: str = field(repr=False)
+    certificate: str = field(repr=False)
+
+
+#: What a flow yields; what it gets back is the ``Response``, ``FetchedLog`` or a probe's answer (None after a
+#: ``Sleep``).
+Flow = Generator[Request | Book | Sleep | FetchLog | Probe, Any, T]
 
 
 @dataclass(frozen=True)
@@ -77,7 +91,7 @@ class Done:
     value: Any
 
 
-def resume(flow: Flow[Any], reply: Any) -> Request | Book | Sleep | FetchLog | Done:
+def resume(flow: Flow[Any], reply: Any) -> Request | Book | Sleep | FetchLog | Probe | Done:
     """The flow's next need after giving it ``reply``; ``Done`` once it returned.
 
     A ``GpuMarketTransportError`` reply is thrown in, at the request that failed. The flow's own exceptions go to the

@@ -22,7 +22,7 @@ from airflow_gpumarket.exceptions import (
 from airflow_gpumarket.hooks import transport
 from airflow_gpumarket.hooks.connection import ConnectionSettings
 from airflow_gpumarket.hooks.core import _GpuMarketHookBase
-from airflow_gpumarket.hooks.flow import Book, Done, FetchLog, Flow, Request, Response, Sleep, T, resume
+from airflow_gpumarket.hooks.flow import Book, Done, FetchLog, Flow, Probe, Request, Response, Sleep, T, resume
 
 if TYPE_CHECKING:
     import httpx
@@ -96,6 +96,10 @@ class GpuMarketHook(_GpuMarketHookBase):
                 reply = self._pace(effect.operation)
             elif isinstance(effect, FetchLog):
                 reply = transport.fetch_log(self.storage_session, effect.url)
+            elif isinstance(effect, Probe):
+                from airflow_gpumarket import service_probe
+
+                reply = service_probe.probe(effect)
             else:
                 reply = transport.send(self.session, self.settings, effect)
                 answer = f"HTTP {reply.status_code}" if isinstance(reply, Response) else reply
@@ -462,6 +466,10 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
                 reply = await asyncio.to_thread(self._pace, effect.operation) if self.paces(effect.operation) else 0.0
             elif isinstance(effect, FetchLog):
                 reply = await transport.afetch_log(effect.url)
+            elif isinstance(effect, Probe):
+                from airflow_gpumarket import service_probe
+
+                reply = await service_probe.aprobe(effect)
             else:
                 reply = await transport.asend(self.client, effect)
         return effect.value

@@ -427,8 +427,6 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         self, context: Any, rental: lifecycle.Rental, watch: waiting.Watch, shown: Sequence[str], limit: float | None
     ) -> None:
         """Hand the wait to the triggerer; ``limit``: the epoch second at which ``execution_timeout`` ends."""
-        from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
-
         assert self.spec is not None
         deadline, timeout = watch.deadline, None
         if limit is not None:
@@ -439,7 +437,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         if watch.wait_for == lifecycle.WAIT_JOB and self.spec.job_log_interval > 0:
             _start_the_record_of_lines_shown(context, rental.instance_id, shown)
         self.defer(
-            trigger=GpuMarketInstanceStatusTrigger(
+            trigger=self._wait_trigger(
                 instance_id=rental.instance_id,
                 gpumarket_conn_id=self.gpumarket_conn_id,
                 watch=replace(watch, deadline=deadline, shown_lines=list(shown)).to_dict(),
@@ -451,6 +449,12 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             method_name="execute_complete",
             timeout=timeout,
         )
+
+    def _wait_trigger(self, **kwargs: Any) -> Any:
+        """The trigger a deferred wait runs (``kwargs``: ``GpuMarketInstanceStatusTrigger``'s)."""
+        from airflow_gpumarket.triggers.instances import GpuMarketInstanceStatusTrigger
+
+        return GpuMarketInstanceStatusTrigger(**kwargs)
 
     def _execution_deadline(self, context: Any) -> float | None:
         """The epoch second at which ``execution_timeout`` ends, counted from the start of this try, if it is set."""

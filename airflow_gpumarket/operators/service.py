@@ -13,16 +13,14 @@ from airflow_gpumarket.operators.spec import Terms
 from airflow_gpumarket.utils import RunTimeModule, duration_seconds
 
 if TYPE_CHECKING:
-    from airflow_gpumarket import api, job_logs, lifecycle, outcome
+    from airflow_gpumarket import api, job_logs, lifecycle, outcome, service_probe
     from airflow_gpumarket.operators import failures
     from airflow_gpumarket.operators.result import RentalResult
 else:  # what only a running task needs: not imported when a DAG file is parsed
     api, job_logs = RunTimeModule("airflow_gpumarket.api"), RunTimeModule("airflow_gpumarket.job_logs")
     outcome = RunTimeModule("airflow_gpumarket.outcome")
+    service_probe = RunTimeModule("airflow_gpumarket.service_probe")
     failures = RunTimeModule("airflow_gpumarket.operators.failures")
-
-#: Seconds one readiness probe waits for an answer.
-PROBE_TIMEOUT_SECONDS = 5.0
 
 
 class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
@@ -70,84 +68,71 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
         self.ready_status = services.ready_status(ready_status)
         self.ready_timeout = duration_seconds("ready_timeout", ready_timeout)
         self._certificate: str | None = None  # the rental's, once its job's log showed it
+        self._probed: service_probe.Round | None = None  # the triggerer's last round, when it probed
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        """Resume after the trigger fired; a service's trigger probed the server too (its last round, ``probe``)."""
+        probed = event.get("probe") if isinstance(event, dict) else None
+        try:
+            self._probed = None if probed is None else service_probe.Round.from_dict(probed)
+        except (TypeError, ValueError):
+            self._probed = None  # not a round this provider wrote: the task probes again itself
+        return super().execute_complete(context, event)
+
+    def _wait_trigger(self, **kwargs: Any) -> Any:
+        """The instance's wait, then the probe of its server, in the triggerer."""
+        from airflow_gpumarket.triggers.services import GpuMarketServiceReadyTrigger
+
+        probe = {"path": self.ready_path, "status": self.ready_status, "timeout": self.ready_timeout}
+        return GpuMarketServiceReadyTrigger(probe=probe, **kwargs)
 
     def _unready(self, rental: lifecycle.Rental, ended: outcome.WaitOutcome) -> job_logs.PreflightFailure | None:
-        """Probe the server until it answers; why not, when ``ready_timeout`` passed or the instance stopped."""
+        """Probe the server until it answers (the triggerer did, when deferred); why not, when ``ready_timeout``
+        passed or the instance stopped."""
         if ended.kind is not outcome.EventKind.REACHED:
             return None
-        assert self.spec is not None
-        credential = services.token(self.hook.settings.api_key, rental.label or "")
+        assert self.spec is not None and self.session is not None
+        if self._probed is not None:
+            probed, self._probed = self._probed, None
+            return self._judged(rental, probed)
         deadline = self.hook.service_now() + self.ready_timeout  # on the service's clock, as its billing
-        seen, self._certificate = "the instance showed no address for the service port", None
+        certificate = None
         while True:
-            assert self.session is not None
             self.session.stop_if_killed(rental.instance_id)  # on_kill destroyed it: nothing to probe, nothing to rent
-            try:
-                instance = self.hook.find_instance(rental.instance_id)
-            except GpuMarketError as exc:
-                instance, seen = {"actual_status": api.STATUS_RUNNING}, f"reading the instance failed ({exc})"
-            if instance is None or instance.get("actual_status") != api.STATUS_RUNNING:
-                self.session.stop_if_killed(rental.instance_id)  # on_kill ran during the read: not the host's doing
-                return self._stopped(rental, instance)
-            if self._certificate is None and (found := self._certificate_of(rental)) is not None:
-                self._certificate = found
-            url = services.base_url(instance)
-            if self._certificate is None:
-                seen = "the server's certificate was not in the job's log yet"
-            elif url is not None:
-                ready, seen = self._answers(instance, url, credential, services.pinned_context(self._certificate))
-                if ready:
-                    self.log.info("The service of instance %s answers at %s", rental.instance_id, url)
-                    return None
-            if self.hook.service_now() >= deadline:
-                return job_logs.PreflightFailure("ready", f"{seen}, {self.ready_timeout:g} s after it ran")
+            seen = self.hook.run_flow(self._round(rental, certificate))
+            certificate = seen.certificate
+            if seen.settles or self.hook.service_now() >= deadline:
+                self.session.stop_if_killed(rental.instance_id)  # on_kill ran during the round: not the host's doing
+                return self._judged(rental, seen)
             time.sleep(self.spec.poll_interval)
 
-    def _certificate_of(self, rental: lifecycle.Rental) -> str | None:
-        """The certificate the instance made, from its job's log; None while the log does not show it yet."""
-        found = services.certificate_in(self._log_lines(rental))
-        if found == "":
+    def _round(self, rental: lifecycle.Rental, certificate: str | None) -> Any:
+        """One round of the probe, as a flow either hook runs."""
+        return service_probe.round_flow(
+            self.hook,
+            rental.instance_id,
+            label=rental.label or "",
+            certificate=certificate,
+            path=self.ready_path,
+            status=self.ready_status,
+        )
+
+    def _judged(self, rental: lifecycle.Rental, seen: service_probe.Round) -> job_logs.PreflightFailure | None:
+        """What the probe's last round means: ready (None), the next offer to try (why), or the task's failure."""
+        self._certificate = seen.certificate or None
+        if seen.certificate == "":
             raise failures.GpuMarketJobFailed(
                 f"The service on instance {rental.instance_id} could not make its TLS certificate: openssl failed or "
                 "is missing from the image. Install openssl in the image; every instance of this try is destroyed."
             )
-        return found
+        if seen.ready:
+            self.log.info("The service of instance %s answers at %s", rental.instance_id, seen.url)
+            return None
+        if seen.status != api.STATUS_RUNNING:
+            return self._stopped(rental, seen.status)
+        return job_logs.PreflightFailure("ready", f"{seen.seen}, {self.ready_timeout:g} s after it ran")
 
-    def _log_lines(self, rental: lifecycle.Rental) -> list[str]:
-        """The job's whole lines so far; none when its log cannot be read now."""
-        try:
-            return job_logs.split_lines(self.hook.get_instance_logs(rental.instance_id), complete_only=True)
-        except GpuMarketError:
-            return []
-
-    def _answers(self, instance: Any, url: str, credential: str, pinned: Any) -> tuple[bool, str]:
-        """Whether the server answers as ready now over TLS to its own certificate, and what was seen."""
-        import socket
-
-        import httpx
-
-        if self.ready_path is None:
-            host, port = services.address(instance) or ("", 0)
-            try:
-                with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_SECONDS) as raw:
-                    pinned.wrap_socket(raw).close()
-            except OSError as exc:
-                return False, f"a TLS connect to {url} failed ({exc.__class__.__name__})"
-            return True, "it accepted a TLS connect"
-        try:
-            answer = httpx.get(
-                url + self.ready_path,
-                headers={"Authorization": f"Bearer {credential}"},
-                verify=pinned,
-                timeout=PROBE_TIMEOUT_SECONDS,
-            )
-        except httpx.HTTPError as exc:
-            return False, f"GET {self.ready_path} got no answer ({exc.__class__.__name__})"
-        if answer.status_code == self.ready_status:
-            return True, f"GET {self.ready_path} answered {answer.status_code}"
-        return False, f"GET {self.ready_path} answered {answer.status_code}, not {self.ready_status}"
-
-    def _stopped(self, rental: lifecycle.Rental, instance: Any) -> job_logs.PreflightFailure:
+    def _stopped(self, rental: lifecycle.Rental, status: str | None) -> job_logs.PreflightFailure:
         """The instance stopped or went before its server answered: a server that exited fails the task; a failed
         preflight is the host's."""
         end = job_logs.end_in_log(self.hook, rental.instance_id)
@@ -155,7 +140,7 @@ class GpuMarketServiceOperator(GpuMarketCreateInstanceOperator):
             raise failures.exited_early(rental.instance_id, end, "it answered")
         if end.preflight is not None:
             return end.preflight  # the host failed the wrapper's checks: the server never started
-        state = "gone" if instance is None else repr(instance.get("actual_status"))
+        state = "gone" if status is None else repr(status)
         return job_logs.PreflightFailure("ready", f"the instance went {state} before the server answered")
 
     def _complete(self, result: RentalResult) -> Any:

@@ -99,6 +99,97 @@ def test_rule_a_service_is_handed_over_once_it_answers_and_its_tasks_reach_it_wi
         connect_service("serve", context=downstream(handed))
 
 
+def deferred_to(op: GpuMarketServiceOperator) -> tuple:
+    """The task's deferral, and its trigger as another triggerer would rebuild it from its row."""
+    from importlib import import_module
+
+    from airflow_gpumarket._compat import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context())
+    path, kwargs = deferred.value.trigger.serialize()
+    module, _, name = path.rpartition(".")
+    return deferred.value, getattr(import_module(module), name)(**kwargs)
+
+
+def first_event(trigger) -> dict:
+    import asyncio
+
+    async def first() -> dict:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    return asyncio.run(first())
+
+
+@pytest.mark.parametrize(("ready_path", "seen"), [("/", "GET / answered 200"), (None, "it accepted a TLS connect")])
+def test_rule_a_deferred_service_is_probed_in_the_triggerer_and_the_resumed_task_probes_nothing(
+    sim, server, monkeypatch, ready_path, seen
+):
+    from airflow_gpumarket import service_probe
+
+    op = serve(server, deferrable=True, ready_path=ready_path)
+    deferred, trigger = deferred_to(op)
+    event = first_event(trigger)
+    assert event["probe"]["ready"] is True and event["probe"]["seen"] == seen and event["probe"]["certificate"]
+    probes: list = []
+    monkeypatch.setattr(service_probe, "probe", lambda effect: probes.append(effect) or (True, "probed"))
+    handed = getattr(op, deferred.method_name)(context(), event)
+    assert probes == [] and handed["certificate"] == event["probe"]["certificate"]
+    with connect_service("serve", context=downstream(handed)).client() as client:
+        assert client.post("/embed", json=["abc"]).json() == {"lengths": [3]}
+    GpuMarketDestroyInstanceOperator(task_id="stop", instance_id=handed).execute(context())
+    assert alive(sim) == []
+
+
+def test_rule_a_deferred_service_that_never_answers_fails_over_from_the_triggerers_verdict(sim, own_host_memory):
+    from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer
+
+    op = serve("sleep 600", deferrable=True, ready_timeout=60, max_offer_attempts=1)
+    deferred, trigger = deferred_to(op)
+    event = first_event(trigger)
+    assert event["probe"]["ready"] is False and "GET / got no answer" in event["probe"]["seen"]
+    with pytest.raises(GpuMarketNoWorkingOffer, match="did not become ready"):
+        getattr(op, deferred.method_name)(context(), event)
+    (instance,) = sim.state()["instances"]
+    assert (
+        alive(sim) == []
+        and own_host_memory(GpuMarketHook(), "gpumarket_default").avoided()[instance["machine_id"]].reason
+        == "not_ready"
+    )
+
+
+def test_rule_a_deferred_service_task_marked_failed_while_probed_is_destroyed_by_its_trigger(sim, monkeypatch):
+    import asyncio
+
+    from airflow_gpumarket.triggers import instances as trigger_module
+
+    _, trigger = deferred_to(serve("sleep 600", deferrable=True))
+    trigger.task_instance = SimpleNamespace(dag_id="d", run_id="r", task_id="serve", map_index=-1, try_number=1)
+    monkeypatch.setattr(trigger_module, "_task_instance_now", lambda ti: ("failed", None, None))
+
+    async def probed_then_killed() -> None:
+        run = asyncio.ensure_future(first_event_async(trigger))
+        for _ in range(1500):  # until the instance runs and the trigger probes its server
+            if trigger._current and trigger._current.running_at and not run.done():
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        assert not run.done(), "the trigger fired before its server answered"
+        run.cancel()
+        await trigger.on_kill()
+
+    asyncio.run(probed_then_killed())
+    assert alive(sim) == []
+
+
+async def first_event_async(trigger) -> dict:
+    async for event in trigger.run():
+        return event.payload
+    raise AssertionError("the trigger ended without an event")
+
+
 def test_rule_a_request_to_a_service_whose_host_vanished_fails_as_service_gone(sim, server):
     import asyncio
 
