@@ -128,7 +128,7 @@ def _headers(effect: Probe) -> dict[str, str]:
 
 def _host_port(url: str) -> tuple[str, int]:
     host, _, port = url.removeprefix("https://").rpartition(":")
-    return host, int(port)
+    return host.removeprefix("[").removesuffix("]"), int(port)  # an IPv6 address comes bracketed
 
 
 def _judged(effect: Probe, status_code: int) -> tuple[bool, str]:

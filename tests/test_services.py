@@ -107,3 +107,10 @@ def test_a_service_whose_env_is_a_template_parses_and_asks_for_its_port_once_ren
     body = RentalSpec.of(op).creation_body(label="afgm-0123456789ab-1", base_url="https://x.invalid", service_key="k")
     assert body["env"][services.PORT_MAPPING] == "1" and body["env"]["MODEL"] == "m"
     assert body["env"][services.TOKEN_VARIABLE] == services.token("k", "afgm-0123456789ab-1")
+
+
+def test_the_probe_connects_to_the_host_and_port_of_a_service_url_ipv6_included():
+    from airflow_gpumarket.service_probe import _host_port
+
+    assert _host_port("https://203.0.113.7:41234") == ("203.0.113.7", 41234)
+    assert _host_port("https://[2001:db8::7]:41234") == ("2001:db8::7", 41234)
