@@ -62,6 +62,7 @@ class AdminRoutes:
             ("/_sim/offers/{offer_id}/gpu_check", ["POST"], w(self.offer_gpu_check)),
             ("/_sim/offers/{offer_id}/competing-bid", ["POST"], w(self.competing_bid)),
             ("/_sim/bid-drift", ["PUT"], w(self.bid_drift)),
+            ("/_sim/market-swing", ["PUT"], w(self.market_swing)),
             ("/_sim/offers/{offer_id}/vanish", ["POST"], w(self.vanish_offer)),
             ("/_sim/machines/{machine_id}/online", ["POST"], w(self.machine_online)),
             ("/_sim/pending-price-increases", ["POST"], w(self.add_pending)),
@@ -181,6 +182,12 @@ class AdminRoutes:
             raise bad_request('drift is required: {"interval": seconds, "volatility": number} or null')
         self.market.set_bid_drift(body["drift"])
         return {"drift": body["drift"]}
+
+    async def market_swing(self, request: Request) -> Any:
+        body = await _body(request)
+        if "swing" not in body:
+            raise bad_request('swing is required: {"preset": "calm" | "typical" | "tight", ...} or null')
+        return {"swing": self.market.set_market_swing(body["swing"])}
 
     async def vanish_offer(self, request: Request) -> Any:
         self.market.vanish_offer(_path_id(request, "offer_id"))

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gpumarket_simulator import market_swing
 from gpumarket_simulator.bidding import parse_drift
 from gpumarket_simulator.clock import SimClock
 from gpumarket_simulator.copy_faults import parse_copy_faults
@@ -299,6 +300,11 @@ class Market:
         parsed = parse_drift(drift)
         with self.transaction() as (world, now):
             world.bids.set_drift(parsed, now)
+
+    def set_market_swing(self, swing: Any) -> dict[str, Any] | None:
+        """Offers come and go, prices follow the day (``market_swing.parse``); ValueError naming the field."""
+        with self.transaction() as (world, now):
+            return market_swing.set_swing(world, swing, now)
 
     def set_offer_fate(self, offer_id: int, fate: str) -> None:
         with self.transaction() as (world, _):

@@ -218,6 +218,13 @@ class MarketSimulator:
         """
         self._market.set_bid_drift(None if interval is None else {"interval": interval, "volatility": volatility})
 
+    def set_market_swing(self, swing: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Offers come and go and prices follow the day's demand, seeded (None: they stop).
+
+        Same as ``PUT /_sim/market-swing``. See docs/simulator.md.
+        """
+        return self._market.set_market_swing(swing)
+
     def set_offer_fate(self, offer_id: int, fate: str) -> None:
         self._market.set_offer_fate(offer_id, fate)
 

@@ -27,6 +27,7 @@ from gpumarket_simulator.errors import ApiError
 from gpumarket_simulator.hosts import GPU_CHECKS, OUTBID, HostProfile, draw_attempt
 from gpumarket_simulator.instance_rules import DIRECT_RUNTYPES
 from gpumarket_simulator.instances import FAILED_STATUSES, FATES, FORCEABLE_STATUSES, Instance, bid_loses, network
+from gpumarket_simulator.market_swing import Swing
 from gpumarket_simulator.offers import Machine, Offer
 from gpumarket_simulator.price_increases import PendingPriceIncreases
 from gpumarket_simulator.rules import SearchQuery, is_number, offer_matches
@@ -93,6 +94,7 @@ class World:
         # A heterogeneous market's outcomes (see hosts.py) draw from a stream of their own as well.
         self.host_rng = random.Random(f"gpumarket-hosts-{seed}")
         self.bids.set_drift(bid_drift, start_time)
+        self.swing: Swing | None = None  # offers that come and go over the day (market_swing.py)
         self.instances: dict[int, Instance] = {}
         self.live: dict[int, Instance] = {}
         self.instance_keys: dict[str, int] = {}
@@ -116,6 +118,8 @@ class World:
             for inst in list(self.live.values()):
                 self.settle_bid(inst, step_at)
         self._run_until(now)
+        if self.swing is not None:
+            self.swing.apply(self.offers.values(), now)
 
     def _run_until(self, t: float) -> None:
         """Advance every live instance to ``t``, stopping them all at the moment the credit reaches $0.
