@@ -483,6 +483,14 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
     async def get_instance(self, instance_id: int) -> types.Instance:
         return await self.run_flow(self.get_instance_flow(instance_id))
 
+    async def search_offers(
+        self, filters: Mapping[str, Any] | None = None, *, offer_type: str = "ondemand", limit: int | None = None
+    ) -> list[types.Offer]:
+        """As the sync hook's ``search_offers``, cheapest first."""
+        body = api.build_search_body(filters, offer_type=offer_type, limit=limit, order=[["dph_total", "asc"]])
+        result = await self._call("search_offers", "POST", api.PATH_SEARCH_OFFERS, body)
+        return api.expect_list("search_offers", result, "offers")
+
     async def find_instance(self, instance_id: int) -> types.Instance | None:
         return await self.run_flow(self.find_instance_flow(instance_id))
 

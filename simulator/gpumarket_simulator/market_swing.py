@@ -69,6 +69,7 @@ class Swing:
 
     def view(self) -> dict[str, Any]:
         return {
+            "seed": self.seed,
             "listed": self.listed,
             "amplitude": self.amplitude,
             "slot": self.slot,

@@ -1,0 +1,122 @@
+"""The offer watcher (triggers/offers.py) against the simulator's market over the day (its swing).
+
+The simulator's swing is seeded and stateless, so the truth a watcher must agree with is computed here from the
+swing itself at the moments of the watcher's own searches (the simulator's request log): an appearance starts at a
+search that finds a matching offer listed after one that found none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from .conftest import AIRFLOW_2
+
+pytestmark = pytest.mark.skipif(AIRFLOW_2, reason="AssetWatcher triggers are Airflow 3's")
+
+GPU = "H100 SXM"
+#: Real seconds between a watcher's searches: 30 s on the simulator's 600x clock, 20 searches per 10-minute slot.
+POLL = 0.05
+
+
+def watcher(**kwargs):
+    from airflow_gpumarket.triggers.offers import GpuMarketOfferTrigger
+
+    kwargs.setdefault("offer_filters", {"gpu_name": {"eq": GPU}})
+    return GpuMarketOfferTrigger(poll_interval=POLL, **kwargs)
+
+
+def swing_of(sim, view: dict):
+    """The simulator's swing, rebuilt from what it said was in force."""
+    from gpumarket_simulator.market_swing import Swing
+
+    origin = {o["id"]: (o["dph_total"], True) for o in sim.state()["offers"] if o["id"] in view["offers"]}
+    return Swing(view["seed"], view["listed"], view["amplitude"], view["slot"], view["peak_hour"], origin)
+
+
+def run_for(seconds: float, *triggers) -> list[list[dict]]:
+    """Each trigger's events over ``seconds`` of its run, the triggers in one event loop as in a triggerer."""
+
+    async def collect(trigger, events: list) -> None:
+        async for event in trigger.run():
+            events.append(event.payload)
+
+    async def main() -> list[list[dict]]:
+        found: list[list[dict]] = [[] for _ in triggers]
+        tasks = [asyncio.ensure_future(collect(t, events)) for t, events in zip(triggers, found, strict=True)]
+        await asyncio.sleep(seconds)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return found
+
+    return asyncio.run(main())
+
+
+def searches(sim, since: float) -> list[float]:
+    return [r["t"] for r in sim.requests() if r["op"] == "search_offers" and r["t"] >= since]
+
+
+def test_rule_a_watcher_fires_once_per_appearance_of_a_matching_offer(sim):
+    ids = [o["id"] for o in sim.state()["offers"] if o["gpu_name"] == GPU]
+    view = sim.set_market_swing({"preset": "tight", "slot": 600, "offers": ids})
+    truth = swing_of(sim, view)
+    start = sim.now()
+    (events,) = run_for(8, watcher())
+    # The swing changes by the slot; a watcher searches about 20 times in each, so every slot is seen.
+    slots = sorted({int(t // truth.slot) for t in searches(sim, start)})
+    assert slots == list(range(slots[0], slots[-1] + 1))
+    present = [any(truth.is_listed(i, slot * truth.slot) for i in ids) for slot in slots]
+    starts = [slot for slot, now, before in zip(slots, present, [False, *present], strict=False) if now and not before]
+    assert len(starts) >= 2, "the swing gave this test too few appearances to tell anything"
+    assert len(events) == len(starts), (events, starts)
+    fired = [int(e["seen_at"] // truth.slot) for e in events]  # the Date header's clock: a boundary may blur
+    assert all(abs(slot - start) <= 1 for slot, start in zip(fired, starts, strict=True)), (fired, starts)
+    assert all(e["offer_id"] in ids and e["gpu_name"] == GPU for e in events)
+
+
+def test_rule_a_watcher_never_fires_while_nothing_matches(sim):
+    (events,) = run_for(2, watcher(max_dph=0.01))  # no offer is that cheap
+    assert events == [] and len(searches(sim, 0)) >= 5
+
+
+def test_rule_watchers_of_one_key_and_search_make_one_search_per_interval(sim):
+    start = sim.now()
+    found = run_for(1.5, *[watcher() for _ in range(10)])
+    made = len(searches(sim, start))
+    assert all(len(events) == 1 for events in found)  # each watcher saw the appearance that was there
+    assert made <= 1.5 / POLL + 2, made  # one per interval, not ten
+
+
+def test_rule_watchers_sharing_the_triggerers_stream_each_fire_from_its_one_search(sim):
+    from airflow_gpumarket.triggers.offers import GpuMarketOfferTrigger
+
+    cheap, any_price = watcher(max_dph=0.01), watcher()
+    assert cheap.shared_stream_key() == any_price.shared_stream_key()  # the caps are checked on the shared answer
+
+    async def main() -> tuple[list, list]:
+        shared = GpuMarketOfferTrigger.open_shared_stream(cheap.serialize()[1])
+        answers = [await anext(shared) for _ in range(3)]
+        await shared.aclose()
+
+        async def replay():
+            for answer in answers:
+                yield answer
+
+        return (
+            [e async for e in cheap.filter_shared_stream(replay())],
+            [e async for e in any_price.filter_shared_stream(replay())],
+        )
+
+    none, one = asyncio.run(main())
+    assert none == [] and len(one) == 1 and one[0].payload["gpu_name"] == GPU
+
+
+def test_rule_a_bad_watch_is_refused_when_the_dag_is_parsed():
+    from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+    with pytest.raises(GpuMarketValidationError, match="gpu_nmae.*did you mean 'gpu_name'"):
+        watcher(offer_filters={"gpu_nmae": {"eq": GPU}})
+    with pytest.raises(GpuMarketValidationError, match="max_dph"):
+        watcher(max_dph=-1)
