@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any, cast
 
 from airflow_gpumarket import service_probe
 from airflow_gpumarket._compat import TriggerEvent
@@ -40,15 +41,18 @@ class GpuMarketServiceReadyTrigger(GpuMarketInstanceStatusTrigger):
         return path, {**kwargs, "probe": probe}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        async for event in super().run():
-            if event.payload.get("status") != EventKind.REACHED.value:
-                yield event
-                return
-            self._fired = False  # not the task's again until the probe's event: a user's kill still destroys it
-            seen = await self._probe()
-            self._fired = True
-            yield TriggerEvent({**event.payload, "probe": seen.to_dict()})
+        waited = cast(AsyncGenerator[TriggerEvent, None], super().run())
+        async with contextlib.aclosing(waited):  # the instance's wait ends with its event
+            event = await anext(waited, None)
+        if event is None:
             return
+        if event.payload.get("status") != EventKind.REACHED.value:
+            yield event
+            return
+        self._fired = False  # not the task's again until the probe's event: a user's kill still destroys it
+        seen = await self._probe()
+        self._fired = True
+        yield TriggerEvent({**event.payload, "probe": seen.to_dict()})
 
     async def _probe(self) -> service_probe.Round:
         """Rounds of the probe until one settles or ``timeout`` passed, on the service's clock."""
