@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator, Hashable, Mapping
 from typing import Any
@@ -103,12 +104,40 @@ class GpuMarketOfferTrigger(BaseEventTrigger):
             yield event
 
     async def _appearances(self, searches: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
-        seen = offer_watch.Appearances()
+        seen = offer_watch.Appearances(present=await self._remembered())
         async for at, offers in searches:
+            was = seen.present
             event = seen.observe(self.watch, offers, at)
+            if seen.present != was:
+                await self._remember(seen.present)
             if event is not None:
                 self.log.info("Offers matching the watch appeared: %s", event)
                 yield TriggerEvent(event)
+
+    @property
+    def _state_key(self) -> str:
+        return "gpumarket_offers_present_" + hashlib.sha256(self.watch.key().encode()).hexdigest()[:16]
+
+    async def _remembered(self) -> bool:
+        """Whether matches were present when this watch last searched, as the asset's state store (3.3+) kept it:
+        a watcher restarted in the middle of an appearance does not fire for it again."""
+        store = getattr(self, "asset_state_store", None)
+        if store is None:
+            return False
+        try:
+            return bool(await store.aget(self._state_key, False))
+        except Exception as exc:  # noqa: BLE001 - the store is a help: without it the watcher works, from scratch
+            self.log.warning("Could not read the watch's state from the asset's state store: %s", exc)
+            return False
+
+    async def _remember(self, present: bool) -> None:
+        store = getattr(self, "asset_state_store", None)
+        if store is None:
+            return
+        try:
+            await store.aset(self._state_key, present)
+        except Exception as exc:  # noqa: BLE001 - see _remembered
+            self.log.warning("Could not write the watch's state to the asset's state store: %s", exc)
 
     async def _searches(self, *, shared: bool) -> AsyncIterator[tuple[float, list | None]]:
         from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook

@@ -113,6 +113,39 @@ def test_rule_watchers_sharing_the_triggerers_stream_each_fire_from_its_one_sear
     assert none == [] and len(one) == 1 and one[0].payload["gpu_name"] == GPU
 
 
+class StateStore:
+    """Airflow 3.3's asset state store, as a watcher's trigger sees it (one watched asset)."""
+
+    def __init__(self) -> None:
+        self.values: dict = {}
+
+    async def aget(self, key, default=None):
+        return self.values.get(key, default)
+
+    async def aset(self, key, value):
+        self.values[key] = value
+
+
+def test_rule_a_watcher_restarted_in_the_middle_of_an_appearance_does_not_fire_for_it_again(sim):
+    store = StateStore()
+    first = watcher()
+    first.asset_state_store = store
+    (events,) = run_for(0.5, first)
+    assert len(events) == 1 and list(store.values.values()) == [True]
+    again = watcher()  # the triggerer restarted: a new trigger from the same row, the same asset's store
+    again.asset_state_store = store
+    (events,) = run_for(0.5, again)
+    assert events == []  # the offers are still there: the same appearance
+    sim.set_market_swing({"preset": "typical", "listed": 0.0})  # every offer goes
+    gone = watcher()
+    gone.asset_state_store = store
+    (events,) = run_for(0.5, gone)
+    assert events == [] and list(store.values.values()) == [False]
+    sim.set_market_swing(None)  # they come back
+    (events,) = run_for(0.5, gone)
+    assert len(events) == 1
+
+
 def test_rule_a_bad_watch_is_refused_when_the_dag_is_parsed():
     from airflow_gpumarket.exceptions import GpuMarketValidationError
 
