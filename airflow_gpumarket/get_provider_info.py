@@ -137,6 +137,7 @@ def get_provider_info() -> dict:
                 "integration-name": INTEGRATION,
                 "python-modules": [
                     "airflow_gpumarket.triggers.instances",
+                    "airflow_gpumarket.triggers.offer_wait",
                     "airflow_gpumarket.triggers.offers",
                     "airflow_gpumarket.triggers.price_increases",
                     "airflow_gpumarket.triggers.services",

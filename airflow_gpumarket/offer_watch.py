@@ -30,9 +30,12 @@ class OfferWatch:
     min_reliability: float | None = None
     verified: bool | None = None
     min_direct_ports: int | None = None
+    #: Offer fields newer than this provider that ``filters`` may name (as the renting operators take them).
+    extra_filter_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        api.build_search_body(self.search_filters(), offer_type=self.offer_type)  # names a bad field or operator
+        # Names a bad field or operator, as the renting operators do.
+        api.build_search_body(self.search_filters(), offer_type=self.offer_type, extra_fields=self.extra_filter_fields)
         if self.max_dph is not None and not api.is_positive_number(self.max_dph):
             raise GpuMarketValidationError("max_dph", f"must be a price in $/h above 0, got {self.max_dph!r}")
 

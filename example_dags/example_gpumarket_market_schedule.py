@@ -3,7 +3,7 @@
 The watcher searches the market every 5 minutes for an 8x H100 host at $20/h or less with a reliability of 0.98 or
 more, and fires once each time such offers appear (not once per search). The DAG runs on that event, or at 06:00
 UTC when none came by then. Its task rents with the same filters and cap, so it takes the offer that appeared or,
-when someone rented it meanwhile, the next one that matches.
+when someone rented it meanwhile, the next one that matches; when none does, it waits for one, then pays more.
 """
 
 from __future__ import annotations
@@ -54,4 +54,9 @@ with DAG(
         command="python train.py",
         max_runtime=timedelta(hours=4),
         deferrable=True,
+        # When the offer is gone by the time the task searches and none other matches: wait for one in the
+        # triggerer for up to an hour, then rent on demand anyway at up to $30/h.
+        wait_for_offer=timedelta(hours=1),
+        on_no_offer="rent_on_demand",
+        fallback_max_dph=30.0,
     )

@@ -484,10 +484,17 @@ class GpuMarketAsyncHook(_GpuMarketHookBase):
         return await self.run_flow(self.get_instance_flow(instance_id))
 
     async def search_offers(
-        self, filters: Mapping[str, Any] | None = None, *, offer_type: str = "ondemand", limit: int | None = None
+        self,
+        filters: Mapping[str, Any] | None = None,
+        *,
+        offer_type: str = "ondemand",
+        limit: int | None = None,
+        extra_filter_fields: Iterable[str] = (),
     ) -> list[types.Offer]:
         """As the sync hook's ``search_offers``, cheapest first."""
-        body = api.build_search_body(filters, offer_type=offer_type, limit=limit, order=[["dph_total", "asc"]])
+        body = api.build_search_body(
+            filters, offer_type=offer_type, limit=limit, order=[["dph_total", "asc"]], extra_fields=extra_filter_fields
+        )
         result = await self._call("search_offers", "POST", api.PATH_SEARCH_OFFERS, body)
         return api.expect_list("search_offers", result, "offers")
 

@@ -62,6 +62,7 @@ class OfferChooser:
         self._avoided: Mapping[int, Any] = {}
         self._model: CostModel | None = None
         self._history: Learned | None = None  # read once
+        self._last: tuple[dict[str, Any], list] | None = None  # the last search and what it listed
 
     def start(self) -> None:
         """Before the first offer of a ``rent``: host memory read (not for a pinned offer), the cost model made."""
@@ -80,7 +81,9 @@ class OfferChooser:
         search = search_for(spec, attempts, len(self._avoided))
         if search is None:
             return "no further matching offer"
-        listed = self.hook.search_offers(search.pop("filters"), **search)
+        filters = search.pop("filters")
+        listed = self.hook.search_offers(filters, **search)
+        self._last = ({**search, "filters": filters}, listed)
         found, lines, skipped = ordered(listed, spec, attempts, avoided=self._avoided, model=self._model)
         for line in lines:
             self.log.info("Offer choice: %s", line)
@@ -88,6 +91,20 @@ class OfferChooser:
         if offer is None:
             return why_not + (f" ({skipped} more on machines in host memory)" if skipped else "")
         return Pick(offer, bid, worst_case(spec, offer, bid), gpu_count(offer))
+
+    def unmatched(self) -> dict[str, Any] | None:
+        """The last search, which found nothing to rent: what it searched, the offers it saw, the machines skipped."""
+        if self._last is None or self.spec.pinned_offer is not None:
+            return None
+        search, listed = self._last
+        watch = {
+            "filters": dict(search["filters"] or {}),
+            "offer_type": search["offer_type"],
+            "max_dph": self.spec.max_dph,
+            "extra_filter_fields": list(search["extra_filter_fields"] or ()),
+        }
+        seen = [o["id"] for o in listed if isinstance(o.get("id"), int)]
+        return {"watch": watch, "seen_offers": seen, "avoided_machines": list(self._avoided)}
 
     def host_memory(self) -> Any:
         """Host memory's client, or None when it is off or could not be reached (renting goes on without it)."""

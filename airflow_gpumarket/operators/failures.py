@@ -25,7 +25,14 @@ class GpuMarketNoWorkingOffer(AirflowException):
 
     Either none matched the filters and price (or all were taken), or each one tried never ran (a host that failed, a
     boot past ``boot_timeout``).
+
+    :param unmatched: when nothing was tried this try, the search that found nothing to rent (what it searched,
+        the offers it saw, the machines host memory skips): what a wait for an offer watches (``wait_for_offer``).
     """
+
+    def __init__(self, message: str, *, unmatched: dict | None = None) -> None:
+        super().__init__(message)
+        self.unmatched = unmatched
 
 
 class GpuMarketHostFailed(AirflowException):

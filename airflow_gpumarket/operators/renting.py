@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpumarket import api, bidding
 from airflow_gpumarket._compat import AirflowTaskTimeout, TaskDeferred, has_retry_policies
 from airflow_gpumarket.creation import creation_fields
+from airflow_gpumarket.operators import offer_wait
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
 from airflow_gpumarket.operators.spec import RentalSpec, Terms
@@ -137,6 +138,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         A destroy waits for a save at most this long, then destroys anyway and logs what was not saved.
     :param keep_on_output_failure: when an output copy fails, keep the stopped instance (storage bills) under a lease
         this long instead of destroying it, to copy the output by hand (default None: destroy).
+    :param wait_for_offer: when the first search of a try finds nothing to rent, wait this long (from the try's
+        start) for an offer to appear, in the triggerer (``deferrable=True``), then search again; default: no wait.
+    :param on_no_offer: what follows a wait that found nothing: ``"fail"`` (default) or ``"rent_on_demand"``: rent
+        on demand (never as a bid) at up to ``fallback_max_dph`` $/h.
+    :param fallback_max_dph: the cap of that on-demand rental.
     :param max_cost: the most, in dollars, one rental of this task may cost (operators that watch a job to its end).
         Its worst case is reserved with this cap; a job whose estimated cost reaches it is destroyed within one
         poll interval, and the task fails naming the cost. DAG budgets: the ``gpumarket_budgets`` Variable.
@@ -199,6 +205,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     session: RentalSession | None = None
     spec: RentalSpec | None = None
     _started_at: float | None = None
+    _fell_back = False  # the try rents on demand up to fallback_max_dph: its wait for an offer ended with none
 
     def __init__(
         self,
@@ -242,6 +249,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         staging_timeout: timedelta | float = timedelta(minutes=30),
         keep_on_output_failure: timedelta | float | None = None,
         max_cost: float | None = None,
+        wait_for_offer: timedelta | float | None = None,
+        on_no_offer: str = "fail",
+        fallback_max_dph: float | None = None,
         image: str | None = None,
         template_hash_id: str | None = None,
         disk: float | None = None,
@@ -319,6 +329,10 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 bid_strategy=bid_strategy,
             ),
         )
+        self.wait_for_offer = offer_wait.checked(
+            wait_for_offer, on_no_offer, fallback_max_dph, deferrable=self.deferrable, offer_id=offer_id
+        )
+        self.on_no_offer, self.fallback_max_dph = on_no_offer, fallback_max_dph
         callbacks: Any = getattr(self, "on_failure_callback", None)
         callbacks = [] if callbacks is None else [callbacks] if callable(callbacks) else callbacks
         if destroy_rentals_on_failure not in callbacks:  # a mapped task's partial() may carry it already
@@ -328,6 +342,11 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     # --- the task --------------------------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
         self._started_at = time.time()
+        self._session(context)
+        return self._run(context, Try)
+
+    def execute_after_wait(self, context: Any, event: dict[str, Any]) -> Any:
+        """Resume after a wait for an offer (``wait_for_offer``): search again, from the start of a rental."""
         self._session(context)
         return self._run(context, Try)
 
@@ -368,6 +387,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     def _steps(self, context: Any, now: Try) -> Any:
         """Rent, wait and judge, one step of ``plan.next_step`` at a time, until the task's outcome."""
+        from airflow_gpumarket.operators.failures import GpuMarketNoWorkingOffer
         from airflow_gpumarket.operators.result import RentalResult
         from airflow_gpumarket.operators.session import Outcome
 
@@ -379,7 +399,13 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 session.check_duplicates(now.rental)  # a create delayed past the first sweep may have landed since
             match plan.next_step(spec, now.rental, now.outcome, limit=limit):
                 case plan.Rent():
-                    now.rental = session.rent()
+                    try:
+                        now.rental = session.rent()
+                    except GpuMarketNoWorkingOffer as exc:
+                        offer_wait.after_no_offer(self, context, exc)  # defers, fails, or turns to on demand
+                        spec, session = self.spec, self.session
+                        assert spec is not None and session is not None
+                        continue
                 case plan.Wait(stages_in):
                     assert now.rental is not None
                     now.watch = now.watch or spec.watch(now.rental, stages_in=stages_in, now=time.time())

@@ -238,7 +238,8 @@ class RentalSession:
         why = "; ".join(attempts.reasons) or "no offer matched"
         raise GpuMarketNoWorkingOffer(
             f"Could not get a working instance after trying {attempts.offers_this_round()} offer(s) "
-            f"(max_offer_attempts={self.spec.max_offer_attempts}): {why}. Nothing is left running."
+            f"(max_offer_attempts={self.spec.max_offer_attempts}): {why}. Nothing is left running.",
+            unmatched=None if attempts.tried else self._chooser.unmatched(),
         )
 
     def _create(self, pick: Pick) -> lifecycle.Rental | None:

@@ -21,7 +21,69 @@ except ImportError:  # Airflow 2.11 has no event-driven scheduling
 _SEARCHES: dict[tuple[int, Hashable], tuple[float, asyncio.Future]] = {}
 
 
-class GpuMarketOfferTrigger(BaseEventTrigger):
+class OfferSearches:
+    """What the offer triggers share: one connection's searches for a watch, every ``poll_interval`` seconds, shared
+    with the triggers of this process that search the same."""
+
+    gpumarket_conn_id: str
+    watch: offer_watch.OfferWatch
+    poll_interval: float
+    log: Any
+
+    def shared_stream_key(self) -> Hashable | None:
+        """Watchers of one connection, search and interval share one search (Airflow 3.3+'s shared streams)."""
+        return ("gpumarket-offers", self.gpumarket_conn_id, self.watch.key(), self.poll_interval)
+
+    async def _searches(self, *, shared: bool) -> AsyncIterator[tuple[float, list | None]]:
+        """``(service time, offers or None when the search failed)``, one per interval."""
+        from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
+
+        hook = GpuMarketAsyncHook(self.gpumarket_conn_id)
+        try:
+            while True:
+                search = self._search(hook)
+                yield await (self._shared(search) if shared else search)
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            await hook.aclose()
+
+    async def _search(self, hook: Any) -> tuple[float, list | None]:
+        watch = self.watch
+        try:
+            offers = await hook.search_offers(
+                watch.search_filters(),
+                offer_type=watch.offer_type,
+                limit=offer_watch.SEARCH_LIMIT,
+                extra_filter_fields=watch.extra_filter_fields,
+            )
+        except GpuMarketError as exc:  # no news: the appearance in course neither ends nor starts
+            self.log.warning("Searching offers failed (%s); searching again in %g s", exc, self.poll_interval)
+            return hook.service_now(), None
+        finally:
+            await hook.aclose()
+        return hook.service_now(), offers
+
+    async def _shared(self, search: Any) -> tuple[float, list | None]:
+        """The answer of a search another trigger of this process started less than half an interval ago, if any;
+        else ``search``'s, shared with the next ones."""
+        key = (id(asyncio.get_running_loop()), self.shared_stream_key())
+        now = time.monotonic()
+        started = _SEARCHES.get(key)
+        if started is not None and now - started[0] < self.poll_interval / 2:
+            search.close()
+            return await asyncio.shield(started[1])
+        future = asyncio.ensure_future(search)
+        _SEARCHES[key] = (now, future)
+        return await asyncio.shield(future)
+
+
+def checked_interval(poll_interval: Any) -> float:
+    if not api.is_positive_number(poll_interval):
+        raise GpuMarketValidationError("poll_interval", f"must be a number of seconds above 0, got {poll_interval!r}")
+    return float(poll_interval)
+
+
+class GpuMarketOfferTrigger(OfferSearches, BaseEventTrigger):
     """Fire when offers matching a filter appear, once per appearance: an ``AssetWatcher``'s trigger.
 
     Every ``poll_interval`` it searches the market (cheapest first, ``offer_watch.SEARCH_LIMIT`` offers) and checks
@@ -63,11 +125,7 @@ class GpuMarketOfferTrigger(BaseEventTrigger):
         self.watch = offer_watch.OfferWatch(
             dict(offer_filters or {}), offer_type, max_dph, min_reliability, verified, min_direct_ports
         )
-        if not api.is_positive_number(poll_interval):
-            raise GpuMarketValidationError(
-                "poll_interval", f"must be a number of seconds above 0, got {poll_interval!r}"
-            )
-        self.poll_interval = float(poll_interval)
+        self.poll_interval = checked_interval(poll_interval)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         watch = self.watch
@@ -84,10 +142,6 @@ class GpuMarketOfferTrigger(BaseEventTrigger):
                 "poll_interval": self.poll_interval,
             },
         )
-
-    def shared_stream_key(self) -> Hashable | None:
-        """Watchers of one connection, search and interval share one search (Airflow 3.3+'s shared streams)."""
-        return ("gpumarket-offers", self.gpumarket_conn_id, self.watch.key(), self.poll_interval)
 
     @classmethod
     async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
@@ -138,43 +192,3 @@ class GpuMarketOfferTrigger(BaseEventTrigger):
             await store.aset(self._state_key, present)
         except Exception as exc:  # noqa: BLE001 - see _remembered
             self.log.warning("Could not write the watch's state to the asset's state store: %s", exc)
-
-    async def _searches(self, *, shared: bool) -> AsyncIterator[tuple[float, list | None]]:
-        from airflow_gpumarket.hooks.gpumarket import GpuMarketAsyncHook
-
-        hook = GpuMarketAsyncHook(self.gpumarket_conn_id)
-        try:
-            while True:
-                search = self._search(hook)
-                yield await (self._shared(search) if shared else search)
-                await asyncio.sleep(self.poll_interval)
-        finally:
-            await hook.aclose()
-
-    async def _search(self, hook: Any) -> tuple[float, list | None]:
-        watch = self.watch
-        try:
-            offers = await hook.search_offers(
-                watch.search_filters(), offer_type=watch.offer_type, limit=offer_watch.SEARCH_LIMIT
-            )
-        except GpuMarketError as exc:  # no news: the appearance in course neither ends nor starts
-            self.log.warning(
-                "Searching offers for the watch failed (%s); searching again in %g s", exc, self.poll_interval
-            )
-            return hook.service_now(), None
-        finally:
-            await hook.aclose()
-        return hook.service_now(), offers
-
-    async def _shared(self, search: Any) -> tuple[float, list | None]:
-        """The answer of a search another watcher of this process started less than half an interval ago, if any;
-        else ``search``'s, shared with the next ones."""
-        key = (id(asyncio.get_running_loop()), self.shared_stream_key())
-        now = time.monotonic()
-        started = _SEARCHES.get(key)
-        if started is not None and now - started[0] < self.poll_interval / 2:
-            search.close()
-            return await asyncio.shield(started[1])
-        future = asyncio.ensure_future(search)
-        _SEARCHES[key] = (now, future)
-        return await asyncio.shield(future)
