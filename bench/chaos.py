@@ -60,6 +60,8 @@ GPU_CHECK_FAILURES = 0.08
 #: The winning bid of every machine moves every 2 simulated minutes (0.2 s at 600x): bids placed at min_bid + 5 %
 #: are outbid by rising prices, and those waiting for their bid resume when prices fall.
 BID_DRIFT = {"interval": 120, "volatility": 0.05}
+#: The ending of a lifecycle whose task on_kill ended.
+KILLED = "killed (on_kill)"
 SPEED = 600  # the simulator's clock: simulated seconds per real second
 TIMEOUT = 1.0  # the client's request timeout; the slow-response fault exceeds it
 FAULTS = [
@@ -249,7 +251,7 @@ def classify(exc: BaseException) -> str:
         ("Restoring the checkpoint failed", "a checkpoint restore failed (on_restore_failure='fail')"),
         ("staged data did not arrive", "staged data did not arrive"),
         ("status 'stopped'", "job exited non-zero"),
-        ("killed", "killed (on_kill)"),
+        ("killed", KILLED),
         ("more than max_preemptions", "preempted more than max_preemptions"),
         ("DESTROY FAILED", "destroy failed"),
         ("status 'exited'", "host failed mid-job"),
@@ -576,8 +578,9 @@ def main() -> int:
         # The SIGTERM runs' tasks run in processes of their own: only this process's failovers are seen.
         ending_of = {r["key"]: r for r in results + credit_results}
         key_of = {i["id"]: (lc.parse_label(i.get("label")) or ("",))[0] for i in instances}
-        # A task marked failed while deferred never resumed to recognise its host's failed check.
-        resumed = {k for k, r in ending_of.items() if r["outcome"] != chaos_triggerer.MARKED}
+        # A task marked failed while deferred never resumed to recognise its host's failed check, and one killed
+        # (on_kill) may have been killed before its next read of the instance: its kill destroyed the instance.
+        resumed = {k for k, r in ending_of.items() if r["outcome"] not in (chaos_triggerer.MARKED, KILLED)}
         missed = sorted(i for i in set(reported) - recognised if key_of.get(i) in resumed)
         memory = remembered("gpumarket_default")
         leaked = [i for i in instances if not i["destroyed"]]
