@@ -79,6 +79,15 @@ def has_retry_policies() -> bool:
     return airflow_version() >= (3, 3)
 
 
+def pauses() -> tuple[type[BaseException], ...]:
+    """What a task raises to wait without failing: ``TaskDeferred``, and from Airflow 3.3 ``TaskAwaitingInput``."""
+    try:
+        from airflow.sdk.exceptions import TaskAwaitingInput
+    except ImportError:
+        return (__getattr__("TaskDeferred"),)
+    return (__getattr__("TaskDeferred"), TaskAwaitingInput)
+
+
 def triggerer_calls_on_kill() -> bool:
     """True from Airflow 3.3, whose triggerer calls a trigger's ``on_kill``.
 

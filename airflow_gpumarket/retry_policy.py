@@ -24,6 +24,7 @@ from airflow_gpumarket.exceptions import (
     GpuMarketValidationError,
 )
 from airflow_gpumarket.operators.failures import (
+    GpuMarketApprovalRefused,
     GpuMarketBudgetExceeded,
     GpuMarketHostFailed,
     GpuMarketJobFailed,
@@ -45,7 +46,8 @@ def gpumarket_retry_policy(*, retry_delay: timedelta = DEFAULT_RETRY_DELAY, retr
       ``max_preemptions``, and the service's 5xx, 429 and lost connections that outlasted the hook's own retries.
     - Failed at once: the job's own failure (its command exited non-zero; ``retry_job_failures=True`` retries it
       too), data that did not move (``GpuMarketStagingFailed``), arguments the API refuses, a key it refuses, and a
-      quota that resets far ahead, and a rented service gone under a task that used it.
+      quota that resets far ahead, a rented service gone under a task that used it, and a rental a person did not
+      approve (``approval_above``).
     - Anything else: the task's standard retries.
 
     Retries still count against the task's ``retries``.
@@ -64,6 +66,11 @@ def gpumarket_retry_policy(*, retry_delay: timedelta = DEFAULT_RETRY_DELAY, retr
                 exception=[GpuMarketValidationError, GpuMarketAuthError, GpuMarketQuotaExceededError],
                 action=RetryAction.FAIL,
                 reason="the service refuses this request or key as it is: another try would be refused too",
+            ),
+            RetryRule(
+                exception=GpuMarketApprovalRefused,
+                action=RetryAction.FAIL,
+                reason="a person refused the rental, or nobody answered: another try would ask again",
             ),
             RetryRule(
                 exception=GpuMarketBudgetExceeded,

@@ -3,7 +3,8 @@
 The watcher searches the market every 5 minutes for an 8x H100 host at $20/h or less with a reliability of 0.98 or
 more, and fires once each time such offers appear (not once per search). The DAG runs on that event, or at 06:00
 UTC when none came by then. Its task rents with the same filters and cap, so it takes the offer that appeared or,
-when someone rented it meanwhile, the next one that matches; when none does, it waits for one, then pays more.
+when someone rented it meanwhile, the next one that matches; when none does, it waits for one, then pays more. A
+rental whose worst case is above $90 waits for a person's approval in the Airflow UI first (Airflow 3.1+).
 """
 
 from __future__ import annotations
@@ -21,8 +22,17 @@ try:
 except ImportError:  # Airflow 2.11 has no event-driven scheduling: the DAG runs at 06:00 only
     AssetWatcher = None
 
+try:  # human-in-the-loop approvals: Airflow 3.1 and later
+    from airflow.providers.standard.operators.hitl import HITLOperator  # noqa: F401
+except ImportError:
+    HUMAN_IN_THE_LOOP = False
+else:
+    HUMAN_IN_THE_LOOP = True
+
 FILTERS = {"gpu_name": {"eq": "H100 SXM"}, "num_gpus": {"eq": 8}, "reliability": {"gte": 0.98}}
 MAX_DPH = 20.0
+#: A rental whose worst case (4 hours at the price) is above this is approved by a person in the UI first.
+APPROVAL_ABOVE = 90.0 if HUMAN_IN_THE_LOOP else None
 schedule: object = "0 6 * * *"
 
 if AssetWatcher is not None:
@@ -59,4 +69,5 @@ with DAG(
         wait_for_offer=timedelta(hours=1),
         on_no_offer="rent_on_demand",
         fallback_max_dph=30.0,
+        approval_above=APPROVAL_ABOVE,
     )

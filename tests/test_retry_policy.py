@@ -16,6 +16,7 @@ from airflow_gpumarket.exceptions import (
     GpuMarketValidationError,
 )
 from airflow_gpumarket.operators.failures import (
+    GpuMarketApprovalRefused,
     GpuMarketJobFailed,
     GpuMarketNoWorkingOffer,
     GpuMarketPreemptedTooOften,
@@ -31,6 +32,7 @@ FAILS = [
     GpuMarketAuthError("401: the key is refused", status_code=401),
     GpuMarketQuotaExceededError("429: the daily search quota is used up", status_code=429),
     GpuMarketServiceGone("The service on instance 7 cannot answer: it is gone."),
+    GpuMarketApprovalRefused("The rental was not approved: ana answered ['Do not rent']; nothing was rented."),
 ]
 RETRIES = [
     GpuMarketNoWorkingOffer("Could not get a working instance after trying 3 offer(s)"),

@@ -73,6 +73,10 @@ class GpuMarketServiceGone(AirflowException):
     """A task that used a rented service (``connect_service``) found its instance gone or stopped: nobody answers."""
 
 
+class GpuMarketApprovalRefused(AirflowException):
+    """A rental above ``approval_above`` was refused in the Airflow UI, or nobody answered in time: nothing rented."""
+
+
 def exited_early(instance_id: int, end: job_logs.LogEnd, before: str) -> GpuMarketJobFailed:
     """The failure of a command that exited (``end``, its log's) before ``before``: the job's, not its host's."""
     return GpuMarketJobFailed(

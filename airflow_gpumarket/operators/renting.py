@@ -18,9 +18,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpumarket import api, bidding
-from airflow_gpumarket._compat import AirflowTaskTimeout, TaskDeferred, has_retry_policies
+from airflow_gpumarket._compat import AirflowTaskTimeout, has_retry_policies, pauses
 from airflow_gpumarket.creation import creation_fields
-from airflow_gpumarket.operators import offer_wait
+from airflow_gpumarket.operators import approval, offer_wait
 from airflow_gpumarket.operators.base import GpuMarketBaseOperator
 from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
 from airflow_gpumarket.operators.spec import RentalSpec, Terms
@@ -138,6 +138,10 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         A destroy waits for a save at most this long, then destroys anyway and logs what was not saved.
     :param keep_on_output_failure: when an output copy fails, keep the stopped instance (storage bills) under a lease
         this long instead of destroying it, to copy the output by hand (default None: destroy).
+    :param approval_above: a rental whose worst case (the budget's reservation) is above this many dollars is
+        first approved by a person in the Airflow UI (human-in-the-loop, Airflow 3.1+); a refusal or no answer
+        within ``approval_timeout`` (default 1 hour) fails the task having rented nothing.
+    :param approval_timeout: how long the question waits for an answer.
     :param wait_for_offer: when the first search of a try finds nothing to rent, wait this long (from the try's
         start) for an offer to appear, in the triggerer (``deferrable=True``), then search again; default: no wait.
     :param on_no_offer: what follows a wait that found nothing: ``"fail"`` (default) or ``"rent_on_demand"``: rent
@@ -206,6 +210,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
     spec: RentalSpec | None = None
     _started_at: float | None = None
     _fell_back = False  # the try rents on demand up to fallback_max_dph: its wait for an offer ended with none
+    _approved_up_to: float | None = None  # the worst case a person approved (approval_above)
 
     def __init__(
         self,
@@ -249,6 +254,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         staging_timeout: timedelta | float = timedelta(minutes=30),
         keep_on_output_failure: timedelta | float | None = None,
         max_cost: float | None = None,
+        approval_above: float | None = None,
+        approval_timeout: timedelta | float = timedelta(hours=1),
         wait_for_offer: timedelta | float | None = None,
         on_no_offer: str = "fail",
         fallback_max_dph: float | None = None,
@@ -333,6 +340,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
             wait_for_offer, on_no_offer, fallback_max_dph, deferrable=self.deferrable, offer_id=offer_id
         )
         self.on_no_offer, self.fallback_max_dph = on_no_offer, fallback_max_dph
+        self.approval_above, self.approval_timeout = approval.checked(approval_above, approval_timeout)
         callbacks: Any = getattr(self, "on_failure_callback", None)
         callbacks = [] if callbacks is None else [callbacks] if callable(callbacks) else callbacks
         if destroy_rentals_on_failure not in callbacks:  # a mapped task's partial() may carry it already
@@ -347,6 +355,12 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
 
     def execute_after_wait(self, context: Any, event: dict[str, Any]) -> Any:
         """Resume after a wait for an offer (``wait_for_offer``): search again, from the start of a rental."""
+        self._session(context)
+        return self._run(context, Try)
+
+    def execute_after_approval(self, context: Any, event: dict[str, Any]) -> Any:
+        """Resume after a person answered (``approval_above``): rent up to the amount approved, or fail."""
+        approval.answered(self, event)
         self._session(context)
         return self._run(context, Try)
 
@@ -379,7 +393,7 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
         assert self.session is not None
         try:
             return self._steps(context, start())
-        except TaskDeferred:
+        except pauses():  # deferred, or awaiting a person's answer: nothing failed
             raise
         except BaseException as exc:
             self.session.failed(exc)
@@ -401,6 +415,8 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                 case plan.Rent():
                     try:
                         now.rental = session.rent()
+                    except approval.ApprovalNeeded as asked:
+                        approval.ask(self, context, asked.pick)  # waits for a person's answer, holding nothing
                     except GpuMarketNoWorkingOffer as exc:
                         offer_wait.after_no_offer(self, context, exc)  # defers, fails, or turns to on demand
                         spec, session = self.spec, self.session

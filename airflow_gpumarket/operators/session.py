@@ -24,7 +24,7 @@ from airflow_gpumarket.exceptions import (
     GpuMarketOfferUnavailableError,
     GpuMarketValidationError,
 )
-from airflow_gpumarket.operators import adoption, cost
+from airflow_gpumarket.operators import adoption, approval, cost
 from airflow_gpumarket.operators.adoption import STATE_KEY
 from airflow_gpumarket.operators.budget import Budget
 from airflow_gpumarket.operators.chooser import OfferChooser, Pick
@@ -94,6 +94,7 @@ class RentalSession:
         self._counted: set[int] = set()  # the instances whose end the metrics counted
         #: No try of the task instance can have rented: the first, until it sends a create or takes a rental over.
         self.rented_nothing = self._try_number <= 1
+        self._task = task
 
     @property
     def recorded(self) -> bool:
@@ -228,6 +229,7 @@ class RentalSession:
             if isinstance(pick, str):
                 attempts.reasons.append(pick)
                 break
+            approval.check(self._task, pick)  # above approval_above: a person says yes first, before anything
             attempts.tried.append(int(pick.offer["id"]))
             if self.killed:  # on_kill ran meanwhile (during a failover's destroy, say): nothing more is rented
                 raise AirflowException("Task was killed: nothing more is rented")
