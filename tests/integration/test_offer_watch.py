@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from .conftest import AIRFLOW_2
+from .conftest import AIRFLOW_2, alive
 
 pytestmark = pytest.mark.skipif(AIRFLOW_2, reason="AssetWatcher triggers are Airflow 3's")
 
@@ -144,6 +144,28 @@ def test_rule_a_watcher_restarted_in_the_middle_of_an_appearance_does_not_fire_f
     sim.set_market_swing(None)  # they come back
     (events,) = run_for(0.5, gone)
     assert len(events) == 1
+
+
+def test_rule_the_task_a_watcher_schedules_rents_the_events_offer_or_the_next_when_it_was_taken(sim):
+    from .test_money_safety import context, job
+
+    for offer in sim.state()["offers"]:
+        sim.set_offer_fate(offer["id"], "running")
+    (events,) = run_for(0.3, watcher())
+    (event,) = events
+    first = job(offer_filters={"gpu_name": {"eq": GPU}}).execute(context(run_id="market-1"))
+    assert first["job_status"] == "succeeded" and rented(sim) == [event["offer_id"]]
+    sim.vanish_offer(event["offer_id"])  # someone else rented it before the next run's task searched
+    job(offer_filters={"gpu_name": {"eq": GPU}}).execute(context(run_id="market-2"))
+    taken_meanwhile = rented(sim)[-1]
+    assert taken_meanwhile != event["offer_id"] and taken_meanwhile in {
+        o["id"] for o in sim.state()["offers"] if o["gpu_name"] == GPU
+    }
+    assert alive(sim) == []
+
+
+def rented(sim) -> list[int]:
+    return [i["offer_id"] for i in sorted(sim.state()["instances"], key=lambda i: i["id"])]
 
 
 def test_rule_a_bad_watch_is_refused_when_the_dag_is_parsed():
