@@ -192,6 +192,7 @@ bench: install $(PEERS_STAMP)
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_deadlines.py
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_pacing_pods.py
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_service.py
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench $(BIN)/python bench/bench_market_schedule.py
 
 # The same scripts as a smoke run (tiny sizes, the same code paths and lines; under a minute), part of test-fast so
 # that a benchmark cannot rot unseen. It fails on an error, not on a missed goal: its figures mean nothing.
@@ -205,6 +206,7 @@ bench-quick: install
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_deadlines.py --quick
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_pacing_pods.py --quick
 	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_service.py --quick
+	AIRFLOW_HOME=$(CURDIR)/.airflow/bench-quick $(BIN)/python bench/bench_market_schedule.py --quick
 
 chaos: install
 	@mkdir -p .airflow/chaos-client
