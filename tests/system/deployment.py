@@ -147,6 +147,11 @@ class Simulator:
         response.raise_for_status()
         return response.json()
 
+    def put(self, path: str, body: dict) -> Any:
+        response = self.session.put(f"{self.url}{path}", json=body, timeout=30)
+        response.raise_for_status()
+        return response.json()
+
     def real_time(self, simulated: float) -> float:
         return self.real_at_sample + (simulated - self.sim_at_sample) / self.speed
 

@@ -78,6 +78,9 @@ GOALS = {
     "service": "a service for a task group: the Celery worker running one of its two tasks killed -9 mid-use; the "
     "task's retry reaches the same service from another worker, the group succeeds, the teardown destroys the one "
     "rental; 0 alive",
+    "market_watch": "a DAG scheduled by an offer watcher runs once when its offers are there; both triggerers "
+    "killed -9 and restarted while they still are: no second run; the offers gone, then back: one more run; each "
+    "run rents one of them; 0 alive",
     "orphan": "an instance handed over and never torn down, stopped once its run ended: `airflow gpumarket orphans` "
     "lists it, `--destroy --yes` destroys it, and the ledger, the GPU rentals page and `spend` each say what the "
     "service charged, within 1 %; 0 alive",

@@ -890,6 +890,54 @@ def test_service(alone, scenario: Scenario):
     s.say(f"the retry used instance {instance['id']} from another worker; the teardown destroyed it")
 
 
+#: The market_watch DAG's watcher's poll_interval (dags/system_dags.py).
+MARKET_WATCH_POLL = 2.0
+
+
+@pytest.mark.production_shape
+def test_market_watch(alone, scenario: Scenario):
+    """A DAG scheduled by an offer watcher: one run per appearance of its offers, across triggerers killed -9.
+
+    Its offers are on the market from the start, so the watcher fires once the DAG is parsed. Both triggerers are
+    then killed -9 and restarted while the offers are still there: the watcher starts again from the asset's state
+    store and does not fire. The offers leave the market and come back: it fires once more.
+    """
+    s = scenario
+    runs_path = f"/dags/{s.dag_id}/dagRuns"
+
+    def runs() -> list[dict]:
+        return s.api.call("GET", runs_path, limit=100).get("dag_runs", [])
+
+    def done(count: int) -> list[dict] | None:
+        found = runs()
+        return found if len(found) >= count and all(r["state"] in FINISHED for r in found) else None
+
+    first = s.wait("the watcher's first run, ended", 300, lambda: done(1))
+    assert [r["state"] for r in first] == ["success"], first
+    s.say(f"the watcher fired once the DAG was parsed: run {first[0]['dag_run_id']} succeeded")
+    triggerers = s.deployment.shape.of("triggerer")
+    for name in triggerers:
+        s.deployment.processes.kill_group(name)
+    s.say(f"{', '.join(triggerers)} killed -9 while the offers are on the market; restarting them")
+    for name in triggerers:
+        s.deployment.start_component(name)
+    time.sleep(20 * MARKET_WATCH_POLL + 30)  # the watcher restarted (a triggerer takes ~30 s) and searched again
+    assert len(runs()) == 1, f"the watcher fired again for the same appearance: {runs()}"
+    offers = [o["id"] for o in s.sim.get("/_sim/state")["offers"] if o["gpu_name"] == s.gpu]
+    s.sim.put("/_sim/market-swing", {"swing": {"preset": "typical", "listed": 0.0, "offers": offers}})
+    s.say(f"offers {offers} off the market")
+    time.sleep(5 * MARKET_WATCH_POLL)
+    s.sim.put("/_sim/market-swing", {"swing": None})
+    s.say("the offers are back")
+    both = s.wait("the second appearance's run, ended", 300, lambda: done(2))
+    time.sleep(5 * MARKET_WATCH_POLL)
+    assert len(runs()) == 2 and all(r["state"] == "success" for r in both), runs()
+    s.wait_all_destroyed()
+    rented = s.instances()
+    assert len(rented) == 2 and {i["offer_id"] for i in rented} <= set(offers), rented
+    s.say(f"two runs, one per appearance; instances {[i['id'] for i in rented]} on the watched offers; 0 alive")
+
+
 def test_orphan(alone, scenario: Scenario):
     """An instance handed over and never torn down outlives its run; stopped, then destroyed from the command line.
 

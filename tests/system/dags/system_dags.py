@@ -18,13 +18,14 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Asset, AssetWatcher, task
 
 from airflow_gpumarket.assets import cloud_asset
 from airflow_gpumarket.operators.create_instance import GpuMarketCreateInstanceOperator
 from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
 from airflow_gpumarket.operators.service import GpuMarketServiceOperator
 from airflow_gpumarket.operators.teardown import GpuMarketDestroyInstanceOperator
+from airflow_gpumarket.triggers.offers import GpuMarketOfferTrigger
 
 #: A line nobody can know before the job runs (test_exit3 looks for it in the task log), then exit 3.
 COMPUTED_THEN_EXIT_3 = 'echo "computed $(od -An -N6 -tx1 /dev/urandom | tr -d " \\n")"; echo boom >&2; exit 3'
@@ -252,6 +253,30 @@ with scenario_dag("service"):
 
     _stop = GpuMarketDestroyInstanceOperator(task_id="stop", instance_id=_serve.output)
     _serve >> use.expand(shard=[["a", "bb"], ["ccc"]]) >> _stop.as_teardown(setups=_serve)
+
+
+# Scheduled by an offer watcher on the market_watch scenario's offers: a run each time they appear.
+MARKET_WATCH_POLL = 2.0
+_offers_appear = Asset(
+    "gpumarket-system-market-watch",
+    watchers=[
+        AssetWatcher(
+            name="system_market_watch",
+            trigger=GpuMarketOfferTrigger(
+                offer_filters={"gpu_name": {"eq": "sys-market_watch"}}, poll_interval=MARKET_WATCH_POLL
+            ),
+        )
+    ],
+)
+with DAG(
+    dag_id="system_market_watch",
+    start_date=datetime(2026, 1, 1),
+    schedule=_offers_appear,
+    catchup=False,
+    max_active_runs=1,
+    tags=["gpumarket-system"],
+):
+    GpuMarketRunJobOperator(task_id="job", deferrable=True, command=SHORT, **rental_arguments("market_watch"))
 
 
 # Scheduled on the asset_downstream scenario's model: runs after each successful training, and returns what the
