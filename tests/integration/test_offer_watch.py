@@ -168,6 +168,20 @@ def rented(sim) -> list[int]:
     return [i["offer_id"] for i in sorted(sim.state()["instances"], key=lambda i: i["id"])]
 
 
+def test_rule_the_example_runs_when_the_watcher_fires_and_by_06_00_in_any_case(airflow_db):
+    from pathlib import Path
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    example = Path(__file__).parents[2] / "example_dags" / "example_gpumarket_market_schedule.py"
+    dag = DagBag(dag_folder=str(example)).dags["example_gpumarket_market_schedule"]
+    timetable = dag.timetable
+    assert type(timetable).__name__ == "AssetOrTimeSchedule" and timetable.timetable.summary == "0 6 * * *"
+    (watcher,) = timetable.asset_condition.watchers
+    assert watcher.trigger["classpath"] == "airflow_gpumarket.triggers.offers.GpuMarketOfferTrigger"
+    assert watcher.trigger["kwargs"]["offer_filters"] == dag.get_task("train").offer_filters
+
+
 def test_rule_a_bad_watch_is_refused_when_the_dag_is_parsed():
     from airflow_gpumarket.exceptions import GpuMarketValidationError
 
