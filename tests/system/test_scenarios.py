@@ -921,8 +921,16 @@ def test_market_watch(alone, scenario: Scenario):
     s.say(f"{', '.join(triggerers)} killed -9 while the offers are on the market; restarting them")
     for name in triggerers:
         s.deployment.start_component(name)
-    time.sleep(20 * MARKET_WATCH_POLL + 30)  # the watcher restarted (a triggerer takes ~30 s) and searched again
+    restarted = s.sim.get("/_sim/clock")["now"]
+
+    def searched_since() -> int:
+        log = s.sim.get("/_sim/requests")["requests"]
+        return sum(1 for r in log if r["op"] == "search_offers" and r["t"] > restarted)
+
+    s.wait("the restarted watcher's searches", 120, lambda: searched_since() >= 5, interval=2.0)
+    time.sleep(10)  # an event of those searches would have made its run by now
     assert len(runs()) == 1, f"the watcher fired again for the same appearance: {runs()}"
+    s.say(f"the restarted watcher searched {searched_since()} times and did not fire again")
     offers = [o["id"] for o in s.sim.get("/_sim/state")["offers"] if o["gpu_name"] == s.gpu]
     s.sim.put("/_sim/market-swing", {"swing": {"preset": "typical", "listed": 0.0, "offers": offers}})
     s.say(f"offers {offers} off the market")
