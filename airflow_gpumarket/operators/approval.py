@@ -53,9 +53,10 @@ def checked(approval_above: float | None, approval_timeout: timedelta | float) -
 
 def check(op: Any, pick: Any) -> None:
     """Raise ``ApprovalNeeded`` when ``pick``'s worst case is above ``approval_above`` and above what was approved."""
-    if op.approval_above is None:
+    threshold = getattr(op, "approval_above", None)
+    if threshold is None:
         return
-    if pick.worst.amount > max(op.approval_above, op._approved_up_to or 0.0):
+    if pick.worst.amount > max(threshold, getattr(op, "_approved_up_to", None) or 0.0):
         raise ApprovalNeeded(pick)
 
 

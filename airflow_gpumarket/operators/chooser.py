@@ -137,6 +137,18 @@ class OfferChooser:
             self._host_memory_failed(exc)
             return {}
 
+    def remember_failover(self, rental: lifecycle.Rental, ended: Any, preflight: Any, sentence: str) -> None:
+        """Remember the machine of a rental failed over from, when why says something of the host: a failed
+        preflight or readiness probe, a boot past its timeout, a failed status (``ended``: the wait's outcome)."""
+        from airflow_gpumarket.outcome import EventKind
+
+        if preflight is not None:
+            self.remember(rental, "not_ready" if preflight.check == "ready" else "preflight", preflight.describe())
+        elif ended.kind is EventKind.BOOT_TIMEOUT:
+            self.remember(rental, "boot_timeout", sentence)
+        elif ended.actual_status in api.FAILED_STATUSES:
+            self.remember(rental, str(ended.actual_status), sentence)
+
     def remember(self, rental: lifecycle.Rental, reason: str, detail: str) -> None:
         """Put the rental's machine in host memory, so that renting tasks of this account skip it for a while."""
         machine = rental.machine_id

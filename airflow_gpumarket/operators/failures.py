@@ -5,8 +5,11 @@ Each is an ``AirflowException``, raised after everything the task rented was des
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from airflow_gpumarket import job_logs
 from airflow_gpumarket._compat import AirflowException
+from airflow_gpumarket.outcome import EventKind, WaitOutcome
 
 
 class GpuMarketJobFailed(AirflowException):
@@ -84,3 +87,11 @@ def exited_early(instance_id: int, end: job_logs.LogEnd, before: str) -> GpuMark
         f"{job_logs.failure_detail(end.lines, end.status)}. Check command; every instance of this try is destroyed.",
         exit_status=end.status,
     )
+
+
+def ended_unseen(job: bool, instance_id: int, end: job_logs.LogEnd, ended: WaitOutcome) -> WaitOutcome:
+    """A command that exited before its instance was seen running (``end``): a job's own end, judged by its exit
+    status like any job's (``ended``, the wait's outcome, made the job's); any other command's failure, raised."""
+    if not job:
+        raise exited_early(instance_id, end, "the instance was seen running")
+    return replace(ended, kind=EventKind.JOB_FAILED).with_job_end(end.lines, end.status, True)

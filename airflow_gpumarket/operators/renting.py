@@ -434,7 +434,9 @@ class GpuMarketRentingBaseOperator(GpuMarketBaseOperator):
                     raise AirflowTaskTimeout(ended.with_detail(self._timed_out(now.rental.instance_id)))
                 case plan.FailOver(ended, preflight):
                     assert now.rental is not None
-                    session.fail_over(now.rental, ended, preflight)
+                    if (seen := session.fail_over(now.rental, ended, preflight)) is not None:
+                        now.outcome = seen  # the job ran to its end before the task saw it running
+                        continue
                     now = Try()
                 case plan.StageIn(ended, wait):
                     assert now.rental is not None

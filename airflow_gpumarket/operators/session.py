@@ -33,10 +33,10 @@ from airflow_gpumarket.operators.failures import (
     GpuMarketNoWorkingOffer,
     GpuMarketOutcomeUnknown,
     GpuMarketStagingFailed,
-    exited_early,
+    ended_unseen,
 )
 from airflow_gpumarket.operators.guard import destroy_rentals
-from airflow_gpumarket.outcome import EventKind, WaitOutcome, from_event, instance_of
+from airflow_gpumarket.outcome import WaitOutcome, from_event, instance_of
 from airflow_gpumarket.ui.records import RentalRecorder
 from airflow_gpumarket.utils import try_number, try_started
 
@@ -397,17 +397,17 @@ class RentalSession:
     # --- where a rental ends -------------------------------------------------------------------------------
     def fail_over(
         self, rental: lifecycle.Rental, ended: WaitOutcome, preflight: job_logs.PreflightFailure | None
-    ) -> None:
+    ) -> WaitOutcome | None:
         """The rental's host failed before the job ran: destroyed, its machine remembered, and why kept for the end.
 
         It never ran, did not boot in time, or failed the job wrapper's preflight (``preflight``). A stop whose log
-        shows the command's own exit is the job's failure, raised as such.
+        shows the command's own exit is no host's failure: a job's outcome is returned, another command's raised.
         """
         if preflight is None and ended.actual_status == api.STATUS_STOPPED and self.spec.command is not None:
             # a wait for the status (data to stage, a service) ends so: the wrapper may have stopped it unseen
             end = job_logs.end_in_log(self.hook, rental.instance_id) if self.spec.log_interval else None
             if end is not None and end.job_exited:
-                raise exited_early(rental.instance_id, end, "the instance was seen running")
+                return ended_unseen(self.spec.terms.job, rental.instance_id, end, ended)
             preflight = None if end is None else end.preflight
         if preflight is not None:
             sentence = f"instance {rental.instance_id}: {preflight.describe(rental.machine_id)}"
@@ -418,15 +418,9 @@ class RentalSession:
         if preflight is None and self.spec.log_interval > 0:
             job_logs.log_daemon_tail(self.hook, self.log, rental.instance_id)
         self._end(rental.instance_id, metric=metrics.NEVER_RAN, why="its host failed", failover=True)
-        if preflight is not None:
-            self._chooser.remember(
-                rental, "not_ready" if preflight.check == "ready" else "preflight", preflight.describe()
-            )
-        elif ended.kind is EventKind.BOOT_TIMEOUT:
-            self._chooser.remember(rental, "boot_timeout", sentence)
-        elif ended.actual_status in api.FAILED_STATUSES:
-            self._chooser.remember(rental, str(ended.actual_status), sentence)
+        self._chooser.remember_failover(rental, ended, preflight, sentence)
         rental.give_up(sentence)
+        return None
 
     def remember_lost(self, rental: lifecycle.Rental, ended: WaitOutcome) -> None:
         """The host failed under the running job: its machine remembered (host memory)."""
