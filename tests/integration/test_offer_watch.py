@@ -60,16 +60,17 @@ def searches(sim, since: float) -> list[float]:
 
 def test_rule_a_watcher_fires_once_per_appearance_of_a_matching_offer(sim):
     ids = [o["id"] for o in sim.state()["offers"] if o["gpu_name"] == GPU]
-    view = sim.set_market_swing({"preset": "tight", "slot": 600, "offers": ids})
+    # Each offer listed in 11 % of the slots whatever the hour: about one slot in two has one of the six.
+    view = sim.set_market_swing({"listed": 0.11, "amplitude": 0.0, "slot": 300, "offers": ids})
     truth = swing_of(sim, view)
     start = sim.now()
-    (events,) = run_for(8, watcher())
-    # The swing changes by the slot; a watcher searches about 20 times in each, so every slot is seen.
+    (events,) = run_for(12, watcher())
+    # The swing changes by the slot; a watcher searches about 10 times in each, so every slot is seen.
     slots = sorted({int(t // truth.slot) for t in searches(sim, start)})
     assert slots == list(range(slots[0], slots[-1] + 1))
     present = [any(truth.is_listed(i, slot * truth.slot) for i in ids) for slot in slots]
     starts = [slot for slot, now, before in zip(slots, present, [False, *present], strict=False) if now and not before]
-    assert len(starts) >= 2, "the swing gave this test too few appearances to tell anything"
+    assert starts, "the swing gave this test no appearance to tell anything"
     assert len(events) == len(starts), (events, starts)
     fired = [int(e["seen_at"] // truth.slot) for e in events]  # the Date header's clock: a boundary may blur
     assert all(abs(slot - start) <= 1 for slot, start in zip(fired, starts, strict=True)), (fired, starts)

@@ -52,7 +52,7 @@ def test_rule_prices_follow_the_days_demand_within_the_amplitude(sim):
 def test_rule_a_rented_offer_keeps_its_price_and_a_null_swing_gives_the_others_theirs_back(sim, api):
     base = prices(sim)
     named = sorted(base)[:20]
-    sim.set_market_swing({"preset": "tight", "offers": named})
+    sim.set_market_swing({"preset": "tight", "listed": 1.0, "offers": named})  # most listed at any hour
     assert [o for o in base if o not in named and prices(sim)[o] != base[o]] == []  # only the named offers swing
     offer = min((o for o in api.search({"limit": 1000}) if o["id"] in named), key=lambda o: o["dph_total"])
     instance_id = api.create(offer["id"], {"image": "ubuntu:22.04"})["new_contract"]
