@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpumarket import api
-from airflow_gpumarket.exceptions import GpuMarketValidationError
 
 #: Offers one search asks for, cheapest first: the watcher's matches are among them.
 SEARCH_LIMIT = 100
@@ -36,8 +35,8 @@ class OfferWatch:
     def __post_init__(self) -> None:
         # Names a bad field or operator, as the renting operators do.
         api.build_search_body(self.search_filters(), offer_type=self.offer_type, extra_fields=self.extra_filter_fields)
-        if self.max_dph is not None and not api.is_positive_number(self.max_dph):
-            raise GpuMarketValidationError("max_dph", f"must be a price in $/h above 0, got {self.max_dph!r}")
+        if self.max_dph is not None:
+            api.require_positive_number("max_dph", self.max_dph)
 
     def search_filters(self) -> dict[str, Any]:
         """The filters sent: the user's, and the reliability, verification and port minimums as filter fields."""

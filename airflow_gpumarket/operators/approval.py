@@ -15,6 +15,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from airflow_gpumarket import api
 from airflow_gpumarket._compat import airflow_version
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.utils import duration_seconds
@@ -39,10 +40,7 @@ def checked(approval_above: float | None, approval_timeout: timedelta | float) -
     timeout = duration_seconds("approval_timeout", approval_timeout)
     if approval_above is None:
         return None, timeout
-    if isinstance(approval_above, bool) or not isinstance(approval_above, int | float) or approval_above < 0:
-        raise GpuMarketValidationError(
-            "approval_above", f"must be an amount in dollars, 0 or more, got {approval_above!r}"
-        )
+    api.require_non_negative_number("approval_above", approval_above)
     if airflow_version() < (3, 1):
         raise GpuMarketValidationError(
             "approval_above",

@@ -12,6 +12,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from airflow_gpumarket import api
 from airflow_gpumarket.exceptions import GpuMarketValidationError
 from airflow_gpumarket.utils import duration_seconds, try_started
 
@@ -27,17 +28,14 @@ def checked(
     offer_id: Any,
 ) -> float | None:
     """``wait_for_offer`` in seconds (None: no wait), once the three arguments agree; refused naming the one wrong."""
-    if on_no_offer not in ON_NO_OFFER:
-        raise GpuMarketValidationError("on_no_offer", f"must be one of {', '.join(ON_NO_OFFER)}, got {on_no_offer!r}")
+    api.require_choice("on_no_offer", on_no_offer, ON_NO_OFFER)
     if (on_no_offer == "rent_on_demand") != (fallback_max_dph is not None):
         raise GpuMarketValidationError(
             "fallback_max_dph",
             "is the cap of the on-demand rental that on_no_offer='rent_on_demand' makes: give both or neither",
         )
-    if fallback_max_dph is not None and (
-        isinstance(fallback_max_dph, bool) or not isinstance(fallback_max_dph, int | float) or fallback_max_dph <= 0
-    ):
-        raise GpuMarketValidationError("fallback_max_dph", f"must be a price in $/h above 0, got {fallback_max_dph!r}")
+    if fallback_max_dph is not None:
+        api.require_positive_number("fallback_max_dph", fallback_max_dph)
     if wait_for_offer is None:
         if on_no_offer != "fail":
             raise GpuMarketValidationError("on_no_offer", "says what follows a wait_for_offer: give one")

@@ -8,7 +8,8 @@ from typing import Any
 
 from airflow_gpumarket import offer_watch
 from airflow_gpumarket._compat import BaseTrigger, TriggerEvent
-from airflow_gpumarket.triggers.offers import OfferSearches, checked_interval
+from airflow_gpumarket.triggers.offers import OfferSearches
+from airflow_gpumarket.utils import duration_seconds
 
 #: The event's ``status`` when a new matching offer appeared, and when ``deadline`` came first.
 OFFER, TIMEOUT = "offer", "timeout"
@@ -44,7 +45,7 @@ class GpuMarketOfferWaitTrigger(OfferSearches, BaseTrigger):
         self.seen_offers = sorted({int(i) for i in seen_offers})
         self.avoided_machines = sorted({int(i) for i in avoided_machines})
         self.gpumarket_conn_id = gpumarket_conn_id
-        self.poll_interval = checked_interval(poll_interval)
+        self.poll_interval = duration_seconds("poll_interval", poll_interval)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         watch = self.watch

@@ -8,9 +8,10 @@ import time
 from collections.abc import AsyncIterator, Hashable, Mapping
 from typing import Any
 
-from airflow_gpumarket import _compat, api, offer_watch
+from airflow_gpumarket import _compat, offer_watch
 from airflow_gpumarket._compat import TriggerEvent
 from airflow_gpumarket.exceptions import GpuMarketError, GpuMarketValidationError
+from airflow_gpumarket.utils import duration_seconds
 
 try:  # Airflow 3: a trigger an AssetWatcher may run
     from airflow.triggers.base import BaseEventTrigger
@@ -77,12 +78,6 @@ class OfferSearches:
         return await asyncio.shield(future)
 
 
-def checked_interval(poll_interval: Any) -> float:
-    if not api.is_positive_number(poll_interval):
-        raise GpuMarketValidationError("poll_interval", f"must be a number of seconds above 0, got {poll_interval!r}")
-    return float(poll_interval)
-
-
 class GpuMarketOfferTrigger(OfferSearches, BaseEventTrigger):
     """Fire when offers matching a filter appear, once per appearance: an ``AssetWatcher``'s trigger.
 
@@ -125,7 +120,7 @@ class GpuMarketOfferTrigger(OfferSearches, BaseEventTrigger):
         self.watch = offer_watch.OfferWatch(
             dict(offer_filters or {}), offer_type, max_dph, min_reliability, verified, min_direct_ports
         )
-        self.poll_interval = checked_interval(poll_interval)
+        self.poll_interval = duration_seconds("poll_interval", poll_interval)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         watch = self.watch
