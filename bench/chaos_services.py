@@ -117,7 +117,7 @@ def _end(handed: dict | None, ending: str, sim: Any, key: str, ctx: dict) -> Non
     while time.monotonic() < deadline:
         if not [i for i in sim.alive() if (lc.parse_label(i.get("label")) or ("",))[0] == key]:
             return
-        time.sleep(0.2)
+        time.sleep(0.2)  # the lease runs on the instance's own clock, in real seconds
 
 
 def _classify(exc: BaseException, classify: Any) -> str:

@@ -890,10 +890,6 @@ def test_service(alone, scenario: Scenario):
     s.say(f"the retry used instance {instance['id']} from another worker; the teardown destroyed it")
 
 
-#: The market_watch DAG's watcher's poll_interval (dags/system_dags.py).
-MARKET_WATCH_POLL = 2.0
-
-
 @pytest.mark.production_shape
 def test_market_watch(alone, scenario: Scenario):
     """A DAG scheduled by an offer watcher: one run per appearance of its offers, across triggerers killed -9.
@@ -915,30 +911,37 @@ def test_market_watch(alone, scenario: Scenario):
     first = s.wait("the watcher's first run, ended", 300, lambda: done(1))
     assert [r["state"] for r in first] == ["success"], first
     s.say(f"the watcher fired once the DAG was parsed: run {first[0]['dag_run_id']} succeeded")
+
+    def searches_after(what: str) -> int:
+        """Waits until the watcher made 5 searches from now on (simulator's clock): how many it made by then."""
+        since = s.sim.get("/_sim/clock")["now"]
+
+        def made() -> int | None:
+            log = s.sim.get("/_sim/requests")["requests"]
+            found = sum(1 for r in log if r["op"] == "search_offers" and r["t"] > since)
+            return found if found >= 5 else None
+
+        return s.wait(what, 120, made, interval=2.0)
+
     triggerers = s.deployment.shape.of("triggerer")
     for name in triggerers:
         s.deployment.processes.kill_group(name)
     s.say(f"{', '.join(triggerers)} killed -9 while the offers are on the market; restarting them")
     for name in triggerers:
         s.deployment.start_component(name)
-    restarted = s.sim.get("/_sim/clock")["now"]
-
-    def searched_since() -> int:
-        log = s.sim.get("/_sim/requests")["requests"]
-        return sum(1 for r in log if r["op"] == "search_offers" and r["t"] > restarted)
-
-    s.wait("the restarted watcher's searches", 120, lambda: searched_since() >= 5, interval=2.0)
+    searched = searches_after("the restarted watcher's searches")
     time.sleep(10)  # an event of those searches would have made its run by now
     assert len(runs()) == 1, f"the watcher fired again for the same appearance: {runs()}"
-    s.say(f"the restarted watcher searched {searched_since()} times and did not fire again")
+    s.say(f"the restarted watcher searched {searched} times and did not fire again")
     offers = [o["id"] for o in s.sim.get("/_sim/state")["offers"] if o["gpu_name"] == s.gpu]
     s.sim.put("/_sim/market-swing", {"swing": {"preset": "typical", "listed": 0.0, "offers": offers}})
-    s.say(f"offers {offers} off the market")
-    time.sleep(5 * MARKET_WATCH_POLL)
+    searches_after("the watcher's searches with its offers off the market")
+    s.say(f"offers {offers} off the market, and the watcher saw them gone")
     s.sim.put("/_sim/market-swing", {"swing": None})
     s.say("the offers are back")
     both = s.wait("the second appearance's run, ended", 300, lambda: done(2))
-    time.sleep(5 * MARKET_WATCH_POLL)
+    searches_after("the watcher's searches after the second run")
+    time.sleep(10)  # as above: a third event would have made its run by now
     assert len(runs()) == 2 and all(r["state"] == "success" for r in both), runs()
     s.wait_all_destroyed()
     rented = s.instances()
