@@ -393,7 +393,7 @@ class World:
         inst.config["target_state"] = state
         inst.awaiting_bid = False
         if state == "stopped":
-            if inst.status != "stopped":
+            if inst.status != "stopped" and inst.status not in FAILED_STATUSES:  # a failed host's status stays
                 inst.schedule = []
                 self._set_status(inst, "stopped", now)
         elif inst.status == "stopped" or inst.status in FAILED_STATUSES:

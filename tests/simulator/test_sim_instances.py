@@ -281,6 +281,16 @@ def test_force_status_moves_an_instance(sim, api):
         assert api.status(instance_id) == status
 
 
+def test_rule_a_stop_request_leaves_a_failed_hosts_status_as_the_host_reported_it(sim, api):
+    """The container of a host that went offline may still reach the API (the job wrapper's stop on its way out):
+    the instance stays offline, never turned into a stopped one that a start could boot again."""
+    instance_id = api.create()["new_contract"]
+    boot(sim)
+    sim.force_status(instance_id, "offline")
+    assert api.put(f"/api/v0/instances/{instance_id}/", {"state": "stopped"}).status_code == 200
+    assert api.status(instance_id) == "offline"
+
+
 def test_machine_going_offline_takes_its_instances_offline(sim, api):
     offer = api.cheapest()
     instance_id = api.create(offer["id"])["new_contract"]
