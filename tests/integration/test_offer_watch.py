@@ -65,9 +65,8 @@ def test_rule_a_watcher_fires_once_per_appearance_of_a_matching_offer(sim):
     truth = swing_of(sim, view)
     start = sim.now()
     (events,) = run_for(12, watcher())
-    # The swing changes by the slot; a watcher searches about 10 times in each, so every slot is seen.
+    # The truth is the swing in the slots the watcher searched: a loaded machine may pause it past a whole slot.
     slots = sorted({int(t // truth.slot) for t in searches(sim, start)})
-    assert slots == list(range(slots[0], slots[-1] + 1))
     present = [any(truth.is_listed(i, slot * truth.slot) for i in ids) for slot in slots]
     starts = [slot for slot, now, before in zip(slots, present, [False, *present], strict=False) if now and not before]
     assert starts, "the swing gave this test no appearance to tell anything"
