@@ -219,3 +219,13 @@ def test_each_output_directory_gets_a_manifest_of_every_file_after_the_command(d
     assert done.returncode == 0, done.stdout + done.stderr
     assert (disk / "out" / staging.MANIFEST_NAME).read_text().split() == [".meta", "a", "d/b"]
     assert not (disk / "never").exists()
+
+
+def test_the_durable_data_howto_recipe_writes_a_manifest_the_wrapper_accepts(disk):
+    howto = Path(__file__).parents[1] / "docs" / "howto" / "durable-data.md"
+    (recipe,) = [line for line in howto.read_text().splitlines() if line.startswith("cd data && find")]
+    input_folder(disk, "/data", {"train.csv": "1\n", "sub/x": "2\n", ".meta": "3\n"}, None)
+    subprocess.run(["/bin/sh", "-c", recipe], cwd=disk, check=True)
+    done = run_wrapper(disk, WrapperStaging(None, gated=True, timeout=1, inputs=("/data",)), "echo ran")
+    assert "gpumarket: input /data arrived (3 files, as its manifest lists)" in done.stdout, done.stdout
+    assert "ran" in done.stdout.splitlines()
