@@ -64,13 +64,15 @@ def end_rental(
     why: str,
     read_charge: bool = True,
     failover: bool = False,
+    started: Any = None,
 ) -> None:
     """End ``instance_id``'s rental as ``disposal`` says, then its books; ``why`` goes into the log.
 
     ``metric``: the outcome ``metrics.rental_ended`` counts (None: counted already, e.g. a checkpoint's source kept
     after its preemption). ``read_charge``: settle at the service's charge when it lists one (a killed task has no
     time for the read: its estimate). A destroy that still fails after the hook's retries raises
-    ``GpuMarketDestroyFailed``, naming the instance; it fails the task, and counts as ``task_failed``.
+    ``GpuMarketDestroyFailed``, naming the instance; it fails the task, and counts as ``task_failed``. ``started``:
+    the instance's ``start_date`` as a listing gave it, for settling a rental these books do not hold at its charge.
     """
     if disposal is Disposal.DESTROY:
         try:
@@ -96,7 +98,7 @@ def end_rental(
     else:
         from airflow_gpumarket.operators.budget import settle_ended
 
-        settle_ended(books.hook, books.conn_id, instance_id, books.log, spent)
+        settle_ended(books.hook, books.conn_id, instance_id, books.log, spent, started=started)
 
 
 def _destroy(books: Books, instance_id: int, why: str) -> None:

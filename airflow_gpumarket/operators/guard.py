@@ -26,16 +26,17 @@ def destroy_rentals(
     key: str,
     log: Any,
     reason: str,
-    end: Callable[[int], Any],
+    end: Callable[[Mapping[str, Any]], Any],
     *,
     keep: Collection[int] = (),
 ) -> None:
-    """End (``end``) every instance ``listed`` whose label carries the task instance's ``key``, but not ``keep``."""
+    """End (``end``, given its record) every instance ``listed`` whose label carries the task instance's ``key``,
+    but not ``keep``."""
     for instance in lifecycle.rentals_of(listed, key):
         if instance.get("id") in keep:
             continue
         log.warning("%s: destroying instance %s so it stops billing", reason, instance["id"])
-        end(int(instance["id"]))
+        end(instance)
 
 
 def destroy_rentals_on_failure(context: Any) -> None:
@@ -68,8 +69,11 @@ def destroy_rentals_on_failure(context: Any) -> None:
     log = getattr(task, "log", None) or hook.log
     books = Books(hook, log, conn_id=getattr(hook, "gpumarket_conn_id", ""))
 
-    def end(instance_id: int) -> None:
-        end_rental(books, instance_id, Disposal.DESTROY, metric=metrics.TASK_FAILED, why="the task failed")
+    def end(instance: Mapping[str, Any]) -> None:
+        instance_id, started = int(instance["id"]), instance.get("start_date")
+        end_rental(
+            books, instance_id, Disposal.DESTROY, metric=metrics.TASK_FAILED, why="the task failed", started=started
+        )
 
     try:
         listed = hook.list_instances()

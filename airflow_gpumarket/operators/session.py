@@ -342,7 +342,7 @@ class RentalSession:
             self.key,
             self.log,
             why[0].upper() + why[1:],
-            lambda instance_id: self._end(instance_id, metric=None, why=why),
+            lambda instance: self._end(int(instance["id"]), metric=None, why=why),
             keep=self._held(rental.instance_id),
         )
 

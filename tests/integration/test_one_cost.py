@@ -96,3 +96,24 @@ def test_rule_one_cost_after_a_preemption_the_result_and_the_ledger_cover_every_
     now = sim.now()  # a new hook has not learnt the service's clock yet, and this one runs 600x
     report = spend_report.build(hook.charges(now - 86400, now + 60), reservations(), start=now - 86400, end=now + 60)
     assert not report.leaked and float(report.recorded) == pytest.approx(result["cost"], rel=0.01)
+
+
+def test_rule_an_instance_the_failure_callback_destroys_is_settled_at_what_the_service_charged(sim):
+    """A lost worker's rental, stopped for hours before Airflow gives up on the task: the callback, which holds no
+    rental of its own, settles it at the service's charge (its disk while stopped), not at its price over its life."""
+    from airflow_gpumarket._compat import TaskDeferred
+    from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
+    from airflow_gpumarket.operators.guard import destroy_rentals_on_failure
+
+    with pytest.raises(TaskDeferred):
+        job(command="sleep 600", deferrable=True).execute(context())  # the worker dies while the trigger waits
+    (instance,) = alive(sim)
+    hook = GpuMarketHook()
+    hook.stop_instance(instance["id"])
+    sim.advance(3 * 3600)
+    parsed = job(command="sleep 600", deferrable=True)  # what the DAG processor parsed
+    destroy_rentals_on_failure({**context(), "task": parsed})
+    assert alive(sim) == []
+    charged = sum(c.amount for c in hook.charges(0, sim.now() + 60) if c.instance_id == instance["id"])
+    (entry,) = reservations()
+    assert charged > 0 and entry["cost"] == pytest.approx(charged, rel=0.01, abs=0.0001), (entry, charged)
