@@ -152,8 +152,8 @@ demo-airflow2: $(STAMP2)
 	$(VENV2)/bin/python scripts/demo.py
 
 # The documentation site (mkdocs.yml, docs/), built with warnings as errors into site/. Its tools live in a virtual
-# environment of their own, pinned, never in .venv nor among the provider's dependencies. The how-to guides' code
-# blocks are included from example_dags/ (pymdownx.snippets), so the site is built from the checkout's DAG files.
+# environment of their own, pinned, never in .venv nor among the provider's dependencies. The how-to guides show
+# example DAGs written into them by scripts/docs_examples.py; the build stops if one differs from its file.
 DOCS_VENV  := .venv-docs
 DOCS_PINS  := mkdocs==1.6.1 mkdocs-material==9.8.1 pymdown-extensions==13.1
 # A changed pin changes the Makefile, which reinstalls them.
@@ -164,6 +164,7 @@ $(DOCS_STAMP): Makefile
 	@touch $@
 
 docs: $(DOCS_STAMP)
+	$(PYTHON) scripts/docs_examples.py --check
 	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
 	@grep -q 'href="howto/run-job.html"' site/index.html || { echo "site/index.html does not link pages as files: it cannot be read from disk"; exit 1; }
 	@echo "Built site/: open site/index.html, or run make docs-serve"

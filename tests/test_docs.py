@@ -1,15 +1,17 @@
 """The docs cannot rot: their code comes from example DAG files that the test suite parses.
 
 - The README's DAG is the whole of ``example_dags/example_gpumarket_quickstart.py``.
-- Every Python block of a how-to guide (``docs/howto/``) is a ``pymdownx.snippets`` include of an example DAG
-  file, never code written inline; ``make docs`` renders the file in its place.
-- Every included file exists, and every example DAG is shown somewhere in the docs.
+- Every Python block of a how-to guide (``docs/howto/``) is a whole example DAG file, written there by
+  ``scripts/docs_examples.py`` after its marker, never code written inline; the page reads the same on GitHub.
+- Every shown file exists and its block is up to date, and every example DAG is shown somewhere in the docs.
 - Every example DAG file parses without import errors.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 EXAMPLES = REPO / "example_dags"
 QUICKSTART = EXAMPLES / "example_gpumarket_quickstart.py"
-INCLUDE = re.compile(r'^--8<-- "(?P<path>[^"]+)"$')
+MARKER = re.compile(r"^<!-- (?P<path>[^ ]+): written by scripts/docs_examples\.py -->$")
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[^`\s]*)")
 
 
@@ -41,8 +43,9 @@ def code_blocks(text: str) -> list[tuple[str, list[str]]]:
     return blocks
 
 
-def includes(page: Path) -> list[str]:
-    return [m["path"] for _, body in code_blocks(page.read_text()) for line in body if (m := INCLUDE.match(line))]
+def shown(page: Path) -> list[str]:
+    """The example DAG files a page shows, by the markers before their blocks."""
+    return [m["path"] for line in page.read_text().splitlines() if (m := MARKER.match(line))]
 
 
 HOWTO_PAGES = sorted((DOCS / "howto").glob("*.md"))
@@ -69,36 +72,38 @@ def test_there_are_how_to_guides():
 
 
 @pytest.mark.parametrize("page", HOWTO_PAGES, ids=lambda p: p.name)
-def test_every_python_block_of_a_how_to_guide_includes_an_example_dag(page):
+def test_every_python_block_of_a_how_to_guide_is_an_example_dag_shown_whole(page):
     blocks = code_blocks(page.read_text())
     python = [body for lang, body in blocks if lang in ("python", "py", "python3", "pycon")]
-    assert bool(python) is (page.name not in WITHOUT_A_DAG), (
-        f'{page.name}: a how-to guide shows its DAG: include an example DAG (--8<-- "example_dags/...")'
-    )
-    for lang, body in blocks:
-        assert lang, f"{page.name}: a code block without a language (Python must be an include)"
-        if lang not in ("python", "py", "python3", "pycon"):
-            continue
-        lines = [line for line in body if line.strip()]
-        assert lines and all(INCLUDE.match(line) for line in lines), (
-            f"{page.name}: a Python block written inline; put it in an example DAG under example_dags/ and "
-            f'include it with --8<-- "example_dags/<file>.py"'
-        )
-        for line in lines:
-            path = INCLUDE.match(line)["path"]  # type: ignore[index]
-            assert path.startswith("example_dags/") and path.endswith(".py"), f"{page.name}: {path}"
+    assert bool(python) is (page.name not in WITHOUT_A_DAG), f"{page.name}: a how-to guide shows its example DAG"
+    assert all(lang for lang, _ in blocks), f"{page.name}: a code block without a language"
+    lines = page.read_text().splitlines()
+    for i, line in enumerate(lines):
+        opening = FENCE.match(line)
+        if opening and opening["lang"] in ("python", "py", "python3", "pycon"):
+            assert i and MARKER.match(lines[i - 1]), (
+                f"{page.name}, line {i + 1}: a Python block written inline; put it in an example DAG under "
+                "example_dags/, name it in a marker line before the block and run python scripts/docs_examples.py"
+            )
+    assert len(shown(page)) == len(python)
 
 
 @pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: str(p.relative_to(DOCS)))
-def test_every_included_file_exists(page):
-    missing = [path for path in includes(page) if not (REPO / path).is_file()]
-    assert not missing, f"{page.relative_to(DOCS)} includes files that do not exist: {missing}"
+def test_every_shown_file_is_an_example_dag_that_exists(page):
+    missing = [path for path in shown(page) if not (path.startswith("example_dags/") and (REPO / path).is_file())]
+    assert not missing, f"{page.relative_to(DOCS)} shows files that are not example DAGs: {missing}"
+
+
+def test_every_shown_example_dag_is_the_files_content():
+    script = REPO / "scripts" / "docs_examples.py"
+    checked = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_every_example_dag_is_shown_in_the_docs():
-    shown = {path for page in DOC_PAGES for path in includes(page)}
+    on_pages = {path for page in DOC_PAGES for path in shown(page)}
     examples = {f"example_dags/{f.name}" for f in EXAMPLES.glob("*.py")}
-    assert examples - shown == set(), "example DAGs that no page of docs/ includes"
+    assert examples - on_pages == set(), "example DAGs that no page of docs/ shows"
 
 
 def test_every_example_dag_parses():
