@@ -206,3 +206,18 @@ def test_rule_the_deadline_expects_boots_of_the_largest_image_size_earlier_boots
     attempts = lifecycle.Attempts()
     handler.before_renting(attempts)
     assert attempts.on_demand is not bids
+
+
+def test_the_nightly_examples_deadline_is_six_hours_after_its_data_interval():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "example_dags" / "example_gpumarket_nightly_deadline.py"
+    spec = importlib.util.spec_from_file_location("nightly_example", path)
+    assert spec and spec.loader
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    op = example.dag.get_task("fine_tune")
+    end = datetime(2026, 3, 2, tzinfo=UTC)
+    op.render_template_fields({"data_interval_end": end, **ctx()})
+    assert op.deadline == end + timedelta(hours=6)
