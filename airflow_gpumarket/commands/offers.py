@@ -15,6 +15,7 @@ from typing import Any
 from airflow_gpumarket import budgets, lifecycle
 from airflow_gpumarket.commands.common import EXIT_BAD_INPUT, EXIT_OK, CommandError, command, hook, table
 from airflow_gpumarket.exceptions import GpuMarketValidationError
+from airflow_gpumarket.utils import is_templated
 
 
 def _filters(text: str | None) -> Any:
@@ -58,8 +59,13 @@ def spec_of(args: Any) -> Any:
     filters = _filters(args.filters)
     try:
         if args.dag is not None:
-            spec = RentalSpec.of(_task(args.dag, args.task))
-            return spec if filters is None else spec._replace(offer_filters=filters)
+            task = _task(args.dag, args.task)
+            changes: dict[str, Any] = {} if filters is None else {"offer_filters": filters}
+            deadline = getattr(task, "deadline", None)
+            if callable(deadline) or is_templated(deadline):
+                changes["deadline"] = None
+                print("note: deadline is known only when the task runs: offers are judged as if it had not passed")
+            return RentalSpec.of(task, **changes)
         runtime = {} if args.max_runtime is None else {"max_runtime": timedelta(minutes=args.max_runtime)}
         job = GpuMarketRunJobOperator(task_id="offers", offer_filters=filters, image="-", command="true", **runtime)
         return RentalSpec.of(job)

@@ -176,9 +176,12 @@ class RentalSpec(_Frozen):
     data_plan: staging.DataPlan | None  #: the durable data asked for; None when none was
 
     @classmethod
-    def of(cls, operator: Any) -> RentalSpec:
-        """The spec of ``operator``'s arguments as they are now (rendered, once the task runs), checked."""
-        return cls._made(partial(getattr, operator), parse_time=False)
+    def of(cls, operator: Any, **changes: Any) -> RentalSpec:
+        """The spec of ``operator``'s arguments as they are now (rendered, once the task runs), ``changes`` applied,
+        checked."""
+        if not changes:
+            return cls._made(partial(getattr, operator), parse_time=False)
+        return cls._made(lambda name: changes[name] if name in changes else getattr(operator, name), parse_time=False)
 
     @classmethod
     def check(cls, operator: Any) -> RentalSpec:

@@ -89,6 +89,14 @@ def test_offers_for_a_dags_task_says_whether_its_budget_allows_each(sim, run, mo
     assert ("The first refusal: The day budget of DAG 'gpm_log_exit3_sync'" in out) == (verdict == "refused")
 
 
+@pytest.mark.parametrize("filters", [(), ("--filters", FILTERS)], ids=["its-filters", "given-filters"])
+def test_rule_offers_for_a_task_whose_deadline_is_known_only_when_it_runs_lists_its_offers(sim, run, filters):
+    """The nightly example's deadline is a callable of the run's context: offers are judged without it, and said so."""
+    code, out, err = run("offers", "--dag", "example_gpumarket_nightly_deadline", "--task", "fine_tune", *filters)
+    assert code == 0, err
+    assert "deadline is known only when the task runs" in out and table_rows(out, "OFFER")
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
