@@ -29,6 +29,29 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DIGEST_PREFIX = "s:"
 #: Values shorter than this are refused: Airflow masks none shorter (``[logging] min_length_masked_secret``).
 MIN_LENGTH = 5
+#: Words that make an ``env`` name a secret's, as whole parts of the name (``HF_TOKEN``, not ``TOKENIZERS_...``):
+#: Airflow's default sensitive names, less those naming proxies.
+SENSITIVE_WORDS = (
+    "access_key",
+    "access_token",
+    "api_key",
+    "apikey",
+    "auth_header",
+    "authorization",
+    "bearer",
+    "connection_string",
+    "dsn",
+    "keyfile_dict",
+    "passphrase",
+    "passwd",
+    "password",
+    "private_key",
+    "secret",
+    "service_account",
+    "service_key",
+    "token",
+    "webhook_url",
+)
 
 
 class Reference(NamedTuple):
@@ -165,6 +188,26 @@ def _connection_field(conn_id: str, field: str, argument: str) -> str:
     return value
 
 
+def looks_secret(name: Any) -> bool:
+    """Whether an environment variable's name holds one of ``SENSITIVE_WORDS`` as a whole part."""
+    if not isinstance(name, str):
+        return False
+    padded = "_" + re.sub(r"\W+", "_", name.strip().lower()) + "_"
+    return any(f"_{word}_" in padded for word in SENSITIVE_WORDS)
+
+
+def exposed_in_env(env: Any) -> dict[str, str]:
+    """The values ``env`` sets under a secret's name, long enough for Airflow to mask, each masked by value."""
+    if not isinstance(env, Mapping):
+        return {}
+    from airflow_gpumarket._compat import mask_secret
+
+    exposed = {k: v for k, v in env.items() if looks_secret(k) and isinstance(v, str) and len(v) >= MIN_LENGTH}
+    for value in exposed.values():
+        mask_secret(value)
+    return exposed
+
+
 class Read(NamedTuple):
     """A try's secrets as read: the job's environment, the registry login, the values' salted digests."""
 
@@ -174,18 +217,31 @@ class Read(NamedTuple):
 
 
 class TrySecrets:
-    """One try's secrets (``secrets`` and ``registry_conn_id``), read once: before its first create."""
+    """One try's secrets (``secrets`` and ``registry_conn_id``), read once: before its first create.
 
-    def __init__(self, secrets: Any, registry_conn_id: str | None) -> None:
+    Values ``env`` sets under a secret's name are masked too, and said once in ``log`` to belong in ``secrets``.
+    """
+
+    def __init__(self, secrets: Any, registry_conn_id: str | None, *, env: Any = None, log: Any = None) -> None:
         self.secrets = secrets
         self.registry_conn_id = registry_conn_id
+        self.env = env
+        self.log = log
         self._read: Read | None = None
 
     def read(self) -> Read:
         if self._read is None:
             values = read_values(check(self.secrets))
             login = registry_login(self.registry_conn_id) if self.registry_conn_id else None
-            self._read = Read(values, login, digests(values.values()))
+            exposed = exposed_in_env(self.env)
+            if exposed and self.log is not None:
+                self.log.warning(
+                    "env sets %s, named like a secret: masked in this log, but env is a template field kept with "
+                    "the run. Move it to secrets= (e.g. secrets={%r: 'variable:<key>'}; see the secrets how-to)",
+                    ", ".join(sorted(exposed)),
+                    min(exposed),
+                )
+            self._read = Read(values, login, digests([*values.values(), *exposed.values()]))
         return self._read
 
 

@@ -98,3 +98,19 @@ def test_a_log_masks_secrets_known_only_by_salted_digest():
     redact = job_logs.Redactor((), digests)
     text = "t hf_abcDEF123.x/y\nHF_TOKEN=hf_abcDEF123.x/y\nhttps://u:p@ss!word@host\nnot p@ss!wor"
     assert redact(text) == "t ***\nHF_TOKEN=***\nhttps://u:***@host\nnot p@ss!wor"
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("HF_TOKEN", True),
+        ("WANDB_API_KEY", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("DB_PASSWORD", True),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("BASE_MODEL", False),
+        ("-p 8000:8000", False),
+    ],
+)
+def test_rule_an_env_name_names_a_secret_when_a_sensitive_word_is_a_whole_part_of_it(name, secret):
+    assert job_secrets.looks_secret(name) is secret

@@ -89,7 +89,8 @@ class RentalSession:
         self.instance_id: int | None = None
         self._creating: str | None = None  # a create in flight: its instance is found by this label
         self._rental: lifecycle.Rental | None = None  # the rental held: what it cost is known when it ends
-        self._secrets = job_secrets.TrySecrets(spec.secrets, spec.registry_conn_id)
+        env = spec.instance.get("env")
+        self._secrets = job_secrets.TrySecrets(spec.secrets, spec.registry_conn_id, env=env, log=self.log)
         self.killed = False
         self._counted: set[int] = set()  # the instances whose end the metrics counted
         #: No try of the task instance can have rented: the first, until it sends a create or takes a rental over.

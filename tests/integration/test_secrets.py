@@ -35,6 +35,19 @@ def test_secrets_reach_the_job_and_are_masked_everywhere_else(example_dag, sim, 
     assert alive(sim) == []
 
 
+@pytest.mark.parametrize("mode", ["sync", "deferred"])
+def test_rule_a_token_put_in_env_is_masked_by_value_and_said_to_belong_in_secrets(
+    example_dag, sim, task_log, airflow_secrets, mode
+):
+    run = example_dag(f"gpm_env_secret_{mode}").test()
+    assert run.state == "success", task_states(run)
+    log = task_log()
+    assert "token=***" in log and "parallel=false" in log  # a setting named like TOKENIZERS_* is not a secret
+    assert "env sets HF_TOKEN, named like a secret" in log and "secrets=" in log
+    assert not [text for text in [log, *_stored_texts()] if TOKEN in text]
+    assert alive(sim) == []
+
+
 def test_the_registry_connection_logs_the_service_in(example_dag, sim, airflow_secrets):
     example_dag("gpm_secrets_sync").test()
     (create,) = [r for r in sim.requests() if r["op"] == "create_instance"]

@@ -36,3 +36,23 @@ def _dag(dag_id: str, **job) -> DAG:
 
 secrets_sync = _dag("gpm_secrets_sync", deferrable=False)
 secrets_deferred = _dag("gpm_secrets_deferred", deferrable=True)
+
+
+def _env_dag(dag_id: str, **job) -> DAG:
+    """A token put in env (the way secrets= replaces), beside a setting whose name merely starts like one."""
+    with DAG(dag_id=dag_id, start_date=datetime(2026, 1, 1), schedule=None, catchup=False) as dag:
+        GpuMarketRunJobOperator(
+            task_id="job",
+            offer_filters={"num_gpus": {"gte": 1}},
+            image="img",
+            poll_interval=POLL,
+            log_interval=4 * POLL,
+            command='echo "token=$HF_TOKEN"; echo "parallel=$TOKENIZERS_PARALLELISM"',
+            env={"HF_TOKEN": "{{ var.value.gpm_hf_token }}", "TOKENIZERS_PARALLELISM": "false"},
+            **job,
+        )
+    return dag
+
+
+env_secret_sync = _env_dag("gpm_env_secret_sync", deferrable=False)
+env_secret_deferred = _env_dag("gpm_env_secret_deferred", deferrable=True)
