@@ -81,6 +81,7 @@ from airflow_gpumarket.api.paths import (
     BOOTING_STATUSES,
     CHARGE_TYPES,
     CLOUD_COPY_FINISHED,
+    DEFAULT_DISK_GB,
     ENDPOINT_STATES,
     FAILED_STATUSES,
     FILTER_OPERATORS,

@@ -95,6 +95,8 @@ ONSTART_MAX_CHARS = 4048
 #: An offer's ``storage_cost`` is dollars per GB and month of 30 days, as the official client converts the service's
 #: per-second disk rates (``_SEC_PER_MONTH`` in its ``price_increase`` command).
 STORAGE_MONTH_HOURS = 30 * 24
+#: The disk an instance gets when its create request names none, in GB.
+DEFAULT_DISK_GB = 8.0
 #: A charge is the service's for one UTC day: its ``day`` is that day's midnight, in epoch seconds.
 SECONDS_PER_DAY = 86_400
 POLL_INTERVAL_SECONDS = 10

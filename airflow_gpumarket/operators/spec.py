@@ -172,7 +172,7 @@ class RentalSpec(_Frozen):
     lease_seconds: float  #: the whole lease: how long after creation the reaper may destroy the instance at the latest
     first_lease: float  #: the lease written at creation: the whole lease, or ``keepalive`` when it is kept alive
     job_log_interval: float  #: seconds between reads of the job's output while this task waits (0: none)
-    disk_gb: float | None  #: the disk asked for, in GB
+    disk_gb: float | None  #: the disk asked for, in GB (the service's default when none is; None at parse time)
     data_plan: staging.DataPlan | None  #: the durable data asked for; None when none was
 
     @classmethod
@@ -204,7 +204,7 @@ class RentalSpec(_Frozen):
                 "lease_seconds": lease,
                 "first_lease": lease if spec.terms.keepalive is None else min(spec.terms.keepalive, lease),
                 "job_log_interval": spec.log_interval if spec.terms.job else 0.0,
-                "disk_gb": disk if api.is_positive_number(disk := spec.instance.get("disk")) else None,
+                "disk_gb": disk if api.is_positive_number(disk := spec.instance.get("disk")) else api.DEFAULT_DISK_GB,
                 "data_plan": plan,
             }
             for name, value in derived.items():

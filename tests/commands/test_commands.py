@@ -201,7 +201,9 @@ def test_orphans_are_listed_with_why_and_destroyed_only_after_a_yes(example_dag,
     monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "yes")
     code, out, _ = run("orphans", "--destroy")
     assert code == 0 and f"{instance['id']}: destroyed" in out and alive(sim) == []
-    assert asked == [f"Destroy 1 instance(s) ({instance['id']}), billing ${instance['dph_total']:.4f}/h? [y/N] "]
+    (prompt,) = asked
+    billing = re.fullmatch(rf"Destroy 1 instance\(s\) \({instance['id']}\), billing \$([\d.]+)/h\? \[y/N\] ", prompt)
+    assert billing and instance["dph_total"] < float(billing[1]) < 1.05 * instance["dph_total"]  # and its 8 GB disk
     code, out, _ = run("orphans", "--destroy", "--yes")
     assert code == 0 and out.startswith("No orphans")
 

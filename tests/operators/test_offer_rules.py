@@ -79,6 +79,12 @@ def test_the_worst_case_is_the_price_over_the_whole_lease_with_the_disk_and_capp
     assert capped.amount < 1.0
 
 
+def test_rule_a_task_that_names_no_disk_reserves_the_services_default_8_gb():
+    worst = chooser.worst_case(spec(max_runtime=3600), offer(1, price=1.0, storage_cost=72.0), None)
+    disk_hourly = 8 * 72.0 / (30 * 24)  # 8 GB at $72 per GB and month: $0.80/h
+    assert worst.amount == pytest.approx((1.0 + disk_hourly) * worst.seconds / 3600, rel=0.01)
+
+
 # --- Renting well: host memory's skips and the expected-cost order (chooser.ordered) ---------------------------------
 def test_offers_on_machines_in_host_memory_are_left_out_and_counted():
     found, lines, skipped = chooser.ordered(
