@@ -173,6 +173,7 @@ class Budget:
         dag = context.get("dag") if hasattr(context, "get") else None
         self.team = budgets.team_of(getattr(dag, "tags", None))
         self._client: _Direct | _ApiServer | None = None
+        self._clock_said = False  # the warning that the service's clock runs faster than this host's was given
         self._attempt: int | None = None  # the try's last rental attempt, read from the ledger before the first
         self.reservation_id: int | None = None  # the reservation of the create in flight
 
@@ -236,6 +237,16 @@ class Budget:
             self.try_number,
             "" if reservation.limits is None else f"; DAG budgets: {reservation.limits.given()}",
         )
+        scale = getattr(getattr(self.hook, "settings", None), "rate_limit_scale", 1.0)
+        if isinstance(scale, (int, float)) and scale > 1 and not self._clock_said:
+            self._clock_said = True
+            self.log.warning(
+                "The service's clock runs %gx this host's (the connection's rate_limit_scale, as a sped-up simulator "
+                "sets it): max_runtime and the lease count this host's seconds while the service bills its own, so a "
+                "rental here can cost up to %gx its worst case. On the live service both clocks agree",
+                scale,
+                scale,
+            )
 
     def _without_ledger(self, exc: Exception, worst: budgets.WorstCase, available: float | None) -> None:
         """The ledger cannot be reached: fail when a budget applies to the DAG (it cannot be kept), else rent on."""

@@ -140,3 +140,12 @@ def test_rule_a_deferred_task_marked_failed_ends_its_rental_and_settles_its_rese
     assert alive(sim) == []
     (settled,) = reservations()
     assert settled["cost"] is not None and 0 <= settled["cost"] < held["reserved"]  # its estimate, not its worst case
+
+
+def test_rule_a_task_on_a_service_whose_clock_runs_faster_says_a_rental_may_cost_more_than_its_worst_case(
+    sim, task_log
+):
+    """The suite's simulator runs 600x, and its connection says so (rate_limit_scale): said once per try."""
+    in_dag("budget_dag").execute(context())
+    assert task_log().count("The service's clock runs 600x this host's") == 1
+    assert alive(sim) == []
