@@ -333,9 +333,10 @@ def check_deadline(value: Any, *, parse_time: bool = False) -> dt.datetime | dt.
     """
     if value is None or (parse_time and (callable(value) or (isinstance(value, str) and "{{" in value))):
         return None
-    if isinstance(value, str):
+    text = value if isinstance(value, str) else None
+    if text is not None:
         try:
-            value = dt.datetime.fromisoformat(value.strip())
+            value = dt.datetime.fromisoformat(text.strip())
         except ValueError:
             raise GpuMarketValidationError(
                 "deadline",
@@ -351,6 +352,12 @@ def check_deadline(value: Any, *, parse_time: bool = False) -> dt.datetime | dt.
             "must be a datetime, a timedelta, a template rendering to an ISO 8601 date and time, or a callable "
             f"(of context and jinja_env, called when the task renders its fields) returning one of those; got "
             f"{type(value).__name__}",
+        )
+    if value.tzinfo is None and text is not None:
+        raise GpuMarketValidationError(
+            "deadline",
+            f"{text!r} has no timezone: end it with one (for example '+00:00'; in a template, "
+            "data_interval_end keeps its own through .isoformat())",
         )
     if value.tzinfo is None:
         raise GpuMarketValidationError(

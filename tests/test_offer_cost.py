@@ -236,3 +236,8 @@ def test_rule_a_deadline_is_a_time_a_duration_a_template_or_a_callable_of_the_co
     assert offer_cost.check_deadline(lambda context, jinja_env: NOW, parse_time=True) is None
     past = NOW - dt.timedelta(days=1)  # a fixed time: tomorrow's parse of the DAG file must not fail
     assert offer_cost.check_deadline(past, parse_time=True) == past
+
+
+def test_rule_a_deadline_rendered_without_a_timezone_is_refused_quoting_what_it_rendered_to():
+    with pytest.raises(GpuMarketValidationError, match=r"'2027-01-01T06:00:00' has no timezone: end it with one"):
+        offer_cost.check_deadline("2027-01-01T06:00:00")
