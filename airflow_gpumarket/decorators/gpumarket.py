@@ -183,13 +183,13 @@ class _GpuMarketDecoratedOperator(DecoratedOperator, GpuMarketRunJobOperator):
             session.end(rental, Outcome.SUCCEEDED, metric=metrics.SUCCEEDED)
             done = summary(rental, result.status, self.hook.service_now)
             self.log.info(
-                "%s returned on instance %s after %s; cost %s%s (at $%s/h, disk included)",
+                "%s returned on instance %s after %s; cost %s%s (%s)",
                 self._name,
                 rental.instance_id,
                 lifecycle.format_duration(done["elapsed_seconds"]),
                 cost.text(done["cost"], done["cost_kind"]),
                 cost.breakdown(done["rentals"]),
-                rental.hourly,
+                cost.rate(done["rentals"], rental.hourly),
             )
             assets.annotate_outlet_events(result.context, done)
             return value

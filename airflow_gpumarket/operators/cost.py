@@ -76,6 +76,11 @@ def total(rentals: list[dict[str, Any]]) -> tuple[float | None, str]:
     return round(sum(known), 6), CHARGED if everyone else ESTIMATED
 
 
+def rate(rentals: list[dict[str, Any]], hourly: Any) -> str:
+    """The last rental's rate for a message after a total, said to be the last's when there were more."""
+    return f"{'the last ' if len(rentals) > 1 else ''}at ${hourly}/h, disk included"
+
+
 def breakdown(rentals: list[dict[str, Any]]) -> str:
     """For a message after a total: each rental's own figure, when there was more than one."""
     if len(rentals) < 2:

@@ -95,13 +95,13 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
         done = summary(rental, result.status, self.hook.service_now)
         done["job_status"] = "succeeded" if succeeded else "failed"
         self.log.info(
-            "Job on instance %s %s after %s; cost %s%s (at $%s/h, disk included)",
+            "Job on instance %s %s after %s; cost %s%s (%s)",
             rental.instance_id,
             done["job_status"],
             lifecycle.format_duration(done["elapsed_seconds"]),
             cost.text(done["cost"], done["cost_kind"]),
             cost.breakdown(done["rentals"]),
-            rental.hourly,
+            cost.rate(done["rentals"], rental.hourly),
         )
         if not succeeded:
             self._fail(result, done, not_started)

@@ -87,7 +87,9 @@ def test_rule_one_cost_after_a_preemption_the_result_and_the_ledger_cover_every_
     assert result["cost_kind"] == "charged" and result["cost"] == pytest.approx(sum(charged.values()), rel=0.01)
     settled = {e["instance_id"]: e["cost"] for e in reservations()}
     assert settled == {i: budgets.round_up(c) for i, c in charged.items()}
-    assert f"cost ${result['cost']:.4f}, charged by the service over 2 rentals" in task_log()
+    log = task_log()
+    assert f"cost ${result['cost']:.4f}, charged by the service over 2 rentals" in log
+    assert "(the last at $" in log  # the one rate shown is the last rental's
     # What `airflow gpumarket spend` and the page's spend read: the service's charges, attributed through the ledger.
     from airflow_gpumarket import spend_report
     from airflow_gpumarket.hooks.gpumarket import GpuMarketHook
