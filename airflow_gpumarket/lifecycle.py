@@ -221,6 +221,10 @@ class Rental:
         """What an hour of compute costs: the bid of an interruptible rental, else the offer's on-demand price."""
         return self.bid if self.bid is not None else self.dph_total
 
+    def disk_until(self, now: float) -> float:
+        """What its disk alone has billed by ``now``, the service's time: its cost while it loads."""
+        return round(self.disk_hourly * max(0.0, now - self.billed_from) / 3600.0, 4)
+
     @property
     def hourly(self) -> float | None:
         """What an hour of the rental costs, disk included: the one rate its messages and its max_cost quote."""

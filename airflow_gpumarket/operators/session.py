@@ -535,11 +535,13 @@ class RentalSession:
 
 
 def log_progress(log: Any, rental: lifecycle.Rental, watch: waiting.Watch, service_now: float) -> None:
-    """The line each read of a wait in the worker logs: the status, and the cost so far (the service's clock)."""
+    """The line each read of a wait in the worker logs: the status, and the cost so far (the service's clock); the
+    wait has watched since the create, so a rental not seen running yet has billed its disk alone."""
+    so_far = rental.cost_until(service_now) if rental.running_at is not None else rental.disk_until(service_now)
     log.info(
         "Instance %s: %s after %s, cost so far %s",
         rental.instance_id,
         watch.shown,
         lifecycle.format_duration(service_now - rental.billed_from),
-        cost.text(rental.cost_until(service_now), cost.ESTIMATED),
+        cost.text(so_far, cost.ESTIMATED),
     )

@@ -140,3 +140,19 @@ def test_the_label_key_is_the_task_instances_for_every_try():
     hook = FakeHook({1: ["running"]})
     op = job(hook)
     assert session_of(hook).key == session_of(hook, try_number=3).key == lifecycle.task_key(op, ctx())
+
+
+def test_rule_the_cost_so_far_of_a_rental_not_seen_running_is_its_disk_and_never_goes_down(caplog):
+    from types import SimpleNamespace
+
+    from airflow_gpumarket.operators.session import log_progress
+
+    rental = lifecycle.Rental(7, 1, 3.6, "GPU", "label", created_at=1000.0, disk_hourly=0.36)
+    watch = SimpleNamespace(shown="'loading'")
+    log = logging.getLogger("progress")
+    with caplog.at_level(logging.INFO, logger="progress"):
+        log_progress(log, rental, watch, 1000.0 + 600)  # ten minutes loading: disk only
+        rental.running_at = 1600.0
+        log_progress(log, rental, watch, 1600.0 + 60)  # then a minute running: disk and compute
+    loading, running = (r.getMessage() for r in caplog.records)
+    assert "cost so far about $0.0600" in loading and "cost so far about $0.1260" in running
