@@ -39,7 +39,8 @@ def rows(limits: dict[str, budgets.Limits | None], found: list[budgets.Entry], n
     for dag_id, limit in limits.items():
         if limit is None:
             spent = sum(e.amount for e in found if e.dag_id == dag_id and not e.open)
-            made.append((dag_id, "-", "no budget", _dollars(spent), "-", "-"))
+            reserved = sum(e.amount for e in found if e.dag_id == dag_id and e.open)
+            made.append((dag_id, "-", "no budget", _dollars(spent), _dollars(reserved), "-"))
             continue
         if limit.run is not None:
             made.append((dag_id, "run", _dollars(limit.run), "-", "-", "per run"))
@@ -55,6 +56,20 @@ def rows(limits: dict[str, budgets.Limits | None], found: list[budgets.Entry], n
                 )
             )
     return made
+
+
+def unknown_dags(named: set[str]) -> list[str]:
+    """The DAG ids of ``named`` that no DAG Airflow knows has (none when Airflow's DAGs cannot be read)."""
+    from airflow.utils.session import create_session
+
+    from airflow_gpumarket.ui import sources
+
+    try:
+        with create_session() as session:
+            known = sources.all_dag_ids(session)
+    except Exception:  # noqa: BLE001 - a database that cannot say: nothing is flagged
+        return []
+    return sorted(named - known) if known else []
 
 
 def _dollars(amount: float) -> str:
@@ -77,4 +92,10 @@ def budgets_command(args: Any) -> int:
         "\nWindows are UTC (day, ISO week, month). SPENT: settled rentals, at the service's charge when one was "
         "posted; RESERVED: the worst case of rentals still open. A rental is refused when its worst case exceeds LEFT."
     )
+    named = {dag_id for dag_id, limit in limits.items() if limit is not None} - {e.dag_id for e in found}
+    for dag_id in unknown_dags(named):
+        print(
+            f"note: {budgets.VARIABLE} budgets DAG {dag_id!r}, which no DAG Airflow knows has: if it is a typo, "
+            "the DAG it meant rents without that budget."
+        )
     return EXIT_OK

@@ -54,6 +54,20 @@ def test_budgets_shows_spent_reserved_and_left_per_window_from_the_ledger(exampl
     assert alive(sim) == []
 
 
+def test_rule_budgets_flags_a_budgeted_dag_that_airflow_does_not_know_and_shows_open_reservations(
+    example_dag, sim, run, monkeypatch
+):
+    budgets_variable(monkeypatch, {"gpm_ui_jbo": {"day": 5.0}})  # a typo: gpm_ui_job rents without a budget
+    done = example_dag("gpm_ui_job").test()
+    assert done.state == "success", task_states(done)
+    code, out, err = run("budgets")
+    assert code == 0, err
+    assert "note: gpumarket_budgets budgets DAG 'gpm_ui_jbo', which no DAG Airflow knows has" in out
+    rows = {r[0]: r[1:] for r in table_rows(out, "DAG")}
+    assert rows["gpm_ui_job"][1] == "no budget" and rows["gpm_ui_job"][3] == "$0.0000"  # nothing left open
+    assert "'gpm_ui_job'" not in out
+
+
 def test_budgets_names_a_malformed_variable(sim, run, monkeypatch):
     monkeypatch.setenv("AIRFLOW_VAR_GPUMARKET_BUDGETS", "{not json")
     code, _, err = run("budgets")
