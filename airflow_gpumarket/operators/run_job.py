@@ -126,9 +126,11 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                 "destroyed; raise max_cost, or make the job shorter."
             )
         if why is Failure.CREDIT:
+            left = f"{'-' if credit <= -0.005 else ''}${abs(credit):.2f}"
             raise failures.GpuMarketBudgetExceeded(
-                f"The account's credit ran out (${credit:.2f}): the service stopped every instance of the account, "
-                f"this job's too ({sentence}). The instance is destroyed; add credit before running it again."
+                f"The account's credit ran out ({left} left), and the service stopped every instance of the account, "
+                f"instance {rental.instance_id} of this job too. It is destroyed; add credit before running the job "
+                f"again. What the task saw: {sentence}."
             )
         if why is Failure.HOST_LOST:
             self._held().remember_lost(rental, ended)

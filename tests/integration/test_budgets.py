@@ -103,9 +103,11 @@ def test_rule_the_services_stop_at_zero_credit_fails_the_job_naming_the_credit_a
 
     market = threading.Thread(target=spend_it_all, daemon=True)
     market.start()
-    with pytest.raises(GpuMarketBudgetExceeded, match="credit ran out"):
+    with pytest.raises(GpuMarketBudgetExceeded, match="credit ran out") as caught:
         job(command="sleep 100000").execute(context())
     market.join(30)
+    said = str(caught.value)
+    assert "$-" not in said and " left), and the service stopped every instance" in said  # one clause, no "$-0.00"
     assert sim.account()["stops"], "the simulator never stopped at $0"
     assert alive(sim) == []
 
