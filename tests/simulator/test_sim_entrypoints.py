@@ -106,7 +106,7 @@ def test_cli_local_runs_onstart_slowly_and_writes_the_airflow_settings(tmp_path)
         assert requests.get(f"{url}/_sim/state", timeout=5).json()["speed"] == 10
         written = env_file.read_text()
         assert written == f"export AIRFLOW_CONN_GPUMARKET_DEFAULT='{first.split('=', 1)[1].strip()}'\n"
-        assert "rate_limit_scale=10" in written  # --local's speed, as the connection tells the provider
+        assert "rate_limit_scale%22%3A10.0" in written  # --local's speed, as the connection tells the provider
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
@@ -134,7 +134,8 @@ def test_console_script_is_installed():
 def test_context_manager_gives_url_key_and_connection():
     with MarketSimulator(api_key="secret-key") as sim:
         assert sim.url == f"http://127.0.0.1:{sim.port}"
-        assert sim.conn_uri == f"gpumarket://:secret-key@127.0.0.1:{sim.port}?rate_limit_scale=60"
+        extra = "%7B%22rate_limit_scale%22%3A60.0%7D"  # {"rate_limit_scale":60.0}
+        assert sim.conn_uri == f"gpumarket://:secret-key@127.0.0.1:{sim.port}?__extra__={extra}"
         connection = json.loads(sim.connection_env()["AIRFLOW_CONN_GPUMARKET_DEFAULT"])
         assert connection == {
             "conn_type": "gpumarket",
@@ -158,7 +159,7 @@ def test_airflow_reads_the_connection_env():
             sim.port,
             "k",
         )
-        assert float(connection.extra_dejson["rate_limit_scale"]) == 60
+        assert connection.extra_dejson == {"rate_limit_scale": 60.0}  # a number: a short string warns, unmasked
         from_json = Connection.from_json(sim.connection_env()["AIRFLOW_CONN_GPUMARKET_DEFAULT"], conn_id="y")
         assert from_json.host == sim.url and from_json.password == "k"
 
@@ -175,7 +176,18 @@ def test_airflow_reads_the_connection_env():
 def test_connection_carries_the_rate_limit_scale_of_the_simulator(options, scale):
     with MarketSimulator(**options) as sim:
         assert sim.rate_limit_scale == scale
-        assert sim.conn_uri.endswith(f"?rate_limit_scale={scale:g}")
+        assert sim.conn_uri.endswith(f"?__extra__=%7B%22rate_limit_scale%22%3A{scale!r}%7D")
+
+
+def test_airflow_reads_the_printed_connection_without_a_short_secret_warning(tmp_path):
+    code = (
+        "from airflow.providers.common.compat.sdk import BaseHook; print(BaseHook.get_connection('gpumarket_default'))"
+    )
+    with MarketSimulator(speed=10) as sim:
+        env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW_CONN_GPUMARKET_DEFAULT": sim.conn_uri}
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "too short" not in result.stdout + result.stderr
 
 
 def test_two_simulators_run_side_by_side():
