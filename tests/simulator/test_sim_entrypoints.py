@@ -21,8 +21,8 @@ def sim_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpumarket_simulator.cli", *args]
 
 
-def start_cli(*args: str) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(sim_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_cli(*args: str, cwd: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(sim_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     assert process.stdout is not None
     return process, process.stdout.readline()
 
@@ -99,8 +99,8 @@ def test_cli_credit_option_sets_the_starting_credit():
 
 
 def test_cli_local_runs_onstart_slowly_and_writes_the_airflow_settings(tmp_path):
-    env_file = tmp_path / "sim.env"
-    process, first = start_cli("--local", "--api-key", "k", "--env-file", str(env_file))
+    env_file = tmp_path.resolve() / "sim.env"
+    process, first = start_cli("--local", "--api-key", "k", "--env-file", "sim.env", cwd=tmp_path)
     try:
         url = first.split()[3]
         assert requests.get(f"{url}/_sim/state", timeout=5).json()["speed"] == 10
@@ -112,9 +112,29 @@ def test_cli_local_runs_onstart_slowly_and_writes_the_airflow_settings(tmp_path)
         assert process.wait(timeout=10) == 0
     details = process.stderr.read() if process.stderr else ""
     assert "speed: 10x" in details and "onstart: executed" in details
-    assert f"source {env_file}" in details and "airflow dags test <your_dag_id>" in details
-    # The other shell runs `airflow` from the environment the simulator runs in (the tests run in a venv).
-    assert f"source {sys.prefix}/bin/activate\n    source {env_file}" in details
+    assert "airflow dags test <your_dag_id>" in details
+    # The other shell runs `airflow` from the environment the simulator runs in (the tests run in a venv), in any
+    # folder: the env file, the Airflow home and its DAGs folder are absolute paths.
+    assert f"source {sys.prefix}/bin/activate\n    source {env_file}\n" in details
+    assert f"export AIRFLOW_HOME={tmp_path.resolve()}/.airflow-sim " in details
+    assert (
+        "export AIRFLOW__CORE__DAGS_FOLDER=$AIRFLOW_HOME/dags " in details and 'mkdir -p "$AIRFLOW__CORE__' in details
+    )
+    assert "export AIRFLOW__CORE__LOAD_EXAMPLES=False " in details
+
+
+def test_the_documented_recipe_is_the_printed_one(tmp_path):
+    process, _ = start_cli("--local", "--env-file", "sim.env", cwd=tmp_path)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+    details = process.stderr.read() if process.stderr else ""
+    printed = details.split("  To run your own DAG", 1)[1]
+    printed = printed.replace(sys.prefix, "/path/to/checkout/.venv").replace(
+        str(tmp_path.resolve()), "/path/to/checkout"
+    )
+    doc = (REPO / "docs" / "simulator.md").read_text().split("### Your own DAG on the simulator", 1)[1]
+    documented = doc.split("  To run your own DAG", 1)[1].split("```", 1)[0]
+    assert [line.split() for line in printed.splitlines()] == [line.split() for line in documented.splitlines()]
 
 
 def test_cli_refuses_an_env_file_it_cannot_write(tmp_path):
