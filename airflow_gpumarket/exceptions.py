@@ -95,12 +95,14 @@ class GpuMarketTransportError(GpuMarketError):
     """No usable response: connection refused or dropped, or a timeout.
 
     ``request_sent`` tells whether the request may have reached the server (False only when the connection
-    was never established), which decides whether a non-idempotent call may be re-sent.
+    was never established), which decides whether a non-idempotent call may be re-sent. ``detail`` is what
+    happened without the advice a task's reader gets (the doctor gives its own).
     """
 
-    def __init__(self, message: str, *, request_sent: bool = True, **kwargs) -> None:
+    def __init__(self, message: str, *, request_sent: bool = True, detail: str | None = None, **kwargs) -> None:
         super().__init__(message, **kwargs)
         self.request_sent = request_sent
+        self.detail = detail or message
 
 
 class GpuMarketOfferUnavailableError(GpuMarketError):

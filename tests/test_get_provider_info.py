@@ -179,3 +179,16 @@ def test_every_notifier_is_registered_by_its_class_which_is_an_airflow_notifier(
     for path in registered:
         module, _, name = path.rpartition(".")
         assert issubclass(getattr(importlib.import_module(module), name), BaseNotifier)
+
+
+def test_airflows_example_dag_discovery_imports_the_provider_and_finds_no_example_dags(monkeypatch):
+    manager = pytest.importorskip("airflow.dag_processing.bundles.manager")
+    discover = getattr(manager, "_add_provider_example_dags_to_bundle", None)
+    if discover is None:
+        pytest.skip("this Airflow discovers no example DAGs of providers")
+    failures: list[tuple] = []
+    monkeypatch.setattr(manager.log, "exception", lambda *args, **kwargs: failures.append(args))
+    bundles: list = []
+    discover(bundles)
+    assert [args for args in failures if "gpumarket" in str(args)] == []
+    assert [bundle.name for bundle in bundles if "gpumarket" in bundle.name] == []

@@ -82,3 +82,11 @@ def test_the_simulator_is_a_distribution_of_its_own_not_a_dependency_of_the_prov
     assert set(DIST.metadata.get_all("Provides-Extra") or []) == {"dev"}
     assert {"fastapi", "uvicorn"} <= requirement_names(SIMULATOR)
     assert "apache-airflow" not in requirement_names(SIMULATOR)
+
+
+def test_the_module_airflows_example_dag_discovery_imports_loads_nothing():
+    code = (
+        "import sys; import airflow_provider_gpumarket as m; assert not hasattr(m, '__path__'); "
+        "print('loaded:', [name for name in sys.modules if name.split('.')[0] in ('airflow', 'airflow_gpumarket')])"
+    )
+    assert_loads_none(code)

@@ -123,7 +123,7 @@ def service_check(checked: Any) -> Check:
     except GpuMarketAuthError as exc:
         return Check("service", FAIL, f"the key {key} was refused: {exc}", FIX_KEY)
     except GpuMarketTransportError as exc:
-        return Check("service", FAIL, f"not reachable: {exc}", FIX_REACH)
+        return Check("service", FAIL, f"not reachable: {exc.detail}", FIX_REACH)
     except GpuMarketError as exc:
         return Check("service", FAIL, f"answered with an error: {exc}", "try again later, or ask the service's status.")
     took = (time.monotonic() - started) * 1000

@@ -8,6 +8,8 @@ decides anything: that is ``hooks.core``'s; the messages are ``hooks.flow``'s.
 from __future__ import annotations
 
 import functools
+import socket
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
@@ -160,17 +162,20 @@ async def afetch_log(url: str) -> FetchedLog:
 def transport_error(request: Request, exc: BaseException, base_url: str) -> GpuMarketTransportError:
     """Wrap a requests/httpx failure; ``request_sent`` is False only when no connection was ever made."""
     never_connected = _never_connected(exc)
-    kind = type(exc).__name__
+    detail = f"{request.operation}: {request.method} {request.path} got no response from {_server(base_url)} "
+    detail += f"({type(exc).__name__}); "
+    advice = "Check the host of the Airflow connection and {} (`airflow gpumarket doctor` checks both)."
+    if _name_unresolved(exc):
+        detail += f"the host name {urlsplit(base_url).hostname} did not resolve."
+        advice = advice.format("this machine's DNS")
+    elif never_connected:
+        detail += "the connection could not be opened."
+        advice = advice.format("that this machine reaches it")
+    else:
+        detail += "the request may have reached the server."
+        advice = ""
     return GpuMarketTransportError(
-        f"{request.operation}: {request.method} {request.path} got no response from {_server(base_url)} ({kind}); "
-        + (
-            "the connection could not be opened. Check the host of the Airflow connection and that this machine "
-            "reaches it (`airflow gpumarket doctor` checks both)."
-            if never_connected
-            else "the request may have reached the server."
-        ),
-        request_sent=not never_connected,
-        operation=request.operation,
+        f"{detail} {advice}".rstrip(), request_sent=not never_connected, operation=request.operation, detail=detail
     )
 
 
@@ -181,13 +186,11 @@ def _server(base_url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
-def _never_connected(exc: BaseException) -> bool:
-    if isinstance(exc, requests.ConnectTimeout):
-        return True
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and those it wraps: urllib3's ``reason``, an argument that is one, its cause or context."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, NewConnectionError | ConnectTimeoutError | ConnectionRefusedError):
-            return True
+        yield seen
         reason = getattr(seen, "reason", None)
         if isinstance(reason, BaseException) and reason is not seen:
             seen = reason
@@ -195,5 +198,17 @@ def _never_connected(exc: BaseException) -> bool:
         args = getattr(seen, "args", ())
         nested = args[0] if args and isinstance(args[0], BaseException) else None
         seen = nested or seen.__cause__ or seen.__context__
+
+
+def _never_connected(exc: BaseException) -> bool:
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    if any(isinstance(seen, NewConnectionError | ConnectTimeoutError | ConnectionRefusedError) for seen in _chain(exc)):
+        return True
     type_name = type(exc).__name__
     return type_name in ("ConnectError", "ConnectTimeout")  # httpx names
+
+
+def _name_unresolved(exc: BaseException) -> bool:
+    """True when the host name did not resolve: a ``socket.gaierror`` under requests' and httpx's errors alike."""
+    return any(isinstance(seen, socket.gaierror) for seen in _chain(exc))

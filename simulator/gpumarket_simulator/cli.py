@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
+import shlex
 import signal
 import sys
 import threading
@@ -93,17 +95,24 @@ def airflow_settings(conn_uri: str) -> dict[str, str]:
 
 
 def _recipe(settings: dict[str, str], env_file: str | None) -> str:
-    exports = "".join(f"    export {name}='{value}'\n" for name, value in settings.items())
-    load = f"    source {env_file}\n" if env_file else exports
+    """The steps another shell follows to run one's own DAG here, with absolute paths: they work from any folder."""
+    exports = [f"export {name}={shlex.quote(value)}" for name, value in settings.items()]
+    load = [f"source {shlex.quote(os.path.abspath(env_file))}"] if env_file else exports
     # The environment this simulator runs in has Airflow and the provider beside it: the other shell needs it too.
-    activate = f"    source {sys.prefix}/bin/activate\n" if sys.prefix != sys.base_prefix else ""
-    return (
-        "  To run your own DAG against it, in another shell:\n"
-        f"{activate}{load}"
-        "    export AIRFLOW_HOME=$PWD/.airflow-sim   # a throwaway Airflow home, or your own\n"
-        "    airflow db migrate                       # once per Airflow home\n"
-        "    airflow dags test <your_dag_id>\n"
-    )
+    activate = [f"source {shlex.quote(sys.prefix)}/bin/activate"] if sys.prefix != sys.base_prefix else []
+    home = shlex.quote(os.path.join(os.getcwd(), ".airflow-sim"))
+    steps = [
+        *((line, "") for line in activate + load),
+        (f"export AIRFLOW_HOME={home}", "a throwaway Airflow home, or your own"),
+        ("export AIRFLOW__CORE__DAGS_FOLDER=$AIRFLOW_HOME/dags", "put your DAG's file in this folder"),
+        ("export AIRFLOW__CORE__LOAD_EXAMPLES=False", "without Airflow's example DAGs"),
+        ('mkdir -p "$AIRFLOW__CORE__DAGS_FOLDER"', ""),
+        ("airflow db migrate", "once per Airflow home"),
+        ("airflow dags test <your_dag_id>", ""),
+    ]
+    width = max(len(command) for command, _ in steps) + 2
+    lines = "".join(f"    {command:<{width}}# {note}\n" if note else f"    {command}\n" for command, note in steps)
+    return f"  To run your own DAG against it, in another shell:\n{lines}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.env_file:
         try:
             with open(args.env_file, "w") as out:
-                out.writelines(f"export {name}='{value}'\n" for name, value in settings.items())
+                out.writelines(f"export {name}={shlex.quote(value)}\n" for name, value in settings.items())
         except OSError as exc:
             sim.close()
             print(f"gpumarket-sim: --env-file {args.env_file}: {exc.strerror or exc}", file=sys.stderr)

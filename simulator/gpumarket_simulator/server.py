@@ -160,19 +160,19 @@ class MarketSimulator:
     def conn_uri(self) -> str:
         """The Airflow connection URI for this simulator.
 
-        The key is the password, the host has no scheme (plain http implied), and the query carries the current
-        ``rate_limit_scale``: a later speed change is not in it.
+        The key is the password, the host has no scheme (plain http implied), and the extra travels as JSON in
+        ``__extra__``, so its ``rate_limit_scale`` stays a number (Airflow would warn of a query value's short
+        string as too short a secret to mask). It is the current scale: a later speed change is not in it.
         """
-        return f"gpumarket://:{quote(self.api_key, safe='')}@{self._netloc}?rate_limit_scale={self.rate_limit_scale:g}"
+        extra = quote(json.dumps(self._extra(), separators=(",", ":")), safe="")
+        return f"gpumarket://:{quote(self.api_key, safe='')}@{self._netloc}?__extra__={extra}"
 
     def connection_env(self) -> dict[str, str]:
-        connection = {
-            "conn_type": "gpumarket",
-            "host": self.url,
-            "password": self.api_key,
-            "extra": {"rate_limit_scale": self.rate_limit_scale},
-        }
+        connection = {"conn_type": "gpumarket", "host": self.url, "password": self.api_key, "extra": self._extra()}
         return {CONNECTION_ENV: json.dumps(connection)}
+
+    def _extra(self) -> dict[str, float]:
+        return {"rate_limit_scale": self.rate_limit_scale}
 
     # --- admin ----------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -90,6 +90,14 @@ def test_doctor_fails_on_a_service_down_with_its_fix(connection, run):
     assert code == 1
     (service,) = [line for line in out.splitlines() if line.split()[1:2] == ["service"]]
     assert service.startswith("FAIL  service      not reachable") and "is gpumarket-sim running?" in service
+    assert "the connection could not be opened" in service and "airflow gpumarket doctor" not in service
+
+
+def test_doctor_says_when_the_hosts_name_does_not_resolve(connection, run):
+    code, out, _ = run("doctor", "--conn-id", connection("nowhere", host="https://no-such-host.invalid"))
+    assert code == 1
+    (service,) = [line for line in out.splitlines() if line.split()[1:2] == ["service"]]
+    assert "the host name no-such-host.invalid did not resolve" in service and "doctor" not in service
 
 
 def test_doctor_fails_when_the_credit_is_spent(sim, run):

@@ -3,6 +3,8 @@ one (timeouts, TLS, redirects, idle connections), and transport failures."""
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import pytest
 import requests
@@ -44,6 +46,30 @@ def test_a_service_never_reached_is_named_by_its_address_and_the_fix_without_cre
     assert str(error).startswith("search_offers: POST /api/v0/bundles/ got no response from https://gpu.example:8443 ")
     assert "the connection could not be opened" in str(error) and "airflow gpumarket doctor" in str(error)
     assert "s3cret" not in str(error) and "u:" not in str(error)
+
+
+def _unresolved_name_errors() -> list[BaseException]:
+    """A host name that did not resolve, as requests (through urllib3) and httpx (through httpcore) raise it."""
+    from urllib3.exceptions import MaxRetryError, NameResolutionError
+
+    gaierror = socket.gaierror(-2, "Name or service not known")
+    resolution = NameResolutionError("gpu.example", None, gaierror)  # type: ignore[arg-type]
+    resolution.__cause__ = gaierror
+    requests_error = requests.exceptions.ConnectionError(MaxRetryError(None, "/", reason=resolution))  # type: ignore[arg-type]
+    httpx_error = httpx.ConnectError("[Errno -2] Name or service not known")
+    httpx_error.__cause__ = gaierror
+    return [requests_error, httpx_error]
+
+
+@pytest.mark.parametrize("exc", _unresolved_name_errors(), ids=["requests", "httpx"])
+def test_a_host_name_that_does_not_resolve_is_named_as_such(exc):
+    from airflow_gpumarket.hooks.flow import Request
+    from airflow_gpumarket.hooks.transport import transport_error
+
+    error = transport_error(Request("search_offers", "POST", "/api/v0/bundles/"), exc, "https://gpu.example:8443/")
+    assert "the host name gpu.example did not resolve." in str(error) and "this machine's DNS" in str(error)
+    assert "could not be opened" not in str(error) and not error.request_sent
+    assert "airflow gpumarket doctor" in str(error) and "doctor" not in error.detail
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,8 @@ def sim_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpumarket_simulator.cli", *args]
 
 
-def start_cli(*args: str) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(sim_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_cli(*args: str, cwd: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(sim_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     assert process.stdout is not None
     return process, process.stdout.readline()
 
@@ -99,22 +99,42 @@ def test_cli_credit_option_sets_the_starting_credit():
 
 
 def test_cli_local_runs_onstart_slowly_and_writes_the_airflow_settings(tmp_path):
-    env_file = tmp_path / "sim.env"
-    process, first = start_cli("--local", "--api-key", "k", "--env-file", str(env_file))
+    env_file = tmp_path.resolve() / "sim.env"
+    process, first = start_cli("--local", "--api-key", "k", "--env-file", "sim.env", cwd=tmp_path)
     try:
         url = first.split()[3]
         assert requests.get(f"{url}/_sim/state", timeout=5).json()["speed"] == 10
         written = env_file.read_text()
         assert written == f"export AIRFLOW_CONN_GPUMARKET_DEFAULT='{first.split('=', 1)[1].strip()}'\n"
-        assert "rate_limit_scale=10" in written  # --local's speed, as the connection tells the provider
+        assert "rate_limit_scale%22%3A10.0" in written  # --local's speed, as the connection tells the provider
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
     details = process.stderr.read() if process.stderr else ""
     assert "speed: 10x" in details and "onstart: executed" in details
-    assert f"source {env_file}" in details and "airflow dags test <your_dag_id>" in details
-    # The other shell runs `airflow` from the environment the simulator runs in (the tests run in a venv).
-    assert f"source {sys.prefix}/bin/activate\n    source {env_file}" in details
+    assert "airflow dags test <your_dag_id>" in details
+    # The other shell runs `airflow` from the environment the simulator runs in (the tests run in a venv), in any
+    # folder: the env file, the Airflow home and its DAGs folder are absolute paths.
+    assert f"source {sys.prefix}/bin/activate\n    source {env_file}\n" in details
+    assert f"export AIRFLOW_HOME={tmp_path.resolve()}/.airflow-sim " in details
+    assert (
+        "export AIRFLOW__CORE__DAGS_FOLDER=$AIRFLOW_HOME/dags " in details and 'mkdir -p "$AIRFLOW__CORE__' in details
+    )
+    assert "export AIRFLOW__CORE__LOAD_EXAMPLES=False " in details
+
+
+def test_the_documented_recipe_is_the_printed_one(tmp_path):
+    process, _ = start_cli("--local", "--env-file", "sim.env", cwd=tmp_path)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+    details = process.stderr.read() if process.stderr else ""
+    printed = details.split("  To run your own DAG", 1)[1]
+    printed = printed.replace(sys.prefix, "/path/to/checkout/.venv").replace(
+        str(tmp_path.resolve()), "/path/to/checkout"
+    )
+    doc = (REPO / "docs" / "simulator.md").read_text().split("### Your own DAG on the simulator", 1)[1]
+    documented = doc.split("  To run your own DAG", 1)[1].split("```", 1)[0]
+    assert [line.split() for line in printed.splitlines()] == [line.split() for line in documented.splitlines()]
 
 
 def test_cli_refuses_an_env_file_it_cannot_write(tmp_path):
@@ -134,7 +154,8 @@ def test_console_script_is_installed():
 def test_context_manager_gives_url_key_and_connection():
     with MarketSimulator(api_key="secret-key") as sim:
         assert sim.url == f"http://127.0.0.1:{sim.port}"
-        assert sim.conn_uri == f"gpumarket://:secret-key@127.0.0.1:{sim.port}?rate_limit_scale=60"
+        extra = "%7B%22rate_limit_scale%22%3A60.0%7D"  # {"rate_limit_scale":60.0}
+        assert sim.conn_uri == f"gpumarket://:secret-key@127.0.0.1:{sim.port}?__extra__={extra}"
         connection = json.loads(sim.connection_env()["AIRFLOW_CONN_GPUMARKET_DEFAULT"])
         assert connection == {
             "conn_type": "gpumarket",
@@ -158,7 +179,7 @@ def test_airflow_reads_the_connection_env():
             sim.port,
             "k",
         )
-        assert float(connection.extra_dejson["rate_limit_scale"]) == 60
+        assert connection.extra_dejson == {"rate_limit_scale": 60.0}  # a number: a short string warns, unmasked
         from_json = Connection.from_json(sim.connection_env()["AIRFLOW_CONN_GPUMARKET_DEFAULT"], conn_id="y")
         assert from_json.host == sim.url and from_json.password == "k"
 
@@ -175,7 +196,18 @@ def test_airflow_reads_the_connection_env():
 def test_connection_carries_the_rate_limit_scale_of_the_simulator(options, scale):
     with MarketSimulator(**options) as sim:
         assert sim.rate_limit_scale == scale
-        assert sim.conn_uri.endswith(f"?rate_limit_scale={scale:g}")
+        assert sim.conn_uri.endswith(f"?__extra__=%7B%22rate_limit_scale%22%3A{scale!r}%7D")
+
+
+def test_airflow_reads_the_printed_connection_without_a_short_secret_warning(tmp_path):
+    code = (
+        "from airflow.providers.common.compat.sdk import BaseHook; print(BaseHook.get_connection('gpumarket_default'))"
+    )
+    with MarketSimulator(speed=10) as sim:
+        env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW_CONN_GPUMARKET_DEFAULT": sim.conn_uri}
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "too short" not in result.stdout + result.stderr
 
 
 def test_two_simulators_run_side_by_side():
