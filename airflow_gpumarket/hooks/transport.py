@@ -189,7 +189,9 @@ def _server(base_url: str) -> str:
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     """The exception and those it wraps: urllib3's ``reason``, an argument that is one, its cause or context."""
     seen: BaseException | None = exc
-    while seen is not None:
+    walked: set[int] = set()
+    while seen is not None and id(seen) not in walked:  # a chain may loop back on itself
+        walked.add(id(seen))
         yield seen
         reason = getattr(seen, "reason", None)
         if isinstance(reason, BaseException) and reason is not seen:

@@ -171,3 +171,11 @@ def test_rule_the_async_hook_books_its_request_slots_off_the_event_loop(server, 
 
     loop_thread, _ = run(read)
     assert booked_on and loop_thread not in booked_on
+
+
+def test_an_exception_chain_that_loops_back_on_itself_is_walked_once():
+    from airflow_gpumarket.hooks.transport import _chain
+
+    first, second = ValueError("a"), ValueError("b")
+    first.__context__, second.__context__ = second, first
+    assert list(_chain(first)) == [first, second]
