@@ -151,9 +151,15 @@ class _GpuMarketHookBase(BaseHook):
             exc = state.outcome.exception() if state.outcome else None
             return api.retry_wait_seconds(exc, state.attempt_number, self.settings.retry, random.random())
 
+        said: list[str] = []  # the failure the last retry's line quoted whole
+
         def log_retry(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             seconds = state.next_action.sleep if state.next_action else 0
+            if said and said[-1] == str(exc):
+                self.log.info("Try %d failed the same way; retrying in %.1f s", state.attempt_number, seconds)
+                return
+            said.append(str(exc))
             self.log.warning("Try %d failed (%s); retrying in %.1f s", state.attempt_number, exc, seconds)
 
         return {

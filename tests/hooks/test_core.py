@@ -75,6 +75,17 @@ def test_429_with_retry_after_is_retried_after_exactly_that_wait(requests_mock, 
     assert "HTTP 429" in warnings[0]
 
 
+def test_rule_retries_that_fail_the_same_way_are_quoted_whole_once(requests_mock, hook, sleeps, caplog):
+    caplog.set_level(logging.DEBUG, logger=HOOK_LOGGER)
+    requests_mock.get(INSTANCES, [fail(503), fail(503), fail(503), ok({"instances": []})])
+
+    assert hook.list_instances() == []
+
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if "retrying in" in r.getMessage()]
+    assert [level for level, _ in lines] == [logging.WARNING, logging.INFO, logging.INFO]
+    assert "HTTP 503" in lines[0][1] and lines[1][1].startswith("Try 2 failed the same way; retrying in")
+
+
 def test_429_without_retry_after_is_retried_with_backoff(requests_mock, hook, sleeps):
     requests_mock.get(INSTANCES, [fail(429), ok({"instances": []})])
 
@@ -551,9 +562,9 @@ def test_500_retried_leaves_the_key_out_of_logs_and_redacts_an_echo(requests_moc
     with pytest.raises(GpuMarketServerError) as caught:
         hook.list_instances()
 
-    warnings = [r for r in caplog.records if r.name == HOOK_LOGGER and r.levelno == logging.WARNING]
-    assert len(warnings) == 3  # one per retry: the error was logged each time
-    assert all("Bearer ***" in w.getMessage() for w in warnings)
+    retries = [r for r in caplog.records if r.name == HOOK_LOGGER and "retrying in" in r.getMessage()]
+    assert len(retries) == 3  # one per retry: the error quoted whole the first time
+    assert "Bearer ***" in retries[0].getMessage()
     assert_key_absent_from_logs(caplog)
     assert "upstream rejected Authorization: Bearer ***" in str(caught.value)
     assert caught.value.msg == "upstream rejected Authorization: Bearer ***"
