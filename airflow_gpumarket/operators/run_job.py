@@ -126,6 +126,7 @@ class GpuMarketRunJobOperator(GpuMarketRentingBaseOperator):
                 "destroyed; raise max_cost, or make the job shorter."
             )
         if why is Failure.CREDIT:
+            assert credit is not None  # the cause is the credit only when it was read
             left = f"{'-' if credit <= -0.005 else ''}${abs(credit):.2f}"
             raise failures.GpuMarketBudgetExceeded(
                 f"The account's credit ran out ({left} left), and the service stopped every instance of the account, "
