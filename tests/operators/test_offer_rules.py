@@ -147,3 +147,25 @@ def test_a_misspelt_filter_field_fails_the_dag_file_naming_the_closest_field():
     with pytest.raises(GpuMarketValidationError, match="did you mean 'gpu_name'"):
         spec(offer_filters={"gpu_nmae": {"eq": "RTX 3090"}})
     assert spec(offer_filters={"gpu_nmae": {"eq": "x"}}, extra_filter_fields=["gpu_nmae"]).extra_filter_fields
+
+
+@pytest.mark.parametrize(
+    ("filters", "said"),
+    [
+        ({"gpu_name": {"equals": "RTX 4090"}}, "offer_filters['gpu_name']: operator 'equals' is not one the service"),
+        ({"num_gpus": {"eq": "one"}}, "offer_filters['num_gpus']: compares with a number, got 'one'"),
+        ({"rentable": {"in": True}}, "offer_filters['rentable']: 'in' takes a list"),
+    ],
+)
+def test_rule_a_filter_with_an_unknown_operator_or_a_wrong_value_fails_the_dag_file_naming_offer_filters(filters, said):
+    from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+    with pytest.raises(GpuMarketValidationError) as caught:
+        spec(offer_filters=filters)
+    assert str(caught.value).startswith(said)
+
+
+def test_rule_templated_filter_values_wait_for_the_task_to_run_and_extra_fields_go_unchecked():
+    templated = {"num_gpus": {"eq": "{{ params.gpus }}"}, "gpu_name": {"eq": "A100"}}
+    assert GpuMarketRunJobOperator(task_id="t", command="c", image="i", offer_filters=templated).offer_filters
+    assert spec(offer_filters={"gpu_name": {"like": 4090}}, extra_filter_fields=["gpu_name"]).offer_filters
