@@ -324,19 +324,35 @@ def next_offer(
 
     The first whose ``offer_terms`` give a price.
     """
-    skipped = ""
+    refused: list[tuple[Mapping[str, Any], str]] = []
     for offer in offers:
         price, bid, said = offer_terms(offer, spec, attempts)
-        if said is not None:
-            skipped = said
+        if said:
+            refused.append((offer, said))
         if price is not None:
             return offer, bid, ""
     pinned = spec.pinned_offer
-    if pinned is not None and not skipped and all(offer.get("id") != pinned for offer in offers):
+    if pinned is not None and not refused and all(offer.get("id") != pinned for offer in offers):
         kind = "bid" if bids(spec, attempts) else spec.offer_type
         why = f"offer_id {pinned} is not found by a search for it ({kind}): it is taken or no longer listed"
         return None, None, why + ", and its price cannot be known before renting"
-    return None, None, "no further matching offer" + (f" (the last one refused: {skipped})" if skipped else "")
+    return None, None, "no further matching offer" + refusal(refused, spec)
+
+
+def refusal(refused: Sequence[tuple[Mapping[str, Any], str]], spec: RentalSpec) -> str:
+    """What the refused offers say: the lowest ``min_bid`` above its cap when bids were too low, else the last word."""
+    max_bid = spec.bidding.max_bid
+    too_low = [
+        (offer, said)
+        for offer, said in refused
+        if api.is_positive_number(offer.get("dph_total")) and bidding.above_cap(offer, max_bid)
+    ]
+    if too_low:
+        offer, said = min(too_low, key=lambda pair: pair[0]["min_bid"])
+        winnable = max_bid is not None and offer["min_bid"] <= offer["dph_total"]
+        fix = f"; raise max_bid to at least ${offer['min_bid']}/h" if winnable else ""
+        return f" (the lowest min_bid of the {len(too_low)} offer(s) bid on: {said}{fix})"
+    return f" (the last one refused: {refused[-1][1]})" if refused else ""
 
 
 def offer_terms(
