@@ -9,6 +9,7 @@ cannot be reached the try goes on without it, and says so once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -87,6 +88,8 @@ class OfferChooser:
         found, lines, skipped = ordered(listed, spec, attempts, avoided=self._avoided, model=self._model)
         for line in lines:
             self.log.info("Offer choice: %s", line)
+        if not found and not skipped and spec.pinned_offer is None:
+            return matched_none(filters, search["offer_type"], listed)
         offer, bid, why_not = next_offer(found, spec, attempts)
         if offer is None:
             return why_not + (f" ({skipped} more on machines in host memory)" if skipped else "")
@@ -263,6 +266,22 @@ def search_for(spec: RentalSpec, attempts: Attempts, avoided: int = 0) -> dict[s
         "order": spec.offer_order or [["dph_total", "asc"]],
         "limit": len(attempts.tried) + len(attempts.lost_machines) + avoided + margin,
     }
+
+
+def matched_none(filters: Mapping[str, Any] | None, offer_type: str, listed: Sequence[Mapping[str, Any]]) -> str:
+    """Why a search that matched no offer rents nothing: its filter, and the command that shows what matches.
+
+    With a ``gpu_name`` filter, the GPU names of offers the search returned anyway (the service ignored a filter).
+    """
+    said = json.dumps(dict(filters or {}), default=str)
+    seen = ""
+    if set((filters or {}).get("gpu_name") or {}) & {"eq", "in"}:
+        names = sorted({o["gpu_name"] for o in listed if isinstance(o.get("gpu_name"), str)})
+        seen = f"; the GPUs it saw are {', '.join(map(repr, names[:10]))}" if names else ""
+    return (
+        f"the search matched no offer (offer_filters {said}, {offer_type}){seen}. Loosen a filter, and see what "
+        f"matches with `airflow gpumarket offers --filters '{said}'`"
+    )
 
 
 def ordered(
