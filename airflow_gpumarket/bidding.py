@@ -52,6 +52,12 @@ def bid_for(offer: Mapping[str, Any], max_bid: float | None) -> tuple[float | No
     return round(min(min_bid * (1 + BID_MARGIN), cap), 4), ""
 
 
+def above_cap(offer: Mapping[str, Any], max_bid: float | None) -> bool:
+    """Whether ``offer``'s ``min_bid`` is above the most a bid on it may be, so no bid wins it."""
+    min_bid, cap = offer.get("min_bid"), bid_cap(max_bid, offer.get("dph_total"))
+    return api.is_positive_number(min_bid) and cap is not None and min_bid > cap
+
+
 def held_bid(bid: float, min_bid: Any, cap: float) -> float | None:
     """The bid that holds a machine whose winning price is now ``min_bid``, or None.
 

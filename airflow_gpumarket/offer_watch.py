@@ -33,8 +33,16 @@ class OfferWatch:
     extra_filter_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        # Names a bad field or operator, as the renting operators do.
-        api.build_search_body(self.search_filters(), offer_type=self.offer_type, extra_fields=self.extra_filter_fields)
+        # Names a bad field, operator or value, as the renting operators do.
+        api.build_search_body(
+            self.filters, offer_type=self.offer_type, extra_fields=self.extra_filter_fields, argument="offer_filters"
+        )
+        if self.min_reliability is not None:
+            api.require_non_negative_number("min_reliability", self.min_reliability)
+        if self.verified is not None:
+            api.require_bool("verified", self.verified)
+        if self.min_direct_ports is not None:
+            api.require_non_negative_int("min_direct_ports", self.min_direct_ports)
         if self.max_dph is not None:
             api.require_positive_number("max_dph", self.max_dph)
 

@@ -75,10 +75,13 @@ def duration_seconds(name: str, value: timedelta | float, *, zero_ok: bool = Fal
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if (type(seconds) is float or type(seconds) is int) and (0 < seconds < _INFINITY or (zero_ok and seconds == 0)):
         return float(seconds)  # the common case, without the checks' messages
-    if zero_ok:
-        api.require_non_negative_number(name, seconds)
-    else:
-        api.require_positive_number(name, seconds)
+    try:
+        (api.require_non_negative_number if zero_ok else api.require_positive_number)(name, seconds)
+    except GpuMarketValidationError:
+        least = "of at least 0" if zero_ok else "greater than 0"
+        raise GpuMarketValidationError(
+            name, f"must be a datetime.timedelta or seconds {least}, got {value!r}; e.g. timedelta(hours=2)"
+        ) from None
     return float(seconds)
 
 

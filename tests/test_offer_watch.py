@@ -46,6 +46,8 @@ def test_the_reliability_verification_and_port_minimums_are_sent_as_filters():
     ("kwargs", "named"),
     [
         ({"filters": {"gpu_nmae": {"eq": "H100"}}}, "gpu_nmae"),
+        ({"filters": {"num_gpus": {"eq": "eight"}}}, r"^offer_filters\['num_gpus'\]: compares with a number"),
+        ({"min_reliability": "high"}, "^min_reliability"),
         ({"offer_type": "spot"}, "offer_type"),
         ({"max_dph": 0}, "max_dph"),
     ],

@@ -57,6 +57,21 @@ def test_a_duration_is_seconds_or_a_timedelta_and_zero_only_when_allowed():
         duration_seconds("grace", timedelta(seconds=-1), zero_ok=True)
 
 
+@pytest.mark.parametrize(("value", "zero_ok"), [("2h", False), (None, False), (-5, True), (timedelta(0), False)])
+def test_rule_a_duration_that_is_not_one_is_refused_saying_a_timedelta_or_seconds_is_expected(value, zero_ok):
+    with pytest.raises(GpuMarketValidationError) as caught:
+        duration_seconds("max_runtime", value, zero_ok=zero_ok)
+    assert caught.value.field == "max_runtime"
+    assert "must be a datetime.timedelta or seconds" in caught.value.problem and repr(value) in caught.value.problem
+
+
+def test_rule_an_operators_duration_given_as_text_fails_the_dag_file_saying_a_timedelta_is_expected():
+    from airflow_gpumarket.operators.run_job import GpuMarketRunJobOperator
+
+    with pytest.raises(GpuMarketValidationError, match="^max_runtime: must be a datetime.timedelta .* got '2h'"):
+        GpuMarketRunJobOperator(task_id="t", image="i", command="c", offer_id=1, max_runtime="2h")
+
+
 def test_jinja_or_an_upstream_output_at_any_depth_is_templated_and_plain_values_are_not():
     assert is_templated("{{ params.image }}") and is_templated("{% if x %}a{% endif %}")
     assert is_templated({"env": {"RUN": "{{ run_id }}"}}) and is_templated([1, Output()])

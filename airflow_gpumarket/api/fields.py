@@ -5,15 +5,19 @@ The tables hold one line per field of the spec; a builder checks a body against 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_gpumarket.api.paths import (
     BODY_EXCERPT_CHARS,
+    CLIENT_FILTER_OPERATORS,
     ENDPOINT_STATES,
     FILTER_OPERATORS,
+    LIST_FILTER_OPERATORS,
     OFFER_FILTER_FIELDS,
+    OFFER_FILTER_KINDS,
     OFFER_TYPES,
     RUNTYPES,
     TARGET_STATES,
@@ -51,38 +55,42 @@ def build_search_body(
     limit: int | None = None,
     order: list | None = None,
     extra_fields: Iterable[str] = (),
+    argument: str = "filters",
 ) -> dict[str, Any]:
     """Body of ``POST /bundles/``: filter objects plus ``type``, ``limit`` and ``order``.
 
     Each filter's field must be one the service filters on (``OFFER_FILTER_FIELDS``), or named in ``extra_fields``
-    (a field newer than this provider): the service ignores others, and the search would match every offer.
+    (a field newer than this provider, sent unchecked): the service ignores others, and the search would match every
+    offer. Its operator must be one the service knows, and its value of the kind the field compares with.
+    ``argument``: the name the caller gave ``filters`` (an operator's ``offer_filters``), which errors name.
     """
     if filters is not None and not isinstance(filters, Mapping):
         raise GpuMarketValidationError(
-            "filters", f"must be an object of field: {{operator: value}} pairs (a dict), got {type(filters).__name__}"
+            argument, f"must be an object of field: {{operator: value}} pairs (a dict), got {type(filters).__name__}"
         )
     body: dict[str, Any] = {}
+    extra = frozenset(extra_fields)
     for name, condition in (filters or {}).items():
         if name in ("type", "limit", "order"):
-            argument = "offer_type" if name == "type" else name
+            instead = {"type": "offer_type", "order": "offer_order" if argument == "offer_filters" else "order"}
             raise GpuMarketValidationError(
-                "filters", f"{name!r} is not a filter field; pass it as the {argument} argument instead"
+                argument, f"{name!r} is not a filter field; pass it as the {instead.get(name, name)} argument instead"
             )
-        if name not in OFFER_FILTER_FIELDS and name not in extra_fields:
-            raise GpuMarketValidationError(f"filters[{name!r}]", unknown_filter_field(name))
+        where = f"{argument}[{name!r}]"
+        if name not in OFFER_FILTER_FIELDS and name not in extra:
+            raise GpuMarketValidationError(where, unknown_filter_field(name))
         if not isinstance(condition, Mapping) or len(condition) != 1:
             raise GpuMarketValidationError(
-                f"filters[{name!r}]",
-                f"must be an object with one operator key, like {{'eq': value}}, got {condition!r}",
+                where, f"must be an object with one operator key, like {{'eq': value}}, got {condition!r}"
             )
         ((operator, value),) = condition.items()
         if not isinstance(operator, str) or not OPERATOR_NAME.match(operator):
-            raise GpuMarketValidationError(
-                f"filters[{name!r}]", f"operator {operator!r} is not valid; use one of {', '.join(FILTER_OPERATORS)}"
-            )
-        if operator == "in" and not isinstance(value, list | tuple):
-            raise GpuMarketValidationError(f"filters[{name!r}]", f"'in' takes a list of values, got {value!r}")
-        body[name] = {operator: list(value) if operator == "in" else value}
+            raise GpuMarketValidationError(where, unknown_filter_operator(operator))
+        if name not in extra:
+            check_filter_value(where, name, operator, value)
+        elif operator == "in" and not isinstance(value, list | tuple):
+            raise GpuMarketValidationError(where, f"'in' takes a list of values, got {value!r}")
+        body[name] = {operator: list(value) if operator in LIST_FILTER_OPERATORS else value}
     require_choice("offer_type", offer_type, OFFER_TYPES)
     body["type"] = offer_type
     if limit is not None:
@@ -91,6 +99,66 @@ def build_search_body(
     if order is not None:
         body["order"] = validate_order(order)
     return body
+
+
+#: What the official client also reads as an operator, and the name the service knows it by.
+_OPERATOR_ALIASES = {
+    **{"=": "eq", "==": "eq", "equals": "eq", "!=": "neq", "ne": "neq", "noteq": "neq", "not_eq": "neq"},
+    **{">": "gt", ">=": "gte", "ge": "gte", "<": "lt", "<=": "lte", "le": "lte", "nin": "notin", "not_in": "notin"},
+}
+#: Each kind of filter value: whether a value is of it, its name, and an example filter.
+_KINDS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "number": (
+        lambda v: _spells_a_number(v) or (isinstance(v, int | float) and not isinstance(v, bool)),
+        "a number",
+        "{'gte': 1}",
+    ),
+    "string": (lambda v: isinstance(v, str), "text", "{'eq': 'RTX 4090'}"),
+    "bool": (lambda v: isinstance(v, bool), "True or False", "{'eq': True}"),
+}
+
+
+def _spells_a_number(value: Any) -> bool:
+    """Text the live service reads as a number, as a rendered template gives it."""
+    try:
+        return isinstance(value, str) and math.isfinite(float(value))
+    except ValueError:
+        return False
+
+
+def unknown_filter_operator(operator: Any) -> str:
+    """Why a filter's ``operator`` is refused, with the closest one the service knows."""
+    import difflib
+
+    known = (*FILTER_OPERATORS, *CLIENT_FILTER_OPERATORS)
+    close = _OPERATOR_ALIASES.get(str(operator).strip().lower()) or next(
+        iter(difflib.get_close_matches(str(operator).lower(), known, n=1, cutoff=0.5)), None
+    )
+    hint = f"did you mean {close!r}? " if close else ""
+    return (
+        f"operator {operator!r} is not one the service knows; {hint}Use one of the spec's "
+        f"{', '.join(FILTER_OPERATORS)} or the live service's {', '.join(CLIENT_FILTER_OPERATORS)}"
+    )
+
+
+def check_filter_value(where: str, name: str, operator: str, value: Any) -> None:
+    """Refuse a filter whose operator the service does not know, or whose value is not of the field's kind."""
+    if operator not in FILTER_OPERATORS and operator not in CLIENT_FILTER_OPERATORS:
+        raise GpuMarketValidationError(where, unknown_filter_operator(operator))
+    if operator in LIST_FILTER_OPERATORS and not isinstance(value, list | tuple):
+        raise GpuMarketValidationError(where, f"{operator!r} takes a list of values, got {value!r}")
+    kind = OFFER_FILTER_KINDS.get(name)
+    if kind is None:
+        return
+    accepts, said, example = _KINDS[kind]
+    for one in value if operator in LIST_FILTER_OPERATORS else (value,):
+        if not accepts(one):
+            fix = (
+                "for several values use {'in': [...]}"
+                if isinstance(one, list | tuple)
+                else f"give {said}, like {example}"
+            )
+            raise GpuMarketValidationError(where, f"compares with {said}, got {one!r} ({type(one).__name__}); {fix}")
 
 
 _COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {

@@ -57,8 +57,19 @@ OFFER_FILTER_FIELDS = frozenset(
         *("ubuntu_version", "verification", "verified", "vms_enabled"),
     }
 )
-#: Filter operators the spec names; the complete list is "not shown", so other lowercase names are let through.
+#: Filter operators the spec names; its complete list is "not shown".
 FILTER_OPERATORS = ("eq", "gte", "in")
+#: The other filter operators the live service's official client sends; any other operator is refused.
+CLIENT_FILTER_OPERATORS = ("neq", "gt", "lt", "lte", "notin")
+#: Filter operators that take a list of values.
+LIST_FILTER_OPERATORS = ("in", "notin")
+#: The kind of value a filter compares with, for the filter fields whose type the spec's offer table gives.
+OFFER_FILTER_KINDS = {
+    **dict.fromkeys(("id", "num_gpus", "gpu_ram", "dph_total", "reliability"), "number"),
+    **dict.fromkeys(("direct_port_count", "dlperf_per_dphtotal"), "number"),
+    "gpu_name": "string",
+    **dict.fromkeys(("verified", "rentable"), "bool"),
+}
 ORDER_DIRECTIONS = ("asc", "desc")
 ENDPOINT_STATES = ("active", "suspended", "stopped")
 TFA_METHODS = ("sms", "totp", "email")

@@ -9,6 +9,7 @@ cannot be reached the try goes on without it, and says so once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -87,6 +88,8 @@ class OfferChooser:
         found, lines, skipped = ordered(listed, spec, attempts, avoided=self._avoided, model=self._model)
         for line in lines:
             self.log.info("Offer choice: %s", line)
+        if not found and not skipped and spec.pinned_offer is None:
+            return matched_none(filters, search["offer_type"], listed)
         offer, bid, why_not = next_offer(found, spec, attempts)
         if offer is None:
             return why_not + (f" ({skipped} more on machines in host memory)" if skipped else "")
@@ -265,6 +268,22 @@ def search_for(spec: RentalSpec, attempts: Attempts, avoided: int = 0) -> dict[s
     }
 
 
+def matched_none(filters: Mapping[str, Any] | None, offer_type: str, listed: Sequence[Mapping[str, Any]]) -> str:
+    """Why a search that matched no offer rents nothing: its filter, and the command that shows what matches.
+
+    With a ``gpu_name`` filter, the GPU names of offers the search returned anyway (the service ignored a filter).
+    """
+    said = json.dumps(dict(filters or {}), default=str)
+    seen = ""
+    if set((filters or {}).get("gpu_name") or {}) & {"eq", "in"}:
+        names = sorted({o["gpu_name"] for o in listed if isinstance(o.get("gpu_name"), str)})
+        seen = f"; the GPUs it saw are {', '.join(map(repr, names[:10]))}" if names else ""
+    return (
+        f"the search matched no offer (offer_filters {said}, {offer_type}){seen}. Loosen a filter, and see what "
+        f"matches with `airflow gpumarket offers --filters '{said}'`"
+    )
+
+
 def ordered(
     offers: Sequence[Mapping[str, Any]],
     spec: RentalSpec,
@@ -324,19 +343,35 @@ def next_offer(
 
     The first whose ``offer_terms`` give a price.
     """
-    skipped = ""
+    refused: list[tuple[Mapping[str, Any], str]] = []
     for offer in offers:
         price, bid, said = offer_terms(offer, spec, attempts)
-        if said is not None:
-            skipped = said
+        if said:
+            refused.append((offer, said))
         if price is not None:
             return offer, bid, ""
     pinned = spec.pinned_offer
-    if pinned is not None and not skipped and all(offer.get("id") != pinned for offer in offers):
+    if pinned is not None and not refused and all(offer.get("id") != pinned for offer in offers):
         kind = "bid" if bids(spec, attempts) else spec.offer_type
         why = f"offer_id {pinned} is not found by a search for it ({kind}): it is taken or no longer listed"
         return None, None, why + ", and its price cannot be known before renting"
-    return None, None, "no further matching offer" + (f" (the last one refused: {skipped})" if skipped else "")
+    return None, None, "no further matching offer" + refusal(refused, spec)
+
+
+def refusal(refused: Sequence[tuple[Mapping[str, Any], str]], spec: RentalSpec) -> str:
+    """What the refused offers say: the lowest ``min_bid`` above its cap when bids were too low, else the last word."""
+    max_bid = spec.bidding.max_bid
+    too_low = [
+        (offer, said)
+        for offer, said in refused
+        if api.is_positive_number(offer.get("dph_total")) and bidding.above_cap(offer, max_bid)
+    ]
+    if too_low:
+        offer, said = min(too_low, key=lambda pair: pair[0]["min_bid"])
+        winnable = max_bid is not None and offer["min_bid"] <= offer["dph_total"]
+        fix = f"; raise max_bid to at least ${offer['min_bid']}/h" if winnable else ""
+        return f" (the lowest min_bid of the {len(too_low)} offer(s) bid on: {said}{fix})"
+    return f" (the last one refused: {refused[-1][1]})" if refused else ""
 
 
 def offer_terms(

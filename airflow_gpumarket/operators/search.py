@@ -57,6 +57,7 @@ class GpuMarketSearchOffersOperator(GpuMarketBaseOperator):
             limit=self.limit,
             order=self.offer_order,
             extra_fields=api.require_field_names("extra_filter_fields", self.extra_filter_fields),
+            argument="offer_filters",
         )
         if self.max_dph is not None:
             api.require_positive_number("max_dph", self.max_dph)

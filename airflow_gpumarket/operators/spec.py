@@ -273,6 +273,7 @@ class RentalSpec(_Frozen):
                 offer_type=self.offer_type,
                 order=self.offer_order,
                 extra_fields=api.require_field_names("extra_filter_fields", self.extra_filter_fields),
+                argument="offer_filters",
             )
         if self.max_dph is not None and not (parse_time and is_templated(self.max_dph)):
             api.require_positive_number("max_dph", self.max_dph)

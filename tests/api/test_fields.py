@@ -82,3 +82,61 @@ def test_the_spec_and_the_official_clients_filter_fields_are_all_known():
 )
 def test_an_offer_that_contradicts_its_filter_is_said_to(offer, filters, said):
     assert api.filter_mismatch(offer, filters) == said
+
+
+def test_rule_an_unknown_filter_operator_is_refused_naming_the_closest_and_the_known_ones():
+    """The service refuses an operator it does not know only when the search is sent; it is refused before."""
+    with pytest.raises(GpuMarketValidationError, match="did you mean 'eq'") as caught:
+        api.build_search_body({"gpu_name": {"equals": "RTX 4090"}})
+    assert caught.value.field == "filters['gpu_name']" and "eq, gte, in" in caught.value.problem
+    with pytest.raises(GpuMarketValidationError, match="did you mean 'gte'"):  # the official client's spelling
+        api.build_search_body({"num_gpus": {">=": 2}})
+    for operator in (*api.FILTER_OPERATORS, "neq", "gt", "lt", "lte", "notin"):  # the spec's and the live service's
+        value = [1] if operator in ("in", "notin") else 1
+        assert api.build_search_body({"num_gpus": {operator: value}})["num_gpus"] == {operator: value}
+
+
+@pytest.mark.parametrize(
+    ("filters", "said"),
+    [
+        ({"num_gpus": {"eq": "one"}}, "compares with a number, got 'one' (str)"),
+        ({"num_gpus": {"gte": True}}, "compares with a number, got True (bool)"),
+        ({"gpu_name": {"eq": 4090}}, "compares with text, got 4090 (int)"),
+        ({"gpu_name": {"eq": ["A100", "H100"]}}, "for several values use {'in': [...]}"),
+        ({"gpu_name": {"notin": ["A100", 3]}}, "got 3 (int)"),
+        ({"verified": {"eq": "yes"}}, "compares with True or False, got 'yes' (str)"),
+        ({"gpu_name": {"in": "A100"}}, "'in' takes a list of values"),
+        ({"gpu_name": {"notin": "A100"}}, "'notin' takes a list of values"),
+    ],
+)
+def test_rule_a_filter_value_of_the_wrong_kind_for_its_field_is_refused(filters, said):
+    with pytest.raises(GpuMarketValidationError) as caught:
+        api.build_search_body(filters)
+    assert caught.value.field == f"filters[{next(iter(filters))!r}]" and said in caught.value.problem
+
+
+def test_rule_filter_values_of_their_fields_kind_and_fields_the_spec_types_not_are_sent():
+    filters = {
+        "num_gpus": {"gte": 2},
+        "dph_total": {"lte": 0.5},
+        "gpu_name": {"in": ["A100 SXM4", "H100 SXM"]},
+        "verified": {"eq": True},
+        "gpu_ram": {"gte": "24000"},  # a rendered template's text: the live service reads it as a number
+        "geolocation": {"eq": 7},  # no type in the spec: the service judges it
+    }
+    assert api.build_search_body(filters) == {**filters, "type": "ondemand"}
+
+
+def test_rule_a_field_named_in_extra_filter_fields_is_sent_with_its_operator_and_value_unchecked():
+    filters = {"gpu_name": {"near": 4090}, "new_field": {"between": "1-2"}}
+    body = api.build_search_body(filters, extra_fields=("gpu_name", "new_field"))
+    assert body == {**filters, "type": "ondemand"}
+
+
+def test_rule_filter_errors_name_the_argument_the_caller_gave():
+    with pytest.raises(GpuMarketValidationError, match=r"^offer_filters\['num_gpus'\]: compares with a number"):
+        api.build_search_body({"num_gpus": {"eq": "one"}}, argument="offer_filters")
+    with pytest.raises(GpuMarketValidationError, match=r"^offer_filters: must be an object .* got str"):
+        api.build_search_body("gpu_name=A100", argument="offer_filters")  # type: ignore[arg-type]
+    with pytest.raises(GpuMarketValidationError, match="pass it as the offer_order argument"):
+        api.build_search_body({"order": {"eq": "x"}}, argument="offer_filters")

@@ -55,6 +55,26 @@ def test_an_interruptible_rental_bids_five_percent_over_the_minimum_and_searches
     assert chooser.search_for(interruptible, attempts)["offer_type"] == "ondemand"
 
 
+def test_rule_a_bid_cap_below_every_offer_quotes_the_lowest_min_bid_among_them_with_its_offer():
+    """Offers come cheapest on demand first, so the last one refused is a dear one: its min_bid is no guide."""
+    capped = spec(interruptible=True, max_bid=0.05)
+    offers = [
+        offer(3100042, price=0.34, min_bid=0.136, num_gpus=1),
+        offer(3100077, price=0.9, min_bid=0.15, num_gpus=2),
+        offer(3101182, price=2.72, min_bid=1.2692, num_gpus=8),
+    ]
+    chosen, _, why = chooser.next_offer(offers, capped, lifecycle.Attempts())
+    assert chosen is None
+    assert "offer 3100042's min_bid $0.136/h is above the cap $0.05/h" in why and "3101182" not in why
+    assert "lowest min_bid of the 3 offer(s)" in why and "raise max_bid to at least $0.136/h" in why
+
+
+def test_rule_a_refusal_other_than_the_bid_cap_is_quoted_as_before():
+    no_min_bid = spec(interruptible=True, max_bid=0.05)
+    chosen, _, why = chooser.next_offer([offer(1), offer(2)], no_min_bid, lifecycle.Attempts())
+    assert chosen is None and why == "no further matching offer (the last one refused: offer 2 shows no min_bid)"
+
+
 def test_a_pinned_offer_is_searched_for_by_its_id_and_not_searched_again_once_tried():
     pinned = spec(offer_id=7)
     search = chooser.search_for(pinned, lifecycle.Attempts())
@@ -153,3 +173,25 @@ def test_a_misspelt_filter_field_fails_the_dag_file_naming_the_closest_field():
     with pytest.raises(GpuMarketValidationError, match="did you mean 'gpu_name'"):
         spec(offer_filters={"gpu_nmae": {"eq": "RTX 3090"}})
     assert spec(offer_filters={"gpu_nmae": {"eq": "x"}}, extra_filter_fields=["gpu_nmae"]).extra_filter_fields
+
+
+@pytest.mark.parametrize(
+    ("filters", "said"),
+    [
+        ({"gpu_name": {"equals": "RTX 4090"}}, "offer_filters['gpu_name']: operator 'equals' is not one the service"),
+        ({"num_gpus": {"eq": "one"}}, "offer_filters['num_gpus']: compares with a number, got 'one'"),
+        ({"rentable": {"in": True}}, "offer_filters['rentable']: 'in' takes a list"),
+    ],
+)
+def test_rule_a_filter_with_an_unknown_operator_or_a_wrong_value_fails_the_dag_file_naming_offer_filters(filters, said):
+    from airflow_gpumarket.exceptions import GpuMarketValidationError
+
+    with pytest.raises(GpuMarketValidationError) as caught:
+        spec(offer_filters=filters)
+    assert str(caught.value).startswith(said)
+
+
+def test_rule_templated_filter_values_wait_for_the_task_to_run_and_extra_fields_go_unchecked():
+    templated = {"num_gpus": {"eq": "{{ params.gpus }}"}, "gpu_name": {"eq": "A100"}}
+    assert GpuMarketRunJobOperator(task_id="t", command="c", image="i", offer_filters=templated).offer_filters
+    assert spec(offer_filters={"gpu_name": {"like": 4090}}, extra_filter_fields=["gpu_name"]).offer_filters

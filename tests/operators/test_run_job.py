@@ -34,7 +34,11 @@ CASES = [
     (JOB, {**OK, "command": "echo " + "y" * 9000 + "".join(str(i) for i in range(3000))}, "command"),
     # Renting well (offer choice, preflight, host memory, deadline)
     (JOB, {**OK, "command": "x", "offer_choice": "cheapest"}, "offer_choice"),
-    (JOB, {"offer_filters": {"gpu_nmae": {"eq": "RTX 3090"}}, "image": "x", "command": "x"}, "filters['gpu_nmae']"),
+    (
+        JOB,
+        {"offer_filters": {"gpu_nmae": {"eq": "RTX 3090"}}, "image": "x", "command": "x"},
+        "offer_filters['gpu_nmae']",
+    ),
     (JOB, {**OK, "command": "x", "extra_filter_fields": [1]}, "extra_filter_fields"),
     (JOB, {**OK, "command": "x", "offer_choice": None}, "offer_choice"),
     (JOB, {"offer_id": 7, "image": "x", "command": "x", "offer_choice": "expected_cost"}, "offer_choice"),

@@ -16,8 +16,8 @@ OFFERS = [
 ]
 CASES = [
     # (operator, arguments, the argument the message must name)
-    (GpuMarketSearchOffersOperator, {"offer_filters": {"num_gpus": {"eq": 1, "gte": 2}}}, "filters['num_gpus']"),
-    (GpuMarketSearchOffersOperator, {"offer_filters": {"gpu_nmae": {"eq": "A"}}}, "filters['gpu_nmae']"),
+    (GpuMarketSearchOffersOperator, {"offer_filters": {"num_gpus": {"eq": 1, "gte": 2}}}, "offer_filters['num_gpus']"),
+    (GpuMarketSearchOffersOperator, {"offer_filters": {"gpu_nmae": {"eq": "A"}}}, "offer_filters['gpu_nmae']"),
     (GpuMarketSearchOffersOperator, {"extra_filter_fields": "new_field"}, "extra_filter_fields"),
     (GpuMarketSearchOffersOperator, {"offer_type": "spot"}, "offer_type"),
     (GpuMarketSearchOffersOperator, {"limit": 0}, "limit"),

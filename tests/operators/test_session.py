@@ -55,6 +55,26 @@ def test_rent_fails_naming_why_once_no_offer_is_left():
     assert hook.instances == {}
 
 
+def test_rule_a_search_that_matches_no_offer_says_so_echoing_the_filter_and_the_command_that_shows_matches():
+    hook = FakeHook({})  # the search answers no offer
+    op = job(hook)
+    op.offer_filters = {"gpu_name": {"eq": "A100"}}
+    with pytest.raises(GpuMarketNoWorkingOffer) as caught:
+        RentalSession(hook, LOG, RentalSpec.of(op), ctx(1), task=op).rent()
+    said = str(caught.value)
+    assert 'the search matched no offer (offer_filters {"gpu_name": {"eq": "A100"}}, ondemand)' in said
+    assert """`airflow gpumarket offers --filters '{"gpu_name": {"eq": "A100"}}'`""" in said
+    assert hook.instances == {}
+
+
+def test_rule_offers_the_search_returned_against_a_gpu_name_filter_are_named_among_the_gpus_it_saw():
+    hook = FakeHook({1: ["running"], 2: ["running"]})  # a search that ignored the filter: two RTX 4090 offers
+    op = job(hook)
+    op.offer_filters = {"gpu_name": {"in": ["A100", "H100"]}}
+    with pytest.raises(GpuMarketNoWorkingOffer, match=r"matched no offer \(.*\); the GPUs it saw are 'RTX 4090'\."):
+        RentalSession(hook, LOG, RentalSpec.of(op), ctx(1), task=op).rent()
+
+
 def test_a_rental_that_never_ran_is_destroyed_and_why_is_kept_for_the_end():
     hook = FakeHook({1: ["offline"]})
     session, rental = rented(hook)
