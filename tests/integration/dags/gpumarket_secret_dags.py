@@ -22,37 +22,29 @@ def _dag(dag_id: str, **job) -> DAG:
         GpuMarketRunJobOperator(
             task_id="job",
             offer_filters={"num_gpus": {"gte": 1}},
-            image="registry.example.com/team/private:1",
             poll_interval=POLL,
             log_interval=4 * POLL,
-            command=PRINTS_SECRETS,
-            env={"PLAIN": "not-a-secret"},
-            secrets={"HF_TOKEN": "variable:gpm_hf_token", "REGISTRY_PASS": "connection:gpm_registry"},
-            registry_conn_id="gpm_registry",
             **job,
         )
     return dag
 
 
-secrets_sync = _dag("gpm_secrets_sync", deferrable=False)
-secrets_deferred = _dag("gpm_secrets_deferred", deferrable=True)
+#: Secrets from Airflow, and a private image's registry login.
+SECRETS = {
+    "image": "registry.example.com/team/private:1",
+    "command": PRINTS_SECRETS,
+    "env": {"PLAIN": "not-a-secret"},
+    "secrets": {"HF_TOKEN": "variable:gpm_hf_token", "REGISTRY_PASS": "connection:gpm_registry"},
+    "registry_conn_id": "gpm_registry",
+}
+#: A token put in env (the way secrets= replaces), beside a setting whose name merely starts like one.
+ENV_SECRET = {
+    "image": "img",
+    "command": 'echo "token=$HF_TOKEN"; echo "parallel=$TOKENIZERS_PARALLELISM"',
+    "env": {"HF_TOKEN": "{{ var.value.gpm_hf_token }}", "TOKENIZERS_PARALLELISM": "false"},
+}
 
-
-def _env_dag(dag_id: str, **job) -> DAG:
-    """A token put in env (the way secrets= replaces), beside a setting whose name merely starts like one."""
-    with DAG(dag_id=dag_id, start_date=datetime(2026, 1, 1), schedule=None, catchup=False) as dag:
-        GpuMarketRunJobOperator(
-            task_id="job",
-            offer_filters={"num_gpus": {"gte": 1}},
-            image="img",
-            poll_interval=POLL,
-            log_interval=4 * POLL,
-            command='echo "token=$HF_TOKEN"; echo "parallel=$TOKENIZERS_PARALLELISM"',
-            env={"HF_TOKEN": "{{ var.value.gpm_hf_token }}", "TOKENIZERS_PARALLELISM": "false"},
-            **job,
-        )
-    return dag
-
-
-env_secret_sync = _env_dag("gpm_env_secret_sync", deferrable=False)
-env_secret_deferred = _env_dag("gpm_env_secret_deferred", deferrable=True)
+secrets_sync = _dag("gpm_secrets_sync", deferrable=False, **SECRETS)
+secrets_deferred = _dag("gpm_secrets_deferred", deferrable=True, **SECRETS)
+env_secret_sync = _dag("gpm_env_secret_sync", deferrable=False, **ENV_SECRET)
+env_secret_deferred = _dag("gpm_env_secret_deferred", deferrable=True, **ENV_SECRET)
