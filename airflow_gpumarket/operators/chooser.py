@@ -88,7 +88,8 @@ class OfferChooser:
         found, lines, skipped = ordered(listed, spec, attempts, avoided=self._avoided, model=self._model)
         for line in lines:
             self.log.info("Offer choice: %s", line)
-        if not found and not skipped and spec.pinned_offer is None:
+        matching = any(api.filter_mismatch(offer, filters) is None for offer in listed)
+        if not matching and spec.pinned_offer is None:  # not one tried, priced out or on an avoided machine
             return matched_none(filters, search["offer_type"], listed)
         offer, bid, why_not = next_offer(found, spec, attempts)
         if offer is None:

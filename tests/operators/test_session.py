@@ -67,6 +67,15 @@ def test_rule_a_search_that_matches_no_offer_says_so_echoing_the_filter_and_the_
     assert hook.instances == {}
 
 
+@pytest.mark.parametrize("choice", ["price", "expected_cost"])
+def test_rule_offers_that_match_but_are_priced_out_are_not_said_to_match_nothing(choice):
+    hook = FakeHook({1: ["running"], 2: ["running"]})
+    op = job(hook, max_dph=0.001, offer_choice=choice)  # both offers match, and cost more than that
+    with pytest.raises(GpuMarketNoWorkingOffer) as caught:
+        RentalSession(hook, LOG, RentalSpec.of(op), ctx(1), task=op).rent()
+    assert "matched no offer" not in str(caught.value) and "no further matching offer" in str(caught.value)
+
+
 def test_rule_offers_the_search_returned_against_a_gpu_name_filter_are_named_among_the_gpus_it_saw():
     hook = FakeHook({1: ["running"], 2: ["running"]})  # a search that ignored the filter: two RTX 4090 offers
     op = job(hook)
