@@ -221,9 +221,17 @@ class Rental:
         """What an hour of compute costs: the bid of an interruptible rental, else the offer's on-demand price."""
         return self.bid if self.bid is not None else self.dph_total
 
-    def disk_until(self, now: float) -> float:
+    def disk_until(self, now: float) -> float | None:
         """What its disk alone has billed by ``now``, the service's time: its cost while it loads."""
-        return round(self.disk_hourly * max(0.0, now - self.billed_from) / 3600.0, 4)
+        return budgets.rental_cost(
+            0.0,
+            created_at=self.billed_from,
+            running_at=None,
+            stopped_at=None,
+            ended_at=now,
+            disk_hourly=self.disk_hourly,
+            digits=4,
+        )
 
     @property
     def hourly(self) -> float | None:

@@ -179,8 +179,6 @@ class RentalSpec(_Frozen):
     def of(cls, operator: Any, **changes: Any) -> RentalSpec:
         """The spec of ``operator``'s arguments as they are now (rendered, once the task runs), ``changes`` applied,
         checked."""
-        if not changes:
-            return cls._made(partial(getattr, operator), parse_time=False)
         return cls._made(lambda name: changes[name] if name in changes else getattr(operator, name), parse_time=False)
 
     @classmethod
